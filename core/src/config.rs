@@ -1,0 +1,116 @@
+//! `HostConfig`: names, limits and the seed. Validated once, at construction.
+
+use crate::mutation::Mutations;
+use crate::time::Duration;
+use crate::wal::{COMMIT_FRAME_BYTES, FRAME_HEADER_BYTES, GROUP_BYTES_LIMIT, SEGMENT_HEADER_BYTES};
+use std::fmt;
+
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    /// Seeds the engine's only randomness (retry jitter).
+    pub seed: u64,
+    pub sources: Vec<String>,
+    pub sinks: Vec<String>,
+    pub streams: Vec<String>,
+    pub limits: Limits,
+    pub mutations: Mutations,
+}
+
+/// A bound on every queue and buffer the engine keeps.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Size of a segment file; a segment is sealed before it would overflow.
+    pub segment_bytes: u64,
+    /// Largest commit group, frames and commit record included.
+    pub group_bytes_max: u64,
+    /// A segment with data is sealed once it is this old.
+    pub segment_age_max: Duration,
+    /// Segments created ahead of need.
+    pub spare_segments: u32,
+    /// Records asked of a source in one read.
+    pub source_read_records_max: u32,
+    /// Bytes waiting for a commit; sources are not read beyond it.
+    pub pending_bytes_max: u64,
+    /// Committed record bytes not yet acknowledged by every sink; sources are
+    /// not read beyond it (the WAL's growth limit).
+    pub uncompacted_bytes_max: u64,
+    /// Records in one destination batch.
+    pub compaction_records_max: u32,
+    /// Delay before re-reading a source that had nothing to give.
+    pub source_poll: Duration,
+    /// Retry backoff: doubles from the minimum up to the maximum, with jitter.
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// How long a clean shutdown may take before it counts as failed.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            segment_bytes: 64 << 20,
+            group_bytes_max: 1 << 20,
+            segment_age_max: Duration::from_secs(60),
+            spare_segments: 1,
+            source_read_records_max: 1_000,
+            pending_bytes_max: 4 << 20,
+            uncompacted_bytes_max: 1 << 30,
+            compaction_records_max: 10_000,
+            source_poll: Duration::from_millis(50),
+            retry_min: Duration::from_millis(10),
+            retry_max: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Bytes a group must leave free so that a seal group always fits.
+pub(crate) const SEAL_RESERVE: u64 = (FRAME_HEADER_BYTES + COMMIT_FRAME_BYTES) as u64;
+
+impl HostConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let l = &self.limits;
+        let err = |s: String| Err(ConfigError(s));
+        if self.sources.is_empty() || self.sinks.is_empty() || self.streams.is_empty() {
+            return err("at least one source, one sink and one stream are required".into());
+        }
+        if self.sources.len() > u16::MAX as usize || self.sinks.len() > u16::MAX as usize {
+            return err("too many sources or sinks (at most 65535)".into());
+        }
+        if l.group_bytes_max < 1024 || l.group_bytes_max > GROUP_BYTES_LIMIT as u64 {
+            return err(format!(
+                "group_bytes_max is {}; it must be between 1024 and {GROUP_BYTES_LIMIT}",
+                l.group_bytes_max
+            ));
+        }
+        let segment_min = SEGMENT_HEADER_BYTES as u64 + 4 * (l.group_bytes_max + SEAL_RESERVE);
+        if l.segment_bytes < segment_min {
+            return err(format!(
+                "segment size {} is too small: it must hold at least four groups of group_bytes_max ({}), \
+                 so at least {segment_min} bytes",
+                l.segment_bytes, l.group_bytes_max
+            ));
+        }
+        if l.pending_bytes_max < l.group_bytes_max {
+            return err("pending_bytes_max must be at least group_bytes_max".into());
+        }
+        if l.source_read_records_max == 0 || l.compaction_records_max == 0 || l.spare_segments == 0 {
+            return err("source_read_records_max, compaction_records_max and spare_segments must be positive".into());
+        }
+        if l.retry_min.as_micros() == 0 || l.retry_max < l.retry_min {
+            return err("retry_min must be positive and at most retry_max".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,168 @@
+//! The engine's closed vocabulary: every event comes in as an `Input`, every
+//! effect goes out as an `Output`. An I/O effect is an `Output::Io { id, op }`
+//! that the driver performs and answers with `Input::IoDone { id, result }`;
+//! an error is data, never a panic.
+//!
+//! The WAL operations fit both an appended, fsynced commit group on disk and a
+//! whole-object conditional create on S3: `WalCreate` makes a segment ready
+//! (preallocated file, header, file and directory fsync; or nothing on S3),
+//! `WalAppend` makes one commit group durable and visible (one write and one
+//! `fdatasync`; or one `If-None-Match: *` put at the group's LSN key).
+
+use crate::ids::*;
+use crate::offsets::OffsetValue;
+use crate::wal::{Corruption, Record};
+use std::sync::Arc;
+
+#[derive(Debug)]
+pub enum Input {
+    IoDone { id: IoId, result: Result<IoReply, IoError> },
+    /// The deadline returned by `poll_timeout` has passed.
+    Timeout,
+    /// SIGTERM or SIGINT: stop reading sources, commit and drain, then stop.
+    Shutdown,
+}
+
+#[derive(Debug)]
+pub enum Output {
+    Io { id: IoId, op: IoOp },
+    /// Recovery finished; sources are being resumed.
+    Recovered(RecoverySummary),
+    /// The engine stopped; no further output follows.
+    Stopped(StopReason),
+}
+
+#[derive(Debug)]
+pub enum IoOp {
+    /// List the WAL's segments. Answer: `Segments`.
+    WalList,
+    /// Read a whole segment. Answer: `SegmentBytes`.
+    WalRead { segment: SegmentId },
+    /// Create a segment ahead of need, durably, starting with `header`.
+    WalCreate { segment: SegmentId, header: Vec<u8> },
+    /// Make one commit group durable and visible at `offset` of `segment`.
+    /// A retry after `IoError::Ambiguous` carries the identical bytes.
+    WalAppend { segment: SegmentId, offset: u64, lsn: Lsn, bytes: Arc<Vec<u8>> },
+    /// Delete a segment that the deletion rule no longer needs.
+    WalDelete { segment: SegmentId },
+    /// Read every offsets entry. Answer: `Offsets`.
+    OffsetsRead,
+    /// Write offsets entries; the store keeps a value only if its LSN is higher.
+    OffsetsWrite { entries: Vec<OffsetEntry> },
+    /// Start a source with the recovered positions (a read-only snapshot).
+    SourceOpen { source: SourceId, resume: Vec<ResumePoint> },
+    /// Ask a source for up to `records_max` records. Answer: `Batches`.
+    SourceRead { source: SourceId, records_max: u32 },
+    /// Tell a source that everything below these positions is committed.
+    SourceAck { source: SourceId, acks: Vec<(u32, Position)> },
+    /// Hand a destination batch to a sink. Answer: `Sink`.
+    SinkApply(SinkApply),
+}
+
+#[derive(Debug)]
+pub struct SinkApply {
+    pub sink: SinkId,
+    pub stream: StreamId,
+    pub id: CompactionId,
+    pub seq: CompactionSeq,
+    pub records: Vec<Vec<u8>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffsetEntry {
+    pub key: PartitionKey,
+    pub value: OffsetValue,
+    pub checkpoint: Option<Vec<u8>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResumePoint {
+    pub partition: u32,
+    pub position: Position,
+    pub checkpoint: Option<Vec<u8>>,
+}
+
+/// Records of one partition as a source hands them over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceBatchIn {
+    pub partition: u32,
+    pub stream: StreamId,
+    /// Strictly increasing positions.
+    pub records: Vec<Record>,
+    /// The next position to read after these records.
+    pub end: Position,
+    pub checkpoint: Option<Vec<u8>>,
+}
+
+#[derive(Debug)]
+pub enum IoReply {
+    Done,
+    Segments(Vec<SegmentId>),
+    SegmentBytes(Vec<u8>),
+    Offsets(Vec<(PartitionKey, Vec<u8>, Option<Vec<u8>>)>),
+    /// `exhausted`: a finite source has nothing more, ever.
+    Batches { batches: Vec<SourceBatchIn>, exhausted: bool },
+    Sink { outcome: SinkOutcome, rows: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SinkOutcome {
+    Applied,
+    AlreadyApplied,
+    Retryable,
+    Fatal,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoError {
+    /// The outcome is unknown (timeout, lost reply): it may or may not have
+    /// taken effect. Retried with the identical request.
+    Ambiguous,
+    /// Out of space: nothing was written.
+    NoSpace,
+    /// It failed. For a WAL write this includes a failed fsync, after which
+    /// the unsynced pages are gone: the engine stops and recovery decides.
+    Failed,
+}
+
+/// Why the engine stopped. The daemon maps each to a documented exit code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// Shutdown drained everything.
+    Clean,
+    /// Shutdown did not drain before the deadline.
+    DrainTimedOut,
+    /// Committed WAL data failed validation: fail closed.
+    Corrupt(Corruption),
+    /// The offsets store holds a position the WAL does not: committed WAL data
+    /// was lost, or the store belongs to another WAL.
+    OffsetsAheadOfWal { key: PartitionKey, store: Position, wal: Position },
+    /// A WAL write failed; the group's fate is decided by recovery.
+    WalWriteFailed { segment: SegmentId, error: IoError },
+    /// A sink answered `fatal`.
+    SinkFatal { sink: SinkId, stream: StreamId, id: CompactionId },
+    /// A source broke the protocol (positions going backwards, a record too
+    /// large for a commit group, a partition changing stream).
+    SourceProtocol { source: SourceId, partition: u32, what: &'static str },
+    /// The snapshot no longer fits in a segment: raise the segment size.
+    SegmentTooSmall { needed: u64 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoverySummary {
+    pub segments: usize,
+    pub next_lsn: Lsn,
+    pub partitions: usize,
+    pub open_compactions: usize,
+}
+
+/// The reason a deadline from `poll_timeout` exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timer {
+    /// A backoff before retrying an I/O, or before re-reading an idle source.
+    Retry,
+    /// The active segment reaches its age limit and will be sealed.
+    SegmentAge,
+    /// The clean-shutdown drain runs out of time.
+    Drain,
+}

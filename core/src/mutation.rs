@@ -1,0 +1,86 @@
+//! Planted bugs. Each one breaks a rule of the contract on purpose, so the
+//! simulator can show that its checker notices. All are off by default; when
+//! off, each costs one bit test on the path it guards.
+
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mutation {
+    /// Acks a source batch when it enters the pending group, before commit.
+    AckBeforeCommit,
+    /// Writes offsets for positions that are only pending, not committed.
+    OffsetsBeforeCommit,
+    /// Dispatches a compaction under an id that changes with the writer epoch.
+    UnstableCompactionId,
+    /// Deletes sealed segments without waiting for the sinks' acknowledgement.
+    DeleteBeforeCompactionAck,
+    /// Admits the last, torn commit group without checking its checksums.
+    AdmitTornSegment,
+    /// Forgets planned-but-unacknowledged compactions at recovery.
+    SkipCompactionReplay,
+    /// Dispatches a compaction before its planned frame is committed.
+    DispatchBeforePlanCommit,
+    /// Writes snapshots without the sinks' compacted-through positions.
+    SnapshotDropsFrontier,
+    /// Keeps re-sent records at or below the committed position.
+    AcceptResentRecords,
+}
+
+impl Mutation {
+    pub const ALL: &'static [Mutation] = &[
+        Mutation::AckBeforeCommit,
+        Mutation::OffsetsBeforeCommit,
+        Mutation::UnstableCompactionId,
+        Mutation::DeleteBeforeCompactionAck,
+        Mutation::AdmitTornSegment,
+        Mutation::SkipCompactionReplay,
+        Mutation::DispatchBeforePlanCommit,
+        Mutation::SnapshotDropsFrontier,
+        Mutation::AcceptResentRecords,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutation::AckBeforeCommit => "ack-before-commit",
+            Mutation::OffsetsBeforeCommit => "offsets-before-commit",
+            Mutation::UnstableCompactionId => "unstable-compaction-id",
+            Mutation::DeleteBeforeCompactionAck => "delete-before-compaction-ack",
+            Mutation::AdmitTornSegment => "admit-torn-segment",
+            Mutation::SkipCompactionReplay => "skip-compaction-replay",
+            Mutation::DispatchBeforePlanCommit => "dispatch-before-plan-commit",
+            Mutation::SnapshotDropsFrontier => "snapshot-drops-frontier",
+            Mutation::AcceptResentRecords => "accept-resent-records",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Mutation> {
+        Mutation::ALL.iter().copied().find(|m| m.name() == name)
+    }
+}
+
+impl fmt::Display for Mutation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The set of planted bugs switched on; empty in production.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mutations(u32);
+
+impl Mutations {
+    pub const NONE: Mutations = Mutations(0);
+
+    pub fn with(self, m: Mutation) -> Mutations {
+        Mutations(self.0 | 1 << m as u32)
+    }
+
+    #[inline]
+    pub fn has(self, m: Mutation) -> bool {
+        self.0 & (1 << m as u32) != 0
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = Mutation> {
+        Mutation::ALL.iter().copied().filter(move |m| self.has(*m))
+    }
+}

@@ -1,0 +1,179 @@
+//! What the committed WAL says, folded into maps. One `apply` serves both the
+//! live engine (after a group commits) and recovery (for every admitted
+//! group), so the two can never disagree about what a frame means.
+
+use crate::ids::*;
+use crate::wal::{CompactionPlan, Frame, PartitionSnapshot, Record, SchemaDecision, Snapshot};
+use std::collections::{BTreeMap, VecDeque};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionState {
+    pub stream: StreamId,
+    /// The next position to read: everything below is committed.
+    pub position: Position,
+    /// The commit that moved `position` here.
+    pub lsn: Lsn,
+    pub records: u64,
+    pub checkpoint: Option<Vec<u8>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommittedState {
+    pub partitions: BTreeMap<PartitionKey, PartitionState>,
+    /// Compacted-through position each sink has acknowledged, per partition.
+    pub acked: BTreeMap<(SinkId, PartitionKey), Position>,
+    pub next_seq: BTreeMap<(SinkId, StreamId), CompactionSeq>,
+    pub schemas: BTreeMap<StreamId, u64>,
+    /// Planned and committed, not yet recorded as done.
+    pub open: BTreeMap<(SinkId, StreamId), CompactionPlan>,
+}
+
+impl CommittedState {
+    /// Folds one committed frame in.
+    pub fn apply(&mut self, lsn: Lsn, frame: &Frame) {
+        match frame {
+            Frame::SourceBatch(b) => {
+                let p = self.partitions.entry(b.key).or_insert(PartitionState {
+                    stream: b.stream,
+                    position: Position(0),
+                    lsn,
+                    records: 0,
+                    checkpoint: None,
+                });
+                p.position = b.end;
+                p.lsn = lsn;
+                p.records += b.records.len() as u64;
+                p.checkpoint.clone_from(&b.checkpoint);
+            }
+            Frame::SchemaDecision(d) => {
+                self.schemas.insert(d.stream, d.fingerprint);
+            }
+            Frame::CompactionPlanned(plan) => {
+                self.next_seq.insert((plan.sink, plan.stream), CompactionSeq(plan.seq.0 + 1));
+                self.open.insert((plan.sink, plan.stream), plan.clone());
+            }
+            Frame::CompactionDone(done) => {
+                let plan = self
+                    .open
+                    .remove(&(done.sink, done.stream))
+                    .expect("a committed compaction-done frame follows its committed plan");
+                assert_eq!(plan.id, done.id, "compaction-done names the open plan");
+                for r in &plan.ranges {
+                    self.acked.insert((plan.sink, r.key), r.to);
+                }
+            }
+            Frame::Snapshot(s) => self.restore(s),
+            Frame::Seal | Frame::Commit(_) => {}
+        }
+    }
+
+    /// Everything a snapshot frame carries. `drop_frontier` is the planted
+    /// bug `snapshot-drops-frontier`.
+    pub fn snapshot(&self, drop_frontier: bool) -> Snapshot {
+        Snapshot {
+            partitions: self
+                .partitions
+                .iter()
+                .map(|(key, p)| PartitionSnapshot {
+                    key: *key,
+                    stream: p.stream,
+                    position: p.position,
+                    lsn: p.lsn,
+                    records: p.records,
+                    checkpoint: p.checkpoint.clone(),
+                })
+                .collect(),
+            acked: if drop_frontier {
+                Vec::new()
+            } else {
+                self.acked.iter().map(|(&(sink, key), &pos)| (sink, key, pos)).collect()
+            },
+            next_seq: self.next_seq.iter().map(|(&(sink, stream), &seq)| (sink, stream, seq)).collect(),
+            schemas: self
+                .schemas
+                .iter()
+                .map(|(&stream, &fingerprint)| SchemaDecision { stream, fingerprint })
+                .collect(),
+            open: self.open.values().cloned().collect(),
+        }
+    }
+
+    fn restore(&mut self, s: &Snapshot) {
+        self.partitions = s
+            .partitions
+            .iter()
+            .map(|p| {
+                let state = PartitionState {
+                    stream: p.stream,
+                    position: p.position,
+                    lsn: p.lsn,
+                    records: p.records,
+                    checkpoint: p.checkpoint.clone(),
+                };
+                (p.key, state)
+            })
+            .collect();
+        self.acked = s.acked.iter().map(|&(sink, key, pos)| ((sink, key), pos)).collect();
+        self.next_seq = s.next_seq.iter().map(|&(sink, stream, seq)| ((sink, stream), seq)).collect();
+        self.schemas = s.schemas.iter().map(|d| (d.stream, d.fingerprint)).collect();
+        self.open = s.open.iter().map(|p| ((p.sink, p.stream), p.clone())).collect();
+    }
+
+    pub fn acked(&self, sink: SinkId, key: PartitionKey) -> Position {
+        self.acked.get(&(sink, key)).copied().unwrap_or_default()
+    }
+
+    /// Where the next plan for (sink, partition) starts: past the acknowledged
+    /// position and past any open plan.
+    pub fn planned_through(&self, sink: SinkId, key: PartitionKey) -> Position {
+        let stream = self.partitions.get(&key).map(|p| p.stream);
+        let open = stream
+            .and_then(|s| self.open.get(&(sink, s)))
+            .and_then(|plan| plan.ranges.iter().find(|r| r.key == key))
+            .map(|r| r.to);
+        self.acked(sink, key).max(open.unwrap_or_default())
+    }
+}
+
+/// Committed records that some sink has not acknowledged yet, by partition,
+/// in position order. Bounded by `Limits::uncompacted_bytes_max` through
+/// backpressure on sources.
+#[derive(Clone, Debug, Default)]
+pub struct RecordStore {
+    parts: BTreeMap<PartitionKey, VecDeque<Record>>,
+    bytes: u64,
+}
+
+impl RecordStore {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn push(&mut self, key: PartitionKey, records: &[Record]) {
+        let part = self.parts.entry(key).or_default();
+        for r in records {
+            self.bytes += r.bytes.len() as u64;
+            part.push_back(r.clone());
+        }
+    }
+
+    /// The records of `key` with positions in `from..to`.
+    pub fn range(&self, key: PartitionKey, from: Position, to: Position) -> impl Iterator<Item = &Record> {
+        let part = self.parts.get(&key);
+        let (a, b) = match part {
+            Some(p) => (p.partition_point(|r| r.position < from), p.partition_point(|r| r.position < to)),
+            None => (0, 0),
+        };
+        part.into_iter().flat_map(move |p| p.range(a..b))
+    }
+
+    /// Drops the records of `key` below `below`.
+    pub fn prune(&mut self, key: PartitionKey, below: Position) {
+        if let Some(part) = self.parts.get_mut(&key) {
+            while part.front().is_some_and(|r| r.position < below) {
+                let r = part.pop_front().expect("front exists");
+                self.bytes -= r.bytes.len() as u64;
+            }
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! WAL frames: what a commit group is made of, their payloads, and the frame
+//! codec with its seeded CRC32C.
+//!
+//! A frame on disk is
+//! `len: u32 | crc: u32 | lsn: u64 | epoch: u64 | kind: u8 | payload[len]`.
+//! The checksum covers kind and payload and is seeded with the segment id, the
+//! writer epoch and the LSN, so bytes left behind by an earlier use of the same
+//! file (another segment id), an earlier writer (another epoch) or an earlier
+//! group never pass as current ones.
+
+use super::codec::{DecodeError, Reader, Writer};
+use crate::ids::*;
+
+pub const FRAME_HEADER_BYTES: usize = 4 + 4 + 8 + 8 + 1;
+/// Payload bytes of a commit record: frame count and group bytes.
+pub const COMMIT_PAYLOAD_BYTES: usize = 8;
+pub const COMMIT_FRAME_BYTES: usize = FRAME_HEADER_BYTES + COMMIT_PAYLOAD_BYTES;
+/// A group is never larger than this, whatever the configuration says.
+pub const GROUP_BYTES_LIMIT: usize = 64 << 20;
+
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameKind {
+    SourceBatch = 1,
+    SchemaDecision = 2,
+    CompactionPlanned = 3,
+    CompactionDone = 4,
+    Snapshot = 5,
+    Seal = 6,
+    Commit = 7,
+}
+
+impl FrameKind {
+    fn from_u8(v: u8) -> Option<FrameKind> {
+        Some(match v {
+            1 => FrameKind::SourceBatch,
+            2 => FrameKind::SchemaDecision,
+            3 => FrameKind::CompactionPlanned,
+            4 => FrameKind::CompactionDone,
+            5 => FrameKind::Snapshot,
+            6 => FrameKind::Seal,
+            7 => FrameKind::Commit,
+            _ => return None,
+        })
+    }
+}
+
+/// One source record: its own position and its exact bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub position: Position,
+    pub bytes: Vec<u8>,
+}
+
+/// Records of one partition, the position after them, and the source's opaque
+/// checkpoint at that position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceBatch {
+    pub key: PartitionKey,
+    pub stream: StreamId,
+    pub end: Position,
+    pub checkpoint: Option<Vec<u8>>,
+    pub records: Vec<Record>,
+}
+
+/// A schema plugin's answer for a stream, committed so that replay never asks
+/// again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchemaDecision {
+    pub stream: StreamId,
+    pub fingerprint: u64,
+}
+
+/// The records of `key` with positions in `from..to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Range {
+    pub key: PartitionKey,
+    pub from: Position,
+    pub to: Position,
+}
+
+/// A destination batch as planned: its stable id, dense number and ranges
+/// (sorted by partition, never overlapping an earlier plan).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompactionPlan {
+    pub sink: SinkId,
+    pub stream: StreamId,
+    pub id: CompactionId,
+    pub seq: CompactionSeq,
+    pub schema: u64,
+    pub ranges: Vec<Range>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompactionDone {
+    pub sink: SinkId,
+    pub stream: StreamId,
+    pub id: CompactionId,
+    pub seq: CompactionSeq,
+}
+
+/// A partition's committed state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionSnapshot {
+    pub key: PartitionKey,
+    pub stream: StreamId,
+    pub position: Position,
+    pub lsn: Lsn,
+    pub records: u64,
+    pub checkpoint: Option<Vec<u8>>,
+}
+
+/// Everything recovery needs that older segments held: written as the first
+/// frame of every segment, so the segments before it can be deleted.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    pub partitions: Vec<PartitionSnapshot>,
+    /// Acknowledged compacted-through position per (sink, partition).
+    pub acked: Vec<(SinkId, PartitionKey, Position)>,
+    /// Next sequence number per (sink, stream).
+    pub next_seq: Vec<(SinkId, StreamId, CompactionSeq)>,
+    pub schemas: Vec<SchemaDecision>,
+    pub open: Vec<CompactionPlan>,
+}
+
+/// Closes a commit group: how many frames came before it in the group and how
+/// many bytes they took, so a group missing a frame never validates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitRecord {
+    pub frames: u32,
+    pub bytes: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    SourceBatch(SourceBatch),
+    SchemaDecision(SchemaDecision),
+    CompactionPlanned(CompactionPlan),
+    CompactionDone(CompactionDone),
+    Snapshot(Snapshot),
+    /// The last group of a segment: the next group is in the next segment.
+    Seal,
+    Commit(CommitRecord),
+}
+
+impl Frame {
+    pub fn kind(&self) -> FrameKind {
+        match self {
+            Frame::SourceBatch(_) => FrameKind::SourceBatch,
+            Frame::SchemaDecision(_) => FrameKind::SchemaDecision,
+            Frame::CompactionPlanned(_) => FrameKind::CompactionPlanned,
+            Frame::CompactionDone(_) => FrameKind::CompactionDone,
+            Frame::Snapshot(_) => FrameKind::Snapshot,
+            Frame::Seal => FrameKind::Seal,
+            Frame::Commit(_) => FrameKind::Commit,
+        }
+    }
+
+    /// Bytes this frame takes on disk, header included.
+    pub fn encoded_len(&self) -> usize {
+        FRAME_HEADER_BYTES + self.payload_len()
+    }
+
+    fn payload_len(&self) -> usize {
+        match self {
+            Frame::SourceBatch(b) => {
+                2 + 4
+                    + 2
+                    + 8
+                    + opt_len(&b.checkpoint)
+                    + 4
+                    + b.records.iter().map(|r| 12 + r.bytes.len()).sum::<usize>()
+            }
+            Frame::SchemaDecision(_) => 2 + 8,
+            Frame::CompactionPlanned(p) => plan_len(p),
+            Frame::CompactionDone(_) => 2 + 2 + 8 + 8,
+            Frame::Snapshot(s) => {
+                4 + s
+                    .partitions
+                    .iter()
+                    .map(|p| 2 + 4 + 2 + 8 + 8 + 8 + opt_len(&p.checkpoint))
+                    .sum::<usize>()
+                    + 4
+                    + s.acked.len() * (2 + 2 + 4 + 8)
+                    + 4
+                    + s.next_seq.len() * (2 + 2 + 8)
+                    + 4
+                    + s.schemas.len() * (2 + 8)
+                    + 4
+                    + s.open.iter().map(plan_len).sum::<usize>()
+            }
+            Frame::Seal => 0,
+            Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
+        }
+    }
+
+    /// Appends the encoded frame to `out`.
+    pub fn encode(&self, segment: SegmentId, epoch: Epoch, lsn: Lsn, out: &mut Vec<u8>) {
+        let start = out.len();
+        let payload_len = self.payload_len();
+        out.reserve(FRAME_HEADER_BYTES + payload_len);
+        let mut w = Writer { buf: out };
+        w.u32(u32::try_from(payload_len).expect("frame fits u32"));
+        w.u32(0); // checksum, filled in below
+        w.u64(lsn.0);
+        w.u64(epoch.0);
+        w.u8(self.kind() as u8);
+        self.encode_payload(&mut w);
+        let body = &out[start + FRAME_HEADER_BYTES - 1..];
+        assert_eq!(body.len(), payload_len + 1, "payload_len matches the encoding");
+        let crc = crc32c::crc32c_append(frame_seed(segment, epoch, lsn), body);
+        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    fn encode_payload(&self, w: &mut Writer<'_>) {
+        match self {
+            Frame::SourceBatch(b) => {
+                put_key(w, b.key);
+                w.u16(b.stream.0);
+                w.u64(b.end.0);
+                w.opt_bytes(b.checkpoint.as_deref());
+                w.u32(b.records.len() as u32);
+                for r in &b.records {
+                    w.u64(r.position.0);
+                    w.bytes(&r.bytes);
+                }
+            }
+            Frame::SchemaDecision(d) => {
+                w.u16(d.stream.0);
+                w.u64(d.fingerprint);
+            }
+            Frame::CompactionPlanned(p) => put_plan(w, p),
+            Frame::CompactionDone(d) => {
+                w.u16(d.sink.0);
+                w.u16(d.stream.0);
+                w.u64(d.id.0);
+                w.u64(d.seq.0);
+            }
+            Frame::Snapshot(s) => {
+                w.u32(s.partitions.len() as u32);
+                for p in &s.partitions {
+                    put_key(w, p.key);
+                    w.u16(p.stream.0);
+                    w.u64(p.position.0);
+                    w.u64(p.lsn.0);
+                    w.u64(p.records);
+                    w.opt_bytes(p.checkpoint.as_deref());
+                }
+                w.u32(s.acked.len() as u32);
+                for (sink, key, pos) in &s.acked {
+                    w.u16(sink.0);
+                    put_key(w, *key);
+                    w.u64(pos.0);
+                }
+                w.u32(s.next_seq.len() as u32);
+                for (sink, stream, seq) in &s.next_seq {
+                    w.u16(sink.0);
+                    w.u16(stream.0);
+                    w.u64(seq.0);
+                }
+                w.u32(s.schemas.len() as u32);
+                for d in &s.schemas {
+                    w.u16(d.stream.0);
+                    w.u64(d.fingerprint);
+                }
+                w.u32(s.open.len() as u32);
+                for p in &s.open {
+                    put_plan(w, p);
+                }
+            }
+            Frame::Seal => {}
+            Frame::Commit(c) => {
+                w.u32(c.frames);
+                w.u32(c.bytes);
+            }
+        }
+    }
+}
+
+/// A frame read back from bytes, with the header fields that seeded it.
+#[derive(Debug)]
+pub struct DecodedFrame {
+    pub lsn: Lsn,
+    pub epoch: Epoch,
+    pub frame: Frame,
+    /// Bytes the frame took, header included.
+    pub len: usize,
+}
+
+/// Why a frame at some offset is not a valid frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameError {
+    /// Fewer bytes than a header, or a length running past the end.
+    Truncated,
+    /// The checksum does not match (torn, rotten, or stale bytes).
+    Checksum,
+    /// The checksum matched but the kind or payload is not understood.
+    Malformed,
+}
+
+/// Decodes the frame at the start of `buf`, which belongs to `segment`.
+/// With `verify` off the checksum is not checked: only the planted bug
+/// `admit-torn-segment` does that.
+pub fn decode_frame(segment: SegmentId, buf: &[u8], verify: bool) -> Result<DecodedFrame, FrameError> {
+    if buf.len() < FRAME_HEADER_BYTES {
+        return Err(FrameError::Truncated);
+    }
+    let payload_len = u32::from_le_bytes(buf[0..4].try_into().unwrap()) as usize;
+    let crc = u32::from_le_bytes(buf[4..8].try_into().unwrap());
+    let lsn = Lsn(u64::from_le_bytes(buf[8..16].try_into().unwrap()));
+    let epoch = Epoch(u64::from_le_bytes(buf[16..24].try_into().unwrap()));
+    if payload_len > GROUP_BYTES_LIMIT || buf.len() - FRAME_HEADER_BYTES < payload_len {
+        return Err(FrameError::Truncated);
+    }
+    let len = FRAME_HEADER_BYTES + payload_len;
+    let body = &buf[FRAME_HEADER_BYTES - 1..len];
+    if verify && crc32c::crc32c_append(frame_seed(segment, epoch, lsn), body) != crc {
+        return Err(FrameError::Checksum);
+    }
+    let kind = FrameKind::from_u8(body[0]).ok_or(FrameError::Malformed)?;
+    let frame = decode_payload(kind, &body[1..]).map_err(|_| FrameError::Malformed)?;
+    Ok(DecodedFrame { lsn, epoch, frame, len })
+}
+
+/// True when `buf` starts with a checksum-valid commit record; returns its LSN.
+/// Used to tell a torn tail (nothing valid follows) from corruption.
+pub fn commit_record_at(segment: SegmentId, buf: &[u8]) -> Option<Lsn> {
+    if buf.len() < COMMIT_FRAME_BYTES
+        || buf[0..4] != (COMMIT_PAYLOAD_BYTES as u32).to_le_bytes()
+        || buf[FRAME_HEADER_BYTES - 1] != FrameKind::Commit as u8
+    {
+        return None;
+    }
+    match decode_frame(segment, &buf[..COMMIT_FRAME_BYTES], true) {
+        Ok(DecodedFrame { lsn, frame: Frame::Commit(_), .. }) => Some(lsn),
+        _ => None,
+    }
+}
+
+fn frame_seed(segment: SegmentId, epoch: Epoch, lsn: Lsn) -> u32 {
+    let mut seed = [0u8; 24];
+    seed[0..8].copy_from_slice(&segment.0.to_le_bytes());
+    seed[8..16].copy_from_slice(&epoch.0.to_le_bytes());
+    seed[16..24].copy_from_slice(&lsn.0.to_le_bytes());
+    crc32c::crc32c(&seed)
+}
+
+fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError> {
+    let mut r = Reader::new(payload);
+    let frame = match kind {
+        FrameKind::SourceBatch => {
+            let key = get_key(&mut r)?;
+            let stream = StreamId(r.u16()?);
+            let end = Position(r.u64()?);
+            let checkpoint = r.opt_bytes()?;
+            let n = r.count(12)?;
+            let mut records = Vec::with_capacity(n);
+            for _ in 0..n {
+                let position = Position(r.u64()?);
+                let bytes = r.bytes()?.to_vec();
+                records.push(Record { position, bytes });
+            }
+            Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records })
+        }
+        FrameKind::SchemaDecision => Frame::SchemaDecision(SchemaDecision {
+            stream: StreamId(r.u16()?),
+            fingerprint: r.u64()?,
+        }),
+        FrameKind::CompactionPlanned => Frame::CompactionPlanned(get_plan(&mut r)?),
+        FrameKind::CompactionDone => Frame::CompactionDone(CompactionDone {
+            sink: SinkId(r.u16()?),
+            stream: StreamId(r.u16()?),
+            id: CompactionId(r.u64()?),
+            seq: CompactionSeq(r.u64()?),
+        }),
+        FrameKind::Snapshot => {
+            let mut s = Snapshot::default();
+            for _ in 0..r.count(33)? {
+                let key = get_key(&mut r)?;
+                s.partitions.push(PartitionSnapshot {
+                    key,
+                    stream: StreamId(r.u16()?),
+                    position: Position(r.u64()?),
+                    lsn: Lsn(r.u64()?),
+                    records: r.u64()?,
+                    checkpoint: r.opt_bytes()?,
+                });
+            }
+            for _ in 0..r.count(16)? {
+                s.acked.push((SinkId(r.u16()?), get_key(&mut r)?, Position(r.u64()?)));
+            }
+            for _ in 0..r.count(12)? {
+                s.next_seq.push((SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?)));
+            }
+            for _ in 0..r.count(10)? {
+                s.schemas.push(SchemaDecision { stream: StreamId(r.u16()?), fingerprint: r.u64()? });
+            }
+            for _ in 0..r.count(32)? {
+                s.open.push(get_plan(&mut r)?);
+            }
+            Frame::Snapshot(s)
+        }
+        FrameKind::Seal => Frame::Seal,
+        FrameKind::Commit => Frame::Commit(CommitRecord { frames: r.u32()?, bytes: r.u32()? }),
+    };
+    if !r.is_empty() {
+        return Err(DecodeError);
+    }
+    Ok(frame)
+}
+
+fn opt_len(v: &Option<Vec<u8>>) -> usize {
+    1 + v.as_ref().map_or(0, |b| 4 + b.len())
+}
+
+fn plan_len(p: &CompactionPlan) -> usize {
+    2 + 2 + 8 + 8 + 8 + 4 + p.ranges.len() * (2 + 4 + 8 + 8)
+}
+
+fn put_key(w: &mut Writer<'_>, key: PartitionKey) {
+    w.u16(key.source.0);
+    w.u32(key.partition);
+}
+
+fn get_key(r: &mut Reader<'_>) -> Result<PartitionKey, DecodeError> {
+    Ok(PartitionKey { source: SourceId(r.u16()?), partition: r.u32()? })
+}
+
+fn put_plan(w: &mut Writer<'_>, p: &CompactionPlan) {
+    w.u16(p.sink.0);
+    w.u16(p.stream.0);
+    w.u64(p.id.0);
+    w.u64(p.seq.0);
+    w.u64(p.schema);
+    w.u32(p.ranges.len() as u32);
+    for range in &p.ranges {
+        put_key(w, range.key);
+        w.u64(range.from.0);
+        w.u64(range.to.0);
+    }
+}
+
+fn get_plan(r: &mut Reader<'_>) -> Result<CompactionPlan, DecodeError> {
+    let sink = SinkId(r.u16()?);
+    let stream = StreamId(r.u16()?);
+    let id = CompactionId(r.u64()?);
+    let seq = CompactionSeq(r.u64()?);
+    let schema = r.u64()?;
+    let n = r.count(22)?;
+    let mut ranges = Vec::with_capacity(n);
+    for _ in 0..n {
+        ranges.push(Range { key: get_key(r)?, from: Position(r.u64()?), to: Position(r.u64()?) });
+    }
+    Ok(CompactionPlan { sink, stream, id, seq, schema, ranges })
+}

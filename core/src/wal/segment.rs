@@ -1,0 +1,263 @@
+//! Segments: the header that opens every segment, the encoding of a commit
+//! group, and the scan that recovery runs over the segments it finds.
+//!
+//! The scan admits only complete commit groups, in dense LSN order. A group
+//! that fails to validate is a torn tail only when no valid commit record of a
+//! later group follows it, in its own segment or any later one; anything else
+//! is corruption, reported with the segment and byte offset. Rot inside the
+//! very last group cannot be told from a torn write: that group is dropped
+//! like a torn one (it was never acknowledged if the writer crashed, but
+//! rot there after an acknowledgement loses it; see docs/ARCHITECTURE.md).
+
+use super::frame::*;
+use crate::ids::*;
+
+pub const SEGMENT_MAGIC: [u8; 8] = *b"SKPRWAL\0";
+pub const FORMAT_VERSION: u32 = 1;
+pub const SEGMENT_HEADER_BYTES: usize = 32;
+/// A group never holds more frames than this.
+pub const GROUP_FRAMES_MAX: usize = 1 << 16;
+
+/// `magic | version: u32 | crc: u32 | segment: u64 | epoch: u64`; the crc
+/// covers every other byte of the header.
+pub fn encode_header(segment: SegmentId, epoch: Epoch) -> Vec<u8> {
+    let mut h = Vec::with_capacity(SEGMENT_HEADER_BYTES);
+    h.extend_from_slice(&SEGMENT_MAGIC);
+    h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h.extend_from_slice(&[0; 4]);
+    h.extend_from_slice(&segment.0.to_le_bytes());
+    h.extend_from_slice(&epoch.0.to_le_bytes());
+    let crc = header_crc(&h);
+    h[12..16].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderError {
+    Truncated,
+    Magic,
+    Version(u32),
+    Checksum,
+    WrongSegment(SegmentId),
+}
+
+/// Reads a header back and checks it names `segment`. Returns the epoch of
+/// the writer that created the segment.
+pub fn decode_header(segment: SegmentId, bytes: &[u8]) -> Result<Epoch, HeaderError> {
+    if bytes.len() < SEGMENT_HEADER_BYTES {
+        return Err(HeaderError::Truncated);
+    }
+    let h = &bytes[..SEGMENT_HEADER_BYTES];
+    if h[0..8] != SEGMENT_MAGIC {
+        return Err(HeaderError::Magic);
+    }
+    if u32::from_le_bytes(h[12..16].try_into().unwrap()) != header_crc(h) {
+        return Err(HeaderError::Checksum);
+    }
+    let version = u32::from_le_bytes(h[8..12].try_into().unwrap());
+    if version != FORMAT_VERSION {
+        return Err(HeaderError::Version(version));
+    }
+    let id = SegmentId(u64::from_le_bytes(h[16..24].try_into().unwrap()));
+    if id != segment {
+        return Err(HeaderError::WrongSegment(id));
+    }
+    Ok(Epoch(u64::from_le_bytes(h[24..32].try_into().unwrap())))
+}
+
+fn header_crc(h: &[u8]) -> u32 {
+    let c = crc32c::crc32c(&h[0..12]);
+    crc32c::crc32c_append(c, &h[16..32])
+}
+
+/// Encodes `frames` followed by their commit record as one commit group.
+pub fn encode_group(segment: SegmentId, epoch: Epoch, lsn: Lsn, frames: &[&Frame]) -> Vec<u8> {
+    assert!(frames.len() < GROUP_FRAMES_MAX, "group frame count bound");
+    let len: usize = frames.iter().map(|f| f.encoded_len()).sum();
+    let mut out = Vec::with_capacity(len + COMMIT_FRAME_BYTES);
+    for frame in frames {
+        assert!(!matches!(frame, Frame::Commit(_)), "commit records are added here only");
+        frame.encode(segment, epoch, lsn, &mut out);
+    }
+    assert_eq!(out.len(), len, "encoded_len is exact");
+    let commit = CommitRecord { frames: frames.len() as u32, bytes: len as u32 };
+    Frame::Commit(commit).encode(segment, epoch, lsn, &mut out);
+    out
+}
+
+/// One admitted commit group.
+#[derive(Debug)]
+pub struct ScannedGroup {
+    pub lsn: Lsn,
+    pub epoch: Epoch,
+    pub offset: u64,
+    pub end: u64,
+    pub frames: Vec<Frame>,
+}
+
+/// What the scan found in one segment.
+#[derive(Debug)]
+pub struct ScannedSegment {
+    pub id: SegmentId,
+    /// The creating writer's epoch, or `None` when the header is invalid
+    /// (a segment whose creation was torn, after the end of the WAL).
+    pub header_epoch: Option<Epoch>,
+    pub groups: Vec<ScannedGroup>,
+    /// The last group carries a seal: the WAL continues in the next segment.
+    pub sealed: bool,
+    /// Where the next group would be appended.
+    pub end: u64,
+}
+
+/// Committed data that cannot be trusted: recovery stops here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Corruption {
+    pub segment: SegmentId,
+    pub offset: u64,
+    pub what: &'static str,
+}
+
+/// Scans `segments` (sorted by id) and admits the dense run of complete
+/// commit groups. `lenient_tail` is the planted bug `admit-torn-segment`.
+pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<ScannedSegment>, Corruption> {
+    let mut out = Vec::with_capacity(segments.len());
+    let mut expected: Option<Lsn> = None;
+    let mut ended = false;
+    for (i, &(id, bytes)) in segments.iter().enumerate() {
+        let mut seg = ScannedSegment {
+            id,
+            header_epoch: None,
+            groups: Vec::new(),
+            sealed: false,
+            end: SEGMENT_HEADER_BYTES as u64,
+        };
+        match decode_header(id, bytes) {
+            Ok(epoch) => seg.header_epoch = Some(epoch),
+            Err(_) => {
+                if !ended && commit_follows(segments, i, 0, expected) {
+                    return Err(Corruption { segment: id, offset: 0, what: "segment header is invalid" });
+                }
+                ended = true;
+            }
+        }
+        if ended {
+            out.push(seg);
+            continue;
+        }
+        let mut pos = SEGMENT_HEADER_BYTES;
+        loop {
+            match read_group(id, bytes, pos, expected, true) {
+                Ok((group, sealed)) => {
+                    expected = Some(Lsn(group.lsn.0 + 1));
+                    pos = group.end as usize;
+                    seg.groups.push(group);
+                    if sealed {
+                        seg.sealed = true;
+                        break;
+                    }
+                }
+                Err(()) => {
+                    if commit_follows(segments, i, pos, expected) {
+                        return Err(Corruption {
+                            segment: id,
+                            offset: pos as u64,
+                            what: "a commit group fails validation and later groups are committed",
+                        });
+                    }
+                    if lenient_tail {
+                        if let Ok((group, _)) = read_group(id, bytes, pos, expected, false) {
+                            pos = group.end as usize;
+                            seg.groups.push(group);
+                        }
+                    }
+                    ended = true;
+                    break;
+                }
+            }
+        }
+        seg.end = pos as u64;
+        out.push(seg);
+    }
+    Ok(out)
+}
+
+/// Reads the group at `pos`; the bool is true when the group seals its segment.
+fn read_group(
+    segment: SegmentId,
+    bytes: &[u8],
+    pos: usize,
+    expected: Option<Lsn>,
+    verify: bool,
+) -> Result<(ScannedGroup, bool), ()> {
+    let mut frames = Vec::new();
+    let mut at = pos;
+    let mut sealed = false;
+    let mut header: Option<(Lsn, Epoch)> = None;
+    loop {
+        let f = decode_frame(segment, bytes.get(at..).ok_or(())?, verify).map_err(|_| ())?;
+        match header {
+            None => {
+                if expected.is_some_and(|e| e != f.lsn) {
+                    return Err(());
+                }
+                header = Some((f.lsn, f.epoch));
+            }
+            Some((lsn, epoch)) if lsn != f.lsn || epoch != f.epoch => return Err(()),
+            Some(_) => {}
+        }
+        let frame_at = at;
+        at += f.len;
+        match f.frame {
+            Frame::Commit(c) => {
+                if c.frames as usize != frames.len() || c.bytes as usize != frame_at - pos {
+                    return Err(());
+                }
+                let (lsn, epoch) = header.expect("set by the first frame");
+                let group = ScannedGroup { lsn, epoch, offset: pos as u64, end: at as u64, frames };
+                return Ok((group, sealed));
+            }
+            Frame::Seal => {
+                sealed = true;
+                frames.push(Frame::Seal);
+            }
+            frame => {
+                if sealed {
+                    return Err(()); // nothing but the commit record follows a seal
+                }
+                frames.push(frame);
+            }
+        }
+        if frames.len() >= GROUP_FRAMES_MAX {
+            return Err(());
+        }
+    }
+}
+
+/// Is there a valid commit record of a later group after `pos` in segment
+/// `i`, or anywhere in a later segment? With no group admitted yet, "later"
+/// means a second, higher LSN after the first one found.
+fn commit_follows(segments: &[(SegmentId, &[u8])], i: usize, pos: usize, expected: Option<Lsn>) -> bool {
+    let mut lowest: Option<Lsn> = None;
+    for (j, &(id, bytes)) in segments.iter().enumerate().skip(i) {
+        let start = if j == i { pos + 1 } else { SEGMENT_HEADER_BYTES };
+        let mut at = start;
+        while at + COMMIT_FRAME_BYTES <= bytes.len() {
+            if let Some(lsn) = commit_record_at(id, &bytes[at..]) {
+                match expected {
+                    Some(e) if lsn > e => return true,
+                    Some(_) => {}
+                    None => match lowest {
+                        Some(low) if lsn > low => return true,
+                        Some(_) => {}
+                        None => lowest = Some(lsn),
+                    },
+                }
+            }
+            at += 1;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests;
