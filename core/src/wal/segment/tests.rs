@@ -1,0 +1,212 @@
+//! Codec tests: round trip, every single-bit flip, every truncation point,
+//! stale bytes from an earlier use of the same file.
+
+use super::*;
+
+const SEG: SegmentId = SegmentId(7);
+const EPOCH: Epoch = Epoch(3);
+const SIZE: usize = 4096;
+
+fn key(p: u32) -> PartitionKey {
+    PartitionKey { source: SourceId(1), partition: p }
+}
+
+fn batch(p: u32, from: u64, n: u64) -> Frame {
+    let records = (from..from + n)
+        .map(|i| Record { position: Position(i), bytes: format!("{{\"seq\":{i}}}").into_bytes() })
+        .collect();
+    Frame::SourceBatch(SourceBatch {
+        key: key(p),
+        stream: StreamId(0),
+        end: Position(from + n),
+        checkpoint: Some(vec![p as u8, from as u8]),
+        records,
+    })
+}
+
+fn plan() -> Frame {
+    Frame::CompactionPlanned(CompactionPlan {
+        sink: SinkId(0),
+        stream: StreamId(0),
+        id: CompactionId(0xfeed),
+        seq: CompactionSeq(0),
+        schema: 9,
+        ranges: vec![Range { key: key(0), from: Position(0), to: Position(3) }],
+    })
+}
+
+fn groups() -> Vec<Vec<Frame>> {
+    vec![
+        vec![Frame::Snapshot(Snapshot::default()), batch(0, 0, 3)],
+        vec![batch(1, 0, 2), plan()],
+        vec![
+            Frame::CompactionDone(CompactionDone {
+                sink: SinkId(0),
+                stream: StreamId(0),
+                id: CompactionId(0xfeed),
+                seq: CompactionSeq(0),
+            }),
+            Frame::SchemaDecision(SchemaDecision { stream: StreamId(0), fingerprint: 1 }),
+            batch(0, 3, 1),
+        ],
+    ]
+}
+
+/// A preallocated segment with the groups written; returns it and where each
+/// group ends.
+fn segment_with(segment: SegmentId, epoch: Epoch, first_lsn: u64, groups: &[Vec<Frame>]) -> (Vec<u8>, Vec<usize>) {
+    let mut buf = encode_header(segment, epoch);
+    let mut ends = Vec::new();
+    for (i, frames) in groups.iter().enumerate() {
+        let refs: Vec<&Frame> = frames.iter().collect();
+        buf.extend(encode_group(segment, epoch, Lsn(first_lsn + i as u64), &refs));
+        ends.push(buf.len());
+    }
+    buf.resize(SIZE, 0);
+    (buf, ends)
+}
+
+fn scan_one(bytes: &[u8]) -> Result<Vec<ScannedSegment>, Corruption> {
+    scan(&[(SEG, bytes)], false)
+}
+
+#[test]
+fn round_trip() {
+    let groups = groups();
+    let (buf, ends) = segment_with(SEG, EPOCH, 0, &groups);
+    let scanned = scan_one(&buf).unwrap();
+    assert_eq!(scanned.len(), 1);
+    let seg = &scanned[0];
+    assert_eq!(seg.header_epoch, Some(EPOCH));
+    assert_eq!(seg.end, *ends.last().unwrap() as u64);
+    assert_eq!(seg.groups.len(), 3);
+    for (i, g) in seg.groups.iter().enumerate() {
+        assert_eq!(g.lsn, Lsn(i as u64));
+        assert_eq!(g.epoch, EPOCH);
+        assert_eq!(g.frames, groups[i]);
+    }
+}
+
+#[test]
+fn every_single_bit_flip_is_detected() {
+    let groups = groups();
+    let (buf, ends) = segment_with(SEG, EPOCH, 0, &groups);
+    let written = *ends.last().unwrap();
+    let last_start = ends[ends.len() - 2];
+    for bit in 0..written * 8 {
+        let mut b = buf.clone();
+        b[bit / 8] ^= 1 << (bit % 8);
+        match scan_one(&b) {
+            Err(c) => assert_eq!(c.segment, SEG),
+            Ok(segs) => {
+                // Only a flip in the last group may pass as a torn tail, and
+                // then that group is dropped, never admitted changed.
+                assert!(bit / 8 >= last_start, "flip at byte {} admitted silently", bit / 8);
+                let admitted = &segs[0].groups;
+                assert_eq!(admitted.len(), 2, "flip at byte {}", bit / 8);
+                for (i, g) in admitted.iter().enumerate() {
+                    assert_eq!(g.frames, groups[i]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn flips_before_the_last_group_are_corruption_with_an_offset() {
+    let (buf, ends) = segment_with(SEG, EPOCH, 0, &groups());
+    let mut b = buf.clone();
+    b[ends[0] + 30] ^= 0x10; // inside the second group
+    let c = scan_one(&b).unwrap_err();
+    assert_eq!(c, Corruption { segment: SEG, offset: ends[0] as u64, what: c.what });
+    let mut b = buf;
+    b[2] ^= 1; // the header
+    assert_eq!(scan_one(&b).unwrap_err().offset, 0);
+}
+
+#[test]
+fn every_truncation_point_is_a_clean_torn_tail() {
+    let groups = groups();
+    let (buf, ends) = segment_with(SEG, EPOCH, 0, &groups);
+    let written = *ends.last().unwrap();
+    for cut in SEGMENT_HEADER_BYTES..=written {
+        // Cut short (a file that ends there) and zero-filled (preallocated);
+        // zero-filling bytes that were zero already changes nothing.
+        let short = &buf[..cut];
+        let mut zeroed = buf.clone();
+        zeroed[cut..].fill(0);
+        let intact = |e: usize, b: &[u8]| e <= b.len() && b[..e] == buf[..e];
+        for b in [short, zeroed.as_slice()] {
+            let complete = ends.iter().filter(|&&e| intact(e, b)).count();
+            let segs = scan_one(b).unwrap_or_else(|c| panic!("cut at {cut}: {c:?}"));
+            assert_eq!(segs[0].groups.len(), complete, "cut at {cut}");
+            let expected_end = if complete == 0 { SEGMENT_HEADER_BYTES } else { ends[complete - 1] };
+            assert_eq!(segs[0].end, expected_end as u64);
+        }
+    }
+    // A cut inside the header leaves a segment with no valid header: the end
+    // of the WAL, not corruption.
+    for cut in 0..SEGMENT_HEADER_BYTES {
+        let segs = scan_one(&buf[..cut]).unwrap();
+        assert_eq!(segs[0].header_epoch, None);
+    }
+}
+
+#[test]
+fn stale_frames_from_a_reused_file_are_rejected() {
+    // The file held segment 3; it is reused as segment 7 with a new header.
+    let (old, _) = segment_with(SegmentId(3), Epoch(1), 0, &groups());
+    let mut reused = old.clone();
+    reused[..SEGMENT_HEADER_BYTES].copy_from_slice(&encode_header(SEG, EPOCH));
+    let segs = scan_one(&reused).unwrap();
+    assert!(segs[0].groups.is_empty(), "stale groups of segment 3 must not pass as segment 7");
+    assert_eq!(segs[0].end, SEGMENT_HEADER_BYTES as u64);
+}
+
+#[test]
+fn stale_tail_after_a_rewritten_group_is_ignored() {
+    // A writer of epoch 3 wrote three groups; only the first was committed
+    // (say). After a crash, epoch 4 rewrites LSN 1 with a shorter group.
+    let (mut buf, ends) = segment_with(SEG, EPOCH, 0, &groups());
+    let frames = [batch(2, 0, 1)];
+    let refs: Vec<&Frame> = frames.iter().collect();
+    let group = encode_group(SEG, Epoch(4), Lsn(1), &refs);
+    buf[ends[0]..ends[0] + group.len()].copy_from_slice(&group);
+    let segs = scan_one(&buf).unwrap();
+    let admitted = &segs[0].groups;
+    assert_eq!(admitted.len(), 2);
+    assert_eq!(admitted[1].epoch, Epoch(4));
+    assert_eq!(admitted[1].frames, frames);
+}
+
+#[test]
+fn a_missing_seal_before_a_later_segment_is_corruption() {
+    let (first, ends) = segment_with(SegmentId(1), EPOCH, 0, &groups()[..1]);
+    let (second, _) = segment_with(SegmentId(2), EPOCH, 1, &groups()[1..]);
+    let c = scan(&[(SegmentId(1), &first), (SegmentId(2), &second)], false).unwrap_err();
+    assert_eq!((c.segment, c.offset), (SegmentId(1), ends[0] as u64));
+}
+
+#[test]
+fn sealed_segments_chain_and_a_spare_ends_the_wal() {
+    let mut g = groups();
+    g[0].push(Frame::Seal);
+    let (first, _) = segment_with(SegmentId(1), EPOCH, 0, &g[..1]);
+    let (second, _) = segment_with(SegmentId(2), EPOCH, 1, &g[1..]);
+    let (spare, _) = segment_with(SegmentId(3), EPOCH, 0, &[]);
+    let segs = scan(&[(SegmentId(1), &first), (SegmentId(2), &second), (SegmentId(3), &spare)], false).unwrap();
+    assert!(segs[0].sealed);
+    assert_eq!(segs[1].groups.len(), 2);
+    assert_eq!(segs[1].groups[0].lsn, Lsn(1));
+    assert!(segs[2].groups.is_empty() && segs[2].header_epoch == Some(EPOCH));
+}
+
+#[test]
+fn a_gap_in_lsns_is_corruption() {
+    let mut g = groups();
+    g[0].push(Frame::Seal);
+    let (first, _) = segment_with(SegmentId(1), EPOCH, 0, &g[..1]);
+    let (second, _) = segment_with(SegmentId(2), EPOCH, 5, &g[1..]);
+    let c = scan(&[(SegmentId(1), &first), (SegmentId(2), &second)], false).unwrap_err();
+    assert_eq!(c.segment, SegmentId(2));
+}
