@@ -66,6 +66,7 @@ enum Phase {
 /// What an outstanding I/O is for.
 #[derive(Clone, Copy, Debug)]
 enum Pending {
+    WalSync,
     WalList,
     WalRead(SegmentId),
     WalCreate(SegmentId),
@@ -84,6 +85,7 @@ enum Pending {
 /// Work waiting for a backoff to pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Retry {
+    WalSync,
     WalList,
     WalRead(SegmentId),
     OffsetsRead,
@@ -195,7 +197,7 @@ impl Host {
             offsets_dirty: BTreeSet::new(),
             offsets_io: None,
         };
-        host.io(Pending::WalList, IoOp::WalList);
+        host.io(Pending::WalSync, IoOp::WalSync);
         Ok(host)
     }
 
@@ -331,6 +333,9 @@ impl Host {
 
     fn fire(&mut self, what: Retry) {
         match what {
+            Retry::WalSync => {
+                self.io(Pending::WalSync, IoOp::WalSync);
+            }
             Retry::WalList => {
                 self.io(Pending::WalList, IoOp::WalList);
             }
@@ -342,7 +347,12 @@ impl Host {
             }
             Retry::Commit => self.send_commit(),
             Retry::Create => self.wal.creating = false,
-            Retry::Delete => self.wal.deleting = false,
+            Retry::Delete => {
+                self.wal.deleting = false;
+                if self.phase == Phase::Recovering {
+                    self.delete_next();
+                }
+            }
             Retry::OffsetsWrite => self.offsets_io = None,
             Retry::SourceOpen(source) => self.open_source(source),
             Retry::SourceRead(source) => self.sources[source.0 as usize].waiting = false,
@@ -361,6 +371,13 @@ impl Host {
 
     fn on_io(&mut self, id: IoId, pending: Pending, result: Result<IoReply, IoError>) {
         match pending {
+            Pending::WalSync => match result {
+                Ok(_) => {
+                    self.succeeded(Retry::WalSync);
+                    self.io(Pending::WalList, IoOp::WalList);
+                }
+                Err(_) => self.retry_later(Retry::WalSync),
+            },
             Pending::WalList => match result {
                 Ok(IoReply::Segments(ids)) => self.on_listed(ids),
                 Ok(other) => panic!("WalList answered with {other:?}"),
@@ -381,6 +398,7 @@ impl Host {
                     self.succeeded(Retry::Create);
                     self.wal.creating = false;
                     self.wal.spares.push_back(segment);
+                    self.wal.next_segment = SegmentId(segment.0 + 1);
                 }
                 Err(_) => self.retry_later(Retry::Create),
             },
@@ -390,6 +408,9 @@ impl Host {
                     self.succeeded(Retry::Delete);
                     assert_eq!(self.wal.deletes.pop_front(), Some(segment), "deletes go in order");
                     self.wal.deleting = false;
+                    if self.phase == Phase::Recovering {
+                        self.delete_junk();
+                    }
                 }
                 Err(_) => self.retry_later(Retry::Delete),
             },
@@ -494,7 +515,18 @@ impl Host {
                 self.offsets_dirty.insert(*key);
             }
         }
-        self.finish_recovery();
+        self.wal.deletes.extend(std::mem::take(&mut self.recovery.junk));
+        self.delete_junk();
+    }
+
+    /// Segments after the WAL's end whose creation never completed are
+    /// deleted before anything new is written: left in place, a later scan
+    /// could not tell them from a data segment whose header rotted.
+    fn delete_junk(&mut self) {
+        if self.wal.deletes.is_empty() {
+            return self.finish_recovery();
+        }
+        self.delete_next();
     }
 
     /// Steps three and four: replay open compactions, resume sources.
@@ -528,9 +560,6 @@ impl Host {
                 self.slots.insert(key, slot);
                 self.dispatch(key.0, key.1);
             }
-        }
-        for segment in std::mem::take(&mut self.recovery.junk) {
-            self.wal.deletes.push_back(segment);
         }
         self.out.push_back(Output::Recovered(RecoverySummary {
             segments: self.wal.segments.len(),
@@ -726,8 +755,10 @@ impl Host {
         if self.wal.creating || self.wal.spares.len() >= self.cfg.limits.spare_segments as usize {
             return;
         }
+        // The id advances only when the creation succeeds: a failed one is
+        // retried under the same id, so no half-created segment is ever left
+        // behind a newer one.
         let segment = self.wal.next_segment;
-        self.wal.next_segment = SegmentId(segment.0 + 1);
         self.wal.creating = true;
         let header = encode_header(segment, self.wal.epoch);
         self.io(Pending::WalCreate(segment), IoOp::WalCreate { segment, header });

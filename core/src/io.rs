@@ -34,6 +34,12 @@ pub enum Output {
 
 #[derive(Debug)]
 pub enum IoOp {
+    /// Make everything the WAL holds durable: every segment file and the
+    /// directory (data a crashed writer left in the page cache, files whose
+    /// directory entry was never synced). The first step of recovery, so that
+    /// nothing recovery reads can vanish later. A no-op where writes are
+    /// durable once visible (S3).
+    WalSync,
     /// List the WAL's segments. Answer: `Segments`.
     WalList,
     /// Read a whole segment. Answer: `SegmentBytes`.

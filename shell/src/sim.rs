@@ -1,0 +1,278 @@
+//! `skipprd sim`: the simulator's command line. The words printed here are a
+//! contract other tools parse: keep them.
+
+use crate::exit;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use skippr_core::{Mutation, Mutations};
+use skippr_sim::sweep::{run_seed, sweep, SeedResult, SweepOptions, Totals};
+use skippr_sim::{run, Outcome, RunOptions, SIM_VERSION};
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct SimArgs {
+    /// Run one seed.
+    #[arg(long, conflicts_with_all = ["seeds", "replay", "list_mutations"])]
+    seed: Option<u64>,
+    /// Sweep seeds A..B (A inclusive, B exclusive).
+    #[arg(long, value_name = "A..B", value_parser = parse_range, conflicts_with_all = ["replay", "list_mutations"])]
+    seeds: Option<Range<u64>>,
+    /// Run every saved failure in DIR with its saved flags.
+    #[arg(long, value_name = "DIR", conflicts_with = "list_mutations")]
+    replay: Option<PathBuf>,
+    /// Print the names of the planted bugs, one a line.
+    #[arg(long)]
+    list_mutations: bool,
+    /// Worker threads for a sweep.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// Print every engine input and output with its simulated time (one seed).
+    #[arg(long)]
+    trace: bool,
+    /// Run each seed twice; a seed fails if its trace hashes differ.
+    #[arg(long)]
+    check_determinism: bool,
+    /// Print per-seed averages: records, crashes, faults by kind, compactions,
+    /// segments deleted, recoveries.
+    #[arg(long)]
+    stats: bool,
+    /// Write each failing seed to DIR as a small text file.
+    #[arg(long, value_name = "DIR")]
+    save_failures: Option<PathBuf>,
+    /// Turn on a planted bug (repeatable); see --list-mutations.
+    #[arg(long, value_name = "NAME", value_parser = parse_mutation)]
+    mutation: Vec<Mutation>,
+}
+
+fn parse_range(s: &str) -> Result<Range<u64>, String> {
+    let (a, b) = s.split_once("..").ok_or_else(|| format!("'{s}' is not a range: write A..B, like 0..10000"))?;
+    let a: u64 = a.trim().parse().map_err(|_| format!("'{a}' is not a seed number"))?;
+    let b: u64 = b.trim().parse().map_err(|_| format!("'{b}' is not a seed number"))?;
+    if a >= b {
+        return Err(format!("the range {a}..{b} is empty: B must be greater than A"));
+    }
+    Ok(a..b)
+}
+
+fn parse_mutation(s: &str) -> Result<Mutation, String> {
+    Mutation::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Mutation::ALL.iter().map(|m| m.name()).collect();
+        format!("unknown mutation '{s}'; known: {}", names.join(", "))
+    })
+}
+
+pub fn main(args: SimArgs) -> i32 {
+    // A panic inside a run is reported as that run's failure, with its
+    // message; the default hook would print it a second time.
+    std::panic::set_hook(Box::new(|_| {}));
+    let mut mutations = Mutations::NONE;
+    for m in &args.mutation {
+        mutations = mutations.with(*m);
+    }
+    let opts = RunOptions { mutations, trace: args.trace };
+    if args.list_mutations {
+        for m in Mutation::ALL {
+            println!("{m}");
+        }
+        return exit::OK;
+    }
+    if let Some(seed) = args.seed {
+        return one(seed, &args, &opts);
+    }
+    if let Some(seeds) = args.seeds.clone() {
+        return many(seeds, &args, &opts);
+    }
+    if let Some(dir) = &args.replay {
+        return replay(dir, &args);
+    }
+    eprintln!("skipprd sim: say what to run: --seed S, --seeds A..B, --replay DIR or --list-mutations");
+    exit::USAGE
+}
+
+fn flags(opts: &RunOptions) -> String {
+    opts.mutations.iter().map(|m| format!(" --mutation {m}")).collect()
+}
+
+fn one(seed: u64, args: &SimArgs, opts: &RunOptions) -> i32 {
+    let report = run(seed, opts);
+    for line in &report.trace {
+        println!("{line}");
+    }
+    let mut outcome = report.outcome.clone();
+    if args.check_determinism {
+        let again = run(seed, opts);
+        if again.trace_hash != report.trace_hash {
+            outcome = Outcome::Fail(skippr_sim::Violation {
+                invariant: skippr_sim::invariant::NONDETERMINISM,
+                detail: format!("trace hash {:016x} then {:016x}", report.trace_hash, again.trace_hash),
+            });
+        }
+    }
+    let result = SeedResult { seed, outcome, trace_hash: report.trace_hash, stats: report.stats };
+    print_result(&result, opts, true);
+    println!("trace hash: {:016x}", result.trace_hash);
+    if args.stats {
+        let mut totals = Totals::default();
+        totals.add(&result);
+        print!("{}", totals.report());
+    }
+    if result.failed().is_some() {
+        save(args, &result, opts);
+        return exit::SIM_FAILED;
+    }
+    exit::OK
+}
+
+fn print_result(r: &SeedResult, opts: &RunOptions, verbose: bool) {
+    match &r.outcome {
+        Outcome::Fail(v) => {
+            println!("seed {} FAILED: {v}", r.seed);
+            println!("reproduce: skipprd sim --seed {}{}", r.seed, flags(opts));
+        }
+        Outcome::FailClosed(why) if verbose => println!("seed {}: passed (failed closed: {why})", r.seed),
+        Outcome::Pass if verbose => println!("seed {}: passed", r.seed),
+        _ => {}
+    }
+}
+
+fn many(seeds: Range<u64>, args: &SimArgs, opts: &RunOptions) -> i32 {
+    let count = seeds.end - seeds.start;
+    let bar = ProgressBar::new(count);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} seeds, {per_sec}, eta {eta} {msg}")
+            .expect("valid template"),
+    );
+    let started = Instant::now();
+    let mut totals = Totals::default();
+    let mut by_invariant: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut failures: Vec<SeedResult> = Vec::new();
+    let sweep_opts =
+        SweepOptions { seeds, jobs: args.jobs, run: opts.clone(), check_determinism: args.check_determinism };
+    sweep(&sweep_opts, |result| {
+        totals.add(&result);
+        bar.inc(1);
+        if let Some(v) = result.failed() {
+            *by_invariant.entry(v.invariant).or_default() += 1;
+            bar.set_message(format!("{} failed", totals.failed));
+            failures.push(result);
+        }
+    });
+    bar.finish_and_clear();
+    let elapsed = started.elapsed().as_secs_f64();
+    failures.sort_by_key(|r| r.seed);
+    for r in failures.iter().take(20) {
+        bar.suspend(|| print_result(r, opts, false));
+    }
+    if failures.len() > 20 {
+        println!("... and {} more failing seeds", failures.len() - 20);
+    }
+    for r in &failures {
+        save(args, r, opts);
+    }
+    if !by_invariant.is_empty() {
+        let tally: Vec<String> = by_invariant.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("failures by invariant: {}", tally.join(", "));
+    }
+    if args.stats {
+        print!("{}", totals.report());
+    }
+    println!("seeds: {count}, failed: {}, seeds/s: {:.0}", totals.failed, count as f64 / elapsed.max(1e-9));
+    if totals.failed > 0 {
+        exit::SIM_FAILED
+    } else {
+        exit::OK
+    }
+}
+
+fn save(args: &SimArgs, r: &SeedResult, opts: &RunOptions) {
+    let (Some(dir), Some(v)) = (&args.save_failures, r.failed()) else { return };
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        eprintln!("skipprd sim: cannot create {}: {e}", dir.display());
+        return;
+    }
+    let text = format!(
+        "seed = {}\nflags = {}\nsim_version = {SIM_VERSION}\ninvariant = {}\nfound = {}\n",
+        r.seed,
+        flags(opts).trim(),
+        v.invariant,
+        v.detail.replace('\n', " ")
+    );
+    let path = dir.join(format!("seed-{}.txt", r.seed));
+    if let Err(e) = std::fs::write(&path, text) {
+        eprintln!("skipprd sim: cannot write {}: {e}", path.display());
+    }
+}
+
+/// A saved failure: its seed and the flags it ran with.
+struct Saved {
+    path: PathBuf,
+    seed: u64,
+    opts: RunOptions,
+}
+
+fn read_saved(path: &Path) -> Result<Saved, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut seed = None;
+    let mut mutations = Mutations::NONE;
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once('=') else { continue };
+        match k.trim() {
+            "seed" => seed = Some(v.trim().parse().map_err(|_| format!("{}: bad seed '{v}'", path.display()))?),
+            "flags" => {
+                let words: Vec<&str> = v.split_whitespace().collect();
+                for pair in words.chunks(2) {
+                    match pair {
+                        ["--mutation", name] => mutations = mutations.with(parse_mutation(name)?),
+                        _ => return Err(format!("{}: unknown flags '{}'", path.display(), v.trim())),
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let seed = seed.ok_or_else(|| format!("{}: no 'seed = N' line", path.display()))?;
+    Ok(Saved { path: path.to_path_buf(), seed, opts: RunOptions { mutations, trace: false } })
+}
+
+fn replay(dir: &Path, args: &SimArgs) -> i32 {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("skipprd sim: cannot read the directory {}: {e}", dir.display());
+            return exit::USAGE;
+        }
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "txt"))
+        .collect();
+    paths.sort();
+    let mut failed = 0;
+    for path in &paths {
+        let saved = match read_saved(path) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("skipprd sim: {e}");
+                failed += 1;
+                continue;
+            }
+        };
+        let r = run_seed(saved.seed, &saved.opts, args.check_determinism);
+        match r.failed() {
+            Some(_) => {
+                failed += 1;
+                print_result(&r, &saved.opts, false);
+            }
+            None => println!("{}: seed {} passed", saved.path.display(), saved.seed),
+        }
+    }
+    println!("seeds: {}, failed: {failed}", paths.len());
+    if failed > 0 {
+        exit::SIM_FAILED
+    } else {
+        exit::OK
+    }
+}

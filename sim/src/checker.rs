@@ -1,0 +1,279 @@
+//! The exactly-once checker: a reference model of the contract, fed only from
+//! what sources emitted and were acked, what sinks received, and what the
+//! offsets store holds. It never reads the engine's own bookkeeping. A
+//! failure names the invariant it broke.
+
+use crate::plugins::{checkpoint_bytes, record_bytes};
+use crate::scenario::Scenario;
+use skippr_core::io::{ResumePoint, SinkApply};
+use skippr_core::{CompactionId, OffsetValue, PartitionKey, Position, SinkId, SourceId, StreamId};
+use std::collections::BTreeMap;
+use std::fmt;
+use xxhash_rust::xxh3::Xxh3;
+
+/// The invariants, by the names failures carry.
+pub mod invariant {
+    pub const ACKED_RECORD_LOST: &str = "acked-record-lost";
+    pub const ACK_BEYOND_SENT: &str = "ack-beyond-sent";
+    pub const COMMITTED_POSITION_REGRESSED: &str = "committed-position-regressed";
+    pub const OFFSETS_LEAD_WAL: &str = "offsets-lead-wal";
+    pub const OFFSETS_REGRESSED: &str = "offsets-regressed";
+    pub const OFFSETS_NOT_MATERIALIZED: &str = "offsets-not-materialized";
+    pub const CHECKPOINT_MISMATCH: &str = "checkpoint-mismatch";
+    pub const FOREIGN_BYTES: &str = "foreign-bytes";
+    pub const DUPLICATE_DELIVERY: &str = "duplicate-delivery";
+    pub const LOST_RECORD: &str = "lost-record";
+    pub const WRONG_STREAM: &str = "wrong-stream";
+    pub const COMPACTION_ID_UNSTABLE: &str = "compaction-id-unstable";
+    pub const SEQUENCE_REUSED: &str = "sequence-reused";
+    pub const SEQUENCE_GAP: &str = "sequence-gap";
+    pub const RECOVERY_NOT_IDEMPOTENT: &str = "recovery-not-idempotent";
+    pub const STALLED: &str = "liveness-stalled";
+    pub const CLEAN_SHUTDOWN: &str = "clean-shutdown";
+    pub const UNEXPECTED_STOP: &str = "unexpected-stop";
+    pub const CORE_ASSERTION: &str = "core-assertion";
+    pub const NONDETERMINISM: &str = "nondeterminism";
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.invariant, self.detail)
+    }
+}
+
+struct Apply {
+    sink: SinkId,
+    stream: StreamId,
+    seq: u64,
+    digest: u64,
+    records: usize,
+}
+
+pub struct Checker {
+    seed: u64,
+    /// Records and stream of every partition, as the scenario defines them.
+    partitions: BTreeMap<PartitionKey, (u64, StreamId)>,
+    sinks: u16,
+    acked: BTreeMap<PartitionKey, u64>,
+    resumed: BTreeMap<PartitionKey, u64>,
+    applies: BTreeMap<(SinkId, CompactionId), Apply>,
+    seq_owner: BTreeMap<(SinkId, StreamId, u64), CompactionId>,
+    next_seq: BTreeMap<(SinkId, StreamId), u64>,
+    next_pos: BTreeMap<(SinkId, PartitionKey), u64>,
+    delivered: u64,
+    total: u64,
+    pub violation: Option<Violation>,
+}
+
+impl Checker {
+    pub fn new(scenario: &Scenario) -> Checker {
+        let mut partitions = BTreeMap::new();
+        for (s, spec) in scenario.sources.iter().enumerate() {
+            for (p, part) in spec.partitions.iter().enumerate() {
+                let key = PartitionKey { source: SourceId(s as u16), partition: p as u32 };
+                partitions.insert(key, (part.records, StreamId(part.stream)));
+            }
+        }
+        Checker {
+            seed: scenario.seed,
+            partitions,
+            sinks: scenario.sinks,
+            acked: BTreeMap::new(),
+            resumed: BTreeMap::new(),
+            applies: BTreeMap::new(),
+            seq_owner: BTreeMap::new(),
+            next_seq: BTreeMap::new(),
+            next_pos: BTreeMap::new(),
+            delivered: 0,
+            total: scenario.total_records() * scenario.sinks as u64,
+            violation: None,
+        }
+    }
+
+    pub fn fail(&mut self, invariant: &'static str, detail: String) {
+        if self.violation.is_none() {
+            self.violation = Some(Violation { invariant, detail });
+        }
+    }
+
+    /// A source is resumed after recovery. Its positions come from committed
+    /// WAL: they cover everything it was acked, never go backwards, and are
+    /// at least what the offsets store holds.
+    pub fn on_resume(
+        &mut self,
+        source: SourceId,
+        resume: &[ResumePoint],
+        stored: impl Fn(PartitionKey) -> Option<Position>,
+    ) {
+        let keys: Vec<PartitionKey> = self.partitions.keys().filter(|k| k.source == source).copied().collect();
+        for key in keys {
+            let point = resume.iter().find(|r| r.partition == key.partition);
+            let at = point.map_or(0, |r| r.position.0);
+            let acked = self.acked.get(&key).copied().unwrap_or(0);
+            if at < acked {
+                self.fail(invariant::ACKED_RECORD_LOST, format!("{key} resumed at {at} but was acked through {acked}"));
+            }
+            let before = self.resumed.insert(key, at).unwrap_or(0);
+            if at < before {
+                self.fail(
+                    invariant::COMMITTED_POSITION_REGRESSED,
+                    format!("{key} resumed at {at} after an earlier resume at {before}"),
+                );
+            }
+            if let Some(store) = stored(key) {
+                if store.0 > at {
+                    self.fail(invariant::OFFSETS_LEAD_WAL, format!("{key}: offsets store holds {} > WAL {at}", store.0));
+                }
+            }
+            if let Some(cp) = point.and_then(|p| p.checkpoint.as_ref()) {
+                if *cp != checkpoint_bytes(key.partition, at) {
+                    self.fail(invariant::CHECKPOINT_MISMATCH, format!("{key}: checkpoint does not match position {at}"));
+                }
+            }
+        }
+    }
+
+    pub fn on_ack(&mut self, source: SourceId, acks: &[(u32, Position)], sent: impl Fn(u32) -> u64) {
+        for &(partition, pos) in acks {
+            let key = PartitionKey { source, partition };
+            if pos.0 > sent(partition) {
+                self.fail(invariant::ACK_BEYOND_SENT, format!("{key} acked at {} beyond {} sent", pos.0, sent(partition)));
+            }
+            let a = self.acked.entry(key).or_insert(0);
+            *a = (*a).max(pos.0);
+        }
+    }
+
+    pub fn on_offsets_changed(&mut self, key: PartitionKey, old: Option<OffsetValue>, new: OffsetValue) {
+        if let Some(old) = old {
+            if new.position < old.position {
+                self.fail(
+                    invariant::OFFSETS_REGRESSED,
+                    format!("{key}: offsets moved from {} back to {}", old.position.0, new.position.0),
+                );
+            }
+        }
+    }
+
+    /// A sink received a destination batch; `took_effect` is the sink's own
+    /// verdict (the id was new to it).
+    pub fn on_apply(&mut self, a: &SinkApply, took_effect: bool) {
+        let digest = digest(&a.records);
+        if let Some(prev) = self.applies.get(&(a.sink, a.id)) {
+            if prev.digest != digest || prev.seq != a.seq.0 || prev.stream != a.stream || prev.sink != a.sink {
+                let detail = format!(
+                    "{} applied with {} records (seq {}) and again with {} records (seq {})",
+                    a.id,
+                    prev.records,
+                    prev.seq,
+                    a.records.len(),
+                    a.seq.0
+                );
+                self.fail(invariant::COMPACTION_ID_UNSTABLE, detail);
+            }
+            return;
+        }
+        assert!(took_effect, "the sink dedupes exactly the ids the checker has seen");
+        let apply = Apply { sink: a.sink, stream: a.stream, seq: a.seq.0, digest, records: a.records.len() };
+        self.applies.insert((a.sink, a.id), apply);
+        if let Some(owner) = self.seq_owner.insert((a.sink, a.stream, a.seq.0), a.id) {
+            let detail = format!("sink {} stream {} seq {} carried {owner} and then {}", a.sink, a.stream, a.seq.0, a.id);
+            return self.fail(invariant::SEQUENCE_REUSED, detail);
+        }
+        let next = self.next_seq.entry((a.sink, a.stream)).or_insert(0);
+        if a.seq.0 != *next {
+            let detail = format!("sink {} stream {} applied seq {} when {} was next", a.sink, a.stream, a.seq.0, next);
+            return self.fail(invariant::SEQUENCE_GAP, detail);
+        }
+        *next += 1;
+        for bytes in &a.records {
+            if let Err(v) = self.check_record(a.sink, a.stream, bytes) {
+                return self.fail(v.invariant, v.detail);
+            }
+        }
+    }
+
+    fn check_record(&mut self, sink: SinkId, stream: StreamId, bytes: &[u8]) -> Result<(), Violation> {
+        let foreign = |why: &str| Violation { invariant: invariant::FOREIGN_BYTES, detail: why.to_string() };
+        if bytes.len() < 6 {
+            return Err(foreign("a record shorter than any the sources emit"));
+        }
+        let key = PartitionKey { source: SourceId(bytes[0] as u16), partition: bytes[1] as u32 };
+        let pos = u32::from_le_bytes(bytes[2..6].try_into().unwrap()) as u64;
+        let Some(&(records, part_stream)) = self.partitions.get(&key) else {
+            return Err(foreign("a record from no known partition"));
+        };
+        if pos >= records || bytes != record_bytes(self.seed, key.source.0, key.partition, pos).as_slice() {
+            return Err(foreign(&format!("{key} position {pos}: bytes differ from what the source emitted")));
+        }
+        if part_stream != stream {
+            let detail = format!("{key} belongs to stream {part_stream} but reached stream {stream}");
+            return Err(Violation { invariant: invariant::WRONG_STREAM, detail });
+        }
+        let next = self.next_pos.entry((sink, key)).or_insert(0);
+        if pos < *next {
+            let detail = format!("sink {sink} got {key} position {pos} again (next expected {next})");
+            return Err(Violation { invariant: invariant::DUPLICATE_DELIVERY, detail });
+        }
+        if pos > *next {
+            let detail = format!("sink {sink} got {key} position {pos}, skipping {}..{pos}", next);
+            return Err(Violation { invariant: invariant::LOST_RECORD, detail });
+        }
+        *next += 1;
+        self.delivered += 1;
+        Ok(())
+    }
+
+    /// Every record of every partition reached every sink.
+    pub fn complete(&self) -> bool {
+        self.delivered == self.total
+    }
+
+    pub fn delivered(&self) -> u64 {
+        self.delivered
+    }
+
+    /// The first partition a sink is still missing records of.
+    pub fn missing(&self) -> Option<String> {
+        for (key, &(records, _)) in &self.partitions {
+            for sink in (0..self.sinks).map(SinkId) {
+                let got = self.next_pos.get(&(sink, *key)).copied().unwrap_or(0);
+                if got < records {
+                    return Some(format!("sink {sink} has {got} of {records} records of {key}"));
+                }
+            }
+        }
+        None
+    }
+
+    /// After a clean shutdown the offsets store holds every final position.
+    pub fn check_materialized(&mut self, stored: impl Fn(PartitionKey) -> Option<Position>) {
+        let keys: Vec<(PartitionKey, u64)> = self.partitions.iter().map(|(k, (n, _))| (*k, *n)).collect();
+        for (key, records) in keys {
+            let at = stored(key).map_or(0, |p| p.0);
+            if at != records {
+                let detail = format!("{key}: offsets store holds {at} after a clean shutdown, WAL holds {records}");
+                self.fail(invariant::OFFSETS_NOT_MATERIALIZED, detail);
+            }
+        }
+    }
+
+    pub fn compactions(&self) -> usize {
+        self.applies.len()
+    }
+}
+
+fn digest(records: &[Vec<u8>]) -> u64 {
+    let mut h = Xxh3::new();
+    for r in records {
+        h.update(&(r.len() as u64).to_le_bytes());
+        h.update(r);
+    }
+    h.digest()
+}

@@ -1,0 +1,188 @@
+//! Simulated sources, sinks and offsets store.
+//!
+//! Sources produce deterministic records (a pure function of seed, source,
+//! partition and position), can replay from any position at or above what
+//! they were acked, discard acked data, and re-send from their acked position
+//! after a restart when the scenario says so. Sinks are idempotent by
+//! `compaction_id`. The offsets store applies a write only when its LSN is
+//! higher, as the real stores do.
+
+use crate::scenario::SourceSpec;
+use skippr_core::io::{ResumePoint, SourceBatchIn};
+use skippr_core::wal::Record;
+use skippr_core::{CompactionId, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, SinkId, StreamId};
+use std::collections::{BTreeMap, BTreeSet};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Bytes of the record at `position`: `source: u8 | partition: u8 |
+/// position: u32 | payload`, so the checker can tell where any output byte
+/// came from and compare it with what the source emitted.
+pub fn record_bytes(seed: u64, source: u16, partition: u32, position: u64) -> Vec<u8> {
+    let mut key = [0u8; 14];
+    key[0..2].copy_from_slice(&source.to_le_bytes());
+    key[2..6].copy_from_slice(&partition.to_le_bytes());
+    key[6..14].copy_from_slice(&position.to_le_bytes());
+    let h = xxh3_64_with_seed(&key, seed);
+    let len = 8 + (h % 40) as usize;
+    let mut out = Vec::with_capacity(6 + len);
+    out.push(source as u8);
+    out.push(partition as u8);
+    out.extend_from_slice(&(position as u32).to_le_bytes());
+    let mut x = h;
+    for _ in 0..len {
+        x = x.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(0x1405_7b7e_f767_814f);
+        out.push((x >> 56) as u8);
+    }
+    out
+}
+
+/// The source's opaque checkpoint at `position`.
+pub fn checkpoint_bytes(partition: u32, position: u64) -> Vec<u8> {
+    let mut c = b"cp".to_vec();
+    c.extend_from_slice(&partition.to_le_bytes());
+    c.extend_from_slice(&position.to_le_bytes());
+    c
+}
+
+#[derive(Clone)]
+struct Cursor {
+    next: u64,
+    acked: u64,
+}
+
+#[derive(Clone)]
+pub struct SimSource {
+    pub id: u16,
+    seed: u64,
+    spec: SourceSpec,
+    cursors: Vec<Cursor>,
+    turn: usize,
+    pub emitted: u64,
+}
+
+impl SimSource {
+    pub fn new(seed: u64, id: u16, spec: SourceSpec) -> SimSource {
+        let cursors = spec.partitions.iter().map(|_| Cursor { next: 0, acked: 0 }).collect();
+        SimSource { id, seed, spec, cursors, turn: 0, emitted: 0 }
+    }
+
+    /// Resumes at the host's positions, or, for a source that re-sends, at
+    /// its own acked position. Data below the acked position is gone.
+    pub fn open(&mut self, resume: &[ResumePoint]) {
+        for (p, c) in self.cursors.iter_mut().enumerate() {
+            let at = resume.iter().find(|r| r.partition == p as u32).map_or(0, |r| r.position.0);
+            c.next = if self.spec.resends { c.acked } else { at.max(c.acked) };
+        }
+    }
+
+    pub fn acked(&self, partition: u32) -> u64 {
+        self.cursors.get(partition as usize).map_or(0, |c| c.acked)
+    }
+
+    fn available(&self, p: usize, now: Instant) -> u64 {
+        let produced = now.as_micros() / self.spec.record_interval.as_micros().max(1) + 1;
+        produced.min(self.spec.partitions[p].records)
+    }
+
+    /// Up to `records_max` records from at most two partitions, taking turns.
+    pub fn read(&mut self, records_max: u32, now: Instant) -> (Vec<SourceBatchIn>, bool) {
+        let mut batches = Vec::new();
+        let mut budget = records_max as u64;
+        let n = self.cursors.len();
+        for k in 0..n {
+            if budget == 0 || batches.len() == 2 {
+                break;
+            }
+            let p = (self.turn + k) % n;
+            let available = self.available(p, now);
+            let from = self.cursors[p].next;
+            if from >= available {
+                continue;
+            }
+            let to = available.min(from + budget);
+            budget -= to - from;
+            let partition = p as u32;
+            let records = (from..to)
+                .map(|pos| Record { position: Position(pos), bytes: record_bytes(self.seed, self.id, partition, pos) })
+                .collect();
+            self.emitted += to - from;
+            self.cursors[p].next = to;
+            batches.push(SourceBatchIn {
+                partition,
+                stream: StreamId(self.spec.partitions[p].stream),
+                records,
+                end: Position(to),
+                checkpoint: Some(checkpoint_bytes(partition, to)),
+            });
+        }
+        self.turn = (self.turn + 1) % n;
+        let exhausted = self.cursors.iter().enumerate().all(|(p, c)| c.next >= self.spec.partitions[p].records);
+        (batches, exhausted)
+    }
+
+    /// The host says everything below these positions is committed: the
+    /// source may drop it for good.
+    pub fn ack(&mut self, acks: &[(u32, Position)]) {
+        for &(p, pos) in acks {
+            let c = &mut self.cursors[p as usize];
+            c.acked = c.acked.max(pos.0);
+        }
+    }
+
+    /// The highest position handed to the host so far in this partition.
+    pub fn sent(&self, partition: u32) -> u64 {
+        self.cursors.get(partition as usize).map_or(0, |c| c.next)
+    }
+}
+
+/// An idempotent sink: applies each `compaction_id` once.
+#[derive(Clone, Default)]
+pub struct SimSink {
+    applied: BTreeSet<CompactionId>,
+}
+
+impl SimSink {
+    /// Returns true when this apply took effect (the id was new).
+    pub fn apply(&mut self, id: CompactionId) -> bool {
+        self.applied.insert(id)
+    }
+
+    pub fn applied(&self) -> usize {
+        self.applied.len()
+    }
+}
+
+/// The offsets store: the 24-byte value and the checkpoint beside it.
+#[derive(Clone, Default)]
+pub struct SimOffsets {
+    entries: BTreeMap<PartitionKey, ([u8; 24], Option<Vec<u8>>)>,
+}
+
+impl SimOffsets {
+    /// Applies the writes whose LSN is higher; returns (key, old, new) of the
+    /// values that changed.
+    pub fn write(&mut self, entries: &[OffsetEntry]) -> Vec<(PartitionKey, Option<OffsetValue>, OffsetValue)> {
+        let mut changed = Vec::new();
+        for e in entries {
+            let bytes = e.value.encode();
+            assert_eq!(OffsetValue::decode(&bytes), Ok(e.value), "offset values round-trip");
+            let old = self.entries.get(&e.key).map(|(b, _)| OffsetValue::decode(b).expect("24 bytes"));
+            if OffsetValue::replaces(&e.value, old.as_ref()) {
+                self.entries.insert(e.key, (bytes, e.checkpoint.clone()));
+                changed.push((e.key, old, e.value));
+            }
+        }
+        changed
+    }
+
+    pub fn read(&self) -> Vec<(PartitionKey, Vec<u8>, Option<Vec<u8>>)> {
+        self.entries.iter().map(|(k, (b, c))| (*k, b.to_vec(), c.clone())).collect()
+    }
+
+    pub fn position(&self, key: PartitionKey) -> Option<Position> {
+        self.entries.get(&key).map(|(b, _)| OffsetValue::decode(b).expect("24 bytes").position)
+    }
+}
+
+/// A sink's identity for the checker.
+pub type SinkKey = (SinkId, StreamId);

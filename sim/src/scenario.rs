@@ -1,0 +1,146 @@
+//! The scenario of one run, drawn from its seed: the shape of the pipeline,
+//! the engine's limits, and the fault rates (swarm testing: each seed stresses
+//! its own mix of faults).
+
+use crate::rng::{Rng, Stream};
+use skippr_core::{Duration, HostConfig, Instant, Limits, Mutations};
+
+#[derive(Clone, Debug)]
+pub struct PartitionSpec {
+    pub stream: u16,
+    pub records: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct SourceSpec {
+    pub partitions: Vec<PartitionSpec>,
+    /// A new record becomes available in each partition this often.
+    pub record_interval: Duration,
+    /// On restart, the source re-sends from its acked position instead of the
+    /// position the host resumed it at.
+    pub resends: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Faults {
+    pub crashes: u32,
+    pub fsync_fail: f64,
+    pub no_space: f64,
+    pub rot: bool,
+    pub lost_dir_entry: f64,
+    pub sink_retryable: f64,
+    pub sink_lost_reply: f64,
+    pub offsets_ambiguous: f64,
+    pub source_read_fail: f64,
+    /// A shutdown request lands in the fault phase (and may be crashed into).
+    pub shutdown_mid_run: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Latencies {
+    pub disk_write: (u64, u64),
+    pub disk_other: (u64, u64),
+    pub offsets: (u64, u64),
+    pub source: (u64, u64),
+    pub sink: (u64, u64),
+    pub restart: (u64, u64),
+}
+
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub seed: u64,
+    pub sources: Vec<SourceSpec>,
+    pub streams: u16,
+    pub sinks: u16,
+    pub limits: Limits,
+    pub faults: Faults,
+    pub latencies: Latencies,
+    /// Faults and crashes stop here; the quiet phase must then converge.
+    pub fault_phase_end: Instant,
+    /// The run ends with a clean shutdown that must drain and stop cleanly.
+    pub clean_shutdown: bool,
+}
+
+impl Scenario {
+    pub fn from_seed(seed: u64) -> Scenario {
+        let mut r = Rng::new(seed, Stream::Scenario);
+        let streams = 2;
+        let sources: Vec<SourceSpec> = (0..r.range(2, 3))
+            .map(|_| SourceSpec {
+                partitions: (0..r.range(2, 4))
+                    .map(|_| PartitionSpec { stream: r.range(0, streams as u64 - 1) as u16, records: r.range(40, 130) })
+                    .collect(),
+                record_interval: Duration::from_micros(r.range(100, 800)),
+                resends: r.chance(0.6),
+            })
+            .collect();
+        let group_bytes_max = r.range(1024, 4096);
+        let ingest_us = sources
+            .iter()
+            .map(|s| s.partitions.iter().map(|p| p.records).max().unwrap_or(0) * s.record_interval.as_micros())
+            .max()
+            .unwrap_or(0);
+        let limits = Limits {
+            segment_bytes: 4 * (group_bytes_max + 128) + r.range(0, 16 * 1024),
+            group_bytes_max,
+            segment_age_max: Duration::from_millis(r.range(5, 60)),
+            spare_segments: r.range(1, 2) as u32,
+            source_read_records_max: r.range(4, 48) as u32,
+            pending_bytes_max: group_bytes_max * r.range(1, 4),
+            uncompacted_bytes_max: r.range(4, 64) * 1024,
+            compaction_records_max: r.range(8, 200) as u32,
+            source_poll: Duration::from_micros(r.range(500, 5_000)),
+            retry_min: Duration::from_micros(r.range(200, 2_000)),
+            retry_max: Duration::from_millis(r.range(10, 100)),
+            drain_timeout: Duration::from_secs(20),
+        };
+        let crashes = if r.chance(0.3) { 0 } else { r.range(1, 6) as u32 };
+        let faults = Faults {
+            crashes,
+            fsync_fail: r.rate(0.5, 0.001, 0.02),
+            no_space: r.rate(0.5, 0.01, 0.1),
+            rot: r.chance(0.1),
+            lost_dir_entry: r.rate(0.3, 0.2, 0.9),
+            sink_retryable: r.rate(0.4, 0.01, 0.2),
+            sink_lost_reply: r.rate(0.4, 0.01, 0.15),
+            offsets_ambiguous: r.rate(0.5, 0.01, 0.1),
+            source_read_fail: r.rate(0.5, 0.01, 0.05),
+            shutdown_mid_run: r.chance(0.2),
+        };
+        let latencies = Latencies {
+            disk_write: (r.range(20, 200), r.range(300, 3_000)),
+            disk_other: (50, r.range(100, 2_000)),
+            offsets: (100, r.range(200, 3_000)),
+            source: (20, r.range(50, 1_000)),
+            sink: (r.range(100, 1_000), r.range(1_000, 20_000)),
+            restart: (1_000, r.range(2_000, 50_000)),
+        };
+        let fault_phase_end = Instant::from_micros(ingest_us * r.range(50, 150) / 100 + 1_000);
+        Scenario {
+            seed,
+            sources,
+            streams,
+            sinks: r.range(1, 2) as u16,
+            limits,
+            faults,
+            latencies,
+            fault_phase_end,
+            clean_shutdown: r.chance(0.5),
+        }
+    }
+
+    pub fn host_config(&self, mutations: Mutations, incarnation: u64) -> HostConfig {
+        HostConfig {
+            seed: self.seed ^ incarnation.wrapping_mul(0x2545_f491_4f6c_dd1d),
+            sources: (0..self.sources.len()).map(|i| format!("source-{i}")).collect(),
+            sinks: (0..self.sinks).map(|i| format!("sink-{i}")).collect(),
+            streams: (0..self.streams).map(|i| format!("stream-{i}")).collect(),
+            limits: self.limits.clone(),
+            mutations,
+        }
+    }
+
+    pub fn total_records(&self) -> u64 {
+        self.sources.iter().flat_map(|s| &s.partitions).map(|p| p.records).sum()
+    }
+}

@@ -1,0 +1,159 @@
+//! Seed sweeps: independent runs spread over worker threads, nothing shared
+//! but a counter of the next seed and a channel of results. Totals do not
+//! depend on which thread ran which seed.
+
+use crate::checker::Violation;
+use crate::world::{run, Outcome, RunOptions, RunStats};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+
+pub struct SweepOptions {
+    pub seeds: Range<u64>,
+    pub jobs: usize,
+    pub run: RunOptions,
+    /// Run every seed twice and fail it if the trace hashes differ.
+    pub check_determinism: bool,
+}
+
+pub struct SeedResult {
+    pub seed: u64,
+    pub outcome: Outcome,
+    pub trace_hash: u64,
+    pub stats: RunStats,
+}
+
+impl SeedResult {
+    pub fn failed(&self) -> Option<&Violation> {
+        match &self.outcome {
+            Outcome::Fail(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// Runs one seed, twice when checking determinism.
+pub fn run_seed(seed: u64, opts: &RunOptions, check_determinism: bool) -> SeedResult {
+    let report = run(seed, opts);
+    let mut outcome = report.outcome;
+    if check_determinism {
+        let again = run(seed, opts);
+        if again.trace_hash != report.trace_hash && !matches!(outcome, Outcome::Fail(_)) {
+            outcome = Outcome::Fail(Violation {
+                invariant: crate::checker::invariant::NONDETERMINISM,
+                detail: format!("trace hash {:016x} then {:016x}", report.trace_hash, again.trace_hash),
+            });
+        }
+    }
+    SeedResult { seed, outcome, trace_hash: report.trace_hash, stats: report.stats }
+}
+
+/// Runs every seed in the range on `jobs` threads, calling `each` on the
+/// calling thread as results arrive.
+pub fn sweep(opts: &SweepOptions, mut each: impl FnMut(SeedResult)) {
+    let next = AtomicU64::new(opts.seeds.start);
+    let end = opts.seeds.end;
+    let (tx, rx) = mpsc::sync_channel::<SeedResult>(1024);
+    std::thread::scope(|scope| {
+        for _ in 0..opts.jobs.max(1) {
+            let tx = tx.clone();
+            let next = &next;
+            scope.spawn(move || loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= end {
+                    return;
+                }
+                if tx.send(run_seed(seed, &opts.run, opts.check_determinism)).is_err() {
+                    return;
+                }
+            });
+        }
+        drop(tx);
+        for result in rx {
+            each(result);
+        }
+    });
+}
+
+/// Sums of per-seed statistics, for `--stats`.
+#[derive(Default)]
+pub struct Totals {
+    pub seeds: u64,
+    pub passed: u64,
+    pub fail_closed: u64,
+    pub failed: u64,
+    pub with_crash: u64,
+    pub with_deletion: u64,
+    pub sum: RunStats,
+}
+
+impl Totals {
+    pub fn add(&mut self, r: &SeedResult) {
+        self.seeds += 1;
+        match r.outcome {
+            Outcome::Pass => self.passed += 1,
+            Outcome::FailClosed(_) => self.fail_closed += 1,
+            Outcome::Fail(_) => self.failed += 1,
+        }
+        let s = &r.stats;
+        self.with_crash += (s.crashes > 0) as u64;
+        self.with_deletion += (s.segments_deleted > 0) as u64;
+        let t = &mut self.sum;
+        t.source_records += s.source_records;
+        t.crashes += s.crashes;
+        t.restarts += s.restarts;
+        t.recoveries += s.recoveries;
+        t.compactions += s.compactions;
+        t.segments_deleted += s.segments_deleted;
+        t.torn_writes += s.torn_writes;
+        t.lost_writes += s.lost_writes;
+        t.lost_dir_entries += s.lost_dir_entries;
+        t.fsync_failures += s.fsync_failures;
+        t.no_space += s.no_space;
+        t.rot += s.rot;
+        t.sink_retryable += s.sink_retryable;
+        t.sink_lost_replies += s.sink_lost_replies;
+        t.offsets_ambiguous += s.offsets_ambiguous;
+        t.source_read_failures += s.source_read_failures;
+        t.shutdowns += s.shutdowns;
+        t.clean_stops += s.clean_stops;
+        t.steps += s.steps;
+        t.sim_micros += s.sim_micros;
+    }
+
+    /// Per-seed averages, one `name: value` a line.
+    pub fn report(&self) -> String {
+        let n = self.seeds.max(1) as f64;
+        let t = &self.sum;
+        let pct = |x: u64| 100.0 * x as f64 / n;
+        let rows: Vec<(&str, f64)> = vec![
+            ("source records", t.source_records as f64 / n),
+            ("crashes", t.crashes as f64 / n),
+            ("recoveries", t.recoveries as f64 / n),
+            ("compactions", t.compactions as f64 / n),
+            ("segments deleted", t.segments_deleted as f64 / n),
+            ("faults: torn writes", t.torn_writes as f64 / n),
+            ("faults: lost writes", t.lost_writes as f64 / n),
+            ("faults: lost directory entries", t.lost_dir_entries as f64 / n),
+            ("faults: fsync failures", t.fsync_failures as f64 / n),
+            ("faults: disk full", t.no_space as f64 / n),
+            ("faults: bit rot", t.rot as f64 / n),
+            ("faults: sink retryable", t.sink_retryable as f64 / n),
+            ("faults: sink lost replies", t.sink_lost_replies as f64 / n),
+            ("faults: offsets ambiguous", t.offsets_ambiguous as f64 / n),
+            ("faults: source read failures", t.source_read_failures as f64 / n),
+            ("shutdowns", t.shutdowns as f64 / n),
+            ("clean stops", t.clean_stops as f64 / n),
+            ("engine steps", t.steps as f64 / n),
+            ("simulated seconds", t.sim_micros as f64 / n / 1e6),
+        ];
+        let mut out = String::from("per-seed averages:\n");
+        for (name, v) in rows {
+            out.push_str(&format!("  {name}: {v:.2}\n"));
+        }
+        out.push_str(&format!("  seeds with a crash: {:.1}%\n", pct(self.with_crash)));
+        out.push_str(&format!("  seeds with a segment deleted: {:.1}%\n", pct(self.with_deletion)));
+        out.push_str(&format!("  seeds failed closed on corruption: {:.2}%\n", pct(self.fail_closed)));
+        out
+    }
+}

@@ -1,0 +1,210 @@
+//! The run's trace: every input to and output from the engine, with its
+//! simulated time, folded into one hash (and printed with `--trace`). Two runs
+//! of the same seed must give the same hash.
+
+use skippr_core::io::{Input, IoOp, IoReply, Output};
+use skippr_core::Instant;
+use std::fmt::Write as _;
+use xxhash_rust::xxh3::Xxh3;
+
+pub struct Trace {
+    hasher: Xxh3,
+    print: bool,
+    pub lines: Vec<String>,
+}
+
+impl Trace {
+    pub fn new(print: bool) -> Trace {
+        Trace { hasher: Xxh3::new(), print, lines: Vec::new() }
+    }
+
+    pub fn hash(&self) -> u64 {
+        self.hasher.digest()
+    }
+
+    pub fn note(&mut self, now: Instant, what: &str) {
+        self.u64(now.as_micros());
+        self.hasher.update(what.as_bytes());
+        if self.print {
+            self.lines.push(format!("{now} -- {what}"));
+        }
+    }
+
+    pub fn input(&mut self, now: Instant, input: &Input) {
+        self.u64(now.as_micros());
+        match input {
+            Input::IoDone { id, result } => {
+                self.u64(1);
+                self.u64(id.0);
+                match result {
+                    Ok(reply) => self.reply(reply),
+                    Err(e) => self.hasher.update(format!("{e:?}").as_bytes()),
+                }
+            }
+            Input::Timeout => self.u64(2),
+            Input::Shutdown => self.u64(3),
+        }
+        if self.print {
+            self.lines.push(format!("{now} -> {}", describe_input(input)));
+        }
+    }
+
+    pub fn output(&mut self, now: Instant, output: &Output) {
+        self.u64(now.as_micros());
+        match output {
+            Output::Io { id, op } => {
+                self.u64(10);
+                self.u64(id.0);
+                self.op(op);
+            }
+            Output::Recovered(s) => {
+                self.u64(11);
+                self.u64(s.next_lsn.0);
+            }
+            Output::Stopped(r) => {
+                self.u64(12);
+                self.hasher.update(format!("{r:?}").as_bytes());
+            }
+        }
+        if self.print {
+            self.lines.push(format!("{now} <- {}", describe_output(output)));
+        }
+    }
+
+    fn u64(&mut self, v: u64) {
+        self.hasher.update(&v.to_le_bytes());
+    }
+
+    fn reply(&mut self, reply: &IoReply) {
+        match reply {
+            IoReply::Done => self.u64(20),
+            IoReply::Segments(s) => {
+                self.u64(21);
+                s.iter().for_each(|id| self.u64(id.0));
+            }
+            IoReply::SegmentBytes(b) => {
+                self.u64(22);
+                self.hasher.update(b);
+            }
+            IoReply::Offsets(e) => {
+                self.u64(23);
+                for (k, v, _) in e {
+                    self.u64(k.partition as u64);
+                    self.hasher.update(v);
+                }
+            }
+            IoReply::Batches { batches, exhausted } => {
+                self.u64(24 + *exhausted as u64);
+                for b in batches {
+                    self.u64(b.partition as u64);
+                    self.u64(b.end.0);
+                    self.u64(b.records.len() as u64);
+                }
+            }
+            IoReply::Sink { outcome, rows } => {
+                self.u64(26 + *outcome as u64);
+                self.u64(*rows);
+            }
+        }
+    }
+
+    fn op(&mut self, op: &IoOp) {
+        match op {
+            IoOp::WalAppend { segment, offset, lsn, bytes } => {
+                self.u64(segment.0);
+                self.u64(*offset);
+                self.u64(lsn.0);
+                self.hasher.update(bytes);
+            }
+            IoOp::SinkApply(a) => {
+                self.u64(a.id.0);
+                self.u64(a.seq.0);
+                for r in &a.records {
+                    self.hasher.update(r);
+                }
+            }
+            other => self.hasher.update(describe_op(other).as_bytes()),
+        }
+    }
+}
+
+pub fn describe_input(input: &Input) -> String {
+    match input {
+        Input::IoDone { id, result: Ok(reply) } => format!("done io{} {}", id.0, describe_reply(reply)),
+        Input::IoDone { id, result: Err(e) } => format!("done io{} error {e:?}", id.0),
+        Input::Timeout => "timeout".into(),
+        Input::Shutdown => "shutdown".into(),
+    }
+}
+
+fn describe_reply(reply: &IoReply) -> String {
+    match reply {
+        IoReply::Done => "ok".into(),
+        IoReply::Segments(s) => format!("segments {:?}", s.iter().map(|s| s.0).collect::<Vec<_>>()),
+        IoReply::SegmentBytes(b) => format!("{} bytes", b.len()),
+        IoReply::Offsets(e) => format!("{} offsets", e.len()),
+        IoReply::Batches { batches, exhausted } => {
+            let mut s = String::from("batches");
+            for b in batches {
+                let _ = write!(s, " p{}:{}..{}", b.partition, b.records.first().map_or(0, |r| r.position.0), b.end.0);
+            }
+            if *exhausted {
+                s.push_str(" exhausted");
+            }
+            s
+        }
+        IoReply::Sink { outcome, rows } => format!("{outcome:?} rows={rows}"),
+    }
+}
+
+pub fn describe_output(output: &Output) -> String {
+    match output {
+        Output::Io { id, op } => format!("io{} {}", id.0, describe_op(op)),
+        Output::Recovered(s) => format!("recovered {s:?}"),
+        Output::Stopped(r) => format!("stopped {r:?}"),
+    }
+}
+
+pub fn describe_op(op: &IoOp) -> String {
+    match op {
+        IoOp::WalSync => "wal-sync".into(),
+        IoOp::WalList => "wal-list".into(),
+        IoOp::WalRead { segment } => format!("wal-read {}", segment.0),
+        IoOp::WalCreate { segment, .. } => format!("wal-create {}", segment.0),
+        IoOp::WalAppend { segment, offset, lsn, bytes } => {
+            format!("wal-append seg={} off={} lsn={} {}B", segment.0, offset, lsn.0, bytes.len())
+        }
+        IoOp::WalDelete { segment } => format!("wal-delete {}", segment.0),
+        IoOp::OffsetsRead => "offsets-read".into(),
+        IoOp::OffsetsWrite { entries } => {
+            let mut s = String::from("offsets-write");
+            for e in entries {
+                let _ = write!(s, " {}={}@{}", e.key, e.value.position.0, e.value.lsn.0);
+            }
+            s
+        }
+        IoOp::SourceOpen { source, resume } => {
+            let mut s = format!("source-open {}", source.0);
+            for r in resume {
+                let _ = write!(s, " p{}={}", r.partition, r.position.0);
+            }
+            s
+        }
+        IoOp::SourceRead { source, records_max } => format!("source-read {} max={records_max}", source.0),
+        IoOp::SourceAck { source, acks } => {
+            let mut s = format!("source-ack {}", source.0);
+            for (p, pos) in acks {
+                let _ = write!(s, " p{p}={}", pos.0);
+            }
+            s
+        }
+        IoOp::SinkApply(a) => format!(
+            "sink-apply sink={} stream={} id={} seq={} records={}",
+            a.sink.0,
+            a.stream.0,
+            a.id,
+            a.seq.0,
+            a.records.len()
+        ),
+    }
+}
