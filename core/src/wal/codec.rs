@@ -61,6 +61,11 @@ impl<'a> Reader<'a> {
         self.pos += n;
         Ok(s)
     }
+    /// Up to `n` bytes, fewer at the end of the input.
+    pub(crate) fn take_up_to(&mut self, n: usize) -> &'a [u8] {
+        let n = n.min(self.remaining());
+        self.take(n).expect("within bounds")
+    }
     pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take(1)?[0])
     }

@@ -409,6 +409,26 @@ fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError>
     Ok(frame)
 }
 
+/// Part of the planted bug `admit-torn-segment`: decodes a batch payload
+/// that may be cut short, keeping every record it can, a truncated last one
+/// included.
+pub(crate) fn decode_batch_lenient(payload: &[u8]) -> Option<Frame> {
+    let mut r = Reader::new(payload);
+    let key = get_key(&mut r).ok()?;
+    let stream = StreamId(r.u16().ok()?);
+    let end = Position(r.u64().ok()?);
+    let checkpoint = r.opt_bytes().ok()?;
+    let n = r.u32().ok()?;
+    let mut records = Vec::new();
+    for _ in 0..n {
+        let Ok(position) = r.u64() else { break };
+        let Ok(len) = r.u32() else { break };
+        let bytes = r.take_up_to(len as usize).to_vec();
+        records.push(Record { position: Position(position), bytes });
+    }
+    Some(Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records }))
+}
+
 fn opt_len(v: &Option<Vec<u8>>) -> usize {
     1 + v.as_ref().map_or(0, |b| 4 + b.len())
 }

@@ -165,7 +165,7 @@ pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<S
                         });
                     }
                     if lenient_tail {
-                        if let Ok((group, _)) = read_group(id, bytes, pos, expected, false) {
+                        if let Some(group) = read_torn_group(id, bytes, pos, expected) {
                             pos = group.end as usize;
                             seg.groups.push(group);
                         }
@@ -231,6 +231,38 @@ fn read_group(
             return Err(());
         }
     }
+}
+
+/// The planted bug `admit-torn-segment`: reads the torn group at `pos` the
+/// way a careless reader would, with no checksums and no commit record, and
+/// keeps whatever records a frame cut short still seems to hold.
+fn read_torn_group(segment: SegmentId, bytes: &[u8], pos: usize, expected: Option<Lsn>) -> Option<ScannedGroup> {
+    let mut frames = Vec::new();
+    let mut at = pos;
+    let mut header: Option<(Lsn, Epoch)> = None;
+    while let Some(buf) = bytes.get(at..).filter(|b| b.len() >= FRAME_HEADER_BYTES) {
+        let payload_len = u32::from_le_bytes(buf[0..4].try_into().unwrap()) as usize;
+        let lsn = Lsn(u64::from_le_bytes(buf[8..16].try_into().unwrap()));
+        let epoch = Epoch(u64::from_le_bytes(buf[16..24].try_into().unwrap()));
+        match header {
+            None if expected.is_some_and(|e| e != lsn) => break,
+            None => header = Some((lsn, epoch)),
+            Some(h) if h != (lsn, epoch) => break,
+            Some(_) => {}
+        }
+        let payload = &buf[FRAME_HEADER_BYTES..buf.len().min(FRAME_HEADER_BYTES + payload_len)];
+        let frame = match buf[FRAME_HEADER_BYTES - 1] {
+            k if k == FrameKind::SourceBatch as u8 => decode_batch_lenient(payload),
+            _ => decode_frame(segment, buf, false).ok().map(|f| f.frame),
+        };
+        match frame {
+            Some(Frame::Commit(_)) | None => break,
+            Some(frame) => frames.push(frame),
+        }
+        at += FRAME_HEADER_BYTES + payload_len;
+    }
+    let (lsn, epoch) = header?;
+    (!frames.is_empty()).then_some(ScannedGroup { lsn, epoch, offset: pos as u64, end: at as u64, frames })
 }
 
 /// Is there a valid commit record of a later group after `pos` in segment
