@@ -117,6 +117,9 @@ struct Wal {
     commit: Option<InflightCommit>,
     deletes: VecDeque<SegmentId>,
     deleting: bool,
+    /// Sealed segments became deletable since the last snapshot: the next
+    /// group carries a snapshot so they can go.
+    snapshot_wanted: bool,
 }
 
 struct Active {
@@ -187,6 +190,7 @@ impl Host {
                 commit: None,
                 deletes: VecDeque::new(),
                 deleting: false,
+                snapshot_wanted: false,
             },
             pending: VecDeque::new(),
             pending_bytes: 0,
@@ -255,6 +259,10 @@ impl Host {
 
     pub fn is_recovering(&self) -> bool {
         self.phase == Phase::Recovering
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.phase == Phase::Draining
     }
 
     /// The committed state, for recovery-idempotence checks and tools.
@@ -772,7 +780,7 @@ impl Host {
             return;
         }
         let seal_due = self.wal.active.as_ref().is_some_and(|a| a.seal_requested);
-        if self.pending.is_empty() && !seal_due {
+        if self.pending.is_empty() && !seal_due && !self.wal.snapshot_wanted {
             return;
         }
         if self.wal.active.is_none() {
@@ -788,12 +796,20 @@ impl Host {
         let mut frames = Vec::new();
         let mut len = COMMIT_FRAME_BYTES as u64;
         let mut snapshot_acked = None;
-        if fresh {
+        let mut seal_now = false;
+        if fresh || self.wal.snapshot_wanted {
+            self.wal.snapshot_wanted = false;
             let drop = self.cfg.mutations.has(Mutation::SnapshotDropsFrontier);
             let snapshot = Frame::Snapshot(self.committed.snapshot(drop));
-            len += snapshot.encoded_len() as u64;
-            frames.push(snapshot);
-            snapshot_acked = Some(self.committed.acked.clone());
+            let snapshot_len = snapshot.encoded_len() as u64;
+            if fresh || len + snapshot_len <= room {
+                len += snapshot_len;
+                frames.push(snapshot);
+                snapshot_acked = Some(self.committed.acked.clone());
+            } else {
+                // No room here: seal, and the next segment opens with one.
+                seal_now = true;
+            }
         }
         let budget = room.min(limits.group_bytes_max.max(len));
         while let Some(frame) = self.pending.front() {
@@ -809,7 +825,7 @@ impl Host {
             return self.stop(StopReason::SegmentTooSmall { needed: len + offset + SEAL_RESERVE });
         }
         let full = offset + len + limits.group_bytes_max + SEAL_RESERVE > limits.segment_bytes;
-        if seal_due || full {
+        if seal_due || full || seal_now {
             frames.push(Frame::Seal);
         }
         let lsn = self.wal.next_lsn;
@@ -866,6 +882,22 @@ impl Host {
         if let Some(acked) = c.snapshot_acked {
             self.plan_deletions(c.lsn, &acked);
         }
+        let acks_advanced = c.frames.iter().any(|f| matches!(f, Frame::CompactionDone(_)));
+        if acks_advanced && self.oldest_segment_compacted(&self.committed.acked) {
+            self.wal.snapshot_wanted = true;
+        }
+    }
+
+    /// Every record of the oldest sealed segment is below every sink's
+    /// acknowledged position in `acked`.
+    fn oldest_segment_compacted(&self, acked: &BTreeMap<(SinkId, PartitionKey), Position>) -> bool {
+        let sinks = self.cfg.sinks.len() as u16;
+        self.wal.segments.front().is_some_and(|seg| {
+            seg.sealed
+                && seg.ends.iter().all(|(key, end)| {
+                    (0..sinks).all(|s| acked.get(&(SinkId(s), *key)).is_some_and(|a| a >= end))
+                })
+        })
     }
 
     /// The live effects of a frame that just became committed.
@@ -906,15 +938,11 @@ impl Host {
     /// The deletion rule, evaluated when a snapshot commits at `lsn`.
     fn plan_deletions(&mut self, lsn: Lsn, acked: &BTreeMap<(SinkId, PartitionKey), Position>) {
         let ignore_acks = self.cfg.mutations.has(Mutation::DeleteBeforeCompactionAck);
-        let sinks = self.cfg.sinks.len() as u16;
         while let Some(seg) = self.wal.segments.front() {
             if !seg.sealed || seg.last_lsn >= lsn {
                 break;
             }
-            let compacted = seg.ends.iter().all(|(key, end)| {
-                (0..sinks).all(|s| acked.get(&(SinkId(s), *key)).is_some_and(|a| a >= end))
-            });
-            if !compacted && !ignore_acks {
+            if !self.oldest_segment_compacted(acked) && !ignore_acks {
                 break;
             }
             let seg = self.wal.segments.pop_front().expect("front exists");

@@ -74,14 +74,14 @@ impl Scenario {
                 resends: r.chance(0.6),
             })
             .collect();
-        let group_bytes_max = r.range(1024, 4096);
+        let group_bytes_max = r.range(1024, 1536);
         let ingest_us = sources
             .iter()
             .map(|s| s.partitions.iter().map(|p| p.records).max().unwrap_or(0) * s.record_interval.as_micros())
             .max()
             .unwrap_or(0);
         let limits = Limits {
-            segment_bytes: 4 * (group_bytes_max + 128) + r.range(0, 16 * 1024),
+            segment_bytes: 4 * (group_bytes_max + 128) + r.range(0, 3 * 1024),
             group_bytes_max,
             segment_age_max: Duration::from_millis(r.range(5, 60)),
             spare_segments: r.range(1, 2) as u32,

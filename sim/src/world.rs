@@ -38,6 +38,9 @@ pub enum Outcome {
 pub struct RunStats {
     pub source_records: u64,
     pub crashes: u64,
+    pub crashes_in_recovery: u64,
+    pub crashes_in_drain: u64,
+    pub crashes_in_commit: u64,
     pub restarts: u64,
     pub recoveries: u64,
     pub compactions: u64,
@@ -105,6 +108,7 @@ pub struct World {
     /// the newest one: what the driver knows it made durable.
     durable_ends: BTreeMap<SegmentId, usize>,
     newest_append: Option<SegmentId>,
+    append_in_flight: bool,
 }
 
 pub fn run(seed: u64, opts: &RunOptions) -> RunReport {
@@ -144,6 +148,7 @@ impl World {
             stats: RunStats::default(),
             durable_ends: BTreeMap::new(),
             newest_append: None,
+            append_in_flight: false,
         }
     }
 
@@ -287,6 +292,7 @@ impl World {
         let lat = self.scenario.latencies.clone();
         match op {
             IoOp::WalAppend { segment, offset, ref bytes, .. } => {
+                self.append_in_flight = true;
                 if !self.disk.write(segment, offset as usize, bytes) {
                     panic!("append to segment {} at {offset} outside the file", segment.0);
                 }
@@ -363,6 +369,7 @@ impl World {
                 }
             }
             IoOp::WalAppend { segment, offset, bytes, .. } => {
+                self.append_in_flight = false;
                 let fail = self.faulting && self.sched.chance(f.fsync_fail);
                 if self.disk.sync(segment, false, fail) {
                     self.durable_ends.insert(segment, offset as usize + bytes.len());
@@ -449,17 +456,22 @@ impl World {
             return;
         }
         self.stats.crashes += 1;
+        let host = self.host.as_ref().expect("checked above");
+        self.stats.crashes_in_recovery += host.is_recovering() as u64;
+        self.stats.crashes_in_drain += host.is_draining() as u64;
+        self.stats.crashes_in_commit += self.append_in_flight as u64;
         self.trace.note(self.now, "crash");
         self.host = None;
         self.gen += 1;
+        self.append_in_flight = false;
         self.disk.crash(self.scenario.faults.lost_dir_entry);
-        self.durable_ends.retain(|_, _| true);
         self.after(self.scenario.latencies.restart, Event::Restart);
     }
 
     /// The process exits by itself (a fatal stop); the machine keeps its page
     /// cache, and a supervisor starts it again.
     fn exit_and_restart(&mut self) {
+        self.append_in_flight = false;
         self.host = None;
         self.gen += 1;
         self.after(self.scenario.latencies.restart, Event::Restart);
