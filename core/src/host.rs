@@ -870,19 +870,20 @@ impl Host {
         if self.wal.segments.back().is_none_or(|s| s.id != c.segment) {
             self.wal.segments.push_back(SegmentSummary::new(c.segment, c.lsn));
         }
-        for frame in &c.frames {
-            self.committed.apply(c.lsn, frame);
-            self.wal.segments.back_mut().expect("pushed above").note(c.lsn, frame);
+        let sealed = matches!(c.frames.last(), Some(Frame::Seal));
+        let acks_advanced = c.frames.iter().any(|f| matches!(f, Frame::CompactionDone(_)));
+        for frame in c.frames {
+            self.committed.apply(c.lsn, &frame);
+            self.wal.segments.back_mut().expect("pushed above").note(c.lsn, &frame);
             self.on_committed(frame);
         }
         self.wal.next_lsn = Lsn(c.lsn.0 + 1);
-        if matches!(c.frames.last(), Some(Frame::Seal)) {
+        if sealed {
             self.wal.active = None;
         }
         if let Some(acked) = c.snapshot_acked {
             self.plan_deletions(c.lsn, &acked);
         }
-        let acks_advanced = c.frames.iter().any(|f| matches!(f, Frame::CompactionDone(_)));
         if acks_advanced && self.oldest_segment_compacted(&self.committed.acked) {
             self.wal.snapshot_wanted = true;
         }
@@ -901,12 +902,12 @@ impl Host {
     }
 
     /// The live effects of a frame that just became committed.
-    fn on_committed(&mut self, frame: &Frame) {
+    fn on_committed(&mut self, frame: Frame) {
         match frame {
             Frame::SourceBatch(b) => {
-                self.records.push(b.key, &b.records);
                 self.sources[b.key.source.0 as usize].acks.insert(b.key.partition, b.end);
                 self.offsets_dirty.insert(b.key);
+                self.records.push(b.key, b.records);
             }
             Frame::CompactionPlanned(plan) => {
                 let key = (plan.sink, plan.stream);

@@ -75,7 +75,7 @@ pub fn rebuild(scanned: Vec<ScannedSegment>) -> Result<RecoveredWal, Corruption>
         }
         assert!(wal.spares.is_empty(), "the scan admits no data after an empty segment");
         let mut summary = SegmentSummary::new(seg.id, seg.groups[0].lsn);
-        for group in &seg.groups {
+        for group in seg.groups {
             wal.epoch_max = wal.epoch_max.max(group.epoch);
             if first_group {
                 first_group = false;
@@ -88,12 +88,12 @@ pub fn rebuild(scanned: Vec<ScannedSegment>) -> Result<RecoveredWal, Corruption>
                     });
                 }
             }
-            for frame in &group.frames {
+            for frame in group.frames {
+                wal.state.apply(group.lsn, &frame);
+                summary.note(group.lsn, &frame);
                 if let Frame::SourceBatch(b) = frame {
-                    wal.records.push(b.key, &b.records);
+                    wal.records.push(b.key, b.records);
                 }
-                wal.state.apply(group.lsn, frame);
-                summary.note(group.lsn, frame);
             }
             wal.next_lsn = Lsn(group.lsn.0 + 1);
         }

@@ -149,11 +149,11 @@ impl RecordStore {
         self.bytes
     }
 
-    pub fn push(&mut self, key: PartitionKey, records: &[Record]) {
+    pub fn push(&mut self, key: PartitionKey, records: Vec<Record>) {
         let part = self.parts.entry(key).or_default();
         for r in records {
             self.bytes += r.bytes.len() as u64;
-            part.push_back(r.clone());
+            part.push_back(r);
         }
     }
 

@@ -9,6 +9,11 @@ mod sim;
 
 use clap::{Parser, Subcommand};
 
+// The simulator allocates a record buffer per record; mimalloc serves that
+// pattern about a fifth faster than glibc's allocator (BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "skipprd", version, about = "An ingestion daemon with an exactly-once delivery contract.")]
 struct Cli {

@@ -3,7 +3,7 @@
 //! offsets store holds. It never reads the engine's own bookkeeping. A
 //! failure names the invariant it broke.
 
-use crate::plugins::{checkpoint_bytes, record_bytes};
+use crate::plugins::{checkpoint_bytes, record_bytes_into};
 use crate::scenario::Scenario;
 use skippr_core::io::{ResumePoint, SinkApply};
 use skippr_core::{CompactionId, OffsetValue, PartitionKey, Position, SinkId, SourceId, StreamId};
@@ -68,6 +68,7 @@ pub struct Checker {
     next_pos: BTreeMap<(SinkId, PartitionKey), u64>,
     delivered: u64,
     total: u64,
+    scratch: Vec<u8>,
     pub violation: Option<Violation>,
 }
 
@@ -91,6 +92,7 @@ impl Checker {
             next_seq: BTreeMap::new(),
             next_pos: BTreeMap::new(),
             delivered: 0,
+            scratch: Vec::with_capacity(64),
             total: scenario.total_records() * scenario.sinks as u64,
             violation: None,
         }
@@ -209,7 +211,10 @@ impl Checker {
         let Some(&(records, part_stream)) = self.partitions.get(&key) else {
             return Err(foreign("a record from no known partition"));
         };
-        if pos >= records || bytes != record_bytes(self.seed, key.source.0, key.partition, pos).as_slice() {
+        if pos < records {
+            record_bytes_into(&mut self.scratch, self.seed, key.source.0, key.partition, pos);
+        }
+        if pos >= records || bytes != self.scratch.as_slice() {
             return Err(foreign(&format!("{key} position {pos}: bytes differ from what the source emitted")));
         }
         if part_stream != stream {

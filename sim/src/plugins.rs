@@ -18,13 +18,20 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 /// position: u32 | payload`, so the checker can tell where any output byte
 /// came from and compare it with what the source emitted.
 pub fn record_bytes(seed: u64, source: u16, partition: u32, position: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(48);
+    record_bytes_into(&mut out, seed, source, partition, position);
+    out
+}
+
+/// `record_bytes`, written into `out` (cleared first).
+pub fn record_bytes_into(out: &mut Vec<u8>, seed: u64, source: u16, partition: u32, position: u64) {
+    out.clear();
     let mut key = [0u8; 14];
     key[0..2].copy_from_slice(&source.to_le_bytes());
     key[2..6].copy_from_slice(&partition.to_le_bytes());
     key[6..14].copy_from_slice(&position.to_le_bytes());
     let h = xxh3_64_with_seed(&key, seed);
     let len = 8 + (h % 40) as usize;
-    let mut out = Vec::with_capacity(6 + len);
     out.push(source as u8);
     out.push(partition as u8);
     out.extend_from_slice(&(position as u32).to_le_bytes());
@@ -33,7 +40,6 @@ pub fn record_bytes(seed: u64, source: u16, partition: u32, position: u64) -> Ve
         x = x.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(0x1405_7b7e_f767_814f);
         out.push((x >> 56) as u8);
     }
-    out
 }
 
 /// The source's opaque checkpoint at `position`.

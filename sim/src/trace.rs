@@ -38,7 +38,7 @@ impl Trace {
                 self.u64(id.0);
                 match result {
                     Ok(reply) => self.reply(reply),
-                    Err(e) => self.hasher.update(format!("{e:?}").as_bytes()),
+                    Err(e) => self.u64(100 + *e as u64),
                 }
             }
             Input::Timeout => self.u64(2),
@@ -123,7 +123,34 @@ impl Trace {
                     self.hasher.update(r);
                 }
             }
-            other => self.hasher.update(describe_op(other).as_bytes()),
+            IoOp::WalSync => self.u64(30),
+            IoOp::WalList => self.u64(31),
+            IoOp::WalRead { segment } => self.u64(32 ^ segment.0 << 8),
+            IoOp::WalCreate { segment, header } => {
+                self.u64(33 ^ segment.0 << 8);
+                self.hasher.update(header);
+            }
+            IoOp::WalDelete { segment } => self.u64(34 ^ segment.0 << 8),
+            IoOp::OffsetsRead => self.u64(35),
+            IoOp::OffsetsWrite { entries } => {
+                self.u64(36);
+                for e in entries {
+                    self.hasher.update(&e.value.encode());
+                }
+            }
+            IoOp::SourceOpen { source, resume } => {
+                self.u64(37 ^ (source.0 as u64) << 8);
+                for r in resume {
+                    self.u64(r.position.0);
+                }
+            }
+            IoOp::SourceRead { source, records_max } => self.u64(38 ^ (source.0 as u64) << 8 ^ (*records_max as u64) << 32),
+            IoOp::SourceAck { source, acks } => {
+                self.u64(39 ^ (source.0 as u64) << 8);
+                for (p, pos) in acks {
+                    self.u64(*p as u64 ^ pos.0 << 16);
+                }
+            }
         }
     }
 }
