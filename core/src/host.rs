@@ -53,6 +53,8 @@ pub struct Host {
     next_seq: BTreeMap<(SinkId, StreamId), CompactionSeq>,
     offsets_dirty: BTreeSet<PartitionKey>,
     offsets_io: Option<IoId>,
+    /// Only for the planted bug `offsets-stale-value`.
+    offsets_stale: BTreeMap<PartitionKey, OffsetValue>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,6 +202,7 @@ impl Host {
             next_seq: BTreeMap::new(),
             offsets_dirty: BTreeSet::new(),
             offsets_io: None,
+            offsets_stale: BTreeMap::new(),
         };
         host.io(Pending::WalSync, IoOp::WalSync);
         Ok(host)
@@ -270,6 +273,11 @@ impl Host {
         &self.committed
     }
 
+    /// Records held for sinks that have not acknowledged them: (count, bytes).
+    pub fn records_held(&self) -> (usize, u64) {
+        (self.records.len(), self.records.bytes())
+    }
+
     /// Where the next commit group goes: (LSN, segment, offset).
     pub fn wal_head(&self) -> (Lsn, Option<(SegmentId, u64)>) {
         (self.wal.next_lsn, self.wal.active.as_ref().map(|a| (a.id, a.offset)))
@@ -315,6 +323,10 @@ impl Host {
     }
 
     fn next_jitter(&mut self) -> u64 {
+        if self.cfg.mutations.has(Mutation::NondeterministicRetry) {
+            static SHARED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            self.jitter ^= SHARED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         // splitmix64: deterministic from the configured seed.
         self.jitter = self.jitter.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.jitter;
@@ -524,6 +536,12 @@ impl Host {
             }
         }
         self.wal.deletes.extend(std::mem::take(&mut self.recovery.junk));
+        if self.cfg.mutations.has(Mutation::DeleteDuringRecovery) {
+            if let Some(seg) = self.wal.segments.front().filter(|s| s.sealed) {
+                self.wal.deletes.push_front(seg.id);
+                self.wal.segments.pop_front();
+            }
+        }
         self.delete_junk();
     }
 
@@ -907,6 +925,11 @@ impl Host {
             Frame::SourceBatch(b) => {
                 self.sources[b.key.source.0 as usize].acks.insert(b.key.partition, b.end);
                 self.offsets_dirty.insert(b.key);
+                if self.cfg.mutations.has(Mutation::OffsetsStaleValue) {
+                    let p = &self.committed.partitions[&b.key];
+                    let value = OffsetValue { position: p.position, lsn: p.lsn, records: p.records };
+                    self.offsets_stale.entry(b.key).or_insert(value);
+                }
                 self.records.push(b.key, b.records);
             }
             Frame::CompactionPlanned(plan) => {
@@ -972,6 +995,7 @@ impl Host {
             .map(|key| {
                 let p = &self.committed.partitions[&key];
                 let value = OffsetValue { position: p.position, lsn: p.lsn, records: p.records };
+                let value = self.offsets_stale.remove(&key).unwrap_or(value);
                 OffsetEntry { key, value, checkpoint: p.checkpoint.clone() }
             })
             .collect();

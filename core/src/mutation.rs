@@ -24,6 +24,14 @@ pub enum Mutation {
     SnapshotDropsFrontier,
     /// Keeps re-sent records at or below the committed position.
     AcceptResentRecords,
+    /// Deletes the oldest sealed segment during recovery, compacted or not.
+    DeleteDuringRecovery,
+    /// Materializes the first batch a commit held for a partition instead of
+    /// the last (a value captured too early).
+    OffsetsStaleValue,
+    /// Draws retry jitter from a counter shared by every engine in the
+    /// process, so the same seed can take another path.
+    NondeterministicRetry,
 }
 
 impl Mutation {
@@ -37,6 +45,9 @@ impl Mutation {
         Mutation::DispatchBeforePlanCommit,
         Mutation::SnapshotDropsFrontier,
         Mutation::AcceptResentRecords,
+        Mutation::DeleteDuringRecovery,
+        Mutation::OffsetsStaleValue,
+        Mutation::NondeterministicRetry,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +61,9 @@ impl Mutation {
             Mutation::DispatchBeforePlanCommit => "dispatch-before-plan-commit",
             Mutation::SnapshotDropsFrontier => "snapshot-drops-frontier",
             Mutation::AcceptResentRecords => "accept-resent-records",
+            Mutation::DeleteDuringRecovery => "delete-during-recovery",
+            Mutation::OffsetsStaleValue => "offsets-stale-value",
+            Mutation::NondeterministicRetry => "nondeterministic-retry",
         }
     }
 

@@ -149,6 +149,14 @@ impl RecordStore {
         self.bytes
     }
 
+    pub fn len(&self) -> usize {
+        self.parts.values().map(|p| p.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0 && self.len() == 0
+    }
+
     pub fn push(&mut self, key: PartitionKey, records: Vec<Record>) {
         let part = self.parts.entry(key).or_default();
         for r in records {

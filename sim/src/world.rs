@@ -564,11 +564,15 @@ impl World {
     }
 }
 
-type Recovered = Result<(CommittedState, Lsn, Option<(SegmentId, u64)>), StopReason>;
+/// What a recovery found: committed state, the WAL head, and the records
+/// held for sinks (count, bytes).
+type Recovered = Result<(CommittedState, (Lsn, Option<(SegmentId, u64)>), (usize, u64)), StopReason>;
 
 fn summary(r: &Recovered) -> String {
     match r {
-        Ok((state, lsn, head)) => format!("lsn {} head {head:?} partitions {}", lsn.0, state.partitions.len()),
+        Ok((state, (lsn, head), held)) => {
+            format!("lsn {} head {head:?} partitions {} records held {held:?}", lsn.0, state.partitions.len())
+        }
         Err(e) => format!("{e:?}"),
     }
 }
@@ -583,8 +587,7 @@ fn recover_alone(config: HostConfig, disk: &mut SimDisk, offsets: &mut SimOffset
             match output {
                 Output::Io { id, op } => queue.push_back((id, op)),
                 Output::Recovered(_) => {
-                    let (lsn, head) = host.wal_head();
-                    return Ok((host.committed().clone(), lsn, head));
+                    return Ok((host.committed().clone(), host.wal_head(), host.records_held()));
                 }
                 Output::Stopped(reason) => return Err(reason),
             }
