@@ -16,7 +16,10 @@ use std::sync::Arc;
 
 #[derive(Debug)]
 pub enum Input {
-    IoDone { id: IoId, result: Result<IoReply, IoError> },
+    IoDone {
+        id: IoId,
+        result: Result<IoReply, IoError>,
+    },
     /// The deadline returned by `poll_timeout` has passed.
     Timeout,
     /// SIGTERM or SIGINT: stop reading sources, commit and drain, then stop.
@@ -25,7 +28,10 @@ pub enum Input {
 
 #[derive(Debug)]
 pub enum Output {
-    Io { id: IoId, op: IoOp },
+    Io {
+        id: IoId,
+        op: IoOp,
+    },
     /// Recovery finished; sources are being resumed.
     Recovered(RecoverySummary),
     /// The engine stopped; no further output follows.
@@ -48,7 +54,12 @@ pub enum IoOp {
     WalCreate { segment: SegmentId, header: Vec<u8> },
     /// Make one commit group durable and visible at `offset` of `segment`.
     /// A retry after `IoError::Ambiguous` carries the identical bytes.
-    WalAppend { segment: SegmentId, offset: u64, lsn: Lsn, bytes: Arc<Vec<u8>> },
+    WalAppend {
+        segment: SegmentId,
+        offset: u64,
+        lsn: Lsn,
+        bytes: Arc<Vec<u8>>,
+    },
     /// Delete a segment that the deletion rule no longer needs.
     WalDelete { segment: SegmentId },
     /// Read every offsets entry. Answer: `Offsets`.
@@ -60,7 +71,10 @@ pub enum IoOp {
     /// Ask a source for up to `records_max` records. Answer: `Batches`.
     SourceRead { source: SourceId, records_max: u32 },
     /// Tell a source that everything below these positions is committed.
-    SourceAck { source: SourceId, acks: Vec<(u32, Position)> },
+    SourceAck {
+        source: SourceId,
+        acks: Vec<(u32, Position)>,
+    },
     /// Hand a destination batch to a sink. Answer: `Sink`.
     SinkApply(SinkApply),
 }
@@ -107,8 +121,14 @@ pub enum IoReply {
     SegmentBytes(Vec<u8>),
     Offsets(Vec<(PartitionKey, Vec<u8>, Option<Vec<u8>>)>),
     /// `exhausted`: a finite source has nothing more, ever.
-    Batches { batches: Vec<SourceBatchIn>, exhausted: bool },
-    Sink { outcome: SinkOutcome, rows: u64 },
+    Batches {
+        batches: Vec<SourceBatchIn>,
+        exhausted: bool,
+    },
+    Sink {
+        outcome: SinkOutcome,
+        rows: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,14 +162,26 @@ pub enum StopReason {
     Corrupt(Corruption),
     /// The offsets store holds a position the WAL does not: committed WAL data
     /// was lost, or the store belongs to another WAL.
-    OffsetsAheadOfWal { key: PartitionKey, store: Position, wal: Position },
+    OffsetsAheadOfWal {
+        key: PartitionKey,
+        store: Position,
+        wal: Position,
+    },
     /// A WAL write failed; the group's fate is decided by recovery.
     WalWriteFailed { segment: SegmentId, error: IoError },
     /// A sink answered `fatal`.
-    SinkFatal { sink: SinkId, stream: StreamId, id: CompactionId },
+    SinkFatal {
+        sink: SinkId,
+        stream: StreamId,
+        id: CompactionId,
+    },
     /// A source broke the protocol (positions going backwards, a record too
     /// large for a commit group, a partition changing stream).
-    SourceProtocol { source: SourceId, partition: u32, what: &'static str },
+    SourceProtocol {
+        source: SourceId,
+        partition: u32,
+        what: &'static str,
+    },
     /// The snapshot no longer fits in a segment: raise the segment size.
     SegmentTooSmall { needed: u64 },
 }

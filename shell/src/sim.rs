@@ -48,7 +48,9 @@ pub struct SimArgs {
 }
 
 fn parse_range(s: &str) -> Result<Range<u64>, String> {
-    let (a, b) = s.split_once("..").ok_or_else(|| format!("'{s}' is not a range: write A..B, like 0..10000"))?;
+    let (a, b) = s
+        .split_once("..")
+        .ok_or_else(|| format!("'{s}' is not a range: write A..B, like 0..10000"))?;
     let a: u64 = a.trim().parse().map_err(|_| format!("'{a}' is not a seed number"))?;
     let b: u64 = b.trim().parse().map_err(|_| format!("'{b}' is not a seed number"))?;
     if a >= b {
@@ -72,7 +74,10 @@ pub fn main(args: SimArgs) -> i32 {
     for m in &args.mutation {
         mutations = mutations.with(*m);
     }
-    let opts = RunOptions { mutations, trace: args.trace };
+    let opts = RunOptions {
+        mutations,
+        trace: args.trace,
+    };
     if args.list_mutations {
         for m in Mutation::ALL {
             println!("{m}");
@@ -111,7 +116,12 @@ fn one(seed: u64, args: &SimArgs, opts: &RunOptions) -> i32 {
             });
         }
     }
-    let result = SeedResult { seed, outcome, trace_hash: report.trace_hash, stats: report.stats };
+    let result = SeedResult {
+        seed,
+        outcome,
+        trace_hash: report.trace_hash,
+        stats: report.stats,
+    };
     print_result(&result, opts, true);
     println!("trace hash: {:016x}", result.trace_hash);
     if args.stats {
@@ -142,15 +152,18 @@ fn many(seeds: Range<u64>, args: &SimArgs, opts: &RunOptions) -> i32 {
     let count = seeds.end - seeds.start;
     let bar = ProgressBar::new(count);
     bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} seeds, {per_sec}, eta {eta} {msg}")
-            .expect("valid template"),
+        ProgressStyle::with_template("{bar:40} {pos}/{len} seeds, {per_sec}, eta {eta} {msg}").expect("valid template"),
     );
     let started = Instant::now();
     let mut totals = Totals::default();
     let mut by_invariant: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failures: Vec<SeedResult> = Vec::new();
-    let sweep_opts =
-        SweepOptions { seeds, jobs: args.jobs, run: opts.clone(), check_determinism: args.check_determinism };
+    let sweep_opts = SweepOptions {
+        seeds,
+        jobs: args.jobs,
+        run: opts.clone(),
+        check_determinism: args.check_determinism,
+    };
     sweep(&sweep_opts, |result| {
         totals.add(&result);
         bar.inc(1);
@@ -179,7 +192,11 @@ fn many(seeds: Range<u64>, args: &SimArgs, opts: &RunOptions) -> i32 {
     if args.stats {
         print!("{}", totals.report());
     }
-    println!("seeds: {count}, failed: {}, seeds/s: {:.0}", totals.failed, count as f64 / elapsed.max(1e-9));
+    println!(
+        "seeds: {count}, failed: {}, seeds/s: {:.0}",
+        totals.failed,
+        count as f64 / elapsed.max(1e-9)
+    );
     if totals.failed > 0 {
         exit::SIM_FAILED
     } else {
@@ -188,7 +205,9 @@ fn many(seeds: Range<u64>, args: &SimArgs, opts: &RunOptions) -> i32 {
 }
 
 fn save(args: &SimArgs, r: &SeedResult, opts: &RunOptions) {
-    let (Some(dir), Some(v)) = (&args.save_failures, r.failed()) else { return };
+    let (Some(dir), Some(v)) = (&args.save_failures, r.failed()) else {
+        return;
+    };
     if let Err(e) = std::fs::create_dir_all(dir) {
         eprintln!("skipprd sim: cannot create {}: {e}", dir.display());
         return;
@@ -220,7 +239,13 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
     for line in text.lines() {
         let Some((k, v)) = line.split_once('=') else { continue };
         match k.trim() {
-            "seed" => seed = Some(v.trim().parse().map_err(|_| format!("{}: bad seed '{v}'", path.display()))?),
+            "seed" => {
+                seed = Some(
+                    v.trim()
+                        .parse()
+                        .map_err(|_| format!("{}: bad seed '{v}'", path.display()))?,
+                )
+            }
             "flags" => {
                 let words: Vec<&str> = v.split_whitespace().collect();
                 for pair in words.chunks(2) {
@@ -234,7 +259,14 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
         }
     }
     let seed = seed.ok_or_else(|| format!("{}: no 'seed = N' line", path.display()))?;
-    Ok(Saved { path: path.to_path_buf(), seed, opts: RunOptions { mutations, trace: false } })
+    Ok(Saved {
+        path: path.to_path_buf(),
+        seed,
+        opts: RunOptions {
+            mutations,
+            trace: false,
+        },
+    })
 }
 
 fn replay(dir: &Path, args: &SimArgs) -> i32 {

@@ -43,7 +43,12 @@ pub struct SimDisk {
 
 impl SimDisk {
     pub fn new(seed: u64) -> SimDisk {
-        SimDisk { files: BTreeMap::new(), recycled: Vec::new(), rng: Rng::new(seed, Stream::Disk), stats: DiskStats::default() }
+        SimDisk {
+            files: BTreeMap::new(),
+            recycled: Vec::new(),
+            rng: Rng::new(seed, Stream::Disk),
+            stats: DiskStats::default(),
+        }
     }
 
     pub fn list(&self) -> Vec<SegmentId> {
@@ -65,7 +70,12 @@ impl SimDisk {
         };
         bytes.resize(size, 0);
         let durable = bytes.clone();
-        let mut file = File { current: bytes, durable, unsynced: Vec::new(), linked: false };
+        let mut file = File {
+            current: bytes,
+            durable,
+            unsynced: Vec::new(),
+            linked: false,
+        };
         write_at(&mut file, 0, header);
         self.files.insert(segment, file);
     }
@@ -83,7 +93,9 @@ impl SimDisk {
     /// `fdatasync` of the file (and of the directory when `dir`). On failure
     /// the unsynced pages are gone.
     pub fn sync(&mut self, segment: SegmentId, dir: bool, fail: bool) -> bool {
-        let Some(file) = self.files.get_mut(&segment) else { return false };
+        let Some(file) = self.files.get_mut(&segment) else {
+            return false;
+        };
         if fail {
             self.stats.fsync_failures += 1;
             file.current.clone_from(&file.durable);
@@ -163,7 +175,9 @@ impl SimDisk {
     /// Flips one durable bit of `segment` below `end`. The world picks a
     /// segment that later commits follow, so the flip is detectable.
     pub fn rot(&mut self, segment: SegmentId, end: usize) -> bool {
-        let Some(file) = self.files.get_mut(&segment) else { return false };
+        let Some(file) = self.files.get_mut(&segment) else {
+            return false;
+        };
         let at = self.rng.range(0, (end.min(file.durable.len()) - 1) as u64) as usize;
         let bit = 1u8 << self.rng.range(0, 7);
         file.durable[at] ^= bit;

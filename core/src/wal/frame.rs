@@ -164,12 +164,7 @@ impl Frame {
     fn payload_len(&self) -> usize {
         match self {
             Frame::SourceBatch(b) => {
-                2 + 4
-                    + 2
-                    + 8
-                    + opt_len(&b.checkpoint)
-                    + 4
-                    + b.records.iter().map(|r| 12 + r.bytes.len()).sum::<usize>()
+                2 + 4 + 2 + 8 + opt_len(&b.checkpoint) + 4 + b.records.iter().map(|r| 12 + r.bytes.len()).sum::<usize>()
             }
             Frame::SchemaDecision(_) => 2 + 8,
             Frame::CompactionPlanned(p) => plan_len(p),
@@ -332,7 +327,11 @@ pub fn commit_record_at(segment: SegmentId, buf: &[u8]) -> Option<Lsn> {
         return None;
     }
     match decode_frame(segment, &buf[..COMMIT_FRAME_BYTES], true) {
-        Ok(DecodedFrame { lsn, frame: Frame::Commit(_), .. }) => Some(lsn),
+        Ok(DecodedFrame {
+            lsn,
+            frame: Frame::Commit(_),
+            ..
+        }) => Some(lsn),
         _ => None,
     }
 }
@@ -360,7 +359,13 @@ fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError>
                 let bytes = r.bytes()?.to_vec();
                 records.push(Record { position, bytes });
             }
-            Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records })
+            Frame::SourceBatch(SourceBatch {
+                key,
+                stream,
+                end,
+                checkpoint,
+                records,
+            })
         }
         FrameKind::SchemaDecision => Frame::SchemaDecision(SchemaDecision {
             stream: StreamId(r.u16()?),
@@ -390,10 +395,14 @@ fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError>
                 s.acked.push((SinkId(r.u16()?), get_key(&mut r)?, Position(r.u64()?)));
             }
             for _ in 0..r.count(12)? {
-                s.next_seq.push((SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?)));
+                s.next_seq
+                    .push((SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?)));
             }
             for _ in 0..r.count(10)? {
-                s.schemas.push(SchemaDecision { stream: StreamId(r.u16()?), fingerprint: r.u64()? });
+                s.schemas.push(SchemaDecision {
+                    stream: StreamId(r.u16()?),
+                    fingerprint: r.u64()?,
+                });
             }
             for _ in 0..r.count(32)? {
                 s.open.push(get_plan(&mut r)?);
@@ -401,7 +410,10 @@ fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError>
             Frame::Snapshot(s)
         }
         FrameKind::Seal => Frame::Seal,
-        FrameKind::Commit => Frame::Commit(CommitRecord { frames: r.u32()?, bytes: r.u32()? }),
+        FrameKind::Commit => Frame::Commit(CommitRecord {
+            frames: r.u32()?,
+            bytes: r.u32()?,
+        }),
     };
     if !r.is_empty() {
         return Err(DecodeError);
@@ -424,9 +436,18 @@ pub(crate) fn decode_batch_lenient(payload: &[u8]) -> Option<Frame> {
         let Ok(position) = r.u64() else { break };
         let Ok(len) = r.u32() else { break };
         let bytes = r.take_up_to(len as usize).to_vec();
-        records.push(Record { position: Position(position), bytes });
+        records.push(Record {
+            position: Position(position),
+            bytes,
+        });
     }
-    Some(Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records }))
+    Some(Frame::SourceBatch(SourceBatch {
+        key,
+        stream,
+        end,
+        checkpoint,
+        records,
+    }))
 }
 
 fn opt_len(v: &Option<Vec<u8>>) -> usize {
@@ -443,7 +464,10 @@ fn put_key(w: &mut Writer<'_>, key: PartitionKey) {
 }
 
 fn get_key(r: &mut Reader<'_>) -> Result<PartitionKey, DecodeError> {
-    Ok(PartitionKey { source: SourceId(r.u16()?), partition: r.u32()? })
+    Ok(PartitionKey {
+        source: SourceId(r.u16()?),
+        partition: r.u32()?,
+    })
 }
 
 fn put_plan(w: &mut Writer<'_>, p: &CompactionPlan) {
@@ -469,7 +493,18 @@ fn get_plan(r: &mut Reader<'_>) -> Result<CompactionPlan, DecodeError> {
     let n = r.count(22)?;
     let mut ranges = Vec::with_capacity(n);
     for _ in 0..n {
-        ranges.push(Range { key: get_key(r)?, from: Position(r.u64()?), to: Position(r.u64()?) });
+        ranges.push(Range {
+            key: get_key(r)?,
+            from: Position(r.u64()?),
+            to: Position(r.u64()?),
+        });
     }
-    Ok(CompactionPlan { sink, stream, id, seq, schema, ranges })
+    Ok(CompactionPlan {
+        sink,
+        stream,
+        id,
+        seq,
+        schema,
+        ranges,
+    })
 }
