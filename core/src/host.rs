@@ -151,6 +151,8 @@ struct SourceSlot {
     exhausted: bool,
     acks: BTreeMap<u32, Position>,
     ack_io: Option<IoId>,
+    /// The acks in flight, put back if their request fails.
+    acks_sent: Vec<(u32, Position)>,
 }
 
 enum Slot {
@@ -468,7 +470,11 @@ impl Host {
                 let slot = &mut self.sources[source.0 as usize];
                 slot.ack_io = None;
                 if result.is_err() {
-                    // Acks are advisory; the next ack carries the same positions.
+                    // Send the failed positions again unless newer ones wait.
+                    for (partition, position) in std::mem::take(&mut slot.acks_sent) {
+                        let ack = slot.acks.entry(partition).or_insert(position);
+                        *ack = (*ack).max(position);
+                    }
                     slot.ack_io = Some(id);
                     self.retry_later(Retry::SourceAck(source));
                 } else {
@@ -1105,6 +1111,7 @@ impl Host {
                 continue;
             }
             let acks: Vec<(u32, Position)> = std::mem::take(&mut s.acks).into_iter().collect();
+            s.acks_sent.clone_from(&acks);
             let source = SourceId(i as u16);
             let id = self.io(Pending::SourceAck(source), IoOp::SourceAck { source, acks });
             self.sources[i].ack_io = Some(id);
@@ -1337,3 +1344,6 @@ impl Host {
         sources_idle && wal_idle && slots_idle && compacted && offsets_idle
     }
 }
+
+#[cfg(test)]
+mod tests;

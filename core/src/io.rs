@@ -68,7 +68,10 @@ pub enum IoOp {
     OffsetsWrite { entries: Vec<OffsetEntry> },
     /// Start a source with the recovered positions (a read-only snapshot).
     SourceOpen { source: SourceId, resume: Vec<ResumePoint> },
-    /// Ask a source for up to `records_max` records. Answer: `Batches`.
+    /// Ask a source for up to `records_max` records. Answer: `Batches`,
+    /// promptly, with what is available (possibly nothing: the engine asks
+    /// again after `Limits::source_poll`). A clean shutdown waits for
+    /// outstanding reads, so a driver never holds one open indefinitely.
     SourceRead { source: SourceId, records_max: u32 },
     /// Tell a source that everything below these positions is committed.
     SourceAck {

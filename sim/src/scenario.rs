@@ -31,7 +31,7 @@ pub struct Faults {
     pub sink_retryable: f64,
     pub sink_lost_reply: f64,
     pub offsets_ambiguous: f64,
-    pub source_read_fail: f64,
+    pub source_fail: f64,
     /// A shutdown request lands in the fault phase (and may be crashed into).
     pub shutdown_mid_run: bool,
 }
@@ -107,7 +107,7 @@ impl Scenario {
             sink_retryable: r.rate(0.4, 0.01, 0.2),
             sink_lost_reply: r.rate(0.4, 0.01, 0.15),
             offsets_ambiguous: r.rate(0.5, 0.01, 0.1),
-            source_read_fail: r.rate(0.5, 0.01, 0.05),
+            source_fail: r.rate(0.5, 0.01, 0.05),
             shutdown_mid_run: r.chance(0.2),
         };
         let latencies = Latencies {

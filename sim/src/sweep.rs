@@ -122,7 +122,7 @@ impl Totals {
         t.sink_retryable += s.sink_retryable;
         t.sink_lost_replies += s.sink_lost_replies;
         t.offsets_ambiguous += s.offsets_ambiguous;
-        t.source_read_failures += s.source_read_failures;
+        t.source_failures += s.source_failures;
         t.shutdowns += s.shutdowns;
         t.clean_stops += s.clean_stops;
         t.steps += s.steps;
@@ -152,7 +152,7 @@ impl Totals {
             ("faults: sink retryable", t.sink_retryable as f64 / n),
             ("faults: sink lost replies", t.sink_lost_replies as f64 / n),
             ("faults: offsets ambiguous", t.offsets_ambiguous as f64 / n),
-            ("faults: source read failures", t.source_read_failures as f64 / n),
+            ("faults: source request failures", t.source_failures as f64 / n),
             ("shutdowns", t.shutdowns as f64 / n),
             ("clean stops", t.clean_stops as f64 / n),
             ("engine steps", t.steps as f64 / n),

@@ -54,7 +54,7 @@ pub struct RunStats {
     pub sink_retryable: u64,
     pub sink_lost_replies: u64,
     pub offsets_ambiguous: u64,
-    pub source_read_failures: u64,
+    pub source_failures: u64,
     pub shutdowns: u64,
     pub clean_stops: u64,
     pub steps: u64,
@@ -441,14 +441,18 @@ impl World {
                 Ok(IoReply::Done)
             }
             IoOp::SourceRead { source, records_max } => {
-                if self.faulting && self.sched.chance(f.source_read_fail) {
-                    self.stats.source_read_failures += 1;
+                if self.faulting && self.sched.chance(f.source_fail) {
+                    self.stats.source_failures += 1;
                     return Err(IoError::Failed);
                 }
                 let (batches, exhausted) = self.sources[source.0 as usize].read(records_max, self.now);
                 Ok(IoReply::Batches { batches, exhausted })
             }
             IoOp::SourceAck { source, acks } => {
+                if self.faulting && self.sched.chance(f.source_fail) {
+                    self.stats.source_failures += 1;
+                    return Err(IoError::Failed);
+                }
                 let src = &self.sources[source.0 as usize];
                 self.checker.on_ack(source, &acks, |p| src.sent(p));
                 self.sources[source.0 as usize].ack(&acks);

@@ -1,0 +1,515 @@
+//! Named scenarios: the engine stepped by hand against an in-memory disk and
+//! offsets store, one rule of the contract per test.
+
+use super::*;
+use crate::config::Limits;
+use crate::wal::{scan, Frame};
+
+fn config() -> HostConfig {
+    HostConfig {
+        seed: 1,
+        sources: vec!["src".into()],
+        sinks: vec!["sink".into()],
+        streams: vec!["orders".into()],
+        limits: Limits {
+            segment_bytes: 64 * 1024,
+            group_bytes_max: 4096,
+            pending_bytes_max: 8192,
+            ..Limits::default()
+        },
+        mutations: crate::Mutations::NONE,
+    }
+}
+
+/// An engine with a disk and an offsets store that answer at once, and every
+/// other request held for the test to answer.
+struct Harness {
+    host: Host,
+    now: Instant,
+    disk: BTreeMap<SegmentId, Vec<u8>>,
+    offsets: BTreeMap<PartitionKey, Vec<u8>>,
+    held: Vec<(IoId, IoOp)>,
+    stopped: Option<StopReason>,
+}
+
+impl Harness {
+    fn start(disk: BTreeMap<SegmentId, Vec<u8>>, offsets: BTreeMap<PartitionKey, Vec<u8>>) -> Harness {
+        let host = Host::new(config(), Instant::ZERO).unwrap();
+        let mut h = Harness {
+            host,
+            now: Instant::ZERO,
+            disk,
+            offsets,
+            held: Vec::new(),
+            stopped: None,
+        };
+        h.settle();
+        h
+    }
+
+    /// Drains outputs, performing WAL and offsets requests until none is left.
+    fn settle(&mut self) {
+        loop {
+            while let Some(out) = self.host.poll_output() {
+                match out {
+                    Output::Io { id, op } => self.held.push((id, op)),
+                    Output::Stopped(reason) => self.stopped = Some(reason),
+                    Output::Recovered(_) => {}
+                }
+            }
+            let Some(i) = self.held.iter().position(|(_, op)| is_storage(op)) else {
+                return;
+            };
+            let (id, op) = self.held.remove(i);
+            let result = self.perform(op);
+            self.host.handle(self.now, Input::IoDone { id, result });
+        }
+    }
+
+    fn perform(&mut self, op: IoOp) -> Result<IoReply, IoError> {
+        Ok(match op {
+            IoOp::WalSync => IoReply::Done,
+            IoOp::WalList => IoReply::Segments(self.disk.keys().copied().collect()),
+            IoOp::WalRead { segment } => IoReply::SegmentBytes(self.disk[&segment].clone()),
+            IoOp::WalCreate { segment, header } => {
+                let mut file = vec![0; config().limits.segment_bytes as usize];
+                file[..header.len()].copy_from_slice(&header);
+                self.disk.insert(segment, file);
+                IoReply::Done
+            }
+            IoOp::WalAppend {
+                segment, offset, bytes, ..
+            } => {
+                let file = self.disk.get_mut(&segment).unwrap();
+                file[offset as usize..offset as usize + bytes.len()].copy_from_slice(&bytes);
+                IoReply::Done
+            }
+            IoOp::WalDelete { segment } => {
+                self.disk.remove(&segment);
+                IoReply::Done
+            }
+            IoOp::OffsetsRead => IoReply::Offsets(self.offsets.iter().map(|(k, v)| (*k, v.clone(), None)).collect()),
+            IoOp::OffsetsWrite { entries } => {
+                for e in entries {
+                    self.offsets.insert(e.key, e.value.encode().to_vec());
+                }
+                IoReply::Done
+            }
+            other => unreachable!("not a storage request: {other:?}"),
+        })
+    }
+
+    /// Removes and returns the first held request that `pick` accepts.
+    fn take<T>(&mut self, pick: impl Fn(&IoOp) -> Option<T>) -> (IoId, T) {
+        let i = self
+            .held
+            .iter()
+            .position(|(_, op)| pick(op).is_some())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no such request among {:?}",
+                    self.held.iter().map(|(_, op)| op).collect::<Vec<_>>()
+                )
+            });
+        let (id, op) = self.held.remove(i);
+        (id, pick(&op).unwrap())
+    }
+
+    fn has(&self, pick: impl Fn(&IoOp) -> bool) -> bool {
+        self.held.iter().any(|(_, op)| pick(op))
+    }
+
+    fn answer(&mut self, id: IoId, result: Result<IoReply, IoError>) {
+        self.host.handle(self.now, Input::IoDone { id, result });
+        self.settle();
+    }
+
+    fn open_source(&mut self) -> Vec<ResumePoint> {
+        let (id, resume) = self.take(|op| match op {
+            IoOp::SourceOpen { resume, .. } => Some(resume.clone()),
+            _ => None,
+        });
+        self.answer(id, Ok(IoReply::Done));
+        resume
+    }
+
+    /// Answers the source's read with records `from..to` of partition 0.
+    fn feed(&mut self, from: u64, to: u64) {
+        let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+        let records = (from..to)
+            .map(|p| Record {
+                position: Position(p),
+                bytes: vec![p as u8; 3],
+            })
+            .collect();
+        let batch = SourceBatchIn {
+            partition: 0,
+            stream: StreamId(0),
+            records,
+            end: Position(to),
+            checkpoint: None,
+        };
+        self.answer(
+            id,
+            Ok(IoReply::Batches {
+                batches: vec![batch],
+                exhausted: false,
+            }),
+        );
+    }
+
+    /// Positions of the records each committed source-batch frame holds.
+    fn committed_positions(&self) -> Vec<u64> {
+        let files: Vec<(SegmentId, &[u8])> = self.disk.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+        let mut out = Vec::new();
+        for seg in scan(&files, false).unwrap() {
+            for g in seg.groups {
+                for f in g.frames {
+                    if let Frame::SourceBatch(b) = f {
+                        out.extend(b.records.iter().map(|r| r.position.0));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn sink_apply(&mut self) -> (IoId, CompactionId, CompactionSeq, usize) {
+        let (id, (cid, seq, n)) = self.take(|op| match op {
+            IoOp::SinkApply(a) => Some((a.id, a.seq, a.records.len())),
+            _ => None,
+        });
+        (id, cid, seq, n)
+    }
+}
+
+fn is_storage(op: &IoOp) -> bool {
+    matches!(
+        op,
+        IoOp::WalSync
+            | IoOp::WalList
+            | IoOp::WalRead { .. }
+            | IoOp::WalCreate { .. }
+            | IoOp::WalAppend { .. }
+            | IoOp::WalDelete { .. }
+            | IoOp::OffsetsRead
+            | IoOp::OffsetsWrite { .. }
+    )
+}
+
+fn key0() -> PartitionKey {
+    PartitionKey {
+        source: SourceId(0),
+        partition: 0,
+    }
+}
+
+#[test]
+fn a_fresh_wal_recovers_empty_and_opens_sources() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    assert!(h.open_source().is_empty());
+    assert!(h.has(|op| matches!(op, IoOp::SourceRead { .. })));
+    assert_eq!(h.disk.len(), 1, "a spare segment is created ahead of need");
+}
+
+#[test]
+fn a_source_is_acked_only_after_its_group_commits() {
+    // Stepped by hand: the batch arrives, and the outputs that follow at once
+    // hold the append but no ack and no offsets write.
+    let mut h2 = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h2.open_source();
+    let (id, ()) = h2.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let records = (0..5)
+        .map(|p| Record {
+            position: Position(p),
+            bytes: vec![1],
+        })
+        .collect();
+    let batch = SourceBatchIn {
+        partition: 0,
+        stream: StreamId(0),
+        records,
+        end: Position(5),
+        checkpoint: None,
+    };
+    h2.host.handle(
+        h2.now,
+        Input::IoDone {
+            id,
+            result: Ok(IoReply::Batches {
+                batches: vec![batch],
+                exhausted: false,
+            }),
+        },
+    );
+    let mut outputs = Vec::new();
+    while let Some(o) = h2.host.poll_output() {
+        outputs.push(o);
+    }
+    let append = outputs.iter().position(|o| {
+        matches!(
+            o,
+            Output::Io {
+                op: IoOp::WalAppend { .. },
+                ..
+            }
+        )
+    });
+    assert!(append.is_some(), "the batch goes to the WAL");
+    assert!(
+        !outputs.iter().any(|o| matches!(
+            o,
+            Output::Io {
+                op: IoOp::SourceAck { .. } | IoOp::OffsetsWrite { .. },
+                ..
+            }
+        )),
+        "nothing is acked or materialized before the commit completes"
+    );
+    // With the commit completed, the ack and the offsets write follow.
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 5);
+    let (_, acks) = h.take(|op| match op {
+        IoOp::SourceAck { acks, .. } => Some(acks.clone()),
+        _ => None,
+    });
+    assert_eq!(acks, vec![(0, Position(5))]);
+    let stored = OffsetValue::decode(&h.offsets[&key0()]).unwrap();
+    assert_eq!(stored.position, Position(5));
+    assert_eq!(stored.records, 5);
+}
+
+#[test]
+fn records_at_or_below_the_committed_position_are_dropped() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 5);
+    h.feed(3, 8);
+    assert_eq!(h.committed_positions(), vec![0, 1, 2, 3, 4, 5, 6, 7]);
+}
+
+#[test]
+fn compactions_dispatch_after_their_plan_commits_and_replay_with_the_same_id() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 4);
+    let (_, id, seq, n) = h.sink_apply();
+    assert_eq!((seq, n), (CompactionSeq(0), 4));
+    // The plan is in the WAL: a restart replays it under the same id.
+    let mut again = Harness::start(h.disk.clone(), h.offsets.clone());
+    let (replay, id2, seq2, n2) = again.sink_apply();
+    assert_eq!((id2, seq2, n2), (id, seq, n));
+    // Once done is committed, the next restart does not replay it.
+    again.answer(
+        replay,
+        Ok(IoReply::Sink {
+            outcome: SinkOutcome::Applied,
+            rows: 4,
+        }),
+    );
+    let third = Harness::start(again.disk.clone(), again.offsets.clone());
+    assert!(!third.has(|op| matches!(op, IoOp::SinkApply(_))));
+}
+
+#[test]
+fn offsets_ahead_of_the_wal_stop_recovery() {
+    let value = OffsetValue {
+        position: Position(10),
+        lsn: Lsn(3),
+        records: 10,
+    };
+    let offsets = BTreeMap::from([(key0(), value.encode().to_vec())]);
+    let h = Harness::start(BTreeMap::new(), offsets);
+    assert_eq!(
+        h.stopped,
+        Some(StopReason::OffsetsAheadOfWal {
+            key: key0(),
+            store: Position(10),
+            wal: Position(0)
+        })
+    );
+}
+
+#[test]
+fn an_ambiguous_append_is_retried_with_identical_bytes() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let batch = SourceBatchIn {
+        partition: 0,
+        stream: StreamId(0),
+        records: vec![Record {
+            position: Position(0),
+            bytes: b"x".to_vec(),
+        }],
+        end: Position(1),
+        checkpoint: Some(b"cp".to_vec()),
+    };
+    h.host.handle(
+        h.now,
+        Input::IoDone {
+            id,
+            result: Ok(IoReply::Batches {
+                batches: vec![batch],
+                exhausted: false,
+            }),
+        },
+    );
+    let mut first = None;
+    while let Some(out) = h.host.poll_output() {
+        if let Output::Io {
+            id,
+            op: IoOp::WalAppend { bytes, .. },
+        } = out
+        {
+            first = Some((id, bytes));
+        } else if let Output::Io { id, op } = out {
+            h.held.push((id, op));
+        }
+    }
+    let (id, bytes) = first.expect("an append");
+    h.host.handle(
+        h.now,
+        Input::IoDone {
+            id,
+            result: Err(IoError::Ambiguous),
+        },
+    );
+    let appended_at_once = std::iter::from_fn(|| h.host.poll_output()).any(|o| {
+        matches!(
+            o,
+            Output::Io {
+                op: IoOp::WalAppend { .. },
+                ..
+            }
+        )
+    });
+    assert!(!appended_at_once, "the retry waits for its backoff");
+    let (at, timer) = h.host.poll_timeout().unwrap();
+    assert_eq!(timer, Timer::Retry);
+    h.now = at;
+    h.host.handle(at, Input::Timeout);
+    let retry = std::iter::from_fn(|| h.host.poll_output())
+        .find_map(|o| match o {
+            Output::Io {
+                op: IoOp::WalAppend { bytes, .. },
+                ..
+            } => Some(bytes),
+            _ => None,
+        })
+        .expect("the append is sent again");
+    assert_eq!(retry, bytes);
+}
+
+#[test]
+fn a_failed_append_stops_the_engine_for_recovery_to_decide() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let batch = SourceBatchIn {
+        partition: 0,
+        stream: StreamId(0),
+        records: vec![Record {
+            position: Position(0),
+            bytes: b"x".to_vec(),
+        }],
+        end: Position(1),
+        checkpoint: None,
+    };
+    h.host.handle(
+        h.now,
+        Input::IoDone {
+            id,
+            result: Ok(IoReply::Batches {
+                batches: vec![batch],
+                exhausted: false,
+            }),
+        },
+    );
+    let append = std::iter::from_fn(|| h.host.poll_output())
+        .find_map(|o| match o {
+            Output::Io {
+                id,
+                op: IoOp::WalAppend { segment, .. },
+            } => Some((id, segment)),
+            _ => None,
+        })
+        .unwrap();
+    h.host.handle(
+        h.now,
+        Input::IoDone {
+            id: append.0,
+            result: Err(IoError::Failed),
+        },
+    );
+    let stop = std::iter::from_fn(|| h.host.poll_output()).last();
+    assert!(matches!(stop, Some(Output::Stopped(StopReason::WalWriteFailed { segment, .. })) if segment == append.1));
+}
+
+#[test]
+fn a_failed_ack_is_sent_again() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 3);
+    let (id, _) = h.take(|op| matches!(op, IoOp::SourceAck { .. }).then_some(()));
+    h.answer(id, Err(IoError::Failed));
+    let (at, _) = h.host.poll_timeout().unwrap();
+    h.now = at;
+    h.host.handle(at, Input::Timeout);
+    h.settle();
+    let (_, acks) = h.take(|op| match op {
+        IoOp::SourceAck { acks, .. } => Some(acks.clone()),
+        _ => None,
+    });
+    assert_eq!(acks, vec![(0, Position(3))]);
+}
+
+#[test]
+fn shutdown_drains_then_stops_clean() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 4);
+    h.host.handle(h.now, Input::Shutdown);
+    h.settle();
+    assert_eq!(h.stopped, None, "a compaction is still out");
+    let (ack, ()) = h.take(|op| matches!(op, IoOp::SourceAck { .. }).then_some(()));
+    h.answer(ack, Ok(IoReply::Done));
+    let (apply, ..) = h.sink_apply();
+    h.answer(
+        apply,
+        Ok(IoReply::Sink {
+            outcome: SinkOutcome::Applied,
+            rows: 4,
+        }),
+    );
+    assert_eq!(h.stopped, None, "the read issued before the shutdown is still out");
+    let (read, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    h.answer(
+        read,
+        Ok(IoReply::Batches {
+            batches: vec![],
+            exhausted: false,
+        }),
+    );
+    assert_eq!(h.stopped, Some(StopReason::Clean));
+    assert!(
+        !h.has(|op| matches!(op, IoOp::SourceRead { .. })),
+        "no new source read while draining"
+    );
+}
+
+#[test]
+#[should_panic(expected = "poll_output was not drained")]
+fn handle_asserts_the_output_queue_was_drained() {
+    let mut host = Host::new(config(), Instant::ZERO).unwrap();
+    host.handle(Instant::ZERO, Input::Timeout);
+}
+
+#[test]
+fn a_bad_configuration_is_an_error_at_construction() {
+    let mut c = config();
+    c.limits.segment_bytes = 4096;
+    let err = Host::new(c, Instant::ZERO).err().unwrap();
+    assert!(err.0.contains("segment size 4096 is too small"), "{err}");
+}
