@@ -5,6 +5,8 @@ use crate::exit;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use skippr_core::{Mutation, Mutations};
+use skippr_sim::scenario::{FaultKind, Overrides};
+use skippr_sim::shrink::shrink;
 use skippr_sim::sweep::{run_seed, sweep, SeedResult, SweepOptions, Totals};
 use skippr_sim::{run, Outcome, RunOptions, SIM_VERSION};
 use std::collections::BTreeMap;
@@ -45,6 +47,29 @@ pub struct SimArgs {
     /// Turn on a planted bug (repeatable); see --list-mutations.
     #[arg(long, value_name = "NAME", value_parser = parse_mutation)]
     mutation: Vec<Mutation>,
+    /// With --seed: if it fails, search for a smaller schedule (fewer
+    /// crashes, faults and records) that fails the same way, and print the
+    /// command that reproduces it.
+    #[arg(long, requires = "seed")]
+    shrink: bool,
+    /// Keep only the first N crashes the seed schedules.
+    #[arg(long, value_name = "N")]
+    crashes: Option<u32>,
+    /// Scale every partition's record count to P percent (1 to 100).
+    #[arg(long, value_name = "P", value_parser = clap::value_parser!(u32).range(1..=100))]
+    records_percent: Option<u32>,
+    /// Switch faults off, comma-separated: fsync-fail, disk-full, rot,
+    /// lost-dir-entry, sink-retryable, sink-lost-reply, offsets-ambiguous,
+    /// source-fail, shutdown-mid-run.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_fault)]
+    faults_off: Vec<FaultKind>,
+}
+
+fn parse_fault(s: &str) -> Result<FaultKind, String> {
+    FaultKind::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
+        format!("unknown fault '{s}'; known: {}", names.join(", "))
+    })
 }
 
 fn parse_range(s: &str) -> Result<Range<u64>, String> {
@@ -74,9 +99,18 @@ pub fn main(args: SimArgs) -> i32 {
     for m in &args.mutation {
         mutations = mutations.with(*m);
     }
+    let mut faults_off = args.faults_off.clone();
+    faults_off.sort();
+    faults_off.dedup();
+    let overrides = Overrides {
+        crashes: args.crashes,
+        records_percent: args.records_percent,
+        faults_off,
+    };
     let opts = RunOptions {
         mutations,
         trace: args.trace,
+        overrides,
     };
     if args.list_mutations {
         for m in Mutation::ALL {
@@ -98,7 +132,8 @@ pub fn main(args: SimArgs) -> i32 {
 }
 
 fn flags(opts: &RunOptions) -> String {
-    opts.mutations.iter().map(|m| format!(" --mutation {m}")).collect()
+    let mutations: String = opts.mutations.iter().map(|m| format!(" --mutation {m}")).collect();
+    mutations + &opts.overrides.flags()
 }
 
 fn one(seed: u64, args: &SimArgs, opts: &RunOptions) -> i32 {
@@ -131,9 +166,29 @@ fn one(seed: u64, args: &SimArgs, opts: &RunOptions) -> i32 {
     }
     if result.failed().is_some() {
         save(args, &result, opts);
+        if args.shrink {
+            print_shrunk(seed, opts);
+        }
         return exit::SIM_FAILED;
     }
     exit::OK
+}
+
+fn print_shrunk(seed: u64, opts: &RunOptions) {
+    let quiet = RunOptions {
+        trace: false,
+        ..opts.clone()
+    };
+    let Some(s) = shrink(seed, &quiet) else { return };
+    let still = match &s.report.outcome {
+        Outcome::Fail(v) => v.to_string(),
+        _ => "passing".into(),
+    };
+    println!(
+        "shrunk: {} -> {} engine steps in {} runs; still {still}",
+        s.steps_before, s.report.stats.steps, s.runs
+    );
+    println!("reproduce (shrunk): skipprd sim --seed {seed}{}", flags(&s.opts));
 }
 
 fn print_result(r: &SeedResult, opts: &RunOptions, verbose: bool) {
@@ -236,6 +291,7 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut seed = None;
     let mut mutations = Mutations::NONE;
+    let mut overrides = Overrides::default();
     for line in text.lines() {
         let Some((k, v)) = line.split_once('=') else { continue };
         match k.trim() {
@@ -248,10 +304,18 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
             }
             "flags" => {
                 let words: Vec<&str> = v.split_whitespace().collect();
+                let bad = || format!("{}: unknown flags '{}'", path.display(), v.trim());
                 for pair in words.chunks(2) {
                     match pair {
                         ["--mutation", name] => mutations = mutations.with(parse_mutation(name)?),
-                        _ => return Err(format!("{}: unknown flags '{}'", path.display(), v.trim())),
+                        ["--crashes", n] => overrides.crashes = Some(n.parse().map_err(|_| bad())?),
+                        ["--records-percent", p] => overrides.records_percent = Some(p.parse().map_err(|_| bad())?),
+                        ["--faults-off", list] => {
+                            for name in list.split(',') {
+                                overrides.faults_off.push(parse_fault(name)?);
+                            }
+                        }
+                        _ => return Err(bad()),
                     }
                 }
             }
@@ -265,6 +329,7 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
         opts: RunOptions {
             mutations,
             trace: false,
+            overrides,
         },
     })
 }

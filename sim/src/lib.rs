@@ -11,6 +11,7 @@ pub mod disk;
 pub mod plugins;
 pub mod rng;
 pub mod scenario;
+pub mod shrink;
 pub mod sweep;
 pub mod trace;
 pub mod world;

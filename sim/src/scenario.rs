@@ -21,6 +21,85 @@ pub struct SourceSpec {
     pub resends: bool,
 }
 
+/// A fault the shrinker can switch off, by its command-line name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FaultKind {
+    FsyncFail,
+    DiskFull,
+    Rot,
+    LostDirEntry,
+    SinkRetryable,
+    SinkLostReply,
+    OffsetsAmbiguous,
+    SourceFail,
+    ShutdownMidRun,
+}
+
+impl FaultKind {
+    pub const ALL: &'static [FaultKind] = &[
+        FaultKind::FsyncFail,
+        FaultKind::DiskFull,
+        FaultKind::Rot,
+        FaultKind::LostDirEntry,
+        FaultKind::SinkRetryable,
+        FaultKind::SinkLostReply,
+        FaultKind::OffsetsAmbiguous,
+        FaultKind::SourceFail,
+        FaultKind::ShutdownMidRun,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::FsyncFail => "fsync-fail",
+            FaultKind::DiskFull => "disk-full",
+            FaultKind::Rot => "rot",
+            FaultKind::LostDirEntry => "lost-dir-entry",
+            FaultKind::SinkRetryable => "sink-retryable",
+            FaultKind::SinkLostReply => "sink-lost-reply",
+            FaultKind::OffsetsAmbiguous => "offsets-ambiguous",
+            FaultKind::SourceFail => "source-fail",
+            FaultKind::ShutdownMidRun => "shutdown-mid-run",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<FaultKind> {
+        FaultKind::ALL.iter().copied().find(|k| k.name() == name)
+    }
+}
+
+/// Changes to the scenario a seed draws, applied after every draw so the
+/// rest of the run stays the same: how a failing schedule is made smaller.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Keep only the first N scheduled crashes.
+    pub crashes: Option<u32>,
+    /// Scale every partition's record count to this percentage (at least one).
+    pub records_percent: Option<u32>,
+    pub faults_off: Vec<FaultKind>,
+}
+
+impl Overrides {
+    pub fn is_empty(&self) -> bool {
+        *self == Overrides::default()
+    }
+
+    /// The flags that reproduce these overrides on the command line.
+    pub fn flags(&self) -> String {
+        let mut f = String::new();
+        if let Some(n) = self.crashes {
+            f.push_str(&format!(" --crashes {n}"));
+        }
+        if let Some(p) = self.records_percent {
+            f.push_str(&format!(" --records-percent {p}"));
+        }
+        if !self.faults_off.is_empty() {
+            let names: Vec<&str> = self.faults_off.iter().map(|k| k.name()).collect();
+            f.push_str(&format!(" --faults-off {}", names.join(",")));
+        }
+        f
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Faults {
     pub crashes: u32,
@@ -59,6 +138,8 @@ pub struct Scenario {
     pub fault_phase_end: Instant,
     /// The run ends with a clean shutdown that must drain and stop cleanly.
     pub clean_shutdown: bool,
+    /// How many of the `faults.crashes` drawn crash times are kept.
+    pub crashes_kept: u32,
 }
 
 impl Scenario {
@@ -129,6 +210,49 @@ impl Scenario {
             latencies,
             fault_phase_end,
             clean_shutdown: r.chance(0.5),
+            crashes_kept: crashes,
+        }
+    }
+
+    /// Applies `o`; crash times are drawn for the original count, so keeping
+    /// fewer crashes leaves every other draw where it was.
+    pub fn with_overrides(mut self, o: &Overrides) -> Scenario {
+        if let Some(p) = o.records_percent {
+            for part in self.sources.iter_mut().flat_map(|s| s.partitions.iter_mut()) {
+                part.records = (part.records * p as u64 / 100).max(1);
+            }
+        }
+        let f = &mut self.faults;
+        for kind in &o.faults_off {
+            match kind {
+                FaultKind::FsyncFail => f.fsync_fail = 0.0,
+                FaultKind::DiskFull => f.no_space = 0.0,
+                FaultKind::Rot => f.rot = false,
+                FaultKind::LostDirEntry => f.lost_dir_entry = 0.0,
+                FaultKind::SinkRetryable => f.sink_retryable = 0.0,
+                FaultKind::SinkLostReply => f.sink_lost_reply = 0.0,
+                FaultKind::OffsetsAmbiguous => f.offsets_ambiguous = 0.0,
+                FaultKind::SourceFail => f.source_fail = 0.0,
+                FaultKind::ShutdownMidRun => f.shutdown_mid_run = false,
+            }
+        }
+        self.crashes_kept = o.crashes.map_or(f.crashes, |n| n.min(f.crashes));
+        self
+    }
+
+    /// Is this fault on in this scenario?
+    pub fn has(&self, kind: FaultKind) -> bool {
+        let f = &self.faults;
+        match kind {
+            FaultKind::FsyncFail => f.fsync_fail > 0.0,
+            FaultKind::DiskFull => f.no_space > 0.0,
+            FaultKind::Rot => f.rot,
+            FaultKind::LostDirEntry => f.lost_dir_entry > 0.0,
+            FaultKind::SinkRetryable => f.sink_retryable > 0.0,
+            FaultKind::SinkLostReply => f.sink_lost_reply > 0.0,
+            FaultKind::OffsetsAmbiguous => f.offsets_ambiguous > 0.0,
+            FaultKind::SourceFail => f.source_fail > 0.0,
+            FaultKind::ShutdownMidRun => f.shutdown_mid_run,
         }
     }
 

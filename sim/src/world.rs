@@ -7,7 +7,7 @@ use crate::checker::{invariant, Checker, Violation};
 use crate::disk::SimDisk;
 use crate::plugins::{SimOffsets, SimSink, SimSource};
 use crate::rng::{Rng, Stream};
-use crate::scenario::Scenario;
+use crate::scenario::{Overrides, Scenario};
 use crate::trace::Trace;
 use skippr_core::io::*;
 use skippr_core::state::CommittedState;
@@ -23,6 +23,7 @@ const STEPS_MAX: u64 = 2_000_000;
 pub struct RunOptions {
     pub mutations: Mutations,
     pub trace: bool,
+    pub overrides: Overrides,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,7 +130,7 @@ pub fn run(seed: u64, opts: &RunOptions) -> RunReport {
 
 impl World {
     pub fn new(seed: u64, opts: RunOptions) -> World {
-        let scenario = Scenario::from_seed(seed);
+        let scenario = Scenario::from_seed(seed).with_overrides(&opts.overrides);
         let sources = scenario
             .sources
             .iter()
@@ -168,9 +169,11 @@ impl World {
         self.stats.source_records = self.scenario.total_records();
         let end = self.scenario.fault_phase_end;
         let f = self.scenario.faults.clone();
-        for _ in 0..f.crashes {
+        for i in 0..f.crashes {
             let at = Instant::from_micros(self.faults_rng.range(0, end.as_micros()));
-            self.at(at, Event::Crash);
+            if i < self.scenario.crashes_kept {
+                self.at(at, Event::Crash);
+            }
         }
         if f.rot {
             let at = Instant::from_micros(self.faults_rng.range(end.as_micros() / 2, end.as_micros()));

@@ -23,7 +23,7 @@ fn one_seed_passes_and_its_trace_hash_is_stable() {
 
 #[test]
 fn trace_prints_every_input_and_output_with_its_time() {
-    let out = skipprd(&["sim", "--seed", "11", "--trace"]);
+    let out = skipprd(&["sim", "--seed", "12", "--trace"]);
     assert_eq!(out.status.code(), Some(0));
     let text = stdout(&out);
     let outputs = text.lines().filter(|l| l.contains("s <- io")).count();
@@ -148,4 +148,42 @@ fn saved_failures_replay_with_their_flags() {
     let replay = skipprd(&["sim", "--replay", fixed.to_str().unwrap()]);
     assert_eq!(replay.status.code(), Some(0), "{}", stdout(&replay));
     assert!(stdout(&replay).contains("seed 12 passed"));
+}
+
+#[test]
+fn shrink_finds_a_smaller_schedule_that_fails_the_same_way() {
+    let out = skipprd(&[
+        "sim",
+        "--seed",
+        "100",
+        "--mutation",
+        "snapshot-drops-frontier",
+        "--shrink",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    let invariant = |t: &str| {
+        t.lines().find_map(|l| {
+            l.split_once("FAILED: ")
+                .map(|(_, r)| r.split(':').next().unwrap().to_string())
+        })
+    };
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("reproduce (shrunk): "))
+        .expect("a shrunk reproduce line");
+    let words: Vec<&str> = line
+        .trim_start_matches("reproduce (shrunk): skipprd ")
+        .split(' ')
+        .collect();
+    assert!(words.len() > 5, "the shrunk schedule carries override flags: {line}");
+    let steps: Vec<u64> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("shrunk: "))
+        .map(|l| l.split(' ').filter_map(|w| w.parse().ok()).take(2).collect())
+        .expect("a shrunk line");
+    assert!(steps[1] < steps[0], "smaller: {steps:?}");
+    let again = skipprd(&words);
+    assert_eq!(again.status.code(), Some(1));
+    assert_eq!(invariant(&stdout(&again)), invariant(&text));
 }
