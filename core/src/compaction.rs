@@ -17,10 +17,7 @@ pub struct NamedRanges<'a> {
 }
 
 pub fn compaction_id(sink: &str, stream: &str, schema: u64, named: NamedRanges<'_>) -> CompactionId {
-    assert!(
-        named.ranges.windows(2).all(|w| w[0].key < w[1].key),
-        "ranges are sorted by partition"
-    );
+    assert!(named.ranges.windows(2).all(|w| w[0].key < w[1].key), "ranges are sorted by partition");
     let mut h = Xxh3::new();
     h.update(b"skippr-compaction-v1\0");
     put_str(&mut h, sink);
@@ -47,14 +44,7 @@ mod tests {
     use crate::ids::*;
 
     fn range(source: u16, partition: u32, from: u64, to: u64) -> Range {
-        Range {
-            key: PartitionKey {
-                source: SourceId(source),
-                partition,
-            },
-            from: Position(from),
-            to: Position(to),
-        }
+        Range { key: PartitionKey { source: SourceId(source), partition }, from: Position(from), to: Position(to) }
     }
 
     #[test]
@@ -62,17 +52,8 @@ mod tests {
         let sources = vec!["a".to_string(), "b".to_string()];
         let r1 = [range(0, 0, 0, 10), range(1, 2, 5, 9)];
         let r2 = [range(0, 0, 0, 11), range(1, 2, 5, 9)];
-        let id = |ranges: &[Range], sink: &str| {
-            compaction_id(
-                sink,
-                "orders",
-                7,
-                NamedRanges {
-                    sources: &sources,
-                    ranges,
-                },
-            )
-        };
+        let id =
+            |ranges: &[Range], sink: &str| compaction_id(sink, "orders", 7, NamedRanges { sources: &sources, ranges });
         assert_eq!(id(&r1, "dir"), id(&r1, "dir"));
         assert_ne!(id(&r1, "dir"), id(&r2, "dir"));
         assert_ne!(id(&r1, "dir"), id(&r1, "s3"));

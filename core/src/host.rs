@@ -351,11 +351,7 @@ impl Host {
             self.fire(what);
         }
         if self.segment_age_deadline().is_some_and(|at| at <= self.now) {
-            self.wal
-                .active
-                .as_mut()
-                .expect("deadline implies active")
-                .seal_requested = true;
+            self.wal.active.as_mut().expect("deadline implies active").seal_requested = true;
         }
         if self.drain_deadline.is_some_and(|at| at <= self.now) {
             self.stop(StopReason::DrainTimedOut);
@@ -525,12 +521,7 @@ impl Host {
         self.wal.next_lsn = wal.next_lsn;
         self.wal.epoch = Epoch(wal.epoch_max.0 + 1);
         self.wal.next_segment = wal.next_segment;
-        self.wal.active = wal.active.map(|(id, offset)| Active {
-            id,
-            offset,
-            opened: self.now,
-            seal_requested: false,
-        });
+        self.wal.active = wal.active.map(|(id, offset)| Active { id, offset, opened: self.now, seal_requested: false });
         self.recovery.junk = wal.junk;
         self.io(Pending::OffsetsRead, IoOp::OffsetsRead);
     }
@@ -544,25 +535,13 @@ impl Host {
             stored.insert(key, value);
         }
         for (key, value) in &stored {
-            let wal = self
-                .committed
-                .partitions
-                .get(key)
-                .map(|p| p.position)
-                .unwrap_or_default();
+            let wal = self.committed.partitions.get(key).map(|p| p.position).unwrap_or_default();
             if value.position > wal {
-                return self.stop(StopReason::OffsetsAheadOfWal {
-                    key: *key,
-                    store: value.position,
-                    wal,
-                });
+                return self.stop(StopReason::OffsetsAheadOfWal { key: *key, store: value.position, wal });
             }
         }
         for (key, p) in &self.committed.partitions {
-            if stored
-                .get(key)
-                .is_none_or(|v| v.lsn < p.lsn || v.position != p.position)
-            {
+            if stored.get(key).is_none_or(|v| v.lsn < p.lsn || v.position != p.position) {
                 self.offsets_dirty.insert(*key);
             }
         }
@@ -613,12 +592,7 @@ impl Host {
         for plan in open {
             let key = (plan.sink, plan.stream);
             if replay {
-                let slot = Slot::Planned {
-                    plan,
-                    committed: true,
-                    io: None,
-                    dispatched: false,
-                };
+                let slot = Slot::Planned { plan, committed: true, io: None, dispatched: false };
                 self.slots.insert(key, slot);
                 self.dispatch(key.0, key.1);
             }
@@ -726,15 +700,8 @@ impl Host {
     /// Takes a source batch into the pending group, dropping records at or
     /// below what the partition already holds.
     fn accept(&mut self, source: SourceId, batch: SourceBatchIn) -> Result<(), StopReason> {
-        let key = PartitionKey {
-            source,
-            partition: batch.partition,
-        };
-        let protocol = |what| StopReason::SourceProtocol {
-            source,
-            partition: batch.partition,
-            what,
-        };
+        let key = PartitionKey { source, partition: batch.partition };
+        let protocol = |what| StopReason::SourceProtocol { source, partition: batch.partition, what };
         if !batch.records.windows(2).all(|w| w[0].position < w[1].position)
             || batch.records.last().is_some_and(|r| r.position >= batch.end)
         {
@@ -778,13 +745,7 @@ impl Host {
             chunk_bytes += len;
             chunk.push(record);
             if n + 1 == total {
-                self.push_batch(
-                    key,
-                    batch.stream,
-                    std::mem::take(&mut chunk),
-                    end,
-                    batch.checkpoint.clone(),
-                );
+                self.push_batch(key, batch.stream, std::mem::take(&mut chunk), end, batch.checkpoint.clone());
             }
         }
         if self.cfg.mutations.has(Mutation::AckBeforeCommit) {
@@ -792,16 +753,8 @@ impl Host {
         }
         if self.cfg.mutations.has(Mutation::OffsetsBeforeCommit) {
             let records = self.committed.partitions.get(&key).map_or(0, |p| p.records) + total as u64;
-            let value = OffsetValue {
-                position: end,
-                lsn: self.wal.next_lsn,
-                records,
-            };
-            let entry = OffsetEntry {
-                key,
-                value,
-                checkpoint: batch.checkpoint,
-            };
+            let value = OffsetValue { position: end, lsn: self.wal.next_lsn, records };
+            let entry = OffsetEntry { key, value, checkpoint: batch.checkpoint };
             self.io(Pending::OffsetsWriteEarly, IoOp::OffsetsWrite { entries: vec![entry] });
         }
         Ok(())
@@ -815,13 +768,7 @@ impl Host {
         end: Position,
         checkpoint: Option<Vec<u8>>,
     ) {
-        let frame = Frame::SourceBatch(SourceBatch {
-            key,
-            stream,
-            end,
-            checkpoint,
-            records,
-        });
+        let frame = Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records });
         self.push_frame(frame);
     }
 
@@ -867,12 +814,7 @@ impl Host {
         if self.wal.active.is_none() {
             let Some(id) = self.wal.spares.pop_front() else { return };
             let offset = SEGMENT_HEADER_BYTES as u64;
-            self.wal.active = Some(Active {
-                id,
-                offset,
-                opened: self.now,
-                seal_requested: false,
-            });
+            self.wal.active = Some(Active { id, offset, opened: self.now, seal_requested: false });
         }
         let limits = &self.cfg.limits;
         let active = self.wal.active.as_ref().expect("set above");
@@ -908,9 +850,7 @@ impl Host {
             frames.push(self.pending.pop_front().expect("front exists"));
         }
         if fresh && len > room {
-            return self.stop(StopReason::SegmentTooSmall {
-                needed: len + offset + SEAL_RESERVE,
-            });
+            return self.stop(StopReason::SegmentTooSmall { needed: len + offset + SEAL_RESERVE });
         }
         let full = offset + len + limits.group_bytes_max + SEAL_RESERVE > limits.segment_bytes;
         if seal_due || full || seal_now {
@@ -920,15 +860,7 @@ impl Host {
         let refs: Vec<&Frame> = frames.iter().collect();
         let bytes = Arc::new(encode_group(segment, self.wal.epoch, lsn, &refs));
         let dispatch_early = self.cfg.mutations.has(Mutation::DispatchBeforePlanCommit);
-        self.wal.commit = Some(InflightCommit {
-            io: None,
-            segment,
-            offset,
-            lsn,
-            bytes,
-            frames,
-            snapshot_acked,
-        });
+        self.wal.commit = Some(InflightCommit { io: None, segment, offset, lsn, bytes, frames, snapshot_acked });
         self.send_commit();
         if dispatch_early {
             self.dispatch_planned_in_flight();
@@ -937,22 +869,13 @@ impl Host {
 
     fn send_commit(&mut self) {
         let c = self.wal.commit.as_ref().expect("a commit is in flight");
-        let op = IoOp::WalAppend {
-            segment: c.segment,
-            offset: c.offset,
-            lsn: c.lsn,
-            bytes: c.bytes.clone(),
-        };
+        let op = IoOp::WalAppend { segment: c.segment, offset: c.offset, lsn: c.lsn, bytes: c.bytes.clone() };
         let id = self.io(Pending::WalAppend, op);
         self.wal.commit.as_mut().expect("in flight").io = Some(id);
     }
 
     fn on_append(&mut self, id: IoId, result: Result<IoReply, IoError>) {
-        let c = self
-            .wal
-            .commit
-            .as_ref()
-            .expect("an append answers the commit in flight");
+        let c = self.wal.commit.as_ref().expect("an append answers the commit in flight");
         assert_eq!(c.io, Some(id), "one append in flight");
         match result {
             Ok(_) => {}
@@ -1010,17 +933,11 @@ impl Host {
     fn on_committed(&mut self, frame: Frame) {
         match frame {
             Frame::SourceBatch(b) => {
-                self.sources[b.key.source.0 as usize]
-                    .acks
-                    .insert(b.key.partition, b.end);
+                self.sources[b.key.source.0 as usize].acks.insert(b.key.partition, b.end);
                 self.offsets_dirty.insert(b.key);
                 if self.cfg.mutations.has(Mutation::OffsetsStaleValue) {
                     let p = &self.committed.partitions[&b.key];
-                    let value = OffsetValue {
-                        position: p.position,
-                        lsn: p.lsn,
-                        records: p.records,
-                    };
+                    let value = OffsetValue { position: p.position, lsn: p.lsn, records: p.records };
                     self.offsets_stale.entry(b.key).or_insert(value);
                 }
                 self.records.push(b.key, b.records);
@@ -1087,17 +1004,9 @@ impl Host {
             .into_iter()
             .map(|key| {
                 let p = &self.committed.partitions[&key];
-                let value = OffsetValue {
-                    position: p.position,
-                    lsn: p.lsn,
-                    records: p.records,
-                };
+                let value = OffsetValue { position: p.position, lsn: p.lsn, records: p.records };
                 let value = self.offsets_stale.remove(&key).unwrap_or(value);
-                OffsetEntry {
-                    key,
-                    value,
-                    checkpoint: p.checkpoint.clone(),
-                }
+                OffsetEntry { key, value, checkpoint: p.checkpoint.clone() }
             })
             .collect();
         let id = self.io(Pending::OffsetsWrite, IoOp::OffsetsWrite { entries });
@@ -1121,12 +1030,8 @@ impl Host {
     // ---- compaction ----
 
     fn plan_compactions(&mut self) {
-        let idle: Vec<(SinkId, StreamId)> = self
-            .slots
-            .iter()
-            .filter(|(_, s)| matches!(s, Slot::Idle))
-            .map(|(k, _)| *k)
-            .collect();
+        let idle: Vec<(SinkId, StreamId)> =
+            self.slots.iter().filter(|(_, s)| matches!(s, Slot::Idle)).map(|(k, _)| *k).collect();
         for (sink, stream) in idle {
             self.plan(sink, stream);
         }
@@ -1166,38 +1071,15 @@ impl Host {
         }
         let seq = self.next_seq.get(&(sink, stream)).copied().unwrap_or_default();
         let schema = self.committed.schemas.get(&stream).copied().unwrap_or_default();
-        let names = NamedRanges {
-            sources: &self.cfg.sources,
-            ranges: &ranges,
-        };
-        let id = compaction_id(
-            &self.cfg.sinks[sink.0 as usize],
-            &self.cfg.streams[stream.0 as usize],
-            schema,
-            names,
-        );
+        let names = NamedRanges { sources: &self.cfg.sources, ranges: &ranges };
+        let id = compaction_id(&self.cfg.sinks[sink.0 as usize], &self.cfg.streams[stream.0 as usize], schema, names);
         for r in &ranges {
             self.planned.insert((sink, r.key), r.to);
         }
         self.next_seq.insert((sink, stream), CompactionSeq(seq.0 + 1));
-        let plan = CompactionPlan {
-            sink,
-            stream,
-            id,
-            seq,
-            schema,
-            ranges,
-        };
+        let plan = CompactionPlan { sink, stream, id, seq, schema, ranges };
         self.push_frame(Frame::CompactionPlanned(plan.clone()));
-        self.slots.insert(
-            (sink, stream),
-            Slot::Planned {
-                plan,
-                committed: false,
-                io: None,
-                dispatched: false,
-            },
-        );
+        self.slots.insert((sink, stream), Slot::Planned { plan, committed: false, io: None, dispatched: false });
     }
 
     /// The planted bug `dispatch-before-plan-commit`: sends every plan in the
@@ -1230,13 +1112,7 @@ impl Host {
     fn dispatch(&mut self, sink: SinkId, stream: StreamId) {
         let unstable = self.cfg.mutations.has(Mutation::UnstableCompactionId);
         let epoch = self.wal.epoch;
-        let Some(Slot::Planned {
-            plan,
-            committed,
-            io,
-            dispatched,
-        }) = self.slots.get_mut(&(sink, stream))
-        else {
+        let Some(Slot::Planned { plan, committed, io, dispatched }) = self.slots.get_mut(&(sink, stream)) else {
             return;
         };
         if io.is_some() {
@@ -1247,11 +1123,7 @@ impl Host {
         }
         if *dispatched && self.cfg.mutations.has(Mutation::DispatchBeforePlanCommit) {
             // Already sent early; the commit does not send it again.
-            if self
-                .ios
-                .values()
-                .any(|p| matches!(p, Pending::SinkApply(s, t) if *s == sink && *t == stream))
-            {
+            if self.ios.values().any(|p| matches!(p, Pending::SinkApply(s, t) if *s == sink && *t == stream)) {
                 return;
             }
         }
@@ -1260,18 +1132,8 @@ impl Host {
         for r in &plan.ranges {
             records.extend(self.records.range(r.key, r.from, r.to).map(|rec| rec.bytes.clone()));
         }
-        let id = if unstable {
-            CompactionId(plan.id.0 ^ epoch.0.wrapping_mul(0x9e37_79b9))
-        } else {
-            plan.id
-        };
-        let op = IoOp::SinkApply(SinkApply {
-            sink,
-            stream,
-            id,
-            seq: plan.seq,
-            records,
-        });
+        let id = if unstable { CompactionId(plan.id.0 ^ epoch.0.wrapping_mul(0x9e37_79b9)) } else { plan.id };
+        let op = IoOp::SinkApply(SinkApply { sink, stream, id, seq: plan.seq, records });
         let io_id = self.io(Pending::SinkApply(sink, stream), op);
         if let Some(Slot::Planned { io, .. }) = self.slots.get_mut(&(sink, stream)) {
             *io = Some(io_id);
@@ -1289,34 +1151,15 @@ impl Host {
         let plan_id = plan.id;
         let seq = plan.seq;
         match result {
-            Ok(IoReply::Sink {
-                outcome: SinkOutcome::Applied | SinkOutcome::AlreadyApplied,
-                ..
-            }) => {
+            Ok(IoReply::Sink { outcome: SinkOutcome::Applied | SinkOutcome::AlreadyApplied, .. }) => {
                 self.succeeded(Retry::SinkApply(sink, stream));
                 self.slots.insert((sink, stream), Slot::Idle);
-                self.push_frame(Frame::CompactionDone(CompactionDone {
-                    sink,
-                    stream,
-                    id: plan_id,
-                    seq,
-                }));
+                self.push_frame(Frame::CompactionDone(CompactionDone { sink, stream, id: plan_id, seq }));
             }
-            Ok(IoReply::Sink {
-                outcome: SinkOutcome::Fatal,
-                ..
-            }) => {
-                self.stop(StopReason::SinkFatal {
-                    sink,
-                    stream,
-                    id: plan_id,
-                });
+            Ok(IoReply::Sink { outcome: SinkOutcome::Fatal, .. }) => {
+                self.stop(StopReason::SinkFatal { sink, stream, id: plan_id });
             }
-            Ok(IoReply::Sink {
-                outcome: SinkOutcome::Retryable,
-                ..
-            })
-            | Err(_) => {
+            Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, .. }) | Err(_) => {
                 self.retry_later(Retry::SinkApply(sink, stream));
             }
             Ok(other) => panic!("SinkApply answered with {other:?}"),
@@ -1328,10 +1171,7 @@ impl Host {
     /// Everything read is committed, compacted, acknowledged by every sink,
     /// recorded as done, and materialized in the offsets store.
     fn drained(&self) -> bool {
-        let sources_idle = self
-            .sources
-            .iter()
-            .all(|s| s.read.is_none() && s.ack_io.is_none() && s.acks.is_empty());
+        let sources_idle = self.sources.iter().all(|s| s.read.is_none() && s.ack_io.is_none() && s.acks.is_empty());
         let wal_idle = self.pending.is_empty() && self.wal.commit.is_none();
         let slots_idle = self.slots.values().all(|s| matches!(s, Slot::Idle)) && self.committed.open.is_empty();
         let sinks = self.cfg.sinks.len() as u16;

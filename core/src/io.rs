@@ -54,12 +54,7 @@ pub enum IoOp {
     WalCreate { segment: SegmentId, header: Vec<u8> },
     /// Make one commit group durable and visible at `offset` of `segment`.
     /// A retry after `IoError::Ambiguous` carries the identical bytes.
-    WalAppend {
-        segment: SegmentId,
-        offset: u64,
-        lsn: Lsn,
-        bytes: Arc<Vec<u8>>,
-    },
+    WalAppend { segment: SegmentId, offset: u64, lsn: Lsn, bytes: Arc<Vec<u8>> },
     /// Delete a segment that the deletion rule no longer needs.
     WalDelete { segment: SegmentId },
     /// Read every offsets entry. Answer: `Offsets`.
@@ -74,10 +69,7 @@ pub enum IoOp {
     /// outstanding reads, so a driver never holds one open indefinitely.
     SourceRead { source: SourceId, records_max: u32 },
     /// Tell a source that everything below these positions is committed.
-    SourceAck {
-        source: SourceId,
-        acks: Vec<(u32, Position)>,
-    },
+    SourceAck { source: SourceId, acks: Vec<(u32, Position)> },
     /// Hand a destination batch to a sink. Answer: `Sink`.
     SinkApply(SinkApply),
 }
@@ -165,26 +157,14 @@ pub enum StopReason {
     Corrupt(Corruption),
     /// The offsets store holds a position the WAL does not: committed WAL data
     /// was lost, or the store belongs to another WAL.
-    OffsetsAheadOfWal {
-        key: PartitionKey,
-        store: Position,
-        wal: Position,
-    },
+    OffsetsAheadOfWal { key: PartitionKey, store: Position, wal: Position },
     /// A WAL write failed; the group's fate is decided by recovery.
     WalWriteFailed { segment: SegmentId, error: IoError },
     /// A sink answered `fatal`.
-    SinkFatal {
-        sink: SinkId,
-        stream: StreamId,
-        id: CompactionId,
-    },
+    SinkFatal { sink: SinkId, stream: StreamId, id: CompactionId },
     /// A source broke the protocol (positions going backwards, a record too
     /// large for a commit group, a partition changing stream).
-    SourceProtocol {
-        source: SourceId,
-        partition: u32,
-        what: &'static str,
-    },
+    SourceProtocol { source: SourceId, partition: u32, what: &'static str },
     /// The snapshot no longer fits in a segment: raise the segment size.
     SegmentTooSmall { needed: u64 },
 }

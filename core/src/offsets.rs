@@ -35,11 +35,7 @@ impl OffsetValue {
             return Err(BadOffsetValue { len: bytes.len() });
         }
         let u = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
-        Ok(OffsetValue {
-            position: Position(u(0)),
-            lsn: Lsn(u(8)),
-            records: u(16),
-        })
+        Ok(OffsetValue { position: Position(u(0)), lsn: Lsn(u(8)), records: u(16) })
     }
 
     /// The store's rule: `new` replaces `old` only when its LSN is higher.
@@ -54,11 +50,7 @@ mod tests {
 
     #[test]
     fn round_trip_is_exactly_24_bytes() {
-        let v = OffsetValue {
-            position: Position(1 << 40),
-            lsn: Lsn(7),
-            records: 99,
-        };
+        let v = OffsetValue { position: Position(1 << 40), lsn: Lsn(7), records: 99 };
         let b = v.encode();
         assert_eq!(b.len(), 24);
         assert_eq!(&b[0..8], &(1u64 << 40).to_le_bytes());
@@ -68,22 +60,10 @@ mod tests {
 
     #[test]
     fn only_a_higher_lsn_replaces() {
-        let old = OffsetValue {
-            position: Position(10),
-            lsn: Lsn(5),
-            records: 10,
-        };
-        let late = OffsetValue {
-            position: Position(8),
-            lsn: Lsn(4),
-            records: 8,
-        };
+        let old = OffsetValue { position: Position(10), lsn: Lsn(5), records: 10 };
+        let late = OffsetValue { position: Position(8), lsn: Lsn(4), records: 8 };
         let same = OffsetValue { lsn: Lsn(5), ..old };
-        let newer = OffsetValue {
-            position: Position(12),
-            lsn: Lsn(6),
-            records: 12,
-        };
+        let newer = OffsetValue { position: Position(12), lsn: Lsn(6), records: 12 };
         assert!(!OffsetValue::replaces(&late, Some(&old)));
         assert!(!OffsetValue::replaces(&same, Some(&old)));
         assert!(OffsetValue::replaces(&newer, Some(&old)));

@@ -21,12 +21,7 @@ pub struct SegmentSummary {
 
 impl SegmentSummary {
     pub fn new(id: SegmentId, lsn: Lsn) -> Self {
-        SegmentSummary {
-            id,
-            last_lsn: lsn,
-            ends: BTreeMap::new(),
-            sealed: false,
-        }
+        SegmentSummary { id, last_lsn: lsn, ends: BTreeMap::new(), sealed: false }
     }
 
     pub fn note(&mut self, lsn: Lsn, frame: &Frame) {

@@ -49,8 +49,7 @@ impl CommittedState {
                 self.schemas.insert(d.stream, d.fingerprint);
             }
             Frame::CompactionPlanned(plan) => {
-                self.next_seq
-                    .insert((plan.sink, plan.stream), CompactionSeq(plan.seq.0 + 1));
+                self.next_seq.insert((plan.sink, plan.stream), CompactionSeq(plan.seq.0 + 1));
                 self.open.insert((plan.sink, plan.stream), plan.clone());
             }
             Frame::CompactionDone(done) => {
@@ -89,11 +88,7 @@ impl CommittedState {
             } else {
                 self.acked.iter().map(|(&(sink, key), &pos)| (sink, key, pos)).collect()
             },
-            next_seq: self
-                .next_seq
-                .iter()
-                .map(|(&(sink, stream), &seq)| (sink, stream, seq))
-                .collect(),
+            next_seq: self.next_seq.iter().map(|(&(sink, stream), &seq)| (sink, stream, seq)).collect(),
             schemas: self
                 .schemas
                 .iter()
@@ -119,11 +114,7 @@ impl CommittedState {
             })
             .collect();
         self.acked = s.acked.iter().map(|&(sink, key, pos)| ((sink, key), pos)).collect();
-        self.next_seq = s
-            .next_seq
-            .iter()
-            .map(|&(sink, stream, seq)| ((sink, stream), seq))
-            .collect();
+        self.next_seq = s.next_seq.iter().map(|&(sink, stream, seq)| ((sink, stream), seq)).collect();
         self.schemas = s.schemas.iter().map(|d| (d.stream, d.fingerprint)).collect();
         self.open = s.open.iter().map(|p| ((p.sink, p.stream), p.clone())).collect();
     }
@@ -178,10 +169,7 @@ impl RecordStore {
     pub fn range(&self, key: PartitionKey, from: Position, to: Position) -> impl Iterator<Item = &Record> {
         let part = self.parts.get(&key);
         let (a, b) = match part {
-            Some(p) => (
-                p.partition_point(|r| r.position < from),
-                p.partition_point(|r| r.position < to),
-            ),
+            Some(p) => (p.partition_point(|r| r.position < from), p.partition_point(|r| r.position < to)),
             None => (0, 0),
         };
         part.into_iter().flat_map(move |p| p.range(a..b))

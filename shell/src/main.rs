@@ -15,11 +15,7 @@ use clap::{Parser, Subcommand};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(
-    name = "skipprd",
-    version,
-    about = "An ingestion daemon with an exactly-once delivery contract."
-)]
+#[command(name = "skipprd", version, about = "An ingestion daemon with an exactly-once delivery contract.")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

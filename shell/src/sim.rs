@@ -73,9 +73,7 @@ fn parse_fault(s: &str) -> Result<FaultKind, String> {
 }
 
 fn parse_range(s: &str) -> Result<Range<u64>, String> {
-    let (a, b) = s
-        .split_once("..")
-        .ok_or_else(|| format!("'{s}' is not a range: write A..B, like 0..10000"))?;
+    let (a, b) = s.split_once("..").ok_or_else(|| format!("'{s}' is not a range: write A..B, like 0..10000"))?;
     let a: u64 = a.trim().parse().map_err(|_| format!("'{a}' is not a seed number"))?;
     let b: u64 = b.trim().parse().map_err(|_| format!("'{b}' is not a seed number"))?;
     if a >= b {
@@ -102,16 +100,8 @@ pub fn main(args: SimArgs) -> i32 {
     let mut faults_off = args.faults_off.clone();
     faults_off.sort();
     faults_off.dedup();
-    let overrides = Overrides {
-        crashes: args.crashes,
-        records_percent: args.records_percent,
-        faults_off,
-    };
-    let opts = RunOptions {
-        mutations,
-        trace: args.trace,
-        overrides,
-    };
+    let overrides = Overrides { crashes: args.crashes, records_percent: args.records_percent, faults_off };
+    let opts = RunOptions { mutations, trace: args.trace, overrides };
     if args.list_mutations {
         for m in Mutation::ALL {
             println!("{m}");
@@ -151,12 +141,7 @@ fn one(seed: u64, args: &SimArgs, opts: &RunOptions) -> i32 {
             });
         }
     }
-    let result = SeedResult {
-        seed,
-        outcome,
-        trace_hash: report.trace_hash,
-        stats: report.stats,
-    };
+    let result = SeedResult { seed, outcome, trace_hash: report.trace_hash, stats: report.stats };
     print_result(&result, opts, true);
     println!("trace hash: {:016x}", result.trace_hash);
     if args.stats {
@@ -175,19 +160,13 @@ fn one(seed: u64, args: &SimArgs, opts: &RunOptions) -> i32 {
 }
 
 fn print_shrunk(seed: u64, opts: &RunOptions) {
-    let quiet = RunOptions {
-        trace: false,
-        ..opts.clone()
-    };
+    let quiet = RunOptions { trace: false, ..opts.clone() };
     let Some(s) = shrink(seed, &quiet) else { return };
     let still = match &s.report.outcome {
         Outcome::Fail(v) => v.to_string(),
         _ => "passing".into(),
     };
-    println!(
-        "shrunk: {} -> {} engine steps in {} runs; still {still}",
-        s.steps_before, s.report.stats.steps, s.runs
-    );
+    println!("shrunk: {} -> {} engine steps in {} runs; still {still}", s.steps_before, s.report.stats.steps, s.runs);
     println!("reproduce (shrunk): skipprd sim --seed {seed}{}", flags(&s.opts));
 }
 
@@ -213,12 +192,8 @@ fn many(seeds: Range<u64>, args: &SimArgs, opts: &RunOptions) -> i32 {
     let mut totals = Totals::default();
     let mut by_invariant: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failures: Vec<SeedResult> = Vec::new();
-    let sweep_opts = SweepOptions {
-        seeds,
-        jobs: args.jobs,
-        run: opts.clone(),
-        check_determinism: args.check_determinism,
-    };
+    let sweep_opts =
+        SweepOptions { seeds, jobs: args.jobs, run: opts.clone(), check_determinism: args.check_determinism };
     sweep(&sweep_opts, |result| {
         totals.add(&result);
         bar.inc(1);
@@ -247,11 +222,7 @@ fn many(seeds: Range<u64>, args: &SimArgs, opts: &RunOptions) -> i32 {
     if args.stats {
         print!("{}", totals.report());
     }
-    println!(
-        "seeds: {count}, failed: {}, seeds/s: {:.0}",
-        totals.failed,
-        count as f64 / elapsed.max(1e-9)
-    );
+    println!("seeds: {count}, failed: {}, seeds/s: {:.0}", totals.failed, count as f64 / elapsed.max(1e-9));
     if totals.failed > 0 {
         exit::SIM_FAILED
     } else {
@@ -295,13 +266,7 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
     for line in text.lines() {
         let Some((k, v)) = line.split_once('=') else { continue };
         match k.trim() {
-            "seed" => {
-                seed = Some(
-                    v.trim()
-                        .parse()
-                        .map_err(|_| format!("{}: bad seed '{v}'", path.display()))?,
-                )
-            }
+            "seed" => seed = Some(v.trim().parse().map_err(|_| format!("{}: bad seed '{v}'", path.display()))?),
             "flags" => {
                 let words: Vec<&str> = v.split_whitespace().collect();
                 let bad = || format!("{}: unknown flags '{}'", path.display(), v.trim());
@@ -323,15 +288,7 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
         }
     }
     let seed = seed.ok_or_else(|| format!("{}: no 'seed = N' line", path.display()))?;
-    Ok(Saved {
-        path: path.to_path_buf(),
-        seed,
-        opts: RunOptions {
-            mutations,
-            trace: false,
-            overrides,
-        },
-    })
+    Ok(Saved { path: path.to_path_buf(), seed, opts: RunOptions { mutations, trace: false, overrides } })
 }
 
 fn replay(dir: &Path, args: &SimArgs) -> i32 {

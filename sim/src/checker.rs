@@ -77,10 +77,7 @@ impl Checker {
         let mut partitions = BTreeMap::new();
         for (s, spec) in scenario.sources.iter().enumerate() {
             for (p, part) in spec.partitions.iter().enumerate() {
-                let key = PartitionKey {
-                    source: SourceId(s as u16),
-                    partition: p as u32,
-                };
+                let key = PartitionKey { source: SourceId(s as u16), partition: p as u32 };
                 partitions.insert(key, (part.records, StreamId(part.stream)));
             }
         }
@@ -122,10 +119,7 @@ impl Checker {
             let at = point.map_or(0, |r| r.position.0);
             let acked = self.acked.get(&key).copied().unwrap_or(0);
             if at < acked {
-                self.fail(
-                    invariant::ACKED_RECORD_LOST,
-                    format!("{key} resumed at {at} but was acked through {acked}"),
-                );
+                self.fail(invariant::ACKED_RECORD_LOST, format!("{key} resumed at {at} but was acked through {acked}"));
             }
             let before = self.resumed.insert(key, at).unwrap_or(0);
             if at < before {
@@ -172,10 +166,7 @@ impl Checker {
             if new.position < old.position {
                 self.fail(
                     invariant::OFFSETS_REGRESSED,
-                    format!(
-                        "{key}: offsets moved from {} back to {}",
-                        old.position.0, new.position.0
-                    ),
+                    format!("{key}: offsets moved from {} back to {}", old.position.0, new.position.0),
                 );
             }
         }
@@ -200,27 +191,16 @@ impl Checker {
             return;
         }
         assert!(took_effect, "the sink dedupes exactly the ids the checker has seen");
-        let apply = Apply {
-            sink: a.sink,
-            stream: a.stream,
-            seq: a.seq.0,
-            digest,
-            records: a.records.len(),
-        };
+        let apply = Apply { sink: a.sink, stream: a.stream, seq: a.seq.0, digest, records: a.records.len() };
         self.applies.insert((a.sink, a.id), apply);
         if let Some(owner) = self.seq_owner.insert((a.sink, a.stream, a.seq.0), a.id) {
-            let detail = format!(
-                "sink {} stream {} seq {} carried {owner} and then {}",
-                a.sink, a.stream, a.seq.0, a.id
-            );
+            let detail =
+                format!("sink {} stream {} seq {} carried {owner} and then {}", a.sink, a.stream, a.seq.0, a.id);
             return self.fail(invariant::SEQUENCE_REUSED, detail);
         }
         let next = self.next_seq.entry((a.sink, a.stream)).or_insert(0);
         if a.seq.0 != *next {
-            let detail = format!(
-                "sink {} stream {} applied seq {} when {} was next",
-                a.sink, a.stream, a.seq.0, next
-            );
+            let detail = format!("sink {} stream {} applied seq {} when {} was next", a.sink, a.stream, a.seq.0, next);
             return self.fail(invariant::SEQUENCE_GAP, detail);
         }
         *next += 1;
@@ -232,17 +212,11 @@ impl Checker {
     }
 
     fn check_record(&mut self, sink: SinkId, stream: StreamId, bytes: &[u8]) -> Result<(), Violation> {
-        let foreign = |why: &str| Violation {
-            invariant: invariant::FOREIGN_BYTES,
-            detail: why.to_string(),
-        };
+        let foreign = |why: &str| Violation { invariant: invariant::FOREIGN_BYTES, detail: why.to_string() };
         if bytes.len() < 6 {
             return Err(foreign("a record shorter than any the sources emit"));
         }
-        let key = PartitionKey {
-            source: SourceId(bytes[0] as u16),
-            partition: bytes[1] as u32,
-        };
+        let key = PartitionKey { source: SourceId(bytes[0] as u16), partition: bytes[1] as u32 };
         let pos = u32::from_le_bytes(bytes[2..6].try_into().unwrap()) as u64;
         let Some(&(records, part_stream)) = self.partitions.get(&key) else {
             return Err(foreign("a record from no known partition"));
@@ -251,31 +225,20 @@ impl Checker {
             record_bytes_into(&mut self.scratch, self.seed, key.source.0, key.partition, pos);
         }
         if pos >= records || bytes != self.scratch.as_slice() {
-            return Err(foreign(&format!(
-                "{key} position {pos}: bytes differ from what the source emitted"
-            )));
+            return Err(foreign(&format!("{key} position {pos}: bytes differ from what the source emitted")));
         }
         if part_stream != stream {
             let detail = format!("{key} belongs to stream {part_stream} but reached stream {stream}");
-            return Err(Violation {
-                invariant: invariant::WRONG_STREAM,
-                detail,
-            });
+            return Err(Violation { invariant: invariant::WRONG_STREAM, detail });
         }
         let next = self.next_pos.entry((sink, key)).or_insert(0);
         if pos < *next {
             let detail = format!("sink {sink} got {key} position {pos} again (next expected {next})");
-            return Err(Violation {
-                invariant: invariant::DUPLICATE_DELIVERY,
-                detail,
-            });
+            return Err(Violation { invariant: invariant::DUPLICATE_DELIVERY, detail });
         }
         if pos > *next {
             let detail = format!("sink {sink} got {key} position {pos}, skipping {}..{pos}", next);
-            return Err(Violation {
-                invariant: invariant::LOST_RECORD,
-                detail,
-            });
+            return Err(Violation { invariant: invariant::LOST_RECORD, detail });
         }
         *next += 1;
         self.delivered += 1;
@@ -346,10 +309,7 @@ mod tests {
     }
 
     fn key0() -> PartitionKey {
-        PartitionKey {
-            source: SourceId(0),
-            partition: 0,
-        }
+        PartitionKey { source: SourceId(0), partition: 0 }
     }
 
     fn apply(s: &Scenario, id: u64, seq: u64, stream: u16, positions: &[u64]) -> SinkApply {
@@ -425,13 +385,7 @@ mod tests {
 
         let (_, mut c) = setup();
         c.on_ack(SourceId(0), &[(0, Position(5))], |_| 9);
-        let at = |p| {
-            vec![ResumePoint {
-                partition: 0,
-                position: Position(p),
-                checkpoint: None,
-            }]
-        };
+        let at = |p| vec![ResumePoint { partition: 0, position: Position(p), checkpoint: None }];
         c.on_resume(SourceId(0), &at(4), |_| None);
         assert_eq!(broke(&c), invariant::ACKED_RECORD_LOST);
 
@@ -445,20 +399,12 @@ mod tests {
         assert_eq!(broke(&c), invariant::OFFSETS_LEAD_WAL);
 
         let (_, mut c) = setup();
-        let cp = vec![ResumePoint {
-            partition: 0,
-            position: Position(6),
-            checkpoint: Some(b"cp-other".to_vec()),
-        }];
+        let cp = vec![ResumePoint { partition: 0, position: Position(6), checkpoint: Some(b"cp-other".to_vec()) }];
         c.on_resume(SourceId(0), &cp, |_| None);
         assert_eq!(broke(&c), invariant::CHECKPOINT_MISMATCH);
 
         let (_, mut c) = setup();
-        let v = |p, l| OffsetValue {
-            position: Position(p),
-            lsn: skippr_core::Lsn(l),
-            records: p,
-        };
+        let v = |p, l| OffsetValue { position: Position(p), lsn: skippr_core::Lsn(l), records: p };
         c.on_offsets_changed(key0(), Some(v(6, 1)), v(5, 2));
         assert_eq!(broke(&c), invariant::OFFSETS_REGRESSED);
 

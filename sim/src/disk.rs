@@ -70,12 +70,7 @@ impl SimDisk {
         };
         bytes.resize(size, 0);
         let durable = bytes.clone();
-        let mut file = File {
-            current: bytes,
-            durable,
-            unsynced: Vec::new(),
-            linked: false,
-        };
+        let mut file = File { current: bytes, durable, unsynced: Vec::new(), linked: false };
         write_at(&mut file, 0, header);
         self.files.insert(segment, file);
     }

@@ -37,9 +37,7 @@ pub fn record_bytes_into(out: &mut Vec<u8>, seed: u64, source: u16, partition: u
     out.extend_from_slice(&(position as u32).to_le_bytes());
     let mut x = h;
     for _ in 0..len {
-        x = x
-            .wrapping_mul(0x5851_f42d_4c95_7f2d)
-            .wrapping_add(0x1405_7b7e_f767_814f);
+        x = x.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(0x1405_7b7e_f767_814f);
         out.push((x >> 56) as u8);
     }
 }
@@ -71,24 +69,14 @@ pub struct SimSource {
 impl SimSource {
     pub fn new(seed: u64, id: u16, spec: SourceSpec) -> SimSource {
         let cursors = spec.partitions.iter().map(|_| Cursor { next: 0, acked: 0 }).collect();
-        SimSource {
-            id,
-            seed,
-            spec,
-            cursors,
-            turn: 0,
-            emitted: 0,
-        }
+        SimSource { id, seed, spec, cursors, turn: 0, emitted: 0 }
     }
 
     /// Resumes at the host's positions, or, for a source that re-sends, at
     /// its own acked position. Data below the acked position is gone.
     pub fn open(&mut self, resume: &[ResumePoint]) {
         for (p, c) in self.cursors.iter_mut().enumerate() {
-            let at = resume
-                .iter()
-                .find(|r| r.partition == p as u32)
-                .map_or(0, |r| r.position.0);
+            let at = resume.iter().find(|r| r.partition == p as u32).map_or(0, |r| r.position.0);
             c.next = if self.spec.resends { c.acked } else { at.max(c.acked) };
         }
     }
@@ -121,10 +109,7 @@ impl SimSource {
             budget -= to - from;
             let partition = p as u32;
             let records = (from..to)
-                .map(|pos| Record {
-                    position: Position(pos),
-                    bytes: record_bytes(self.seed, self.id, partition, pos),
-                })
+                .map(|pos| Record { position: Position(pos), bytes: record_bytes(self.seed, self.id, partition, pos) })
                 .collect();
             self.emitted += to - from;
             self.cursors[p].next = to;
@@ -137,11 +122,7 @@ impl SimSource {
             });
         }
         self.turn = (self.turn + 1) % n;
-        let exhausted = self
-            .cursors
-            .iter()
-            .enumerate()
-            .all(|(p, c)| c.next >= self.spec.partitions[p].records);
+        let exhausted = self.cursors.iter().enumerate().all(|(p, c)| c.next >= self.spec.partitions[p].records);
         (batches, exhausted)
     }
 
@@ -191,10 +172,7 @@ impl SimOffsets {
         for e in entries {
             let bytes = e.value.encode();
             assert_eq!(OffsetValue::decode(&bytes), Ok(e.value), "offset values round-trip");
-            let old = self
-                .entries
-                .get(&e.key)
-                .map(|(b, _)| OffsetValue::decode(b).expect("24 bytes"));
+            let old = self.entries.get(&e.key).map(|(b, _)| OffsetValue::decode(b).expect("24 bytes"));
             if OffsetValue::replaces(&e.value, old.as_ref()) {
                 self.entries.insert(e.key, (bytes, e.checkpoint.clone()));
                 changed.push((e.key, old, e.value));
@@ -204,16 +182,11 @@ impl SimOffsets {
     }
 
     pub fn read(&self) -> Vec<(PartitionKey, Vec<u8>, Option<Vec<u8>>)> {
-        self.entries
-            .iter()
-            .map(|(k, (b, c))| (*k, b.to_vec(), c.clone()))
-            .collect()
+        self.entries.iter().map(|(k, (b, c))| (*k, b.to_vec(), c.clone())).collect()
     }
 
     pub fn position(&self, key: PartitionKey) -> Option<Position> {
-        self.entries
-            .get(&key)
-            .map(|(b, _)| OffsetValue::decode(b).expect("24 bytes").position)
+        self.entries.get(&key).map(|(b, _)| OffsetValue::decode(b).expect("24 bytes").position)
     }
 }
 

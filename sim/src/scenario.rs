@@ -149,10 +149,7 @@ impl Scenario {
         let sources: Vec<SourceSpec> = (0..r.range(2, 3))
             .map(|_| SourceSpec {
                 partitions: (0..r.range(2, 4))
-                    .map(|_| PartitionSpec {
-                        stream: r.range(0, streams as u64 - 1) as u16,
-                        records: r.range(40, 130),
-                    })
+                    .map(|_| PartitionSpec { stream: r.range(0, streams as u64 - 1) as u16, records: r.range(40, 130) })
                     .collect(),
                 record_interval: Duration::from_micros(r.range(100, 800)),
                 resends: r.chance(0.6),

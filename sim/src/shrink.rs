@@ -60,10 +60,5 @@ pub fn shrink(seed: u64, opts: &RunOptions) -> Option<Shrunk> {
         }
     }
     let (opts, report) = best;
-    Some(Shrunk {
-        opts,
-        report,
-        steps_before,
-        runs,
-    })
+    Some(Shrunk { opts, report, steps_before, runs })
 }

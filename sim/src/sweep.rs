@@ -45,12 +45,7 @@ pub fn run_seed(seed: u64, opts: &RunOptions, check_determinism: bool) -> SeedRe
             });
         }
     }
-    SeedResult {
-        seed,
-        outcome,
-        trace_hash: report.trace_hash,
-        stats: report.stats,
-    }
+    SeedResult { seed, outcome, trace_hash: report.trace_hash, stats: report.stats }
 }
 
 /// Runs every seed in the range on `jobs` threads, calling `each` on the
@@ -163,14 +158,8 @@ impl Totals {
             out.push_str(&format!("  {name}: {v:.2}\n"));
         }
         out.push_str(&format!("  seeds with a crash: {:.1}%\n", pct(self.with_crash)));
-        out.push_str(&format!(
-            "  seeds with a segment deleted: {:.1}%\n",
-            pct(self.with_deletion)
-        ));
-        out.push_str(&format!(
-            "  seeds failed closed on corruption: {:.2}%\n",
-            pct(self.fail_closed)
-        ));
+        out.push_str(&format!("  seeds with a segment deleted: {:.1}%\n", pct(self.with_deletion)));
+        out.push_str(&format!("  seeds failed closed on corruption: {:.2}%\n", pct(self.fail_closed)));
         out
     }
 }

@@ -15,11 +15,7 @@ pub struct Trace {
 
 impl Trace {
     pub fn new(print: bool) -> Trace {
-        Trace {
-            hasher: Xxh3::new(),
-            print,
-            lines: Vec::new(),
-        }
+        Trace { hasher: Xxh3::new(), print, lines: Vec::new() }
     }
 
     pub fn hash(&self) -> u64 {
@@ -114,12 +110,7 @@ impl Trace {
 
     fn op(&mut self, op: &IoOp) {
         match op {
-            IoOp::WalAppend {
-                segment,
-                offset,
-                lsn,
-                bytes,
-            } => {
+            IoOp::WalAppend { segment, offset, lsn, bytes } => {
                 self.u64(segment.0);
                 self.u64(*offset);
                 self.u64(lsn.0);
@@ -184,13 +175,7 @@ fn describe_reply(reply: &IoReply) -> String {
         IoReply::Batches { batches, exhausted } => {
             let mut s = String::from("batches");
             for b in batches {
-                let _ = write!(
-                    s,
-                    " p{}:{}..{}",
-                    b.partition,
-                    b.records.first().map_or(0, |r| r.position.0),
-                    b.end.0
-                );
+                let _ = write!(s, " p{}:{}..{}", b.partition, b.records.first().map_or(0, |r| r.position.0), b.end.0);
             }
             if *exhausted {
                 s.push_str(" exhausted");
@@ -215,19 +200,8 @@ pub fn describe_op(op: &IoOp) -> String {
         IoOp::WalList => "wal-list".into(),
         IoOp::WalRead { segment } => format!("wal-read {}", segment.0),
         IoOp::WalCreate { segment, .. } => format!("wal-create {}", segment.0),
-        IoOp::WalAppend {
-            segment,
-            offset,
-            lsn,
-            bytes,
-        } => {
-            format!(
-                "wal-append seg={} off={} lsn={} {}B",
-                segment.0,
-                offset,
-                lsn.0,
-                bytes.len()
-            )
+        IoOp::WalAppend { segment, offset, lsn, bytes } => {
+            format!("wal-append seg={} off={} lsn={} {}B", segment.0, offset, lsn.0, bytes.len())
         }
         IoOp::WalDelete { segment } => format!("wal-delete {}", segment.0),
         IoOp::OffsetsRead => "offsets-read".into(),

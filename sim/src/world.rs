@@ -131,12 +131,8 @@ pub fn run(seed: u64, opts: &RunOptions) -> RunReport {
 impl World {
     pub fn new(seed: u64, opts: RunOptions) -> World {
         let scenario = Scenario::from_seed(seed).with_overrides(&opts.overrides);
-        let sources = scenario
-            .sources
-            .iter()
-            .enumerate()
-            .map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone()))
-            .collect();
+        let sources =
+            scenario.sources.iter().enumerate().map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone())).collect();
         World {
             sinks: (0..scenario.sinks).map(|_| SimSink::default()).collect(),
             checker: Checker::new(&scenario),
@@ -193,10 +189,7 @@ impl World {
                     .cloned()
                     .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_else(|| "panic".into());
-                Outcome::Fail(Violation {
-                    invariant: invariant::CORE_ASSERTION,
-                    detail: msg,
-                })
+                Outcome::Fail(Violation { invariant: invariant::CORE_ASSERTION, detail: msg })
             }
             Ok(()) => match (&self.checker.violation, &self.fail_closed) {
                 (Some(v), _) => Outcome::Fail(v.clone()),
@@ -293,14 +286,7 @@ impl World {
         let Some(host) = self.host.as_mut() else { return };
         self.trace.input(self.now, &input);
         host.handle(self.now, input);
-        while let Some(output) = self.host.as_mut().and_then(|h| h.poll_output()) {
-            self.trace.output(self.now, &output);
-            match output {
-                Output::Io { id, op } => self.submit(id, op),
-                Output::Recovered(_) => self.stats.recoveries += 1,
-                Output::Stopped(reason) => self.on_stopped(reason),
-            }
-        }
+        self.feed_outputs();
     }
 
     /// What happens when a request is issued: writes reach the page cache,
@@ -309,12 +295,7 @@ impl World {
         let gen = self.gen;
         let lat = self.scenario.latencies.clone();
         match op {
-            IoOp::WalAppend {
-                segment,
-                offset,
-                ref bytes,
-                ..
-            } => {
+            IoOp::WalAppend { segment, offset, ref bytes, .. } => {
                 self.append_in_flight = true;
                 if !self.disk.write(segment, offset as usize, bytes) {
                     panic!("append to segment {} at {offset} outside the file", segment.0);
@@ -324,17 +305,9 @@ impl World {
             IoOp::WalCreate { segment, ref header } => {
                 if self.faulting && self.sched.chance(self.scenario.faults.no_space) {
                     self.stats.no_space += 1;
-                    return self.after(
-                        lat.disk_other,
-                        Event::Reply {
-                            gen,
-                            id,
-                            result: Err(IoError::NoSpace),
-                        },
-                    );
+                    return self.after(lat.disk_other, Event::Reply { gen, id, result: Err(IoError::NoSpace) });
                 }
-                self.disk
-                    .create(segment, header, self.scenario.limits.segment_bytes as usize);
+                self.disk.create(segment, header, self.scenario.limits.segment_bytes as usize);
                 self.after(lat.disk_other, Event::Complete { gen, id, op });
             }
             IoOp::SinkApply(apply) => self.after(lat.sink, Event::SinkEffect { gen, id, apply }),
@@ -354,10 +327,7 @@ impl World {
                 let result = self.complete(op);
                 self.feed(Input::IoDone { id, result });
             }
-            Event::Complete {
-                op: IoOp::OffsetsWrite { entries },
-                ..
-            } => {
+            Event::Complete { op: IoOp::OffsetsWrite { entries }, .. } => {
                 // The database got the write before the host died, or not.
                 if self.sched.chance(0.5) {
                     self.write_offsets(&entries);
@@ -393,11 +363,7 @@ impl World {
                 }
             }
             IoOp::WalList => Ok(IoReply::Segments(self.disk.list())),
-            IoOp::WalRead { segment } => self
-                .disk
-                .read(segment)
-                .map(IoReply::SegmentBytes)
-                .ok_or(IoError::Failed),
+            IoOp::WalRead { segment } => self.disk.read(segment).map(IoReply::SegmentBytes).ok_or(IoError::Failed),
             IoOp::WalCreate { segment, .. } => {
                 let fail = self.faulting && self.sched.chance(f.fsync_fail);
                 if self.disk.sync(segment, true, fail) {
@@ -406,9 +372,7 @@ impl World {
                     Err(IoError::Failed)
                 }
             }
-            IoOp::WalAppend {
-                segment, offset, bytes, ..
-            } => {
+            IoOp::WalAppend { segment, offset, bytes, .. } => {
                 self.append_in_flight = false;
                 let fail = self.faulting && self.sched.chance(f.fsync_fail);
                 if self.disk.sync(segment, false, fail) {
@@ -478,27 +442,17 @@ impl World {
         let lat = self.scenario.latencies.sink;
         if self.faulting && self.sched.chance(f.sink_retryable) {
             self.stats.sink_retryable += 1;
-            let result = Ok(IoReply::Sink {
-                outcome: SinkOutcome::Retryable,
-                rows: 0,
-            });
+            let result = Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, rows: 0 });
             return self.after((lat.0 / 2, lat.0), Event::Reply { gen, id, result });
         }
         let took_effect = self.sinks[apply.sink.0 as usize].apply(apply.id);
         self.checker.on_apply(&apply, took_effect);
-        let outcome = if took_effect {
-            SinkOutcome::Applied
-        } else {
-            SinkOutcome::AlreadyApplied
-        };
+        let outcome = if took_effect { SinkOutcome::Applied } else { SinkOutcome::AlreadyApplied };
         let result = if self.faulting && self.sched.chance(f.sink_lost_reply) {
             self.stats.sink_lost_replies += 1;
             Err(IoError::Ambiguous)
         } else {
-            Ok(IoReply::Sink {
-                outcome,
-                rows: apply.records.len() as u64,
-            })
+            Ok(IoReply::Sink { outcome, rows: apply.records.len() as u64 })
         };
         self.after((lat.0 / 2, lat.0), Event::Reply { gen, id, result });
     }
@@ -546,6 +500,7 @@ impl World {
         self.feed_outputs();
     }
 
+    /// Drains the engine's outputs completely (the drain contract).
     fn feed_outputs(&mut self) {
         while let Some(output) = self.host.as_mut().and_then(|h| h.poll_output()) {
             self.trace.output(self.now, &output);
@@ -572,22 +527,16 @@ impl World {
             }
             StopReason::WalWriteFailed { .. } => self.exit_and_restart(),
             StopReason::Corrupt(c) if self.stats.rot > 0 || self.disk.stats.rot > 0 => {
-                self.fail_closed = Some(format!(
-                    "stopped on corrupt segment {} at byte {}: {}",
-                    c.segment.0, c.offset, c.what
-                ));
+                self.fail_closed =
+                    Some(format!("stopped on corrupt segment {} at byte {}: {}", c.segment.0, c.offset, c.what));
                 self.host = None;
             }
             StopReason::OffsetsAheadOfWal { key, store, wal } => {
-                let detail = format!(
-                    "{key}: the engine found offsets at {} ahead of the WAL at {}",
-                    store.0, wal.0
-                );
+                let detail = format!("{key}: the engine found offsets at {} ahead of the WAL at {}", store.0, wal.0);
                 self.checker.fail(invariant::OFFSETS_LEAD_WAL, detail);
             }
             StopReason::DrainTimedOut => {
-                self.checker
-                    .fail(invariant::CLEAN_SHUTDOWN, "the final drain timed out".into());
+                self.checker.fail(invariant::CLEAN_SHUTDOWN, "the final drain timed out".into());
             }
             other => self.checker.fail(invariant::UNEXPECTED_STOP, format!("{other:?}")),
         }
@@ -596,12 +545,8 @@ impl World {
     /// Flips a bit in a segment that a later durable commit follows.
     fn rot(&mut self) {
         let newest = self.newest_append;
-        let candidates: Vec<(SegmentId, usize)> = self
-            .durable_ends
-            .iter()
-            .filter(|(id, _)| Some(**id) != newest)
-            .map(|(id, end)| (*id, *end))
-            .collect();
+        let candidates: Vec<(SegmentId, usize)> =
+            self.durable_ends.iter().filter(|(id, _)| Some(**id) != newest).map(|(id, end)| (*id, *end)).collect();
         if candidates.is_empty() {
             return;
         }
@@ -633,11 +578,7 @@ type Recovered = Result<(CommittedState, (Lsn, Option<(SegmentId, u64)>), (usize
 fn summary(r: &Recovered) -> String {
     match r {
         Ok((state, (lsn, head), held)) => {
-            format!(
-                "lsn {} head {head:?} partitions {} records held {held:?}",
-                lsn.0,
-                state.partitions.len()
-            )
+            format!("lsn {} head {head:?} partitions {} records held {held:?}", lsn.0, state.partitions.len())
         }
         Err(e) => format!("{e:?}"),
     }

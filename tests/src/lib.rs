@@ -11,10 +11,7 @@ pub fn skipprd_bin() -> PathBuf {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("the test binary knows its path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
     let bin = profile_dir.join("skipprd");
     assert!(
         bin.exists(),
@@ -31,10 +28,7 @@ pub fn skipprd(args: &[&str]) -> Output {
 
 /// The repository root (where `seeds/` lives).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ is in the repo root")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is in the repo root").to_path_buf()
 }
 
 pub fn stdout(out: &Output) -> String {
@@ -52,20 +46,11 @@ pub fn sweep_summary(out: &Output) -> (u64, u64) {
     let last = text.lines().last().unwrap_or_default().to_string();
     let parts: Vec<&str> = last.split(", ").collect();
     let field = |i: usize, name: &str| -> u64 {
-        let p = parts
-            .get(i)
-            .unwrap_or_else(|| panic!("last line '{last}' lacks '{name}'"));
-        let v = p
-            .strip_prefix(name)
-            .unwrap_or_else(|| panic!("last line '{last}' lacks '{name}'"));
-        v.parse()
-            .unwrap_or_else(|_| panic!("'{v}' in '{last}' is not a number"))
+        let p = parts.get(i).unwrap_or_else(|| panic!("last line '{last}' lacks '{name}'"));
+        let v = p.strip_prefix(name).unwrap_or_else(|| panic!("last line '{last}' lacks '{name}'"));
+        v.parse().unwrap_or_else(|_| panic!("'{v}' in '{last}' is not a number"))
     };
-    assert_eq!(
-        parts.len(),
-        3,
-        "last line is `seeds: N, failed: N, seeds/s: R`, got '{last}'"
-    );
+    assert_eq!(parts.len(), 3, "last line is `seeds: N, failed: N, seeds/s: R`, got '{last}'");
     let (count, failed) = (field(0, "seeds: "), field(1, "failed: "));
     let _rate = field(2, "seeds/s: ");
     (count, failed)

@@ -30,10 +30,7 @@ fn every_planted_bug_is_caught_by_a_checker_invariant() {
             by.iter().any(|(invariant, n)| invariant != "core-assertion" && *n > 0),
             "{name} tripped only core assertions: {by:?}"
         );
-        assert!(
-            stdout(&out).contains(&format!("--mutation {name}")),
-            "reproduce lines carry the flag"
-        );
+        assert!(stdout(&out).contains(&format!("--mutation {name}")), "reproduce lines carry the flag");
         report.push(format!("{name}: {failed} failing seeds, {by:?}"));
     }
     eprintln!("{}", report.join("\n"));

@@ -20,10 +20,9 @@ fn the_same_seed_gives_the_same_trace() {
 #[test]
 fn every_committed_regression_seed_passes() {
     let seeds = repo_root().join("seeds");
-    let files = std::fs::read_dir(&seeds).unwrap().filter(|e| {
-        e.as_ref()
-            .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "txt"))
-    });
+    let files = std::fs::read_dir(&seeds)
+        .unwrap()
+        .filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "txt")));
     assert!(files.count() > 0, "seeds/ holds the seeds that once failed");
     let out = skipprd(&["sim", "--replay", seeds.to_str().unwrap(), "--check-determinism"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));

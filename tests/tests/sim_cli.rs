@@ -9,12 +9,7 @@ fn one_seed_passes_and_its_trace_hash_is_stable() {
     let a = skipprd(&["sim", "--seed", "3"]);
     let b = skipprd(&["sim", "--seed", "3"]);
     assert_eq!(a.status.code(), Some(0), "{}", stdout(&a));
-    let hash = |o| {
-        stdout(o)
-            .lines()
-            .find(|l| l.starts_with("trace hash: "))
-            .map(str::to_string)
-    };
+    let hash = |o| stdout(o).lines().find(|l| l.starts_with("trace hash: ")).map(str::to_string);
     assert!(hash(&a).is_some(), "prints its trace hash: {}", stdout(&a));
     assert_eq!(hash(&a), hash(&b), "same seed, same trace");
     let other = skipprd(&["sim", "--seed", "4"]);
@@ -38,14 +33,7 @@ fn a_sweep_ends_with_the_summary_line_and_stats_show_the_scenario() {
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     assert_eq!(sweep_summary(&out), (300, 0));
     let text = stdout(&out);
-    for row in [
-        "source records",
-        "crashes",
-        "compactions",
-        "segments deleted",
-        "recoveries",
-        "faults: torn writes",
-    ] {
+    for row in ["source records", "crashes", "compactions", "segments deleted", "recoveries", "faults: torn writes"] {
         assert!(text.contains(&format!("  {row}: ")), "--stats shows {row}: {text}");
     }
 }
@@ -88,22 +76,12 @@ fn failures_print_a_reproduce_line_that_reproduces_them() {
     let out = skipprd(&["sim", "--seeds", "0..50", "--mutation", "ack-before-commit"]);
     assert_eq!(out.status.code(), Some(1));
     let text = stdout(&out);
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("reproduce: "))
-        .expect("a reproduce line");
+    let line = text.lines().find(|l| l.starts_with("reproduce: ")).expect("a reproduce line");
     let words: Vec<&str> = line.trim_start_matches("reproduce: skipprd ").split(' ').collect();
-    assert!(
-        words.contains(&"--mutation") && words.contains(&"ack-before-commit"),
-        "{line}"
-    );
+    assert!(words.contains(&"--mutation") && words.contains(&"ack-before-commit"), "{line}");
     let again = skipprd(&words);
     assert_eq!(again.status.code(), Some(1), "{}", stdout(&again));
-    assert!(
-        stdout(&again).contains("FAILED: acked-record-lost"),
-        "{}",
-        stdout(&again)
-    );
+    assert!(stdout(&again).contains("FAILED: acked-record-lost"), "{}", stdout(&again));
 }
 
 #[test]
@@ -124,13 +102,7 @@ fn saved_failures_replay_with_their_flags() {
     let files: Vec<_> = std::fs::read_dir(&saved).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(files.len() as u64, failed);
     let text = std::fs::read_to_string(&files[0]).unwrap();
-    for key in [
-        "seed = ",
-        "flags = --mutation ack-before-commit",
-        "sim_version = ",
-        "invariant = ",
-        "found = ",
-    ] {
+    for key in ["seed = ", "flags = --mutation ack-before-commit", "sim_version = ", "invariant = ", "found = "] {
         assert!(text.contains(key), "{key} missing from {text}");
     }
     // The mutation is saved with the seed, so the replay still fails.
@@ -140,11 +112,7 @@ fn saved_failures_replay_with_their_flags() {
     // A seed saved without flags passes on a correct engine.
     let fixed = dir.path().join("fixed");
     std::fs::create_dir(&fixed).unwrap();
-    std::fs::write(
-        fixed.join("seed-12.txt"),
-        "seed = 12\nflags = \ninvariant = lost-record\n",
-    )
-    .unwrap();
+    std::fs::write(fixed.join("seed-12.txt"), "seed = 12\nflags = \ninvariant = lost-record\n").unwrap();
     let replay = skipprd(&["sim", "--replay", fixed.to_str().unwrap()]);
     assert_eq!(replay.status.code(), Some(0), "{}", stdout(&replay));
     assert!(stdout(&replay).contains("seed 12 passed"));
@@ -152,30 +120,14 @@ fn saved_failures_replay_with_their_flags() {
 
 #[test]
 fn shrink_finds_a_smaller_schedule_that_fails_the_same_way() {
-    let out = skipprd(&[
-        "sim",
-        "--seed",
-        "100",
-        "--mutation",
-        "snapshot-drops-frontier",
-        "--shrink",
-    ]);
+    let out = skipprd(&["sim", "--seed", "100", "--mutation", "snapshot-drops-frontier", "--shrink"]);
     assert_eq!(out.status.code(), Some(1));
     let text = stdout(&out);
     let invariant = |t: &str| {
-        t.lines().find_map(|l| {
-            l.split_once("FAILED: ")
-                .map(|(_, r)| r.split(':').next().unwrap().to_string())
-        })
+        t.lines().find_map(|l| l.split_once("FAILED: ").map(|(_, r)| r.split(':').next().unwrap().to_string()))
     };
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("reproduce (shrunk): "))
-        .expect("a shrunk reproduce line");
-    let words: Vec<&str> = line
-        .trim_start_matches("reproduce (shrunk): skipprd ")
-        .split(' ')
-        .collect();
+    let line = text.lines().find(|l| l.starts_with("reproduce (shrunk): ")).expect("a shrunk reproduce line");
+    let words: Vec<&str> = line.trim_start_matches("reproduce (shrunk): skipprd ").split(' ').collect();
     assert!(words.len() > 5, "the shrunk schedule carries override flags: {line}");
     let steps: Vec<u64> = text
         .lines()

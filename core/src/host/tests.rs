@@ -35,14 +35,7 @@ struct Harness {
 impl Harness {
     fn start(disk: BTreeMap<SegmentId, Vec<u8>>, offsets: BTreeMap<PartitionKey, Vec<u8>>) -> Harness {
         let host = Host::new(config(), Instant::ZERO).unwrap();
-        let mut h = Harness {
-            host,
-            now: Instant::ZERO,
-            disk,
-            offsets,
-            held: Vec::new(),
-            stopped: None,
-        };
+        let mut h = Harness { host, now: Instant::ZERO, disk, offsets, held: Vec::new(), stopped: None };
         h.settle();
         h
     }
@@ -77,9 +70,7 @@ impl Harness {
                 self.disk.insert(segment, file);
                 IoReply::Done
             }
-            IoOp::WalAppend {
-                segment, offset, bytes, ..
-            } => {
+            IoOp::WalAppend { segment, offset, bytes, .. } => {
                 let file = self.disk.get_mut(&segment).unwrap();
                 file[offset as usize..offset as usize + bytes.len()].copy_from_slice(&bytes);
                 IoReply::Done
@@ -101,16 +92,9 @@ impl Harness {
 
     /// Removes and returns the first held request that `pick` accepts.
     fn take<T>(&mut self, pick: impl Fn(&IoOp) -> Option<T>) -> (IoId, T) {
-        let i = self
-            .held
-            .iter()
-            .position(|(_, op)| pick(op).is_some())
-            .unwrap_or_else(|| {
-                panic!(
-                    "no such request among {:?}",
-                    self.held.iter().map(|(_, op)| op).collect::<Vec<_>>()
-                )
-            });
+        let i = self.held.iter().position(|(_, op)| pick(op).is_some()).unwrap_or_else(|| {
+            panic!("no such request among {:?}", self.held.iter().map(|(_, op)| op).collect::<Vec<_>>())
+        });
         let (id, op) = self.held.remove(i);
         (id, pick(&op).unwrap())
     }
@@ -133,29 +117,23 @@ impl Harness {
         resume
     }
 
+    /// Answers the source's read with records `from..to` of partition 0 and
+    /// returns the outputs that follow at once, without performing any.
+    fn feed_unsettled(&mut self, from: u64, to: u64) -> Vec<Output> {
+        let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+        let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8; 3] }).collect();
+        let batch = SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(to), checkpoint: None };
+        let result = Ok(IoReply::Batches { batches: vec![batch], exhausted: false });
+        self.host.handle(self.now, Input::IoDone { id, result });
+        std::iter::from_fn(|| self.host.poll_output()).collect()
+    }
+
     /// Answers the source's read with records `from..to` of partition 0.
     fn feed(&mut self, from: u64, to: u64) {
         let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
-        let records = (from..to)
-            .map(|p| Record {
-                position: Position(p),
-                bytes: vec![p as u8; 3],
-            })
-            .collect();
-        let batch = SourceBatchIn {
-            partition: 0,
-            stream: StreamId(0),
-            records,
-            end: Position(to),
-            checkpoint: None,
-        };
-        self.answer(
-            id,
-            Ok(IoReply::Batches {
-                batches: vec![batch],
-                exhausted: false,
-            }),
-        );
+        let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8; 3] }).collect();
+        let batch = SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(to), checkpoint: None };
+        self.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
     }
 
     /// Positions of the records each committed source-batch frame holds.
@@ -183,6 +161,17 @@ impl Harness {
     }
 }
 
+/// The append among `outputs`: its id, segment and bytes.
+fn the_append(outputs: Vec<Output>) -> (IoId, SegmentId, Arc<Vec<u8>>) {
+    outputs
+        .into_iter()
+        .find_map(|o| match o {
+            Output::Io { id, op: IoOp::WalAppend { segment, bytes, .. } } => Some((id, segment, bytes)),
+            _ => None,
+        })
+        .expect("an append")
+}
+
 fn is_storage(op: &IoOp) -> bool {
     matches!(
         op,
@@ -198,10 +187,7 @@ fn is_storage(op: &IoOp) -> bool {
 }
 
 fn key0() -> PartitionKey {
-    PartitionKey {
-        source: SourceId(0),
-        partition: 0,
-    }
+    PartitionKey { source: SourceId(0), partition: 0 }
 }
 
 #[test]
@@ -214,56 +200,14 @@ fn a_fresh_wal_recovers_empty_and_opens_sources() {
 
 #[test]
 fn a_source_is_acked_only_after_its_group_commits() {
-    // Stepped by hand: the batch arrives, and the outputs that follow at once
-    // hold the append but no ack and no offsets write.
-    let mut h2 = Harness::start(BTreeMap::new(), BTreeMap::new());
-    h2.open_source();
-    let (id, ()) = h2.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
-    let records = (0..5)
-        .map(|p| Record {
-            position: Position(p),
-            bytes: vec![1],
-        })
-        .collect();
-    let batch = SourceBatchIn {
-        partition: 0,
-        stream: StreamId(0),
-        records,
-        end: Position(5),
-        checkpoint: None,
-    };
-    h2.host.handle(
-        h2.now,
-        Input::IoDone {
-            id,
-            result: Ok(IoReply::Batches {
-                batches: vec![batch],
-                exhausted: false,
-            }),
-        },
-    );
-    let mut outputs = Vec::new();
-    while let Some(o) = h2.host.poll_output() {
-        outputs.push(o);
-    }
-    let append = outputs.iter().position(|o| {
-        matches!(
-            o,
-            Output::Io {
-                op: IoOp::WalAppend { .. },
-                ..
-            }
-        )
-    });
-    assert!(append.is_some(), "the batch goes to the WAL");
+    // Stepped by hand: the outputs that follow the batch at once hold the
+    // append, but no ack and no offsets write.
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    let outputs = h.feed_unsettled(0, 5);
+    assert!(outputs.iter().any(|o| matches!(o, Output::Io { op: IoOp::WalAppend { .. }, .. })));
     assert!(
-        !outputs.iter().any(|o| matches!(
-            o,
-            Output::Io {
-                op: IoOp::SourceAck { .. } | IoOp::OffsetsWrite { .. },
-                ..
-            }
-        )),
+        !outputs.iter().any(|o| matches!(o, Output::Io { op: IoOp::SourceAck { .. } | IoOp::OffsetsWrite { .. }, .. })),
         "nothing is acked or materialized before the commit completes"
     );
     // With the commit completed, the ack and the offsets write follow.
@@ -276,8 +220,7 @@ fn a_source_is_acked_only_after_its_group_commits() {
     });
     assert_eq!(acks, vec![(0, Position(5))]);
     let stored = OffsetValue::decode(&h.offsets[&key0()]).unwrap();
-    assert_eq!(stored.position, Position(5));
-    assert_eq!(stored.records, 5);
+    assert_eq!((stored.position, stored.records), (Position(5), 5));
 }
 
 #[test]
@@ -301,90 +244,27 @@ fn compactions_dispatch_after_their_plan_commits_and_replay_with_the_same_id() {
     let (replay, id2, seq2, n2) = again.sink_apply();
     assert_eq!((id2, seq2, n2), (id, seq, n));
     // Once done is committed, the next restart does not replay it.
-    again.answer(
-        replay,
-        Ok(IoReply::Sink {
-            outcome: SinkOutcome::Applied,
-            rows: 4,
-        }),
-    );
+    again.answer(replay, Ok(IoReply::Sink { outcome: SinkOutcome::Applied, rows: 4 }));
     let third = Harness::start(again.disk.clone(), again.offsets.clone());
     assert!(!third.has(|op| matches!(op, IoOp::SinkApply(_))));
 }
 
 #[test]
 fn offsets_ahead_of_the_wal_stop_recovery() {
-    let value = OffsetValue {
-        position: Position(10),
-        lsn: Lsn(3),
-        records: 10,
-    };
+    let value = OffsetValue { position: Position(10), lsn: Lsn(3), records: 10 };
     let offsets = BTreeMap::from([(key0(), value.encode().to_vec())]);
     let h = Harness::start(BTreeMap::new(), offsets);
-    assert_eq!(
-        h.stopped,
-        Some(StopReason::OffsetsAheadOfWal {
-            key: key0(),
-            store: Position(10),
-            wal: Position(0)
-        })
-    );
+    assert_eq!(h.stopped, Some(StopReason::OffsetsAheadOfWal { key: key0(), store: Position(10), wal: Position(0) }));
 }
 
 #[test]
 fn an_ambiguous_append_is_retried_with_identical_bytes() {
     let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
     h.open_source();
-    let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
-    let batch = SourceBatchIn {
-        partition: 0,
-        stream: StreamId(0),
-        records: vec![Record {
-            position: Position(0),
-            bytes: b"x".to_vec(),
-        }],
-        end: Position(1),
-        checkpoint: Some(b"cp".to_vec()),
-    };
-    h.host.handle(
-        h.now,
-        Input::IoDone {
-            id,
-            result: Ok(IoReply::Batches {
-                batches: vec![batch],
-                exhausted: false,
-            }),
-        },
-    );
-    let mut first = None;
-    while let Some(out) = h.host.poll_output() {
-        if let Output::Io {
-            id,
-            op: IoOp::WalAppend { bytes, .. },
-        } = out
-        {
-            first = Some((id, bytes));
-        } else if let Output::Io { id, op } = out {
-            h.held.push((id, op));
-        }
-    }
-    let (id, bytes) = first.expect("an append");
-    h.host.handle(
-        h.now,
-        Input::IoDone {
-            id,
-            result: Err(IoError::Ambiguous),
-        },
-    );
-    let appended_at_once = std::iter::from_fn(|| h.host.poll_output()).any(|o| {
-        matches!(
-            o,
-            Output::Io {
-                op: IoOp::WalAppend { .. },
-                ..
-            }
-        )
-    });
+    let (id, _, bytes) = the_append(h.feed_unsettled(0, 1));
+    h.host.handle(h.now, Input::IoDone { id, result: Err(IoError::Ambiguous) });
+    let appended_at_once =
+        std::iter::from_fn(|| h.host.poll_output()).any(|o| matches!(o, Output::Io { op: IoOp::WalAppend { .. }, .. }));
     assert!(!appended_at_once, "the retry waits for its backoff");
     let (at, timer) = h.host.poll_timeout().unwrap();
     assert_eq!(timer, Timer::Retry);
@@ -392,10 +272,7 @@ fn an_ambiguous_append_is_retried_with_identical_bytes() {
     h.host.handle(at, Input::Timeout);
     let retry = std::iter::from_fn(|| h.host.poll_output())
         .find_map(|o| match o {
-            Output::Io {
-                op: IoOp::WalAppend { bytes, .. },
-                ..
-            } => Some(bytes),
+            Output::Io { op: IoOp::WalAppend { bytes, .. }, .. } => Some(bytes),
             _ => None,
         })
         .expect("the append is sent again");
@@ -406,45 +283,10 @@ fn an_ambiguous_append_is_retried_with_identical_bytes() {
 fn a_failed_append_stops_the_engine_for_recovery_to_decide() {
     let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
     h.open_source();
-    let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
-    let batch = SourceBatchIn {
-        partition: 0,
-        stream: StreamId(0),
-        records: vec![Record {
-            position: Position(0),
-            bytes: b"x".to_vec(),
-        }],
-        end: Position(1),
-        checkpoint: None,
-    };
-    h.host.handle(
-        h.now,
-        Input::IoDone {
-            id,
-            result: Ok(IoReply::Batches {
-                batches: vec![batch],
-                exhausted: false,
-            }),
-        },
-    );
-    let append = std::iter::from_fn(|| h.host.poll_output())
-        .find_map(|o| match o {
-            Output::Io {
-                id,
-                op: IoOp::WalAppend { segment, .. },
-            } => Some((id, segment)),
-            _ => None,
-        })
-        .unwrap();
-    h.host.handle(
-        h.now,
-        Input::IoDone {
-            id: append.0,
-            result: Err(IoError::Failed),
-        },
-    );
+    let (id, segment, _) = the_append(h.feed_unsettled(0, 1));
+    h.host.handle(h.now, Input::IoDone { id, result: Err(IoError::Failed) });
     let stop = std::iter::from_fn(|| h.host.poll_output()).last();
-    assert!(matches!(stop, Some(Output::Stopped(StopReason::WalWriteFailed { segment, .. })) if segment == append.1));
+    assert!(matches!(stop, Some(Output::Stopped(StopReason::WalWriteFailed { segment: s, .. })) if s == segment));
 }
 
 #[test]
@@ -476,27 +318,12 @@ fn shutdown_drains_then_stops_clean() {
     let (ack, ()) = h.take(|op| matches!(op, IoOp::SourceAck { .. }).then_some(()));
     h.answer(ack, Ok(IoReply::Done));
     let (apply, ..) = h.sink_apply();
-    h.answer(
-        apply,
-        Ok(IoReply::Sink {
-            outcome: SinkOutcome::Applied,
-            rows: 4,
-        }),
-    );
+    h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::Applied, rows: 4 }));
     assert_eq!(h.stopped, None, "the read issued before the shutdown is still out");
     let (read, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
-    h.answer(
-        read,
-        Ok(IoReply::Batches {
-            batches: vec![],
-            exhausted: false,
-        }),
-    );
+    h.answer(read, Ok(IoReply::Batches { batches: vec![], exhausted: false }));
     assert_eq!(h.stopped, Some(StopReason::Clean));
-    assert!(
-        !h.has(|op| matches!(op, IoOp::SourceRead { .. })),
-        "no new source read while draining"
-    );
+    assert!(!h.has(|op| matches!(op, IoOp::SourceRead { .. })), "no new source read while draining");
 }
 
 #[test]

@@ -170,11 +170,7 @@ impl Frame {
             Frame::CompactionPlanned(p) => plan_len(p),
             Frame::CompactionDone(_) => 2 + 2 + 8 + 8,
             Frame::Snapshot(s) => {
-                4 + s
-                    .partitions
-                    .iter()
-                    .map(|p| 2 + 4 + 2 + 8 + 8 + 8 + opt_len(&p.checkpoint))
-                    .sum::<usize>()
+                4 + s.partitions.iter().map(|p| 2 + 4 + 2 + 8 + 8 + 8 + opt_len(&p.checkpoint)).sum::<usize>()
                     + 4
                     + s.acked.len() * (2 + 2 + 4 + 8)
                     + 4
@@ -327,11 +323,7 @@ pub fn commit_record_at(segment: SegmentId, buf: &[u8]) -> Option<Lsn> {
         return None;
     }
     match decode_frame(segment, &buf[..COMMIT_FRAME_BYTES], true) {
-        Ok(DecodedFrame {
-            lsn,
-            frame: Frame::Commit(_),
-            ..
-        }) => Some(lsn),
+        Ok(DecodedFrame { lsn, frame: Frame::Commit(_), .. }) => Some(lsn),
         _ => None,
     }
 }
@@ -359,18 +351,11 @@ fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError>
                 let bytes = r.bytes()?.to_vec();
                 records.push(Record { position, bytes });
             }
-            Frame::SourceBatch(SourceBatch {
-                key,
-                stream,
-                end,
-                checkpoint,
-                records,
-            })
+            Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records })
         }
-        FrameKind::SchemaDecision => Frame::SchemaDecision(SchemaDecision {
-            stream: StreamId(r.u16()?),
-            fingerprint: r.u64()?,
-        }),
+        FrameKind::SchemaDecision => {
+            Frame::SchemaDecision(SchemaDecision { stream: StreamId(r.u16()?), fingerprint: r.u64()? })
+        }
         FrameKind::CompactionPlanned => Frame::CompactionPlanned(get_plan(&mut r)?),
         FrameKind::CompactionDone => Frame::CompactionDone(CompactionDone {
             sink: SinkId(r.u16()?),
@@ -395,14 +380,10 @@ fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError>
                 s.acked.push((SinkId(r.u16()?), get_key(&mut r)?, Position(r.u64()?)));
             }
             for _ in 0..r.count(12)? {
-                s.next_seq
-                    .push((SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?)));
+                s.next_seq.push((SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?)));
             }
             for _ in 0..r.count(10)? {
-                s.schemas.push(SchemaDecision {
-                    stream: StreamId(r.u16()?),
-                    fingerprint: r.u64()?,
-                });
+                s.schemas.push(SchemaDecision { stream: StreamId(r.u16()?), fingerprint: r.u64()? });
             }
             for _ in 0..r.count(32)? {
                 s.open.push(get_plan(&mut r)?);
@@ -410,10 +391,7 @@ fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError>
             Frame::Snapshot(s)
         }
         FrameKind::Seal => Frame::Seal,
-        FrameKind::Commit => Frame::Commit(CommitRecord {
-            frames: r.u32()?,
-            bytes: r.u32()?,
-        }),
+        FrameKind::Commit => Frame::Commit(CommitRecord { frames: r.u32()?, bytes: r.u32()? }),
     };
     if !r.is_empty() {
         return Err(DecodeError);
@@ -436,18 +414,9 @@ pub(crate) fn decode_batch_lenient(payload: &[u8]) -> Option<Frame> {
         let Ok(position) = r.u64() else { break };
         let Ok(len) = r.u32() else { break };
         let bytes = r.take_up_to(len as usize).to_vec();
-        records.push(Record {
-            position: Position(position),
-            bytes,
-        });
+        records.push(Record { position: Position(position), bytes });
     }
-    Some(Frame::SourceBatch(SourceBatch {
-        key,
-        stream,
-        end,
-        checkpoint,
-        records,
-    }))
+    Some(Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records }))
 }
 
 fn opt_len(v: &Option<Vec<u8>>) -> usize {
@@ -464,10 +433,7 @@ fn put_key(w: &mut Writer<'_>, key: PartitionKey) {
 }
 
 fn get_key(r: &mut Reader<'_>) -> Result<PartitionKey, DecodeError> {
-    Ok(PartitionKey {
-        source: SourceId(r.u16()?),
-        partition: r.u32()?,
-    })
+    Ok(PartitionKey { source: SourceId(r.u16()?), partition: r.u32()? })
 }
 
 fn put_plan(w: &mut Writer<'_>, p: &CompactionPlan) {
@@ -493,18 +459,7 @@ fn get_plan(r: &mut Reader<'_>) -> Result<CompactionPlan, DecodeError> {
     let n = r.count(22)?;
     let mut ranges = Vec::with_capacity(n);
     for _ in 0..n {
-        ranges.push(Range {
-            key: get_key(r)?,
-            from: Position(r.u64()?),
-            to: Position(r.u64()?),
-        });
+        ranges.push(Range { key: get_key(r)?, from: Position(r.u64()?), to: Position(r.u64()?) });
     }
-    Ok(CompactionPlan {
-        sink,
-        stream,
-        id,
-        seq,
-        schema,
-        ranges,
-    })
+    Ok(CompactionPlan { sink, stream, id, seq, schema, ranges })
 }

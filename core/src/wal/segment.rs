@@ -80,10 +80,7 @@ pub fn encode_group(segment: SegmentId, epoch: Epoch, lsn: Lsn, frames: &[&Frame
         frame.encode(segment, epoch, lsn, &mut out);
     }
     assert_eq!(out.len(), len, "encoded_len is exact");
-    let commit = CommitRecord {
-        frames: frames.len() as u32,
-        bytes: len as u32,
-    };
+    let commit = CommitRecord { frames: frames.len() as u32, bytes: len as u32 };
     Frame::Commit(commit).encode(segment, epoch, lsn, &mut out);
     out
 }
@@ -138,11 +135,7 @@ pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<S
             Ok(epoch) => seg.header_epoch = Some(epoch),
             Err(_) => {
                 if !ended && commit_follows(segments, i, 0, expected) {
-                    return Err(Corruption {
-                        segment: id,
-                        offset: 0,
-                        what: "segment header is invalid",
-                    });
+                    return Err(Corruption { segment: id, offset: 0, what: "segment header is invalid" });
                 }
                 ended = true;
             }
@@ -220,13 +213,7 @@ fn read_group(
                     return Err(());
                 }
                 let (lsn, epoch) = header.expect("set by the first frame");
-                let group = ScannedGroup {
-                    lsn,
-                    epoch,
-                    offset: pos as u64,
-                    end: at as u64,
-                    frames,
-                };
+                let group = ScannedGroup { lsn, epoch, offset: pos as u64, end: at as u64, frames };
                 return Ok((group, sealed));
             }
             Frame::Seal => {
@@ -275,13 +262,7 @@ fn read_torn_group(segment: SegmentId, bytes: &[u8], pos: usize, expected: Optio
         at += FRAME_HEADER_BYTES + payload_len;
     }
     let (lsn, epoch) = header?;
-    (!frames.is_empty()).then_some(ScannedGroup {
-        lsn,
-        epoch,
-        offset: pos as u64,
-        end: at as u64,
-        frames,
-    })
+    (!frames.is_empty()).then_some(ScannedGroup { lsn, epoch, offset: pos as u64, end: at as u64, frames })
 }
 
 /// Is there a valid commit record of a later group after `pos` in segment

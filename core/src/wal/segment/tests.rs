@@ -8,18 +8,12 @@ const EPOCH: Epoch = Epoch(3);
 const SIZE: usize = 4096;
 
 fn key(p: u32) -> PartitionKey {
-    PartitionKey {
-        source: SourceId(1),
-        partition: p,
-    }
+    PartitionKey { source: SourceId(1), partition: p }
 }
 
 fn batch(p: u32, from: u64, n: u64) -> Frame {
     let records = (from..from + n)
-        .map(|i| Record {
-            position: Position(i),
-            bytes: format!("{{\"seq\":{i}}}").into_bytes(),
-        })
+        .map(|i| Record { position: Position(i), bytes: format!("{{\"seq\":{i}}}").into_bytes() })
         .collect();
     Frame::SourceBatch(SourceBatch {
         key: key(p),
@@ -37,11 +31,7 @@ fn plan() -> Frame {
         id: CompactionId(0xfeed),
         seq: CompactionSeq(0),
         schema: 9,
-        ranges: vec![Range {
-            key: key(0),
-            from: Position(0),
-            to: Position(3),
-        }],
+        ranges: vec![Range { key: key(0), from: Position(0), to: Position(3) }],
     })
 }
 
@@ -56,10 +46,7 @@ fn groups() -> Vec<Vec<Frame>> {
                 id: CompactionId(0xfeed),
                 seq: CompactionSeq(0),
             }),
-            Frame::SchemaDecision(SchemaDecision {
-                stream: StreamId(0),
-                fingerprint: 1,
-            }),
+            Frame::SchemaDecision(SchemaDecision { stream: StreamId(0), fingerprint: 1 }),
             batch(0, 3, 1),
         ],
     ]
@@ -131,14 +118,7 @@ fn flips_before_the_last_group_are_corruption_with_an_offset() {
     let mut b = buf.clone();
     b[ends[0] + 30] ^= 0x10; // inside the second group
     let c = scan_one(&b).unwrap_err();
-    assert_eq!(
-        c,
-        Corruption {
-            segment: SEG,
-            offset: ends[0] as u64,
-            what: c.what
-        }
-    );
+    assert_eq!(c, Corruption { segment: SEG, offset: ends[0] as u64, what: c.what });
     let mut b = buf;
     b[2] ^= 1; // the header
     assert_eq!(scan_one(&b).unwrap_err().offset, 0);
@@ -160,11 +140,7 @@ fn every_truncation_point_is_a_clean_torn_tail() {
             let complete = ends.iter().filter(|&&e| intact(e, b)).count();
             let segs = scan_one(b).unwrap_or_else(|c| panic!("cut at {cut}: {c:?}"));
             assert_eq!(segs[0].groups.len(), complete, "cut at {cut}");
-            let expected_end = if complete == 0 {
-                SEGMENT_HEADER_BYTES
-            } else {
-                ends[complete - 1]
-            };
+            let expected_end = if complete == 0 { SEGMENT_HEADER_BYTES } else { ends[complete - 1] };
             assert_eq!(segs[0].end, expected_end as u64);
         }
     }
@@ -183,10 +159,7 @@ fn stale_frames_from_a_reused_file_are_rejected() {
     let mut reused = old.clone();
     reused[..SEGMENT_HEADER_BYTES].copy_from_slice(&encode_header(SEG, EPOCH));
     let segs = scan_one(&reused).unwrap();
-    assert!(
-        segs[0].groups.is_empty(),
-        "stale groups of segment 3 must not pass as segment 7"
-    );
+    assert!(segs[0].groups.is_empty(), "stale groups of segment 3 must not pass as segment 7");
     assert_eq!(segs[0].end, SEGMENT_HEADER_BYTES as u64);
 }
 
@@ -221,11 +194,7 @@ fn sealed_segments_chain_and_a_spare_ends_the_wal() {
     let (first, _) = segment_with(SegmentId(1), EPOCH, 0, &g[..1]);
     let (second, _) = segment_with(SegmentId(2), EPOCH, 1, &g[1..]);
     let (spare, _) = segment_with(SegmentId(3), EPOCH, 0, &[]);
-    let segs = scan(
-        &[(SegmentId(1), &first), (SegmentId(2), &second), (SegmentId(3), &spare)],
-        false,
-    )
-    .unwrap();
+    let segs = scan(&[(SegmentId(1), &first), (SegmentId(2), &second), (SegmentId(3), &spare)], false).unwrap();
     assert!(segs[0].sealed);
     assert_eq!(segs[1].groups.len(), 2);
     assert_eq!(segs[1].groups[0].lsn, Lsn(1));
