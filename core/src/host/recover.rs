@@ -1,0 +1,151 @@
+//! Recovery, in order: sync the WAL, list and read its segments, scan and
+//! rebuild the committed state, check the offsets store, delete junk past the
+//! end, replay open compactions, resume sources.
+
+use super::*;
+
+impl Host {
+    pub(super) fn on_listed(&mut self, mut ids: Vec<SegmentId>) {
+        self.succeeded(Retry::WalList);
+        ids.sort_unstable();
+        ids.dedup();
+        self.recovery.listed = ids.clone();
+        if ids.is_empty() {
+            return self.on_all_read();
+        }
+        for segment in ids {
+            self.io(Pending::WalRead(segment), IoOp::WalRead { segment });
+        }
+    }
+
+    pub(super) fn on_segment_read(&mut self, segment: SegmentId, bytes: Vec<u8>) {
+        self.succeeded(Retry::WalRead(segment));
+        self.recovery.read.insert(segment, bytes);
+        if self.recovery.read.len() == self.recovery.listed.len() {
+            self.on_all_read();
+        }
+    }
+
+    /// Step one: scan the committed segments and rebuild state from them.
+    pub(super) fn on_all_read(&mut self) {
+        let read = std::mem::take(&mut self.recovery.read);
+        let segments: Vec<(SegmentId, &[u8])> = read.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+        let lenient = self.cfg.mutations.has(Mutation::AdmitTornSegment);
+        let rebuilt = scan(&segments, lenient).and_then(rebuild);
+        let wal = match rebuilt {
+            Ok(wal) => wal,
+            Err(corruption) => return self.stop(StopReason::Corrupt(corruption)),
+        };
+        self.committed = wal.state;
+        self.records = wal.records;
+        self.wal.segments = wal.segments;
+        self.wal.spares = wal.spares;
+        self.wal.next_lsn = wal.next_lsn;
+        self.wal.epoch = Epoch(wal.epoch_max.0 + 1);
+        self.wal.next_segment = wal.next_segment;
+        self.wal.active = wal.active.map(|(id, offset)| Active { id, offset, opened: self.now, seal_requested: false });
+        self.recovery.junk = wal.junk;
+        self.io(Pending::OffsetsRead, IoOp::OffsetsRead);
+    }
+
+    /// Step two: the offsets store may lag the WAL, never lead it.
+    pub(super) fn on_offsets_read(&mut self, entries: Vec<(PartitionKey, Vec<u8>, Option<Vec<u8>>)>) {
+        self.succeeded(Retry::OffsetsRead);
+        let mut stored = BTreeMap::new();
+        for (key, bytes, _checkpoint) in entries {
+            let value = OffsetValue::decode(&bytes).expect("the offsets store holds 24-byte values");
+            stored.insert(key, value);
+        }
+        for (key, value) in &stored {
+            let wal = self.committed.partitions.get(key).map(|p| p.position).unwrap_or_default();
+            if value.position > wal {
+                return self.stop(StopReason::OffsetsAheadOfWal { key: *key, store: value.position, wal });
+            }
+        }
+        for (key, p) in &self.committed.partitions {
+            if stored.get(key).is_none_or(|v| v.lsn < p.lsn || v.position != p.position) {
+                self.offsets_dirty.insert(*key);
+            }
+        }
+        self.wal.deletes.extend(std::mem::take(&mut self.recovery.junk));
+        if self.cfg.mutations.has(Mutation::DeleteDuringRecovery) {
+            if let Some(seg) = self.wal.segments.front().filter(|s| s.sealed) {
+                self.wal.deletes.push_front(seg.id);
+                self.wal.segments.pop_front();
+            }
+        }
+        self.delete_junk();
+    }
+
+    /// Segments after the WAL's end whose creation never completed are
+    /// deleted before anything new is written: left in place, a later scan
+    /// could not tell them from a data segment whose header rotted.
+    pub(super) fn delete_junk(&mut self) {
+        if self.wal.deletes.is_empty() {
+            return self.finish_recovery();
+        }
+        self.delete_next();
+    }
+
+    /// Steps three and four: replay open compactions, resume sources.
+    pub(super) fn finish_recovery(&mut self) {
+        let sinks = self.cfg.sinks.len() as u16;
+        let keys: Vec<PartitionKey> = self.committed.partitions.keys().copied().collect();
+        for &key in &keys {
+            self.accepted.insert(key, self.committed.partitions[&key].position);
+            let mut floor = None::<Position>;
+            for sink in (0..sinks).map(SinkId) {
+                let through = self.committed.planned_through(sink, key);
+                self.planned.insert((sink, key), through);
+                let acked = self.committed.acked(sink, key);
+                floor = Some(floor.map_or(acked, |f| f.min(acked)));
+            }
+            self.records.prune(key, floor.unwrap_or_default());
+        }
+        self.next_seq = self.committed.next_seq.clone();
+        for sink in (0..sinks).map(SinkId) {
+            for stream in (0..self.cfg.streams.len() as u16).map(StreamId) {
+                self.slots.insert((sink, stream), Slot::Idle);
+            }
+        }
+        let replay = !self.cfg.mutations.has(Mutation::SkipCompactionReplay);
+        let open: Vec<CompactionPlan> = self.committed.open.values().cloned().collect();
+        let open_count = open.len();
+        for plan in open {
+            let key = (plan.sink, plan.stream);
+            if replay {
+                let slot = Slot::Planned { plan, committed: true, io: None, dispatched: false };
+                self.slots.insert(key, slot);
+                self.dispatch(key.0, key.1);
+            }
+        }
+        self.out.push_back(Output::Recovered(RecoverySummary {
+            segments: self.wal.segments.len(),
+            next_lsn: self.wal.next_lsn,
+            partitions: self.committed.partitions.len(),
+            open_compactions: open_count,
+        }));
+        self.phase = Phase::Running;
+        if self.shutdown_requested {
+            self.on_shutdown();
+        }
+        for source in (0..self.cfg.sources.len() as u16).map(SourceId) {
+            self.open_source(source);
+        }
+    }
+
+    pub(super) fn open_source(&mut self, source: SourceId) {
+        let resume = self
+            .committed
+            .partitions
+            .iter()
+            .filter(|(key, _)| key.source == source)
+            .map(|(key, p)| ResumePoint {
+                partition: key.partition,
+                position: p.position,
+                checkpoint: p.checkpoint.clone(),
+            })
+            .collect();
+        self.io(Pending::SourceOpen(source), IoOp::SourceOpen { source, resume });
+    }
+}
