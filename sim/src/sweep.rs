@@ -101,6 +101,7 @@ impl Totals {
         let t = &mut self.sum;
         t.source_records += s.source_records;
         t.crashes += s.crashes;
+        t.power_cuts += s.power_cuts;
         t.crashes_in_recovery += s.crashes_in_recovery;
         t.crashes_in_drain += s.crashes_in_drain;
         t.crashes_in_commit += s.crashes_in_commit;
@@ -132,6 +133,7 @@ impl Totals {
         let rows: Vec<(&str, f64)> = vec![
             ("source records", t.source_records as f64 / n),
             ("crashes", t.crashes as f64 / n),
+            ("crashes that cut the power", t.power_cuts as f64 / n),
             ("crashes during a commit", t.crashes_in_commit as f64 / n),
             ("crashes during recovery", t.crashes_in_recovery as f64 / n),
             ("crashes during a shutdown drain", t.crashes_in_drain as f64 / n),

@@ -39,6 +39,7 @@ pub enum Outcome {
 pub struct RunStats {
     pub source_records: u64,
     pub crashes: u64,
+    pub power_cuts: u64,
     pub crashes_in_recovery: u64,
     pub crashes_in_drain: u64,
     pub crashes_in_commit: u64,
@@ -468,11 +469,17 @@ impl World {
         self.stats.crashes_in_recovery += host.is_recovering() as u64;
         self.stats.crashes_in_drain += host.is_draining() as u64;
         self.stats.crashes_in_commit += self.append_in_flight as u64;
-        self.trace.note(self.now, "crash");
+        // Half the crashes are a SIGKILL, which leaves the page cache to the
+        // next process; the other half cut the power, which does not.
+        let power_cut = self.faults_rng.chance(0.5);
+        self.stats.power_cuts += power_cut as u64;
+        self.trace.note(self.now, if power_cut { "crash: power cut" } else { "crash: process killed" });
         self.host = None;
         self.gen += 1;
         self.append_in_flight = false;
-        self.disk.crash(self.scenario.faults.lost_dir_entry);
+        if power_cut {
+            self.disk.crash(self.scenario.faults.lost_dir_entry);
+        }
         self.after(self.scenario.latencies.restart, Event::Restart);
     }
 

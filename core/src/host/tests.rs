@@ -340,3 +340,40 @@ fn a_bad_configuration_is_an_error_at_construction() {
     let err = Host::new(c, Instant::ZERO).err().unwrap();
     assert!(err.0.contains("segment size 4096 is too small"), "{err}");
 }
+
+#[test]
+fn a_fatal_sink_answer_stops_the_engine_loudly() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 2);
+    let (apply, id, ..) = h.sink_apply();
+    h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::Fatal, rows: 0 }));
+    assert_eq!(h.stopped, Some(StopReason::SinkFatal { sink: SinkId(0), stream: StreamId(0), id }));
+}
+
+#[test]
+fn a_retryable_sink_answer_retries_the_same_batch() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 2);
+    let (apply, id, seq, n) = h.sink_apply();
+    h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, rows: 0 }));
+    let (at, _) = h.host.poll_timeout().unwrap();
+    h.now = at;
+    h.host.handle(at, Input::Timeout);
+    h.settle();
+    let (_, id2, seq2, n2) = h.sink_apply();
+    assert_eq!((id2, seq2, n2), (id, seq, n));
+}
+
+#[test]
+fn a_source_breaking_position_order_stops_with_a_protocol_error() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let records =
+        vec![Record { position: Position(5), bytes: vec![1] }, Record { position: Position(4), bytes: vec![2] }];
+    let batch = SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(6), checkpoint: None };
+    h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
+    assert!(matches!(h.stopped, Some(StopReason::SourceProtocol { partition: 0, .. })), "{:?}", h.stopped);
+}
