@@ -210,3 +210,17 @@ fn a_gap_in_lsns_is_corruption() {
     let c = scan(&[(SegmentId(1), &first), (SegmentId(2), &second)], false).unwrap_err();
     assert_eq!(c.segment, SegmentId(2));
 }
+
+#[test]
+fn the_byte_format_is_pinned() {
+    // Changing these bytes breaks every WAL already on disk: bump
+    // FORMAT_VERSION and teach the reader the old one instead.
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    assert_eq!(
+        hex(&encode_header(SegmentId(1), Epoch(2))),
+        "534b505257414c0001000000e9d0b00d01000000000000000200000000000000"
+    );
+    let frames = [Frame::Seal];
+    let refs: Vec<&Frame> = frames.iter().collect();
+    assert_eq!(hex(&encode_group(SegmentId(1), Epoch(2), Lsn(3), &refs)), "00000000622742b3030000000000000002000000000000000608000000534c1a3103000000000000000200000000000000070100000019000000");
+}
