@@ -158,6 +158,9 @@ pub enum StopReason {
     /// The offsets store holds a position the WAL does not: committed WAL data
     /// was lost, or the store belongs to another WAL.
     OffsetsAheadOfWal { key: PartitionKey, store: Position, wal: Position },
+    /// An offsets entry is not the 24-byte value: the store was damaged or
+    /// belongs to something else.
+    OffsetsMalformed { key: PartitionKey, len: usize },
     /// A WAL write failed; the group's fate is decided by recovery.
     WalWriteFailed { segment: SegmentId, error: IoError },
     /// A sink answered `fatal`.

@@ -53,7 +53,9 @@ impl Host {
         self.succeeded(Retry::OffsetsRead);
         let mut stored = BTreeMap::new();
         for (key, bytes, _checkpoint) in entries {
-            let value = OffsetValue::decode(&bytes).expect("the offsets store holds 24-byte values");
+            let Ok(value) = OffsetValue::decode(&bytes) else {
+                return self.stop(StopReason::OffsetsMalformed { key, len: bytes.len() });
+            };
             stored.insert(key, value);
         }
         for (key, value) in &stored {

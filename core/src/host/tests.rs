@@ -377,3 +377,10 @@ fn a_source_breaking_position_order_stops_with_a_protocol_error() {
     h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
     assert!(matches!(h.stopped, Some(StopReason::SourceProtocol { partition: 0, .. })), "{:?}", h.stopped);
 }
+
+#[test]
+fn a_malformed_offsets_value_stops_recovery_naming_the_key() {
+    let offsets = BTreeMap::from([(key0(), vec![0u8; 23])]);
+    let h = Harness::start(BTreeMap::new(), offsets);
+    assert_eq!(h.stopped, Some(StopReason::OffsetsMalformed { key: key0(), len: 23 }));
+}
