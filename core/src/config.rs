@@ -13,6 +13,8 @@ pub struct HostConfig {
     pub sinks: Vec<String>,
     pub streams: Vec<String>,
     pub limits: Limits,
+    /// Drain and stop once every source has said it is exhausted (`--once`).
+    pub stop_when_exhausted: bool,
     pub mutations: Mutations,
 }
 

@@ -260,6 +260,7 @@ impl Scenario {
             sinks: (0..self.sinks).map(|i| format!("sink-{i}")).collect(),
             streams: (0..self.streams).map(|i| format!("stream-{i}")).collect(),
             limits: self.limits.clone(),
+            stop_when_exhausted: false,
             mutations,
         }
     }

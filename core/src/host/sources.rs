@@ -35,6 +35,9 @@ impl Host {
             Ok(IoReply::Batches { batches, exhausted }) => {
                 self.succeeded(Retry::SourceRead(source));
                 self.sources[i].exhausted = exhausted;
+                if self.cfg.stop_when_exhausted && self.sources.iter().all(|s| s.exhausted) {
+                    self.on_shutdown();
+                }
                 let mut any = false;
                 for batch in batches {
                     any |= !batch.records.is_empty();

@@ -17,6 +17,7 @@ fn config() -> HostConfig {
             pending_bytes_max: 8192,
             ..Limits::default()
         },
+        stop_when_exhausted: false,
         mutations: crate::Mutations::NONE,
     }
 }
@@ -383,4 +384,25 @@ fn a_malformed_offsets_value_stops_recovery_naming_the_key() {
     let offsets = BTreeMap::from([(key0(), vec![0u8; 23])]);
     let h = Harness::start(BTreeMap::new(), offsets);
     assert_eq!(h.stopped, Some(StopReason::OffsetsMalformed { key: key0(), len: 23 }));
+}
+
+#[test]
+fn with_stop_when_exhausted_the_engine_drains_once_every_source_is_done() {
+    let mut cfg = config();
+    cfg.stop_when_exhausted = true;
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.host = Host::new(cfg, Instant::ZERO).unwrap();
+    h.held.clear();
+    h.settle();
+    h.open_source();
+    let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let records = vec![Record { position: Position(0), bytes: b"only".to_vec() }];
+    let batch = SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(1), checkpoint: None };
+    h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: true }));
+    let (ack, ()) = h.take(|op| matches!(op, IoOp::SourceAck { .. }).then_some(()));
+    h.answer(ack, Ok(IoReply::Done));
+    assert_eq!(h.stopped, None);
+    let (apply, ..) = h.sink_apply();
+    h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::Applied, rows: 1 }));
+    assert_eq!(h.stopped, Some(StopReason::Clean));
 }
