@@ -1,6 +1,17 @@
 //! Real drivers for the skipprd engine.
 //!
-//! This crate performs what `skippr-core` decides: the disk WAL, the S3 WAL,
-//! the clustered WAL, the offsets stores, plugin processes and the built-in
-//! sources and sinks. It is empty until the daemon's `run` command lands (see
-//! the open issues); the simulator in `skippr-sim` drives the engine today.
+//! This crate performs what `skippr-core` decides, and decides nothing itself:
+//! the disk WAL ([`disk_wal`]), the embedded offsets store ([`offsets_db`]),
+//! the built-in sources and sinks ([`plugins`]), and the one tokio event loop
+//! that feeds the engine its inputs and performs its outputs ([`driver`]).
+
+pub mod clock;
+pub mod disk_wal;
+pub mod driver;
+pub mod offsets_db;
+pub mod plugins;
+
+pub use clock::Clock;
+pub use disk_wal::DiskWal;
+pub use driver::{drive, Backends, RunTotals};
+pub use offsets_db::OffsetsDb;

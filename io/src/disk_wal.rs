@@ -1,0 +1,171 @@
+//! The WAL on local disk, under `DATA_DIR/wal/`.
+//!
+//! Each segment is a file named by its zero-padded id (`00000000000000000007.seg`),
+//! zero-filled to its full size when created, with its header written and
+//! both file and directory fsynced before the engine may use it: creation is
+//! off the commit path. A commit group is then one positioned write and one
+//! `fdatasync` (`fsyncs` counts them). Files that are not segments are left
+//! alone and reported.
+
+use skippr_core::{IoError, SegmentId};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+pub const WAL_DIR: &str = "wal";
+const SUFFIX: &str = ".seg";
+
+pub struct DiskWal {
+    dir: PathBuf,
+    segment_bytes: u64,
+    open: Mutex<Option<(SegmentId, File)>>,
+    /// `fdatasync` calls made for appends: exactly one per commit group.
+    pub append_syncs: AtomicU64,
+}
+
+impl DiskWal {
+    /// Opens (creating if needed) `data_dir/wal`.
+    pub fn open(data_dir: &Path, segment_bytes: u64) -> io::Result<DiskWal> {
+        let dir = data_dir.join(WAL_DIR);
+        std::fs::create_dir_all(&dir)?;
+        sync_dir(data_dir)?;
+        Ok(DiskWal { dir, segment_bytes, open: Mutex::new(None), append_syncs: AtomicU64::new(0) })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn path(&self, segment: SegmentId) -> PathBuf {
+        self.dir.join(format!("{:020}{SUFFIX}", segment.0))
+    }
+
+    /// Segment ids found, and the paths of files that are not segments.
+    pub fn list(&self) -> io::Result<(Vec<SegmentId>, Vec<PathBuf>)> {
+        list_dir(&self.dir)
+    }
+
+    /// fsyncs every segment and the directory: data a killed process left in
+    /// the page cache becomes durable before recovery trusts it.
+    pub fn sync_all(&self) -> io::Result<()> {
+        let (ids, _) = self.list()?;
+        for id in ids {
+            File::open(self.path(id))?.sync_all()?;
+        }
+        sync_dir(&self.dir)
+    }
+
+    pub fn read(&self, segment: SegmentId) -> io::Result<Vec<u8>> {
+        std::fs::read(self.path(segment))
+    }
+
+    /// Creates the segment: zero-filled to full size (so appends never grow
+    /// the file and `fdatasync` has no size to update), header at offset 0,
+    /// file and directory fsynced. An existing file of that name is replaced.
+    pub fn create(&self, segment: SegmentId, header: &[u8]) -> io::Result<()> {
+        let path = self.path(segment);
+        let file = OpenOptions::new().create(true).write(true).truncate(true).mode(0o600).open(&path)?;
+        let chunk = vec![0u8; 1 << 20];
+        let mut at = 0;
+        while at < self.segment_bytes {
+            let n = chunk.len().min((self.segment_bytes - at) as usize);
+            file.write_all_at(&chunk[..n], at)?;
+            at += n as u64;
+        }
+        file.write_all_at(header, 0)?;
+        file.sync_all()?;
+        sync_dir(&self.dir)
+    }
+
+    /// One commit group: one positioned write, one `fdatasync`.
+    pub fn append(&self, segment: SegmentId, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let mut open = self.open.lock().expect("not poisoned");
+        if open.as_ref().is_none_or(|(id, _)| *id != segment) {
+            let file = OpenOptions::new().write(true).open(self.path(segment))?;
+            *open = Some((segment, file));
+        }
+        let file = &open.as_ref().expect("set above").1;
+        if offset + bytes.len() as u64 > self.segment_bytes {
+            return Err(io::Error::other(format!("append past the end of segment {}", segment.0)));
+        }
+        file.write_all_at(bytes, offset)?;
+        self.append_syncs.fetch_add(1, Ordering::Relaxed);
+        file.sync_data()
+    }
+
+    pub fn delete(&self, segment: SegmentId) -> io::Result<()> {
+        let mut open = self.open.lock().expect("not poisoned");
+        if open.as_ref().is_some_and(|(id, _)| *id == segment) {
+            *open = None;
+        }
+        match std::fs::remove_file(self.path(segment)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        sync_dir(&self.dir)
+    }
+}
+
+/// Segment ids in `dir`, and the other files found there.
+pub fn list_dir(dir: &Path) -> io::Result<(Vec<SegmentId>, Vec<PathBuf>)> {
+    let mut ids = Vec::new();
+    let mut strays = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let id = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(SUFFIX))
+            .filter(|n| n.len() == 20 && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse().ok());
+        match id {
+            Some(id) if entry.file_type()?.is_file() => ids.push(SegmentId(id)),
+            _ => strays.push(entry.path()),
+        }
+    }
+    ids.sort();
+    strays.sort();
+    Ok((ids, strays))
+}
+
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// How an I/O error reaches the engine.
+pub fn to_io_error(e: &io::Error) -> IoError {
+    if e.raw_os_error() == Some(nix::libc::ENOSPC) || e.kind() == io::ErrorKind::StorageFull {
+        IoError::NoSpace
+    } else {
+        IoError::Failed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_append_read_list_delete() {
+        let tmp = tempfile::tempdir().unwrap();
+        let wal = DiskWal::open(tmp.path(), 8192).unwrap();
+        wal.create(SegmentId(3), b"header").unwrap();
+        std::fs::write(wal.dir().join("notes.txt"), b"stray").unwrap();
+        wal.append(SegmentId(3), 6, b"group").unwrap();
+        wal.append(SegmentId(3), 11, b"next").unwrap();
+        assert_eq!(wal.append_syncs.load(Ordering::Relaxed), 2, "one fdatasync per group");
+        let bytes = wal.read(SegmentId(3)).unwrap();
+        assert_eq!(bytes.len(), 8192, "preallocated to full size");
+        assert_eq!(&bytes[..15], b"headergroupnext");
+        let (ids, strays) = wal.list().unwrap();
+        assert_eq!(ids, vec![SegmentId(3)]);
+        assert_eq!(strays, vec![wal.dir().join("notes.txt")]);
+        assert!(wal.append(SegmentId(3), 8190, b"xyz").is_err(), "never past the end");
+        wal.sync_all().unwrap();
+        wal.delete(SegmentId(3)).unwrap();
+        assert!(wal.list().unwrap().0.is_empty());
+    }
+}
