@@ -1,4 +1,239 @@
-//! placeholder
-pub fn drive() {}
-pub struct Backends;
-pub struct RunTotals;
+//! The one event loop. It waits on the engine's next deadline, on I/O
+//! completions and on the shutdown signal; feeds one input; drains every
+//! output, starting each request on a blocking thread and sending its
+//! completion back by `IoId`. It makes no decisions: every policy is in core.
+
+use crate::clock::Clock;
+use crate::disk_wal::{to_io_error, DiskWal};
+use crate::offsets_db::OffsetsDb;
+use crate::plugins::{Sink, Source};
+use skippr_core::io::{Input, IoOp, IoReply, Output, SourceBatchIn, StopReason};
+use skippr_core::{Host, IoError, IoId, StreamId};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+pub type SharedSource = Arc<Mutex<Box<dyn Source>>>;
+pub type SharedSink = Arc<Mutex<Box<dyn Sink>>>;
+
+/// What the engine's requests are performed against.
+pub struct Backends {
+    pub wal: Arc<DiskWal>,
+    pub offsets: Arc<OffsetsDb>,
+    pub sources: Vec<SharedSource>,
+    pub sinks: Vec<SharedSink>,
+    /// Stream names by `StreamId`.
+    pub streams: Arc<Vec<String>>,
+}
+
+/// Counts for the run's summary line.
+#[derive(Default)]
+pub struct RunTotals {
+    pub records: AtomicU64,
+    pub commits: AtomicU64,
+    pub compactions: AtomicU64,
+}
+
+type Completion = (IoId, Result<IoReply, IoError>);
+
+/// Runs the engine until it stops. `shutdown` delivers SIGTERM/SIGINT.
+pub async fn drive(
+    mut host: Host,
+    backends: Backends,
+    clock: Clock,
+    mut shutdown: mpsc::Receiver<()>,
+    totals: Arc<RunTotals>,
+) -> StopReason {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Completion>();
+    let backends = Arc::new(backends);
+    let mut shutdown_open = true;
+    loop {
+        while let Some(output) = host.poll_output() {
+            match output {
+                Output::Io { id, op } => start(id, op, &backends, &tx, &totals),
+                Output::Recovered(s) => info!(
+                    segments = s.segments,
+                    next_lsn = s.next_lsn.0,
+                    partitions = s.partitions,
+                    open_compactions = s.open_compactions,
+                    "recovered"
+                ),
+                Output::Stopped(reason) => return reason,
+            }
+        }
+        let deadline = host.poll_timeout();
+        let sleep = deadline.map(|(at, _)| tokio::time::Instant::from_std(clock.to_std(at)));
+        tokio::select! {
+            Some((id, result)) = rx.recv() => host.handle(clock.now(), Input::IoDone { id, result }),
+            _ = async { tokio::time::sleep_until(sleep.expect("guarded")).await }, if sleep.is_some() => {
+                host.handle(clock.now(), Input::Timeout)
+            }
+            signal = shutdown.recv(), if shutdown_open => {
+                shutdown_open = false;
+                if signal.is_some() {
+                    info!("shutdown requested: draining");
+                    host.handle(clock.now(), Input::Shutdown);
+                }
+            }
+        }
+    }
+}
+
+/// Starts one request on a blocking thread; its completion comes back on `tx`.
+fn start(id: IoId, op: IoOp, b: &Arc<Backends>, tx: &mpsc::UnboundedSender<Completion>, totals: &Arc<RunTotals>) {
+    debug!(io = id.0, op = op_name(&op), "start");
+    let b = Arc::clone(b);
+    let tx = tx.clone();
+    let totals = Arc::clone(totals);
+    tokio::task::spawn_blocking(move || {
+        let result = perform(op, &b, &totals);
+        let _ = tx.send((id, result));
+    });
+}
+
+fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoError> {
+    let wal = &b.wal;
+    let io = |what: &str, e: std::io::Error| {
+        warn!(error = %e, "{what} failed");
+        to_io_error(&e)
+    };
+    match op {
+        IoOp::WalSync => wal.sync_all().map(|_| IoReply::Done).map_err(|e| io("syncing the WAL", e)),
+        IoOp::WalList => {
+            let (ids, strays) = wal.list().map_err(|e| io("listing the WAL", e))?;
+            for path in strays {
+                warn!(path = %path.display(), "ignoring a file in the WAL directory that is not a segment");
+            }
+            Ok(IoReply::Segments(ids))
+        }
+        IoOp::WalRead { segment } => {
+            wal.read(segment).map(IoReply::SegmentBytes).map_err(|e| io("reading a WAL segment", e))
+        }
+        IoOp::WalCreate { segment, header } => {
+            wal.create(segment, &header).map(|_| IoReply::Done).map_err(|e| io("creating a WAL segment", e))
+        }
+        IoOp::WalAppend { segment, offset, bytes, .. } => {
+            wal.append(segment, offset, &bytes).map_err(|e| io("appending to the WAL", e))?;
+            totals.commits.fetch_add(1, Ordering::Relaxed);
+            Ok(IoReply::Done)
+        }
+        IoOp::WalDelete { segment } => {
+            wal.delete(segment).map(|_| IoReply::Done).map_err(|e| io("deleting a WAL segment", e))
+        }
+        IoOp::OffsetsRead => b.offsets.read().map(IoReply::Offsets).map_err(|e| {
+            warn!(error = %e, "reading offsets failed");
+            IoError::Failed
+        }),
+        IoOp::OffsetsWrite { entries } => b.offsets.write(&entries).map(|_| IoReply::Done).map_err(|e| {
+            warn!(error = %e, "writing offsets failed");
+            IoError::Failed
+        }),
+        IoOp::SourceOpen { source, resume } => {
+            let mut s = b.sources[source.0 as usize].lock().expect("not poisoned");
+            s.open(&resume).map(|_| IoReply::Done).map_err(|e| plugin_failed("source open", e))
+        }
+        IoOp::SourceRead { source, records_max } => {
+            let mut s = b.sources[source.0 as usize].lock().expect("not poisoned");
+            let (batches, exhausted) = s.read(records_max).map_err(|e| plugin_failed("source read", e))?;
+            let batches: Vec<SourceBatchIn> = batches
+                .into_iter()
+                .map(|batch| {
+                    totals.records.fetch_add(batch.records.len() as u64, Ordering::Relaxed);
+                    // An unknown stream name maps to an id the engine
+                    // rejects as a protocol error.
+                    let stream = b.streams.iter().position(|s| *s == batch.stream).unwrap_or(u16::MAX as usize);
+                    SourceBatchIn {
+                        partition: batch.partition,
+                        stream: StreamId(stream as u16),
+                        records: batch.records,
+                        end: batch.end,
+                        checkpoint: batch.checkpoint,
+                    }
+                })
+                .collect();
+            Ok(IoReply::Batches { batches, exhausted })
+        }
+        IoOp::SourceAck { source, acks } => {
+            let mut s = b.sources[source.0 as usize].lock().expect("not poisoned");
+            s.ack(&acks).map(|_| IoReply::Done).map_err(|e| plugin_failed("source ack", e))
+        }
+        IoOp::SinkApply(a) => {
+            let mut sink = b.sinks[a.sink.0 as usize].lock().expect("not poisoned");
+            let stream = &b.streams[a.stream.0 as usize];
+            let outcome = sink.apply(stream, a.seq.0, a.id, &a.records).map_err(|e| plugin_failed("sink apply", e))?;
+            totals.compactions.fetch_add(1, Ordering::Relaxed);
+            Ok(IoReply::Sink { outcome, rows: a.records.len() as u64 })
+        }
+    }
+}
+
+fn plugin_failed(what: &str, e: crate::plugins::PluginError) -> IoError {
+    warn!(error = %e, "{what} failed; retrying");
+    IoError::Failed
+}
+
+fn op_name(op: &IoOp) -> &'static str {
+    match op {
+        IoOp::WalSync => "wal-sync",
+        IoOp::WalList => "wal-list",
+        IoOp::WalRead { .. } => "wal-read",
+        IoOp::WalCreate { .. } => "wal-create",
+        IoOp::WalAppend { .. } => "wal-append",
+        IoOp::WalDelete { .. } => "wal-delete",
+        IoOp::OffsetsRead => "offsets-read",
+        IoOp::OffsetsWrite { .. } => "offsets-write",
+        IoOp::SourceOpen { .. } => "source-open",
+        IoOp::SourceRead { .. } => "source-read",
+        IoOp::SourceAck { .. } => "source-ack",
+        IoOp::SinkApply(_) => "sink-apply",
+    }
+}
+
+/// What an engine stop means to an operator: one line naming the cause and
+/// what to do.
+pub fn explain(reason: &StopReason, wal_dir: &std::path::Path) -> String {
+    match reason {
+        StopReason::Clean => "stopped cleanly".into(),
+        StopReason::DrainTimedOut => {
+            "the shutdown drain timed out; the next start recovers from the WAL (raise --drain-timeout if sinks are slow)"
+                .into()
+        }
+        StopReason::Corrupt(c) => format!(
+            "committed WAL data is corrupt: {} at byte {}: {}. Nothing past it was delivered. Keep a copy of {} for \
+             diagnosis; `skipprd wal verify` shows the damage. Restoring the segment from a replica or backup is \
+             the only way to keep its records",
+            wal_dir.join(format!("{:020}.seg", c.segment.0)).display(),
+            c.offset,
+            c.what,
+            wal_dir.display()
+        ),
+        StopReason::OffsetsAheadOfWal { key, store, wal } => format!(
+            "the offsets store holds position {} for source {} partition {}, but the WAL only reaches {}: committed \
+             WAL data is missing (a wiped or wrong data directory?). If that is deliberate, run `skipprd offsets reset` \
+             and sources will resume from what the WAL holds",
+            store.0, key.source.0, key.partition, wal.0
+        ),
+        StopReason::OffsetsMalformed { key, len } => format!(
+            "the offsets store holds a {len}-byte value for source {} partition {} (expected 24): it is damaged or \
+             not ours; `skipprd offsets reset` rebuilds it from the WAL",
+            key.source.0, key.partition
+        ),
+        StopReason::WalWriteFailed { segment, error } => format!(
+            "writing WAL segment {} failed ({error:?}); nothing unacknowledged was reported durable. Check the disk \
+             and start again: recovery decides what the WAL holds",
+            segment.0
+        ),
+        StopReason::SinkFatal { sink, stream, id } => format!(
+            "sink {} refused compaction {id} of stream {} as fatal; that stream is stopped. Fix the sink or its \
+             destination, then start again: the batch is replayed with the same id",
+            sink.0, stream.0
+        ),
+        StopReason::SourceProtocol { source, partition, what } => {
+            format!("source {} partition {partition} broke the protocol: {what}", source.0)
+        }
+        StopReason::SegmentTooSmall { needed } => {
+            format!("WAL_BYTES_PER_FILE is too small for the engine's snapshot: use at least {needed} bytes")
+        }
+    }
+}

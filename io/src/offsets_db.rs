@@ -60,7 +60,8 @@ impl OffsetsDb {
         let checkpoints = txn.open_table(CHECKPOINTS)?;
         let mut out = Vec::new();
         for (i, name) in self.sources.iter().enumerate() {
-            let range = (self.pipeline.as_str(), name.as_str(), 0u32)..=(self.pipeline.as_str(), name.as_str(), u32::MAX);
+            let range =
+                (self.pipeline.as_str(), name.as_str(), 0u32)..=(self.pipeline.as_str(), name.as_str(), u32::MAX);
             for row in offsets.range(range)? {
                 let (k, v) = row?;
                 let (_, _, partition) = k.value();
@@ -170,10 +171,8 @@ mod tests {
         drop(db);
         let db = OffsetsDb::open(tmp.path(), "main", vec!["gen".into()]).unwrap();
         let rows = db.read().unwrap();
-        let positions: Vec<(u32, u64)> = rows
-            .iter()
-            .map(|(k, v, _)| (k.partition, OffsetValue::decode(v).unwrap().position.0))
-            .collect();
+        let positions: Vec<(u32, u64)> =
+            rows.iter().map(|(k, v, _)| (k.partition, OffsetValue::decode(v).unwrap().position.0)).collect();
         assert_eq!(positions, vec![(0, 10), (1, 9)]);
         assert_eq!(rows[1].2.as_deref(), Some(b"cp9".as_slice()));
         assert!(rows.iter().all(|(_, v, _)| v.len() == 24));

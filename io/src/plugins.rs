@@ -44,8 +44,13 @@ pub trait Source: Send {
 }
 
 pub trait Sink: Send {
-    fn apply(&mut self, stream: &str, seq: u64, id: CompactionId, records: &[Vec<u8>])
-        -> Result<SinkOutcome, PluginError>;
+    fn apply(
+        &mut self,
+        stream: &str,
+        seq: u64,
+        id: CompactionId,
+        records: &[Vec<u8>],
+    ) -> Result<SinkOutcome, PluginError>;
 }
 
 /// The built-in generator: `partitions` partitions per stream, each a run of
@@ -109,8 +114,9 @@ impl Source for Generator {
                 continue;
             }
             let (stream, partition) = self.place(i);
-            let records =
-                (from..to).map(|seq| Record { position: Position(seq), bytes: self.record(stream, partition, seq) }).collect();
+            let records = (from..to)
+                .map(|seq| Record { position: Position(seq), bytes: self.record(stream, partition, seq) })
+                .collect();
             batches.push(Batch {
                 partition: i as u32,
                 stream: stream.to_string(),

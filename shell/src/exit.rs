@@ -1,8 +1,43 @@
 //! Exit codes, documented in the README: a supervisor reads them.
 
+use skippr_core::StopReason;
+
 /// Everything passed, or the daemon stopped cleanly.
 pub const OK: i32 = 0;
-/// A simulated run broke an invariant (or a saved failure still fails).
+/// A simulated run broke an invariant (or a saved failure still fails); for
+/// `run` and the tools, an error not listed below.
 pub const SIM_FAILED: i32 = 1;
+pub const FAILED: i32 = 1;
 /// Bad command-line input (clap uses the same code).
 pub const USAGE: i32 = 2;
+/// A configuration value is wrong (unknown `WAL_STORAGE`, a bad TOML file).
+pub const CONFIG: i32 = 3;
+/// `DATA_DIR` cannot be used: missing and not creatable, not writable, or
+/// locked by another skipprd.
+pub const DATA_DIR: i32 = 4;
+/// Committed WAL data is corrupt (fail closed).
+pub const WAL_CORRUPT: i32 = 5;
+/// The offsets store is ahead of the WAL or damaged.
+pub const OFFSETS: i32 = 6;
+/// A WAL write failed.
+pub const WAL_WRITE: i32 = 7;
+/// A sink answered `fatal`.
+pub const SINK_FATAL: i32 = 8;
+/// A clean shutdown could not drain in time: the run is untrusted and the
+/// next start recovers from the WAL.
+pub const DRAIN_FAILED: i32 = 9;
+/// A source broke the protocol.
+pub const SOURCE_PROTOCOL: i32 = 10;
+
+pub fn for_stop(reason: &StopReason) -> i32 {
+    match reason {
+        StopReason::Clean => OK,
+        StopReason::DrainTimedOut => DRAIN_FAILED,
+        StopReason::Corrupt(_) => WAL_CORRUPT,
+        StopReason::OffsetsAheadOfWal { .. } | StopReason::OffsetsMalformed { .. } => OFFSETS,
+        StopReason::WalWriteFailed { .. } => WAL_WRITE,
+        StopReason::SinkFatal { .. } => SINK_FATAL,
+        StopReason::SourceProtocol { .. } => SOURCE_PROTOCOL,
+        StopReason::SegmentTooSmall { .. } => CONFIG,
+    }
+}

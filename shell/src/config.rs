@@ -1,0 +1,233 @@
+//! `skipprd run`'s configuration: command-line flags, then environment
+//! variables, then the TOML file given with `--config`, then defaults. The
+//! first that sets a value wins.
+
+use clap::Args;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug, Default)]
+pub struct RunArgs {
+    /// A TOML file with any of the settings below (flags and environment win).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Where the WAL, the offsets store and the lock live [default: ./data].
+    #[arg(long, env = "DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Where the WAL lives: `disk` (the only one built so far) [default: disk].
+    #[arg(long, env = "WAL_STORAGE", value_name = "KIND")]
+    pub wal_storage: Option<String>,
+    /// Size of a WAL segment file in bytes [default: 67108864].
+    #[arg(long, env = "WAL_BYTES_PER_FILE", value_name = "BYTES")]
+    pub wal_bytes_per_file: Option<u64>,
+    /// Seal a WAL segment once it is this old, in seconds [default: 60].
+    #[arg(long, env = "WAL_MAX_DELAY_SECONDS", value_name = "SECONDS")]
+    pub wal_max_delay_seconds: Option<f64>,
+    /// Exit 0 once every finite source is exhausted, committed and delivered.
+    #[arg(long)]
+    pub once: bool,
+    /// How long a clean shutdown may drain, in seconds [default: 30].
+    #[arg(long, value_name = "SECONDS")]
+    pub drain_timeout: Option<f64>,
+    /// `text` or `json` logs on stderr [default: text].
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
+    /// The pipeline's name, part of every offsets key [default: main].
+    #[arg(long, value_name = "NAME")]
+    pub pipeline: Option<String>,
+    /// The source: `generator` [default: generator].
+    #[arg(long, value_name = "KIND")]
+    pub source: Option<String>,
+    /// Generator: stream names, comma-separated [default: events].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub generator_streams: Option<Vec<String>>,
+    /// Generator: partitions per stream [default: 2].
+    #[arg(long, value_name = "N")]
+    pub generator_partitions: Option<u32>,
+    /// Generator: records per partition, 0 for endless [default: 10000].
+    #[arg(long, value_name = "N")]
+    pub generator_records: Option<u64>,
+    /// Generator: seed of the record contents [default: 1].
+    #[arg(long, value_name = "N")]
+    pub generator_seed: Option<u64>,
+    /// The sink: `dir` or `stdout` [default: dir].
+    #[arg(long, value_name = "KIND")]
+    pub sink: Option<String>,
+    /// Directory sink: where batches are written [default: DATA_DIR/sink].
+    #[arg(long, value_name = "DIR")]
+    pub sink_dir: Option<PathBuf>,
+}
+
+/// The TOML file: the same settings, snake_case, sources and sinks in tables.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    data_dir: Option<PathBuf>,
+    wal_storage: Option<String>,
+    wal_bytes_per_file: Option<u64>,
+    wal_max_delay_seconds: Option<f64>,
+    drain_timeout_seconds: Option<f64>,
+    log_format: Option<String>,
+    pipeline: Option<String>,
+    #[serde(default)]
+    source: SourceFile,
+    #[serde(default)]
+    sink: SinkFile,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct SourceFile {
+    kind: Option<String>,
+    streams: Option<Vec<String>>,
+    partitions: Option<u32>,
+    records: Option<u64>,
+    seed: Option<u64>,
+}
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct SinkFile {
+    kind: Option<String>,
+    dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceConfig {
+    Generator { streams: Vec<String>, partitions: u32, records: u64, seed: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum SinkConfig {
+    Dir { dir: PathBuf },
+    Stdout,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunConfig {
+    pub data_dir: PathBuf,
+    pub wal_bytes_per_file: u64,
+    pub wal_max_delay_seconds: f64,
+    pub drain_timeout_seconds: f64,
+    pub once: bool,
+    pub json_logs: bool,
+    pub pipeline: String,
+    pub source: SourceConfig,
+    pub sink: SinkConfig,
+}
+
+/// Resolves flags, environment, file and defaults into one configuration,
+/// or says which value is wrong and what would be right.
+pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
+    let file = match &args.config {
+        Some(path) => load(path)?,
+        None => FileConfig::default(),
+    };
+    let wal_storage = args.wal_storage.clone().or(file.wal_storage).unwrap_or_else(|| "disk".into());
+    match wal_storage.as_str() {
+        "disk" => {}
+        "s3" | "clustered" => {
+            return Err(format!("WAL_STORAGE={wal_storage} is not built yet; use WAL_STORAGE=disk"));
+        }
+        other => return Err(format!("unknown WAL_STORAGE '{other}': use one of disk, s3, clustered")),
+    }
+    let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from("./data"));
+    let wal_bytes_per_file = args.wal_bytes_per_file.or(file.wal_bytes_per_file).unwrap_or(64 << 20);
+    let wal_max_delay_seconds = args.wal_max_delay_seconds.or(file.wal_max_delay_seconds).unwrap_or(60.0);
+    positive("WAL_MAX_DELAY_SECONDS", wal_max_delay_seconds)?;
+    let drain_timeout_seconds = args.drain_timeout.or(file.drain_timeout_seconds).unwrap_or(30.0);
+    positive("--drain-timeout", drain_timeout_seconds)?;
+    let json_logs = match args.log_format.clone().or(file.log_format).as_deref().unwrap_or("text") {
+        "text" => false,
+        "json" => true,
+        other => return Err(format!("unknown log format '{other}': use text or json")),
+    };
+    let pipeline = args.pipeline.clone().or(file.pipeline).unwrap_or_else(|| "main".into());
+    let source = match args.source.clone().or(file.source.kind).as_deref().unwrap_or("generator") {
+        "generator" => SourceConfig::Generator {
+            streams: args.generator_streams.clone().or(file.source.streams).unwrap_or_else(|| vec!["events".into()]),
+            partitions: args.generator_partitions.or(file.source.partitions).unwrap_or(2),
+            records: args.generator_records.or(file.source.records).unwrap_or(10_000),
+            seed: args.generator_seed.or(file.source.seed).unwrap_or(1),
+        },
+        other => return Err(format!("unknown source '{other}': use generator")),
+    };
+    let SourceConfig::Generator { streams, partitions, .. } = &source;
+    if streams.is_empty() || streams.iter().any(|s| !valid_name(s)) || *partitions == 0 {
+        return Err("the generator needs at least one stream (letters, digits, '-' and '_') and one partition".into());
+    }
+    let sink = match args.sink.clone().or(file.sink.kind).as_deref().unwrap_or("dir") {
+        "dir" => {
+            SinkConfig::Dir { dir: args.sink_dir.clone().or(file.sink.dir).unwrap_or_else(|| data_dir.join("sink")) }
+        }
+        "stdout" => SinkConfig::Stdout,
+        other => return Err(format!("unknown sink '{other}': use dir or stdout")),
+    };
+    Ok(RunConfig {
+        data_dir,
+        wal_bytes_per_file,
+        wal_max_delay_seconds,
+        drain_timeout_seconds,
+        once: args.once,
+        json_logs,
+        pipeline,
+        source,
+        sink,
+    })
+}
+
+fn load(path: &Path) -> Result<FileConfig, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| format!("the config file {} is not valid: {e}", path.display()))
+}
+
+fn positive(name: &str, v: f64) -> Result<(), String> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(format!("{name} must be a positive number of seconds, not {v}"))
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_serve_a_first_run() {
+        let c = resolve(&RunArgs::default()).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("./data"));
+        assert_eq!(c.sink, SinkConfig::Dir { dir: PathBuf::from("./data/sink") });
+        assert!(matches!(c.source, SourceConfig::Generator { records: 10_000, partitions: 2, .. }));
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(tmp.path(), "data_dir = \"/from-file\"\npipeline = \"p\"\n[source]\nrecords = 7\n").unwrap();
+        let args = RunArgs {
+            config: Some(tmp.path().to_path_buf()),
+            data_dir: Some("/from-flag".into()),
+            ..RunArgs::default()
+        };
+        let c = resolve(&args).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/from-flag"));
+        assert_eq!(c.pipeline, "p");
+        assert!(matches!(c.source, SourceConfig::Generator { records: 7, .. }));
+    }
+
+    #[test]
+    fn bad_values_say_what_is_wrong() {
+        let args = RunArgs { wal_storage: Some("tape".into()), ..RunArgs::default() };
+        assert_eq!(resolve(&args).unwrap_err(), "unknown WAL_STORAGE 'tape': use one of disk, s3, clustered");
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(tmp.path(), "data_dirr = 1\n").unwrap();
+        let args = RunArgs { config: Some(tmp.path().to_path_buf()), ..RunArgs::default() };
+        assert!(resolve(&args).unwrap_err().contains("unknown field `data_dirr`"));
+    }
+}

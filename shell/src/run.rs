@@ -1,0 +1,153 @@
+//! `skipprd run`: the daemon. Resolves the configuration, takes the lock on
+//! `DATA_DIR`, builds the disk WAL, the offsets store, the source and the
+//! sink, and drives the engine until it stops; then maps the stop to an exit
+//! code and prints one summary line.
+
+use crate::config::{resolve, RunArgs, RunConfig, SinkConfig, SourceConfig};
+use crate::exit;
+use skippr_core::{Duration, Host, HostConfig, Limits, Mutations};
+use skippr_io::driver::{explain, SharedSink, SharedSource};
+use skippr_io::plugins::{DirSink, Generator, Sink, Source, StdoutSink};
+use skippr_io::{drive, Backends, Clock, DiskWal, OffsetsDb, RunTotals};
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use tracing::{error, info, warn};
+
+pub fn main(args: RunArgs) -> i32 {
+    let cfg = match resolve(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("skipprd run: {e}");
+            return exit::CONFIG;
+        }
+    };
+    crate::logging::init(cfg.json_logs);
+    let _lock = match lock_data_dir(&cfg.data_dir) {
+        Ok(lock) => lock,
+        Err(e) => {
+            error!("{e}");
+            eprintln!("skipprd run: {e}");
+            return exit::DATA_DIR;
+        }
+    };
+    crate::chaos::arm_from_env();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime starts");
+    runtime.block_on(run(cfg))
+}
+
+/// Takes the exclusive lock on `DATA_DIR/LOCK`, creating the directory.
+fn lock_data_dir(dir: &Path) -> Result<File, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create DATA_DIR {}: {e}", dir.display()))?;
+    let path = dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {} (is DATA_DIR writable?): {e}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+            "another skipprd is running on DATA_DIR {} (it holds {}); stop it first, or give this one another DATA_DIR",
+            dir.display(),
+            path.display()
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(format!("cannot lock {}: {e}", path.display())),
+    }
+}
+
+async fn run(cfg: RunConfig) -> i32 {
+    let started = std::time::Instant::now();
+    let (source, streams): (Box<dyn Source>, Vec<String>) = match &cfg.source {
+        SourceConfig::Generator { streams, partitions, records, seed } => {
+            (Box::new(Generator::new(streams.clone(), *partitions, *records, *seed)), streams.clone())
+        }
+    };
+    let sink: Box<dyn Sink> = match &cfg.sink {
+        SinkConfig::Dir { dir } => match DirSink::open(dir) {
+            Ok(s) => Box::new(s),
+            Err(e) => {
+                eprintln!("skipprd run: {e}");
+                return exit::DATA_DIR;
+            }
+        },
+        SinkConfig::Stdout => Box::new(StdoutSink),
+    };
+    let host_config = HostConfig {
+        seed: 0,
+        sources: vec!["source".into()],
+        sinks: vec!["sink".into()],
+        streams: streams.clone(),
+        limits: limits(&cfg),
+        stop_when_exhausted: cfg.once,
+        mutations: Mutations::NONE,
+    };
+    let clock = Clock::start();
+    let host = match Host::new(host_config, clock.now()) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("skipprd run: {e}");
+            return exit::CONFIG;
+        }
+    };
+    let wal = match DiskWal::open(&cfg.data_dir, cfg.wal_bytes_per_file) {
+        Ok(w) => Arc::new(w),
+        Err(e) => {
+            eprintln!("skipprd run: cannot open the WAL under {}: {e}", cfg.data_dir.display());
+            return exit::DATA_DIR;
+        }
+    };
+    let offsets = match OffsetsDb::open(&cfg.data_dir, &cfg.pipeline, vec!["source".into()]) {
+        Ok(o) => Arc::new(o),
+        Err(e) => {
+            eprintln!("skipprd run: cannot open the offsets store under {}: {e}", cfg.data_dir.display());
+            return exit::DATA_DIR;
+        }
+    };
+    let wal_dir = wal.dir().to_path_buf();
+    let shared_source: SharedSource = Arc::new(Mutex::new(source));
+    let shared_sink: SharedSink = Arc::new(Mutex::new(sink));
+    let backends =
+        Backends { wal, offsets, sources: vec![shared_source], sinks: vec![shared_sink], streams: Arc::new(streams) };
+    let shutdown = crate::signals::listen();
+    let totals = Arc::new(RunTotals::default());
+    info!(data_dir = %cfg.data_dir.display(), once = cfg.once, "starting");
+    let reason = drive(host, backends, clock, shutdown, Arc::clone(&totals)).await;
+    let code = exit::for_stop(&reason);
+    let message = explain(&reason, &wal_dir);
+    if code == exit::OK {
+        info!("{message}");
+    } else {
+        error!("{message}");
+        eprintln!("skipprd run: {message}");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let records = totals.records.load(Ordering::Relaxed);
+    println!(
+        "records: {records}, commits: {}, compactions: {}, elapsed: {elapsed:.2}s, records/s: {:.0}",
+        totals.commits.load(Ordering::Relaxed),
+        totals.compactions.load(Ordering::Relaxed),
+        records as f64 / elapsed.max(1e-9)
+    );
+    if code != exit::OK {
+        warn!(code, "exiting with an error code");
+    }
+    code
+}
+
+fn limits(cfg: &RunConfig) -> Limits {
+    let segment_bytes = cfg.wal_bytes_per_file;
+    Limits {
+        segment_bytes,
+        group_bytes_max: (segment_bytes / 8).clamp(1024, 1 << 20),
+        segment_age_max: Duration::from_micros((cfg.wal_max_delay_seconds * 1e6) as u64),
+        drain_timeout: Duration::from_micros((cfg.drain_timeout_seconds * 1e6) as u64),
+        ..Limits::default()
+    }
+}

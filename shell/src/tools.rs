@@ -1,0 +1,124 @@
+//! Operator tools: `skipprd wal verify` and `skipprd offsets show|reset`.
+
+use crate::exit;
+use skippr_core::wal::{scan, Frame};
+use skippr_core::OffsetValue;
+use skippr_io::disk_wal::{list_dir, WAL_DIR};
+use skippr_io::offsets_db::{read_all, reset, OFFSETS_FILE};
+use std::path::Path;
+
+/// Checks every segment under `DATA_DIR/wal`, lists what it found, and exits
+/// non-zero on corruption. Safe to run beside a live daemon (it only reads),
+/// though the newest group may then look torn.
+pub fn wal_verify(data_dir: &Path) -> i32 {
+    let dir = data_dir.join(WAL_DIR);
+    let (ids, strays) = match list_dir(&dir) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("skipprd wal verify: cannot list {}: {e}", dir.display());
+            return exit::DATA_DIR;
+        }
+    };
+    for path in &strays {
+        println!("{}: not a segment, ignored", path.display());
+    }
+    let mut files = Vec::new();
+    for id in &ids {
+        let path = dir.join(format!("{:020}.seg", id.0));
+        match std::fs::read(&path) {
+            Ok(bytes) => files.push((*id, bytes)),
+            Err(e) => {
+                eprintln!("skipprd wal verify: cannot read {}: {e}", path.display());
+                return exit::FAILED;
+            }
+        }
+    }
+    let view: Vec<_> = files.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+    match scan(&view, false) {
+        Err(c) => {
+            println!(
+                "CORRUPT: {} at byte {}: {}",
+                dir.join(format!("{:020}.seg", c.segment.0)).display(),
+                c.offset,
+                c.what
+            );
+            exit::WAL_CORRUPT
+        }
+        Ok(segments) => {
+            let mut records = 0usize;
+            for seg in &segments {
+                let name = format!("{:020}.seg", seg.id.0);
+                let batch_records: usize = seg
+                    .groups
+                    .iter()
+                    .flat_map(|g| &g.frames)
+                    .map(|f| if let Frame::SourceBatch(b) = f { b.records.len() } else { 0 })
+                    .sum();
+                records += batch_records;
+                match (seg.header_epoch, seg.groups.first(), seg.groups.last()) {
+                    (None, ..) => println!("{name}: header never completed (creation interrupted), no data"),
+                    (Some(_), Some(first), Some(last)) => println!(
+                        "{name}: {} groups, lsn {}..={}, {batch_records} records, {} bytes used{}",
+                        seg.groups.len(),
+                        first.lsn.0,
+                        last.lsn.0,
+                        seg.end,
+                        if seg.sealed { ", sealed" } else { "" }
+                    ),
+                    (Some(_), ..) => println!("{name}: empty (ready for use)"),
+                }
+            }
+            println!("ok: {} segments, {records} records", segments.len());
+            exit::OK
+        }
+    }
+}
+
+pub fn offsets_show(data_dir: &Path) -> i32 {
+    let path = data_dir.join(OFFSETS_FILE);
+    if !path.exists() {
+        println!("no offsets store at {} (the next run rebuilds it from the WAL)", path.display());
+        return exit::OK;
+    }
+    match read_all(&path) {
+        Ok(rows) => {
+            for r in &rows {
+                let value = match OffsetValue::decode(&r.value) {
+                    Ok(v) => format!("position={} lsn={} records={}", v.position.0, v.lsn.0, v.records),
+                    Err(e) => format!("MALFORMED ({} bytes)", e.len),
+                };
+                let cp = r.checkpoint.as_ref().map(|c| format!(" checkpoint={}", String::from_utf8_lossy(c)));
+                println!("{} {} {}: {value}{}", r.pipeline, r.source, r.partition, cp.unwrap_or_default());
+            }
+            println!("{} entries", rows.len());
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("skipprd offsets show: cannot read {}: {e} (is a daemon running on it?)", path.display());
+            exit::FAILED
+        }
+    }
+}
+
+pub fn offsets_reset(data_dir: &Path, pipeline: Option<&str>, yes: bool) -> i32 {
+    let path = data_dir.join(OFFSETS_FILE);
+    if !yes {
+        eprintln!(
+            "skipprd offsets reset: this forgets the offsets of {} in {}; sources then resume from what the WAL \
+             holds. Add --yes to do it.",
+            pipeline.map_or("every pipeline".to_string(), |p| format!("pipeline '{p}'")),
+            path.display()
+        );
+        return exit::USAGE;
+    }
+    match reset(&path, pipeline) {
+        Ok(n) => {
+            println!("removed {n} offsets entries from {}", path.display());
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("skipprd offsets reset: cannot reset {}: {e} (is a daemon running on it?)", path.display());
+            exit::FAILED
+        }
+    }
+}
