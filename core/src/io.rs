@@ -114,7 +114,7 @@ pub enum IoReply {
     Done,
     Segments(Vec<SegmentId>),
     SegmentBytes(Vec<u8>),
-    Offsets(Vec<(PartitionKey, Vec<u8>, Option<Vec<u8>>)>),
+    Offsets(Vec<OffsetRow>),
     /// `exhausted`: a finite source has nothing more, ever.
     Batches {
         batches: Vec<SourceBatchIn>,
@@ -125,6 +125,10 @@ pub enum IoReply {
         rows: u64,
     },
 }
+
+/// One offsets entry as the store holds it: key, raw value (24 bytes when
+/// healthy), checkpoint.
+pub type OffsetRow = (PartitionKey, Vec<u8>, Option<Vec<u8>>);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SinkOutcome {

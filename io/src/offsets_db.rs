@@ -9,7 +9,7 @@
 //! The store is a cache of the WAL: deleting the file is harmless.
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use skippr_core::{OffsetEntry, OffsetValue, PartitionKey, SourceId};
+use skippr_core::{OffsetEntry, OffsetRow, OffsetValue, PartitionKey, SourceId};
 use std::path::{Path, PathBuf};
 
 const OFFSETS: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("offsets");
@@ -54,7 +54,7 @@ impl OffsetsDb {
     }
 
     /// Every entry of this pipeline's configured sources.
-    pub fn read(&self) -> DbResult<Vec<(PartitionKey, Vec<u8>, Option<Vec<u8>>)>> {
+    pub fn read(&self) -> DbResult<Vec<OffsetRow>> {
         let txn = self.db.begin_read()?;
         let offsets = txn.open_table(OFFSETS)?;
         let checkpoints = txn.open_table(CHECKPOINTS)?;

@@ -181,7 +181,7 @@ impl SimOffsets {
         changed
     }
 
-    pub fn read(&self) -> Vec<(PartitionKey, Vec<u8>, Option<Vec<u8>>)> {
+    pub fn read(&self) -> Vec<skippr_core::OffsetRow> {
         self.entries.iter().map(|(k, (b, c))| (*k, b.to_vec(), c.clone())).collect()
     }
 

@@ -49,7 +49,7 @@ impl Host {
     }
 
     /// Step two: the offsets store may lag the WAL, never lead it.
-    pub(super) fn on_offsets_read(&mut self, entries: Vec<(PartitionKey, Vec<u8>, Option<Vec<u8>>)>) {
+    pub(super) fn on_offsets_read(&mut self, entries: Vec<OffsetRow>) {
         self.succeeded(Retry::OffsetsRead);
         let mut stored = BTreeMap::new();
         for (key, bytes, _checkpoint) in entries {
