@@ -65,12 +65,24 @@ pub struct Generator {
     seed: u64,
     next: Vec<u64>,
     turn: usize,
+    /// Records per second over all partitions; 0 for as fast as asked.
+    rate: u64,
+    /// Since `open`: when, and how many records were produced.
+    opened: std::time::Instant,
+    produced: u64,
 }
 
 impl Generator {
     pub fn new(streams: Vec<String>, partitions: u32, records: u64, seed: u64) -> Generator {
         let n = streams.len() * partitions as usize;
-        Generator { streams, partitions, records, seed, next: vec![0; n], turn: 0 }
+        let opened = std::time::Instant::now();
+        Generator { streams, partitions, records, seed, next: vec![0; n], turn: 0, rate: 0, opened, produced: 0 }
+    }
+
+    /// Produces at most `rate` records per second (0: no limit).
+    pub fn with_rate(mut self, rate: u64) -> Generator {
+        self.rate = rate;
+        self
     }
 
     /// The record at `seq` of a partition: a pure function of seed and place.
@@ -93,6 +105,8 @@ impl Source for Generator {
     }
 
     fn open(&mut self, resume: &[ResumePoint]) -> Result<(), PluginError> {
+        self.opened = std::time::Instant::now();
+        self.produced = 0;
         self.next.iter_mut().for_each(|n| *n = 0);
         for r in resume {
             if let Some(n) = self.next.get_mut(r.partition as usize) {
@@ -105,6 +119,10 @@ impl Source for Generator {
     fn read(&mut self, records_max: u32) -> Result<(Vec<Batch>, bool), PluginError> {
         let mut batches = Vec::new();
         let mut budget = records_max as u64;
+        if self.rate > 0 {
+            let allowed = (self.opened.elapsed().as_secs_f64() * self.rate as f64) as u64;
+            budget = budget.min(allowed.saturating_sub(self.produced));
+        }
         let n = self.next.len();
         for k in 0..n {
             let i = (self.turn + k) % n;
@@ -125,6 +143,7 @@ impl Source for Generator {
                 checkpoint: None,
             });
             budget -= to - from;
+            self.produced += to - from;
             self.next[i] = to;
         }
         self.turn = (self.turn + 1) % n.max(1);

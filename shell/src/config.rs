@@ -50,6 +50,10 @@ pub struct RunArgs {
     /// Generator: seed of the record contents [default: 1].
     #[arg(long, value_name = "N")]
     pub generator_seed: Option<u64>,
+    /// Generator: records per second over all partitions, 0 for no limit
+    /// [default: 0].
+    #[arg(long, value_name = "N")]
+    pub generator_rate: Option<u64>,
     /// The sink: `dir` or `stdout` [default: dir].
     #[arg(long, value_name = "KIND")]
     pub sink: Option<String>,
@@ -83,6 +87,7 @@ struct SourceFile {
     partitions: Option<u32>,
     records: Option<u64>,
     seed: Option<u64>,
+    rate: Option<u64>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -94,7 +99,7 @@ struct SinkFile {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum SourceConfig {
-    Generator { streams: Vec<String>, partitions: u32, records: u64, seed: u64 },
+    Generator { streams: Vec<String>, partitions: u32, records: u64, seed: u64, rate: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -149,6 +154,7 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
             partitions: args.generator_partitions.or(file.source.partitions).unwrap_or(2),
             records: args.generator_records.or(file.source.records).unwrap_or(10_000),
             seed: args.generator_seed.or(file.source.seed).unwrap_or(1),
+            rate: args.generator_rate.or(file.source.rate).unwrap_or(0),
         },
         other => return Err(format!("unknown source '{other}': use generator")),
     };

@@ -65,8 +65,9 @@ fn lock_data_dir(dir: &Path) -> Result<File, String> {
 async fn run(cfg: RunConfig) -> i32 {
     let started = std::time::Instant::now();
     let (source, streams): (Box<dyn Source>, Vec<String>) = match &cfg.source {
-        SourceConfig::Generator { streams, partitions, records, seed } => {
-            (Box::new(Generator::new(streams.clone(), *partitions, *records, *seed)), streams.clone())
+        SourceConfig::Generator { streams, partitions, records, seed, rate } => {
+            let generator = Generator::new(streams.clone(), *partitions, *records, *seed).with_rate(*rate);
+            (Box::new(generator), streams.clone())
         }
     };
     let sink: Box<dyn Sink> = match &cfg.sink {

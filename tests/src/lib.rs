@@ -69,3 +69,48 @@ pub fn failures_by_invariant(out: &Output) -> Vec<(String, u64)> {
         })
         .collect()
 }
+
+/// Every record in a directory sink, per (stream, partition), in file order:
+/// files sorted by sequence number, lines in order.
+pub fn read_dir_sink(dir: &Path) -> std::collections::BTreeMap<(String, u64), Vec<u64>> {
+    let mut out: std::collections::BTreeMap<(String, u64), Vec<u64>> = Default::default();
+    let Ok(streams) = std::fs::read_dir(dir) else { return out };
+    for stream in streams {
+        let stream = stream.unwrap().path();
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&stream)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            .collect();
+        files.sort();
+        for file in files {
+            for line in std::fs::read_to_string(&file).unwrap().lines() {
+                let v: serde_json::Value = serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("{}: a line that is not JSON ({e}): {line}", file.display()));
+                let key = (v["stream"].as_str().unwrap().to_string(), v["partition"].as_u64().unwrap());
+                out.entry(key).or_default().push(v["seq"].as_u64().unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// Asserts that the sink holds every generator record exactly once, in order:
+/// `partitions` partitions of each stream, seq `0..records`.
+pub fn assert_exactly_once(dir: &Path, streams: &[&str], partitions: u64, records: u64) {
+    let got = read_dir_sink(dir);
+    let mut expected_keys = Vec::new();
+    for s in streams {
+        for p in 0..partitions {
+            expected_keys.push((s.to_string(), p));
+        }
+    }
+    let keys: Vec<_> = got.keys().cloned().collect();
+    assert_eq!(keys, expected_keys, "partitions in the sink");
+    for (key, seqs) in &got {
+        if seqs.len() as u64 != records || seqs.iter().enumerate().any(|(i, s)| *s != i as u64) {
+            let dupes = seqs.windows(2).filter(|w| w[1] <= w[0]).count();
+            panic!("{key:?}: {} records, {dupes} out of order or repeated, expected 0..{records} once each", seqs.len());
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Chaos on a real disk: 25 runs that SIGKILL themselves at seeded moments
+//! while records are still in flight, then one clean `--once` run; every
+//! generator record must then be in the directory sink exactly once, in
+//! order.
+
+use skippr_tests::*;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Command;
+
+const PARTITIONS: u64 = 3;
+const RECORDS: u64 = 300_000;
+
+#[test]
+fn twenty_five_sigkills_then_a_clean_run_deliver_every_record_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let args = |once: bool| {
+        let mut a = vec![
+            "run".to_string(),
+            "--data-dir".into(),
+            data.to_str().unwrap().into(),
+            "--generator-partitions".into(),
+            PARTITIONS.to_string(),
+            "--generator-records".into(),
+            RECORDS.to_string(),
+            "--generator-rate".into(),
+            "100000".into(),
+            "--wal-bytes-per-file".into(),
+            "4194304".into(),
+        ];
+        if once {
+            a.push("--once".into());
+        }
+        a
+    };
+    let mut killed = 0;
+    for seed in 0..25 {
+        let out = Command::new(skipprd_bin())
+            .args(args(true))
+            .env("SKIPPR_CHAOS_MODE", "yes")
+            .env("SKIPPR_CHAOS_SEED", seed.to_string())
+            .env("SKIPPR_CHAOS_MIN_SECONDS", "0.05")
+            .env("SKIPPR_CHAOS_MAX_SECONDS", "0.5")
+            .output()
+            .unwrap();
+        assert!(stderr(&out).contains("chaos mode: SIGKILL in"), "the chosen moment is logged");
+        match (out.status.signal(), out.status.code()) {
+            (Some(9), _) => killed += 1,
+            (_, Some(0)) => {}
+            other => panic!("run {seed} ended with {other:?}: {}", stderr(&out)),
+        }
+    }
+    assert!(killed >= 20, "only {killed} of 25 runs were killed with work in flight");
+    let out = Command::new(skipprd_bin()).args(args(true)).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["events"], PARTITIONS, RECORDS);
+    let verify = skipprd(&["wal", "verify", data.to_str().unwrap()]);
+    assert_eq!(verify.status.code(), Some(0), "{}", stdout(&verify));
+}

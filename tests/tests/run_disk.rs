@@ -1,0 +1,188 @@
+//! `skipprd run` on a real disk: the embedded default, resuming, the lock,
+//! signals, and bad input that must fail clearly without losing data.
+
+use skippr_tests::*;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn run(data: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["run", "--once", "--data-dir", data.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    skipprd(&args)
+}
+
+fn summary_records(out: &std::process::Output) -> u64 {
+    let text = stdout(out);
+    let line = text.lines().find(|l| l.starts_with("records: ")).unwrap_or_else(|| panic!("no summary: {text}"));
+    line["records: ".len()..].split(',').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn once_with_defaults_delivers_everything_exactly_once_and_a_rerun_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out = run(&data, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let summary = stdout(&out);
+    for field in ["records: 20000", "commits: ", "compactions: ", "elapsed: ", "records/s: "] {
+        assert!(summary.contains(field), "{field} missing from {summary}");
+    }
+    assert_exactly_once(&data.join("sink"), &["events"], 2, 10_000);
+    let again = run(&data, &[]);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert_eq!(summary_records(&again), 0, "a second run resumes instead of re-ingesting");
+    assert_exactly_once(&data.join("sink"), &["events"], 2, 10_000);
+    let verify = skipprd(&["wal", "verify", data.to_str().unwrap()]);
+    assert_eq!(verify.status.code(), Some(0), "{}", stdout(&verify));
+    assert!(stdout(&verify).contains("ok: "), "{}", stdout(&verify));
+}
+
+#[test]
+fn segments_roll_and_old_ones_are_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out = run(&data, &["--generator-records", "50000", "--wal-bytes-per-file", "1048576"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["events"], 2, 50_000);
+    let verify = stdout(&skipprd(&["wal", "verify", data.to_str().unwrap()]));
+    let first = verify.lines().next().unwrap();
+    assert!(!first.starts_with("00000000000000000000.seg"), "segment 0 was deleted once compacted: {verify}");
+}
+
+#[test]
+fn deleting_the_offsets_store_is_harmless() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    assert_eq!(run(&data, &[]).status.code(), Some(0));
+    let before = stdout(&skipprd(&["offsets", "show", data.to_str().unwrap()]));
+    std::fs::remove_file(data.join("offsets.redb")).unwrap();
+    let out = run(&data, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(summary_records(&out), 0);
+    let after = stdout(&skipprd(&["offsets", "show", data.to_str().unwrap()]));
+    assert_eq!(before, after, "rebuilt from the WAL");
+    assert!(after.contains("position=10000"), "{after}");
+    assert_exactly_once(&data.join("sink"), &["events"], 2, 10_000);
+}
+
+#[test]
+fn offsets_ahead_of_the_wal_stop_and_reset_is_the_way_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    let b = tmp.path().join("b");
+    assert_eq!(run(&a, &[]).status.code(), Some(0));
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::copy(a.join("offsets.redb"), b.join("offsets.redb")).unwrap();
+    let out = run(&b, &[]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(stderr(&out).contains("skipprd offsets reset"), "{}", stderr(&out));
+    let refused = skipprd(&["offsets", "reset", b.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(2), "reset asks for --yes");
+    let reset = skipprd(&["offsets", "reset", b.to_str().unwrap(), "--yes"]);
+    assert_eq!(reset.status.code(), Some(0), "{}", stderr(&reset));
+    let out = run(&b, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&b.join("sink"), &["events"], 2, 10_000);
+}
+
+#[test]
+fn a_bit_flip_in_a_committed_segment_fails_closed_naming_file_and_offset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    assert_eq!(run(&data, &["--generator-records", "3000"]).status.code(), Some(0));
+    let seg = data.join("wal").join("00000000000000000000.seg");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[200] ^= 0x04; // inside the first group; later groups follow
+    std::fs::write(&seg, &bytes).unwrap();
+    let out = run(&data, &["--generator-records", "3000"]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("00000000000000000000.seg at byte 32"), "{err}");
+    assert!(err.contains("skipprd wal verify"), "says what to do: {err}");
+    let verify = skipprd(&["wal", "verify", data.to_str().unwrap()]);
+    assert_eq!(verify.status.code(), Some(5));
+    assert!(stdout(&verify).contains("CORRUPT"), "{}", stdout(&verify));
+}
+
+#[test]
+fn a_torn_final_group_is_dropped_and_its_records_read_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    assert_eq!(run(&data, &["--generator-records", "3000"]).status.code(), Some(0));
+    // Tear the last group: zero its final bytes (the commit record).
+    let verify = stdout(&skipprd(&["wal", "verify", data.to_str().unwrap()]));
+    let used: usize = verify
+        .lines()
+        .find(|l| l.starts_with("00000000000000000000.seg"))
+        .and_then(|l| l.split(", ").find_map(|f| f.strip_suffix(" bytes used")))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let seg = data.join("wal").join("00000000000000000000.seg");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[used - 10..used].fill(0);
+    std::fs::write(&seg, &bytes).unwrap();
+    let out = run(&data, &["--generator-records", "3000"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["events"], 2, 3000);
+}
+
+#[test]
+fn a_stray_file_in_the_wal_directory_is_reported_and_left_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(data.join("wal")).unwrap();
+    std::fs::write(data.join("wal").join("notes.txt"), b"not a segment").unwrap();
+    let out = run(&data, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not a segment"), "{}", stderr(&out));
+    assert!(data.join("wal").join("notes.txt").exists());
+    assert_exactly_once(&data.join("sink"), &["events"], 2, 10_000);
+}
+
+#[test]
+fn configuration_errors_are_clear() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out = Command::new(skipprd_bin())
+        .args(["run", "--once", "--data-dir", data.to_str().unwrap()])
+        .env("WAL_STORAGE", "tape")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(stderr(&out).contains("unknown WAL_STORAGE 'tape'"), "{}", stderr(&out));
+    // A data directory that cannot exist: its parent is a file.
+    let file = tmp.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let out = run(&file.join("data"), &[]);
+    assert_eq!(out.status.code(), Some(4));
+    assert!(stderr(&out).contains("cannot create DATA_DIR"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_second_daemon_refuses_and_sigterm_drains_the_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut first = Command::new(skipprd_bin())
+        .args(["run", "--data-dir", data.to_str().unwrap(), "--generator-records", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while read_dir_sink(&data.join("sink")).is_empty() {
+        assert!(Instant::now() < deadline, "the first daemon delivers something");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = run(&data, &[]);
+    assert_eq!(second.status.code(), Some(4));
+    assert!(stderr(&second).contains("another skipprd is running"), "{}", stderr(&second));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = first.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "SIGTERM drains and exits 0");
+    // Everything read was delivered: each partition is a gapless prefix.
+    for (key, seqs) in read_dir_sink(&data.join("sink")) {
+        assert!(seqs.iter().enumerate().all(|(i, s)| *s == i as u64), "{key:?} is a gapless prefix");
+    }
+}
