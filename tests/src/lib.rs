@@ -110,7 +110,10 @@ pub fn assert_exactly_once(dir: &Path, streams: &[&str], partitions: u64, record
     for (key, seqs) in &got {
         if seqs.len() as u64 != records || seqs.iter().enumerate().any(|(i, s)| *s != i as u64) {
             let dupes = seqs.windows(2).filter(|w| w[1] <= w[0]).count();
-            panic!("{key:?}: {} records, {dupes} out of order or repeated, expected 0..{records} once each", seqs.len());
+            panic!(
+                "{key:?}: {} records, {dupes} out of order or repeated, expected 0..{records} once each",
+                seqs.len()
+            );
         }
     }
 }
