@@ -8,8 +8,10 @@
 pub mod clock;
 pub mod disk_wal;
 pub mod driver;
+pub mod external;
 pub mod offsets_db;
 pub mod plugins;
+pub mod spawner;
 
 pub use clock::Clock;
 pub use disk_wal::DiskWal;

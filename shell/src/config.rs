@@ -35,7 +35,8 @@ pub struct RunArgs {
     /// The pipeline's name, part of every offsets key [default: main].
     #[arg(long, value_name = "NAME")]
     pub pipeline: Option<String>,
-    /// The source: `generator` [default: generator].
+    /// The source: `generator`, or `command` for an external plugin
+    /// [default: generator].
     #[arg(long, value_name = "KIND")]
     pub source: Option<String>,
     /// Generator: stream names, comma-separated [default: events].
@@ -54,12 +55,23 @@ pub struct RunArgs {
     /// [default: 0].
     #[arg(long, value_name = "N")]
     pub generator_rate: Option<u64>,
-    /// The sink: `dir` or `stdout` [default: dir].
+    /// External source: the command that starts the plugin (run by `sh -c`).
+    #[arg(long, value_name = "CMD")]
+    pub source_command: Option<String>,
+    /// The sink: `dir`, `stdout`, or `command` for an external plugin
+    /// [default: dir].
     #[arg(long, value_name = "KIND")]
     pub sink: Option<String>,
     /// Directory sink: where batches are written [default: DATA_DIR/sink].
     #[arg(long, value_name = "DIR")]
     pub sink_dir: Option<PathBuf>,
+    /// External sink: the command that starts the plugin (run by `sh -c`).
+    #[arg(long, value_name = "CMD")]
+    pub sink_command: Option<String>,
+    /// How long an external plugin may take to answer, in seconds, before it
+    /// is killed and restarted [default: 30].
+    #[arg(long, value_name = "SECONDS")]
+    pub plugin_timeout: Option<f64>,
 }
 
 /// The TOML file: the same settings, snake_case, sources and sinks in tables.
@@ -73,6 +85,7 @@ struct FileConfig {
     drain_timeout_seconds: Option<f64>,
     log_format: Option<String>,
     pipeline: Option<String>,
+    plugin_timeout_seconds: Option<f64>,
     #[serde(default)]
     source: SourceFile,
     #[serde(default)]
@@ -88,6 +101,7 @@ struct SourceFile {
     records: Option<u64>,
     seed: Option<u64>,
     rate: Option<u64>,
+    command: Option<String>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -95,17 +109,20 @@ struct SourceFile {
 struct SinkFile {
     kind: Option<String>,
     dir: Option<PathBuf>,
+    command: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum SourceConfig {
     Generator { streams: Vec<String>, partitions: u32, records: u64, seed: u64, rate: u64 },
+    Command { command: String },
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum SinkConfig {
     Dir { dir: PathBuf },
     Stdout,
+    Command { command: String },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -117,6 +134,7 @@ pub struct RunConfig {
     pub once: bool,
     pub json_logs: bool,
     pub pipeline: String,
+    pub plugin_timeout_seconds: f64,
     pub source: SourceConfig,
     pub sink: SinkConfig,
 }
@@ -156,19 +174,38 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
             seed: args.generator_seed.or(file.source.seed).unwrap_or(1),
             rate: args.generator_rate.or(file.source.rate).unwrap_or(0),
         },
-        other => return Err(format!("unknown source '{other}': use generator")),
+        "command" => SourceConfig::Command {
+            command: args
+                .source_command
+                .clone()
+                .or(file.source.command)
+                .ok_or("the command source needs its command: --source-command CMD, or `command` in [source]")?,
+        },
+        other => return Err(format!("unknown source '{other}': use generator or command")),
     };
-    let SourceConfig::Generator { streams, partitions, .. } = &source;
-    if streams.is_empty() || streams.iter().any(|s| !valid_name(s)) || *partitions == 0 {
-        return Err("the generator needs at least one stream (letters, digits, '-' and '_') and one partition".into());
+    if let SourceConfig::Generator { streams, partitions, .. } = &source {
+        if streams.is_empty() || streams.iter().any(|s| !valid_name(s)) || *partitions == 0 {
+            return Err(
+                "the generator needs at least one stream (letters, digits, '-' and '_') and one partition".into()
+            );
+        }
     }
     let sink = match args.sink.clone().or(file.sink.kind).as_deref().unwrap_or("dir") {
         "dir" => {
             SinkConfig::Dir { dir: args.sink_dir.clone().or(file.sink.dir).unwrap_or_else(|| data_dir.join("sink")) }
         }
         "stdout" => SinkConfig::Stdout,
-        other => return Err(format!("unknown sink '{other}': use dir or stdout")),
+        "command" => SinkConfig::Command {
+            command: args
+                .sink_command
+                .clone()
+                .or(file.sink.command)
+                .ok_or("the command sink needs its command: --sink-command CMD, or `command` in [sink]")?,
+        },
+        other => return Err(format!("unknown sink '{other}': use dir, stdout or command")),
     };
+    let plugin_timeout_seconds = args.plugin_timeout.or(file.plugin_timeout_seconds).unwrap_or(30.0);
+    positive("--plugin-timeout", plugin_timeout_seconds)?;
     Ok(RunConfig {
         data_dir,
         wal_bytes_per_file,
@@ -177,6 +214,7 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         once: args.once,
         json_logs,
         pipeline,
+        plugin_timeout_seconds,
         source,
         sink,
     })

@@ -28,6 +28,9 @@ pub const SINK_FATAL: i32 = 8;
 pub const DRAIN_FAILED: i32 = 9;
 /// A source broke the protocol.
 pub const SOURCE_PROTOCOL: i32 = 10;
+/// An external plugin could not be started (bad command, no hello, another
+/// protocol version).
+pub const PLUGIN: i32 = 11;
 
 pub fn for_stop(reason: &StopReason) -> i32 {
     match reason {

@@ -7,6 +7,7 @@ use crate::config::{resolve, RunArgs, RunConfig, SinkConfig, SourceConfig};
 use crate::exit;
 use skippr_core::{Duration, Host, HostConfig, Limits, Mutations};
 use skippr_io::driver::{explain, SharedSink, SharedSource};
+use skippr_io::external::{ExternalSink, ExternalSource};
 use skippr_io::plugins::{DirSink, Generator, Sink, Source, StdoutSink};
 use skippr_io::{drive, Backends, Clock, DiskWal, OffsetsDb, RunTotals};
 use std::fs::File;
@@ -64,12 +65,20 @@ fn lock_data_dir(dir: &Path) -> Result<File, String> {
 
 async fn run(cfg: RunConfig) -> i32 {
     let started = std::time::Instant::now();
-    let (source, streams): (Box<dyn Source>, Vec<String>) = match &cfg.source {
+    let timeout = std::time::Duration::from_secs_f64(cfg.plugin_timeout_seconds);
+    let source: Box<dyn Source> = match &cfg.source {
         SourceConfig::Generator { streams, partitions, records, seed, rate } => {
-            let generator = Generator::new(streams.clone(), *partitions, *records, *seed).with_rate(*rate);
-            (Box::new(generator), streams.clone())
+            Box::new(Generator::new(streams.clone(), *partitions, *records, *seed).with_rate(*rate))
         }
+        SourceConfig::Command { command } => match ExternalSource::start("source", command, timeout) {
+            Ok(s) => Box::new(s),
+            Err(e) => {
+                eprintln!("skipprd run: {e}");
+                return exit::PLUGIN;
+            }
+        },
     };
+    let streams = source.streams();
     let sink: Box<dyn Sink> = match &cfg.sink {
         SinkConfig::Dir { dir } => match DirSink::open(dir) {
             Ok(s) => Box::new(s),
@@ -79,6 +88,13 @@ async fn run(cfg: RunConfig) -> i32 {
             }
         },
         SinkConfig::Stdout => Box::new(StdoutSink),
+        SinkConfig::Command { command } => match ExternalSink::start("sink", command, timeout) {
+            Ok(s) => Box::new(s),
+            Err(e) => {
+                eprintln!("skipprd run: {e}");
+                return exit::PLUGIN;
+            }
+        },
     };
     let host_config = HostConfig {
         seed: 0,

@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""A runtime-protocol (version 1) sink for the end-to-end tests.
+
+Writes each batch to OUT_DIR/<stream>/<seq, 20 digits>-<compaction_id>.jsonl
+(temporary file, fsync, rename), one record per line as received. A replay of
+the same id with the same records is already_applied; anything else under a
+number already used is fatal.
+"""
+import json
+import os
+import sys
+
+OUT_DIR = os.environ["OUT_DIR"]
+
+
+def send(obj):
+    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def apply(msg):
+    stream_dir = os.path.join(OUT_DIR, msg["stream"])
+    os.makedirs(stream_dir, exist_ok=True)
+    seq = msg["seq"]
+    name = f"{seq:020}-{msg['compaction_id']}.jsonl"
+    body = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in msg["records"])
+    path = os.path.join(stream_dir, name)
+    if os.path.exists(path):
+        with open(path) as f:
+            return "already_applied" if f.read() == body else "fatal"
+    if any(n.startswith(f"{seq:020}-") for n in os.listdir(stream_dir)):
+        return "fatal"
+    tmp = os.path.join(stream_dir, "." + name)
+    with open(tmp, "w") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    return "applied"
+
+
+def main():
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg["type"] == "hello":
+            send({"type": "hello", "protocol": 1})
+        elif msg["type"] == "apply":
+            send({"type": "result", "outcome": apply(msg), "rows": len(msg["records"])})
+        else:
+            send({"type": "error", "message": f"unknown request {msg['type']}"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""A runtime-protocol (version 1) source for the end-to-end tests.
+
+PARTITIONS partitions of stream STREAM, RECORDS records each (0: endless).
+Each record is {"stream","partition","seq","note"} at position seq.
+MISBEHAVE=garbage|exit|hang misbehaves once, on read number MISBEHAVE_AT,
+remembering in the file MARKER that it did. PIDFILE receives its pid.
+"""
+import json
+import os
+import sys
+import time
+
+PARTITIONS = int(os.environ.get("PARTITIONS", "2"))
+RECORDS = int(os.environ.get("RECORDS", "1000"))
+STREAM = os.environ.get("STREAM", "orders")
+MISBEHAVE = os.environ.get("MISBEHAVE")
+MISBEHAVE_AT = int(os.environ.get("MISBEHAVE_AT", "3"))
+MARKER = os.environ.get("MARKER")
+
+
+def send(obj):
+    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def misbehave_now(reads):
+    if not MISBEHAVE or reads != MISBEHAVE_AT or (MARKER and os.path.exists(MARKER)):
+        return
+    if MARKER:
+        open(MARKER, "w").close()
+    print(f"source: misbehaving on purpose: {MISBEHAVE}", file=sys.stderr, flush=True)
+    if MISBEHAVE == "garbage":
+        sys.stdout.write("this is not json\n")
+        sys.stdout.flush()
+    elif MISBEHAVE == "exit":
+        sys.exit(3)
+    elif MISBEHAVE == "hang":
+        time.sleep(3600)
+
+
+def main():
+    if os.environ.get("PIDFILE"):
+        with open(os.environ["PIDFILE"], "w") as f:
+            f.write(str(os.getpid()))
+    next_pos = {p: 0 for p in range(PARTITIONS)}
+    reads = 0
+    for line in sys.stdin:
+        msg = json.loads(line)
+        kind = msg["type"]
+        if kind == "hello":
+            send({"type": "hello", "protocol": 1, "streams": [STREAM]})
+        elif kind == "open":
+            next_pos = {p: 0 for p in range(PARTITIONS)}
+            for r in msg["resume"]:
+                next_pos[r["partition"]] = r["position"]
+            send({"type": "opened"})
+        elif kind == "read":
+            reads += 1
+            misbehave_now(reads)
+            budget = msg["max"]
+            batches = []
+            for p in range(PARTITIONS):
+                start = next_pos[p]
+                end = start + min(budget, 200)
+                if RECORDS:
+                    end = min(end, RECORDS)
+                if end <= start:
+                    continue
+                records = [
+                    {"position": s, "data": {"stream": STREAM, "partition": p, "seq": s, "note": "x"}}
+                    for s in range(start, end)
+                ]
+                batches.append(
+                    {"partition": p, "stream": STREAM, "records": records, "end": end, "checkpoint": f"cp-{p}-{end}"}
+                )
+                next_pos[p] = end
+                budget -= end - start
+                if budget == 0:
+                    break
+            exhausted = RECORDS > 0 and all(next_pos[p] >= RECORDS for p in range(PARTITIONS))
+            send({"type": "batch", "batches": batches, "exhausted": exhausted})
+        elif kind == "ack":
+            send({"type": "acked"})
+        else:
+            send({"type": "error", "message": f"unknown request {kind}"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+//! External plugins over the runtime protocol: small Python plugins in
+//! `tests/plugins/` as sources and sinks, misbehaving plugins, and plugins
+//! that die with a SIGKILLed daemon.
+
+use skippr_tests::*;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn plugin(name: &str) -> String {
+    format!("python3 {}", repo_root().join("tests").join("plugins").join(name).display())
+}
+
+fn daemon(data: &Path, extra: &[&str], env: &[(&str, String)]) -> Command {
+    let mut cmd = Command::new(skipprd_bin());
+    cmd.args(["run", "--data-dir", data.to_str().unwrap()]).args(extra);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+fn external_source(data: &Path, records: u64, env: &[(&str, String)]) -> Output {
+    let cmd = plugin("source.py");
+    let mut env = env.to_vec();
+    env.push(("RECORDS", records.to_string()));
+    daemon(data, &["--once", "--source", "command", "--source-command", &cmd, "--plugin-timeout", "2"], &env)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn an_external_source_delivers_its_exact_bytes_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out = external_source(&data, 3000, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["orders"], 2, 3000);
+    let first = std::fs::read_dir(data.join("sink").join("orders")).unwrap().next().unwrap().unwrap().path();
+    let line = std::fs::read_to_string(first).unwrap().lines().next().unwrap().to_string();
+    assert_eq!(line, r#"{"stream":"orders","partition":0,"seq":0,"note":"x"}"#, "the bytes the plugin emitted");
+    let again = external_source(&data, 3000, &[]);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert!(stdout(&again).starts_with("records: 0,"), "resumes from host state: {}", stdout(&again));
+    let shown = stdout(&skipprd(&["offsets", "show", data.to_str().unwrap()]));
+    assert!(shown.contains("checkpoint=cp-0-3000"), "checkpoints are materialized: {shown}");
+}
+
+#[test]
+fn an_external_sink_receives_every_batch_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out_dir = tmp.path().join("out");
+    let cmd = plugin("sink.py");
+    let out = daemon(
+        &data,
+        &["--once", "--sink", "command", "--sink-command", &cmd],
+        &[("OUT_DIR", out_dir.to_str().unwrap().to_string())],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&out_dir, &["events"], 2, 10_000);
+}
+
+fn misbehaving(mode: &str) -> (PathBuf, Output, tempfile::TempDir) {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let env = [("MISBEHAVE", mode.to_string()), ("MARKER", tmp.path().join("marker").to_str().unwrap().to_string())];
+    let out = external_source(&data, 2000, &env);
+    (data, out, tmp)
+}
+
+#[test]
+fn a_source_printing_garbage_is_named_restarted_and_loses_nothing() {
+    let (data, out, _tmp) = misbehaving("garbage");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("plugin 'source': sent a line that is not protocol JSON"), "{err}");
+    assert!(err.contains("this is not json"), "the line is quoted: {err}");
+    assert_exactly_once(&data.join("sink"), &["orders"], 2, 2000);
+}
+
+#[test]
+fn a_source_that_exits_is_restarted_from_host_state() {
+    let (data, out, _tmp) = misbehaving("exit");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("exited (exit status: 3)"), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["orders"], 2, 2000);
+}
+
+#[test]
+fn a_source_that_hangs_is_killed_after_its_timeout_and_restarted() {
+    let (data, out, _tmp) = misbehaving("hang");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no answer within 2s"), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["orders"], 2, 2000);
+}
+
+#[test]
+fn a_plugin_that_cannot_start_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out = daemon(&data, &["--once", "--source", "command", "--source-command", "exit 7"], &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(11), "{}", stderr(&out));
+    assert!(stderr(&out).contains("plugin 'source'"), "{}", stderr(&out));
+}
+
+#[test]
+fn plugins_die_with_a_sigkilled_daemon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let pidfile = tmp.path().join("plugin.pid");
+    let cmd = plugin("source.py");
+    let mut child = daemon(
+        &data,
+        &["--source", "command", "--source-command", &cmd],
+        &[("RECORDS", "0".into()), ("PIDFILE", pidfile.to_str().unwrap().into())],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while read_dir_sink(&data.join("sink")).is_empty() {
+        assert!(Instant::now() < deadline, "the daemon delivers something");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(Path::new(&format!("/proc/{pid}")).exists());
+    child.kill().unwrap(); // SIGKILL
+    assert_eq!(child.wait().unwrap().signal(), Some(9));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid) {
+        assert!(Instant::now() < deadline, "plugin {pid} outlived its daemon");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Running and not a zombie.
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+#[test]
+fn twenty_five_sigkills_with_an_external_source_then_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let cmd = plugin("source.py");
+    let args = ["--once", "--source", "command", "--source-command", &cmd, "--wal-bytes-per-file", "4194304"];
+    let env = [("RECORDS", "500000".to_string())];
+    let mut killed = 0;
+    for seed in 0..25 {
+        let out = daemon(&data, &args, &env)
+            .env("SKIPPR_CHAOS_MODE", "yes")
+            .env("SKIPPR_CHAOS_SEED", seed.to_string())
+            .env("SKIPPR_CHAOS_MIN_SECONDS", "0.1")
+            .env("SKIPPR_CHAOS_MAX_SECONDS", "0.4")
+            .output()
+            .unwrap();
+        match (out.status.signal(), out.status.code()) {
+            (Some(9), _) => killed += 1,
+            (_, Some(0)) => {}
+            other => panic!("run {seed} ended with {other:?}: {}", stderr(&out)),
+        }
+    }
+    assert!(killed >= 20, "only {killed} of 25 runs were killed with work in flight");
+    let out = daemon(&data, &args, &env).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["orders"], 2, 500_000);
+}
