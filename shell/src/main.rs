@@ -31,7 +31,7 @@ struct Cli {
 enum Command {
     /// Run the daemon: sources into a durable WAL, compacted batches out to
     /// sinks, exactly once. SIGTERM or SIGINT drains and exits 0.
-    Run(config::RunArgs),
+    Run(Box<config::RunArgs>),
     /// Run the deterministic simulator: one seed, a sweep of seeds, or a
     /// replay of saved failures. Exit 0 if every run passes, 1 if any fails.
     Sim(sim::SimArgs),
@@ -77,7 +77,7 @@ enum OffsetsCommand {
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
-        Command::Run(args) => run::main(args),
+        Command::Run(args) => run::main(*args),
         Command::Sim(args) => sim::main(args),
         Command::Wal(WalCommand::Verify { data_dir }) => tools::wal_verify(&data_dir),
         Command::Offsets(OffsetsCommand::Show { data_dir }) => tools::offsets_show(&data_dir),
