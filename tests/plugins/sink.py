@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A runtime-protocol (version 1) sink for the end-to-end tests.
 
+With REFUSE=retryable (or fatal) it answers that to every batch.
 Writes each batch to OUT_DIR/<stream>/<seq, 20 digits>-<compaction_id>.jsonl
 (temporary file, fsync, rename), one record per line as received. A replay of
 the same id with the same records is already_applied; anything else under a
@@ -45,7 +46,9 @@ def main():
         if msg["type"] == "hello":
             send({"type": "hello", "protocol": 1})
         elif msg["type"] == "apply":
-            send({"type": "result", "outcome": apply(msg), "rows": len(msg["records"])})
+            refuse = os.environ.get("REFUSE")
+            outcome = refuse if refuse else apply(msg)
+            send({"type": "result", "outcome": outcome, "rows": len(msg["records"])})
         else:
             send({"type": "error", "message": f"unknown request {msg['type']}"})
 

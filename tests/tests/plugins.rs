@@ -172,3 +172,39 @@ fn twenty_five_sigkills_with_an_external_source_then_exactly_once() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_exactly_once(&data.join("sink"), &["orders"], 2, 500_000);
 }
+
+#[test]
+fn a_drain_that_cannot_finish_exits_nine_after_the_drain_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let cmd = plugin("sink.py");
+    let env = [("OUT_DIR", tmp.path().join("out").to_str().unwrap().to_string()), ("REFUSE", "retryable".into())];
+    let mut child = daemon(&data, &["--sink", "command", "--sink-command", &cmd, "--drain-timeout", "1"], &env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let started = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(9), "{}", stderr(&out));
+    assert!(started.elapsed() >= Duration::from_millis(900), "it waited for the drain");
+    assert!(stderr(&out).contains("drain timed out"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_fatal_sink_answer_stops_with_exit_eight_and_replays_next_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out_dir = tmp.path().join("out");
+    let cmd = plugin("sink.py");
+    let mut env = vec![("OUT_DIR", out_dir.to_str().unwrap().to_string()), ("REFUSE", "fatal".into())];
+    let out = daemon(&data, &["--once", "--sink", "command", "--sink-command", &cmd], &env).output().unwrap();
+    assert_eq!(out.status.code(), Some(8), "{}", stderr(&out));
+    assert!(stderr(&out).contains("refused compaction"), "{}", stderr(&out));
+    env.pop();
+    let out = daemon(&data, &["--once", "--sink", "command", "--sink-command", &cmd], &env).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&out_dir, &["events"], 2, 10_000);
+}
