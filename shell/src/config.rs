@@ -35,7 +35,7 @@ pub struct RunArgs {
     /// The pipeline's name, part of every offsets key [default: main].
     #[arg(long, value_name = "NAME")]
     pub pipeline: Option<String>,
-    /// The source: `generator`, or `command` for an external plugin
+    /// The source: `generator`, `file`, or `command` for an external plugin
     /// [default: generator].
     #[arg(long, value_name = "KIND")]
     pub source: Option<String>,
@@ -55,6 +55,16 @@ pub struct RunArgs {
     /// [default: 0].
     #[arg(long, value_name = "N")]
     pub generator_rate: Option<u64>,
+    /// File source: the directory whose `*.jsonl` files are read.
+    #[arg(long, value_name = "DIR")]
+    pub file_dir: Option<PathBuf>,
+    /// File source: the stream its records go to [default: lines].
+    #[arg(long, value_name = "NAME")]
+    pub file_stream: Option<String>,
+    /// File source: keep tailing the files (`true`), or be exhausted once
+    /// every file is read (`false`, for --once) [default: true].
+    #[arg(long, value_name = "BOOL")]
+    pub file_follow: Option<bool>,
     /// External source: the command that starts the plugin (run by `sh -c`).
     #[arg(long, value_name = "CMD")]
     pub source_command: Option<String>,
@@ -102,6 +112,9 @@ struct SourceFile {
     seed: Option<u64>,
     rate: Option<u64>,
     command: Option<String>,
+    dir: Option<PathBuf>,
+    stream: Option<String>,
+    follow: Option<bool>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -115,6 +128,7 @@ struct SinkFile {
 #[derive(Debug, Clone, PartialEq)]
 pub enum SourceConfig {
     Generator { streams: Vec<String>, partitions: u32, records: u64, seed: u64, rate: u64 },
+    File { dir: PathBuf, stream: String, follow: bool },
     Command { command: String },
 }
 
@@ -174,6 +188,15 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
             seed: args.generator_seed.or(file.source.seed).unwrap_or(1),
             rate: args.generator_rate.or(file.source.rate).unwrap_or(0),
         },
+        "file" => SourceConfig::File {
+            dir: args
+                .file_dir
+                .clone()
+                .or(file.source.dir)
+                .ok_or("the file source needs its directory: --file-dir DIR, or `dir` in [source]")?,
+            stream: args.file_stream.clone().or(file.source.stream).unwrap_or_else(|| "lines".into()),
+            follow: args.file_follow.or(file.source.follow).unwrap_or(true),
+        },
         "command" => SourceConfig::Command {
             command: args
                 .source_command
@@ -181,8 +204,13 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
                 .or(file.source.command)
                 .ok_or("the command source needs its command: --source-command CMD, or `command` in [source]")?,
         },
-        other => return Err(format!("unknown source '{other}': use generator or command")),
+        other => return Err(format!("unknown source '{other}': use generator, file or command")),
     };
+    if let SourceConfig::File { stream, .. } = &source {
+        if !valid_name(stream) {
+            return Err(format!("the file source's stream '{stream}' may hold only letters, digits, '-' and '_'"));
+        }
+    }
     if let SourceConfig::Generator { streams, partitions, .. } = &source {
         if streams.is_empty() || streams.iter().any(|s| !valid_name(s)) || *partitions == 0 {
             return Err(

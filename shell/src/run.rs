@@ -8,7 +8,7 @@ use crate::exit;
 use skippr_core::{Duration, Host, HostConfig, Limits, Mutations};
 use skippr_io::driver::{explain, SharedSink, SharedSource};
 use skippr_io::external::{ExternalSink, ExternalSource};
-use skippr_io::plugins::{DirSink, Generator, Sink, Source, StdoutSink};
+use skippr_io::plugins::{DirSink, FileSource, Generator, Sink, Source, StdoutSink};
 use skippr_io::{drive, Backends, Clock, DiskWal, OffsetsDb, RunTotals};
 use std::fs::File;
 use std::path::Path;
@@ -69,6 +69,13 @@ async fn run(cfg: RunConfig) -> i32 {
     let source: Box<dyn Source> = match &cfg.source {
         SourceConfig::Generator { streams, partitions, records, seed, rate } => {
             Box::new(Generator::new(streams.clone(), *partitions, *records, *seed).with_rate(*rate))
+        }
+        SourceConfig::File { dir, stream, follow } => {
+            if !dir.is_dir() {
+                eprintln!("skipprd run: the file source's directory {} does not exist", dir.display());
+                return exit::CONFIG;
+            }
+            Box::new(FileSource::new(dir, stream, *follow))
         }
         SourceConfig::Command { command } => match ExternalSource::start("source", command, timeout) {
             Ok(s) => Box::new(s),
