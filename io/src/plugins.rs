@@ -260,79 +260,6 @@ impl Sink for StdoutSink {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_generator_is_finite_gapless_and_resumes() {
-        let mut g = Generator::new(vec!["a".into(), "b".into()], 2, 5, 7);
-        let mut got: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-        loop {
-            let (batches, done) = g.read(3).unwrap();
-            for b in batches {
-                got.entry(b.partition).or_default().extend(b.records.iter().map(|r| r.position.0));
-            }
-            if done {
-                break;
-            }
-        }
-        assert_eq!(got.len(), 4);
-        assert!(got.values().all(|seqs| *seqs == vec![0, 1, 2, 3, 4]));
-        let rec = String::from_utf8(g.record("b", 1, 4)).unwrap();
-        assert!(rec.starts_with(r#"{"stream":"b","partition":1,"seq":4,"value":""#), "{rec}");
-        g.open(&[ResumePoint { partition: 3, position: Position(4), checkpoint: None }]).unwrap();
-        let (batches, _) = g.read(100).unwrap();
-        let p3: Vec<_> = batches.iter().filter(|b| b.partition == 3).flat_map(|b| &b.records).collect();
-        assert_eq!(p3.len(), 1);
-        assert_eq!(p3[0].bytes, g.record("b", 1, 4));
-    }
-
-    #[test]
-    fn the_file_source_reads_complete_lines_and_resumes_at_byte_offsets() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("a.jsonl"), b"{\"n\":1}\n{\"n\":2}\n{\"n\":3").unwrap();
-        std::fs::write(tmp.path().join("ignored.txt"), b"x\n").unwrap();
-        let mut src = FileSource::new(tmp.path(), "lines", false);
-        src.open(&[]).unwrap();
-        let (batches, done) = src.read(10).unwrap();
-        assert!(done, "only an unterminated tail is left");
-        assert_eq!(batches.len(), 1);
-        let b = &batches[0];
-        assert_eq!(b.partition, FileSource::partition_of("a.jsonl"));
-        assert_eq!(b.records.iter().map(|r| r.position.0).collect::<Vec<_>>(), vec![0, 8]);
-        assert_eq!(b.records[1].bytes, b"{\"n\":2}");
-        assert_eq!(b.end, Position(16));
-        assert_eq!(b.checkpoint.as_deref(), Some(b"a.jsonl".as_slice()));
-        // The line is completed later; a restarted source resumes at 16.
-        std::fs::write(tmp.path().join("a.jsonl"), b"{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n").unwrap();
-        let mut again = FileSource::new(tmp.path(), "lines", true);
-        again.open(&[ResumePoint { partition: b.partition, position: Position(16), checkpoint: None }]).unwrap();
-        let (batches, done) = again.read(10).unwrap();
-        assert!(!done, "following never ends");
-        assert_eq!(batches[0].records.len(), 1);
-        assert_eq!(batches[0].records[0].bytes, b"{\"n\":3}");
-        assert_eq!(batches[0].end, Position(24));
-    }
-
-    #[test]
-    fn the_dir_sink_is_idempotent_and_refuses_different_bytes() {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut sink = DirSink::open(tmp.path()).unwrap();
-        let recs = vec![b"{\"a\":1}".to_vec(), b"{\"a\":2}".to_vec()];
-        assert_eq!(sink.apply("s", 0, CompactionId(9), &recs).unwrap(), SinkOutcome::Applied);
-        assert_eq!(sink.apply("s", 0, CompactionId(9), &recs).unwrap(), SinkOutcome::AlreadyApplied);
-        let path = tmp.path().join("s").join("00000000000000000000-0000000000000009.jsonl");
-        assert_eq!(std::fs::read(&path).unwrap(), b"{\"a\":1}\n{\"a\":2}\n");
-        // A new process sees what is on disk.
-        let mut again = DirSink::open(tmp.path()).unwrap();
-        assert_eq!(again.apply("s", 0, CompactionId(9), &recs).unwrap(), SinkOutcome::AlreadyApplied);
-        assert_eq!(again.apply("s", 0, CompactionId(9), &recs[..1]).unwrap(), SinkOutcome::Fatal);
-        assert_eq!(again.apply("s", 0, CompactionId(8), &recs).unwrap(), SinkOutcome::Fatal);
-        assert_eq!(again.apply("s", 1, CompactionId(8), &recs).unwrap(), SinkOutcome::Applied);
-    }
-}
-
 /// The built-in file source: tails the `*.jsonl` files of a directory. Each
 /// file is a partition; a record is one complete line (without its newline),
 /// at the position of the byte offset where it starts; a partition's position
@@ -449,5 +376,78 @@ impl Source for FileSource {
 
     fn ack(&mut self, _acks: &[(u32, Position)]) -> Result<(), PluginError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generator_is_finite_gapless_and_resumes() {
+        let mut g = Generator::new(vec!["a".into(), "b".into()], 2, 5, 7);
+        let mut got: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        loop {
+            let (batches, done) = g.read(3).unwrap();
+            for b in batches {
+                got.entry(b.partition).or_default().extend(b.records.iter().map(|r| r.position.0));
+            }
+            if done {
+                break;
+            }
+        }
+        assert_eq!(got.len(), 4);
+        assert!(got.values().all(|seqs| *seqs == vec![0, 1, 2, 3, 4]));
+        let rec = String::from_utf8(g.record("b", 1, 4)).unwrap();
+        assert!(rec.starts_with(r#"{"stream":"b","partition":1,"seq":4,"value":""#), "{rec}");
+        g.open(&[ResumePoint { partition: 3, position: Position(4), checkpoint: None }]).unwrap();
+        let (batches, _) = g.read(100).unwrap();
+        let p3: Vec<_> = batches.iter().filter(|b| b.partition == 3).flat_map(|b| &b.records).collect();
+        assert_eq!(p3.len(), 1);
+        assert_eq!(p3[0].bytes, g.record("b", 1, 4));
+    }
+
+    #[test]
+    fn the_file_source_reads_complete_lines_and_resumes_at_byte_offsets() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("a.jsonl"), b"{\"n\":1}\n{\"n\":2}\n{\"n\":3").unwrap();
+        std::fs::write(tmp.path().join("ignored.txt"), b"x\n").unwrap();
+        let mut src = FileSource::new(tmp.path(), "lines", false);
+        src.open(&[]).unwrap();
+        let (batches, done) = src.read(10).unwrap();
+        assert!(done, "only an unterminated tail is left");
+        assert_eq!(batches.len(), 1);
+        let b = &batches[0];
+        assert_eq!(b.partition, FileSource::partition_of("a.jsonl"));
+        assert_eq!(b.records.iter().map(|r| r.position.0).collect::<Vec<_>>(), vec![0, 8]);
+        assert_eq!(b.records[1].bytes, b"{\"n\":2}");
+        assert_eq!(b.end, Position(16));
+        assert_eq!(b.checkpoint.as_deref(), Some(b"a.jsonl".as_slice()));
+        // The line is completed later; a restarted source resumes at 16.
+        std::fs::write(tmp.path().join("a.jsonl"), b"{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n").unwrap();
+        let mut again = FileSource::new(tmp.path(), "lines", true);
+        again.open(&[ResumePoint { partition: b.partition, position: Position(16), checkpoint: None }]).unwrap();
+        let (batches, done) = again.read(10).unwrap();
+        assert!(!done, "following never ends");
+        assert_eq!(batches[0].records.len(), 1);
+        assert_eq!(batches[0].records[0].bytes, b"{\"n\":3}");
+        assert_eq!(batches[0].end, Position(24));
+    }
+
+    #[test]
+    fn the_dir_sink_is_idempotent_and_refuses_different_bytes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut sink = DirSink::open(tmp.path()).unwrap();
+        let recs = vec![b"{\"a\":1}".to_vec(), b"{\"a\":2}".to_vec()];
+        assert_eq!(sink.apply("s", 0, CompactionId(9), &recs).unwrap(), SinkOutcome::Applied);
+        assert_eq!(sink.apply("s", 0, CompactionId(9), &recs).unwrap(), SinkOutcome::AlreadyApplied);
+        let path = tmp.path().join("s").join("00000000000000000000-0000000000000009.jsonl");
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"a\":1}\n{\"a\":2}\n");
+        // A new process sees what is on disk.
+        let mut again = DirSink::open(tmp.path()).unwrap();
+        assert_eq!(again.apply("s", 0, CompactionId(9), &recs).unwrap(), SinkOutcome::AlreadyApplied);
+        assert_eq!(again.apply("s", 0, CompactionId(9), &recs[..1]).unwrap(), SinkOutcome::Fatal);
+        assert_eq!(again.apply("s", 0, CompactionId(8), &recs).unwrap(), SinkOutcome::Fatal);
+        assert_eq!(again.apply("s", 1, CompactionId(8), &recs).unwrap(), SinkOutcome::Applied);
     }
 }
