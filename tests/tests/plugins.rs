@@ -179,7 +179,7 @@ fn a_drain_that_cannot_finish_exits_nine_after_the_drain_timeout() {
     let data = tmp.path().join("data");
     let cmd = plugin("sink.py");
     let env = [("OUT_DIR", tmp.path().join("out").to_str().unwrap().to_string()), ("REFUSE", "retryable".into())];
-    let mut child = daemon(&data, &["--sink", "command", "--sink-command", &cmd, "--drain-timeout", "1"], &env)
+    let child = daemon(&data, &["--sink", "command", "--sink-command", &cmd, "--drain-timeout", "1"], &env)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
