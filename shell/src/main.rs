@@ -3,6 +3,7 @@
 //! Commands: `run` (the daemon), `sim` (the deterministic simulator), and
 //! the operator tools `wal verify`, `offsets show` and `offsets reset`.
 
+mod bench;
 mod chaos;
 mod config;
 mod exit;
@@ -41,6 +42,15 @@ enum Command {
     /// Inspect or reset the offsets store.
     #[command(subcommand)]
     Offsets(OffsetsCommand),
+    /// Benchmarks (see BENCHMARKS.md).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// The disk WAL's commit path against a plain append + fdatasync loop.
+    Wal(bench::BenchWalArgs),
 }
 
 #[derive(Subcommand)]
@@ -80,6 +90,7 @@ fn main() {
         Command::Run(args) => run::main(*args),
         Command::Sim(args) => sim::main(args),
         Command::Wal(WalCommand::Verify { data_dir }) => tools::wal_verify(&data_dir),
+        Command::Bench(BenchCommand::Wal(args)) => bench::wal(args),
         Command::Offsets(OffsetsCommand::Show { data_dir }) => tools::offsets_show(&data_dir),
         Command::Offsets(OffsetsCommand::Reset { data_dir, pipeline, yes }) => {
             tools::offsets_reset(&data_dir, pipeline.as_deref(), yes)
