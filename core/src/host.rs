@@ -285,6 +285,23 @@ impl Host {
         (self.records.len(), self.records.bytes())
     }
 
+    /// Per (sink, stream): committed positions not yet acknowledged by that
+    /// sink, summed over the stream's partitions (records, for sources whose
+    /// positions count records).
+    pub fn compaction_lag(&self) -> Vec<(SinkId, StreamId, u64)> {
+        let mut lag = BTreeMap::new();
+        for sink in (0..self.cfg.sinks.len() as u16).map(SinkId) {
+            for stream in (0..self.cfg.streams.len() as u16).map(StreamId) {
+                lag.insert((sink, stream), 0u64);
+            }
+            for (key, p) in &self.committed.partitions {
+                let behind = p.position.0.saturating_sub(self.committed.acked(sink, *key).0);
+                *lag.entry((sink, p.stream)).or_default() += behind;
+            }
+        }
+        lag.into_iter().map(|((sink, stream), n)| (sink, stream, n)).collect()
+    }
+
     /// Where the next commit group goes: (LSN, segment, offset).
     pub fn wal_head(&self) -> (Lsn, Option<(SegmentId, u64)>) {
         (self.wal.next_lsn, self.wal.active.as_ref().map(|a| (a.id, a.offset)))

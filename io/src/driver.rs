@@ -5,10 +5,11 @@
 
 use crate::clock::Clock;
 use crate::disk_wal::{to_io_error, DiskWal};
+use crate::metrics::Metrics;
 use crate::offsets_db::OffsetsDb;
 use crate::plugins::{Sink, Source};
 use skippr_core::io::{Input, IoOp, IoReply, Output, SourceBatchIn, StopReason};
-use skippr_core::{Host, IoError, IoId, StreamId};
+use skippr_core::{Host, IoError, IoId, SinkOutcome, StreamId};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -25,6 +26,9 @@ pub struct Backends {
     pub sinks: Vec<SharedSink>,
     /// Stream names by `StreamId`.
     pub streams: Arc<Vec<String>>,
+    /// Sink names by `SinkId`.
+    pub sink_names: Vec<String>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Counts for the run's summary line.
@@ -52,15 +56,25 @@ pub async fn drive(
         while let Some(output) = host.poll_output() {
             match output {
                 Output::Io { id, op } => start(id, op, &backends, &tx, &totals),
-                Output::Recovered(s) => info!(
-                    segments = s.segments,
-                    next_lsn = s.next_lsn.0,
-                    partitions = s.partitions,
-                    open_compactions = s.open_compactions,
-                    "recovered"
-                ),
+                Output::Recovered(s) => {
+                    backends.metrics.recovery_seconds.set(clock.now().as_micros() as f64 / 1e6);
+                    info!(
+                        segments = s.segments,
+                        next_lsn = s.next_lsn.0,
+                        partitions = s.partitions,
+                        open_compactions = s.open_compactions,
+                        "recovered"
+                    )
+                }
                 Output::Stopped(reason) => return reason,
             }
+        }
+        for (sink, stream, lag) in host.compaction_lag() {
+            let labels = vec![
+                ("sink".to_string(), backends.sink_names[sink.0 as usize].clone()),
+                ("stream".to_string(), backends.streams[stream.0 as usize].clone()),
+            ];
+            backends.metrics.compaction_lag.get_or_create(&labels).set(lag as i64);
         }
         let deadline = host.poll_timeout();
         let sleep = deadline.map(|(at, _)| tokio::time::Instant::from_std(clock.to_std(at)));
@@ -114,7 +128,11 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
             wal.create(segment, &header).map(|_| IoReply::Done).map_err(|e| io("creating a WAL segment", e))
         }
         IoOp::WalAppend { segment, offset, bytes, .. } => {
+            let started = std::time::Instant::now();
             wal.append(segment, offset, &bytes).map_err(|e| io("appending to the WAL", e))?;
+            b.metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
+            b.metrics.commits.inc();
+            b.metrics.wal_bytes_written.inc_by(bytes.len() as u64);
             totals.commits.fetch_add(1, Ordering::Relaxed);
             Ok(IoReply::Done)
         }
@@ -140,6 +158,7 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
                 .into_iter()
                 .map(|batch| {
                     totals.records.fetch_add(batch.records.len() as u64, Ordering::Relaxed);
+                    b.metrics.records.inc_by(batch.records.len() as u64);
                     // An unknown stream name maps to an id the engine
                     // rejects as a protocol error.
                     let stream = b.streams.iter().position(|s| *s == batch.stream).unwrap_or(u16::MAX as usize);
@@ -161,7 +180,17 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
         IoOp::SinkApply(a) => {
             let mut sink = b.sinks[a.sink.0 as usize].lock().expect("not poisoned");
             let stream = &b.streams[a.stream.0 as usize];
-            let outcome = sink.apply(stream, a.seq.0, a.id, &a.records).map_err(|e| plugin_failed("sink apply", e))?;
+            let outcome = sink.apply(stream, a.seq.0, a.id, &a.records).map_err(|e| {
+                b.metrics.compactions.get_or_create(&vec![("outcome".into(), "error".into())]).inc();
+                plugin_failed("sink apply", e)
+            })?;
+            let label = match outcome {
+                SinkOutcome::Applied => "applied",
+                SinkOutcome::AlreadyApplied => "already_applied",
+                SinkOutcome::Retryable => "retryable",
+                SinkOutcome::Fatal => "fatal",
+            };
+            b.metrics.compactions.get_or_create(&vec![("outcome".into(), label.into())]).inc();
             totals.compactions.fetch_add(1, Ordering::Relaxed);
             Ok(IoReply::Sink { outcome, rows: a.records.len() as u64 })
         }

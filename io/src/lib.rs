@@ -9,6 +9,7 @@ pub mod clock;
 pub mod disk_wal;
 pub mod driver;
 pub mod external;
+pub mod metrics;
 pub mod offsets_db;
 pub mod plugins;
 pub mod spawner;

@@ -78,6 +78,10 @@ pub struct RunArgs {
     /// External sink: the command that starts the plugin (run by `sh -c`).
     #[arg(long, value_name = "CMD")]
     pub sink_command: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics; a bare port binds
+    /// 127.0.0.1 [default: off].
+    #[arg(long, env = "SKIPPR_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
     /// How long an external plugin may take to answer, in seconds, before it
     /// is killed and restarted [default: 30].
     #[arg(long, value_name = "SECONDS")]
@@ -96,6 +100,7 @@ struct FileConfig {
     log_format: Option<String>,
     pipeline: Option<String>,
     plugin_timeout_seconds: Option<f64>,
+    metrics_addr: Option<String>,
     #[serde(default)]
     source: SourceFile,
     #[serde(default)]
@@ -149,6 +154,7 @@ pub struct RunConfig {
     pub json_logs: bool,
     pub pipeline: String,
     pub plugin_timeout_seconds: f64,
+    pub metrics_addr: Option<std::net::SocketAddr>,
     pub source: SourceConfig,
     pub sink: SinkConfig,
 }
@@ -232,6 +238,10 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         },
         other => return Err(format!("unknown sink '{other}': use dir, stdout or command")),
     };
+    let metrics_addr = match args.metrics_addr.clone().or(file.metrics_addr) {
+        None => None,
+        Some(a) => Some(metrics_addr(&a)?),
+    };
     let plugin_timeout_seconds = args.plugin_timeout.or(file.plugin_timeout_seconds).unwrap_or(30.0);
     positive("--plugin-timeout", plugin_timeout_seconds)?;
     Ok(RunConfig {
@@ -243,6 +253,7 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         json_logs,
         pipeline,
         plugin_timeout_seconds,
+        metrics_addr,
         source,
         sink,
     })
@@ -252,6 +263,14 @@ fn load(path: &Path) -> Result<FileConfig, String> {
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
     toml::from_str(&text).map_err(|e| format!("the config file {} is not valid: {e}", path.display()))
+}
+
+/// `PORT` (on 127.0.0.1) or `HOST:PORT`.
+fn metrics_addr(a: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = a.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    a.parse().map_err(|_| format!("the metrics address '{a}' is neither a port nor HOST:PORT"))
 }
 
 fn positive(name: &str, v: f64) -> Result<(), String> {

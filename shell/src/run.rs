@@ -8,6 +8,7 @@ use crate::exit;
 use skippr_core::{Duration, Host, HostConfig, Limits, Mutations};
 use skippr_io::driver::{explain, SharedSink, SharedSource};
 use skippr_io::external::{ExternalSink, ExternalSource};
+use skippr_io::metrics::Metrics;
 use skippr_io::plugins::{DirSink, FileSource, Generator, Sink, Source, StdoutSink};
 use skippr_io::{drive, Backends, Clock, DiskWal, OffsetsDb, RunTotals};
 use std::fs::File;
@@ -135,10 +136,24 @@ async fn run(cfg: RunConfig) -> i32 {
         }
     };
     let wal_dir = wal.dir().to_path_buf();
+    let metrics = Arc::new(Metrics::new(wal_dir.clone()));
+    if let Some(addr) = cfg.metrics_addr {
+        if let Err(e) = skippr_io::metrics::serve(Arc::clone(&metrics), addr) {
+            eprintln!("skipprd run: cannot serve metrics on {addr}: {e}");
+            return exit::CONFIG;
+        }
+    }
     let shared_source: SharedSource = Arc::new(Mutex::new(source));
     let shared_sink: SharedSink = Arc::new(Mutex::new(sink));
-    let backends =
-        Backends { wal, offsets, sources: vec![shared_source], sinks: vec![shared_sink], streams: Arc::new(streams) };
+    let backends = Backends {
+        wal,
+        offsets,
+        sources: vec![shared_source],
+        sinks: vec![shared_sink],
+        streams: Arc::new(streams),
+        sink_names: vec!["sink".into()],
+        metrics,
+    };
     let shutdown = crate::signals::listen();
     let totals = Arc::new(RunTotals::default());
     info!(data_dir = %cfg.data_dir.display(), once = cfg.once, "starting");

@@ -216,3 +216,43 @@ fn the_file_source_delivers_each_complete_line_once_across_runs() {
     let by_partition: Vec<(u64, Vec<u64>)> = got.into_iter().map(|((_, p), seqs)| (p, seqs)).collect();
     assert_eq!(by_partition, vec![(0, (0..450).collect()), (1, (0..260).collect())]);
 }
+
+#[test]
+fn metrics_are_served_on_loopback_when_asked() {
+    use std::io::{Read, Write};
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(skipprd_bin())
+        .args(["run", "--data-dir", data.to_str().unwrap(), "--generator-records", "0"])
+        .args(["--metrics-addr", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        assert!(Instant::now() < deadline, "metrics never showed a compaction");
+        std::thread::sleep(Duration::from_millis(100));
+        let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) else { continue };
+        conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut body = String::new();
+        conn.read_to_string(&mut body).unwrap();
+        if body.contains("skippr_compactions_total{outcome=\"applied\"}") {
+            break body;
+        }
+    };
+    for metric in [
+        "skippr_commits_total",
+        "skippr_commit_seconds_bucket",
+        "skippr_wal_written_bytes_total",
+        "skippr_records_total",
+        "skippr_recovery_seconds",
+        "skippr_compaction_lag{sink=\"sink\",stream=\"events\"}",
+        "skippr_wal_bytes",
+    ] {
+        assert!(body.contains(metric), "{metric} missing from:\n{body}");
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}

@@ -1,0 +1,103 @@
+//! Prometheus metrics, served on an opt-in address (loopback unless an
+//! operator says otherwise) at `/metrics`, in the OpenMetrics text format.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use tracing::{info, warn};
+
+type Labels = Vec<(String, String)>;
+
+/// Every metric the daemon exports. Handles are cheap clones over atomics.
+pub struct Metrics {
+    registry: Registry,
+    pub commits: Counter,
+    pub commit_seconds: Histogram,
+    pub wal_bytes_written: Counter,
+    pub records: Counter,
+    pub compactions: Family<Labels, Counter>,
+    pub recovery_seconds: Gauge<f64, AtomicU64>,
+    pub compaction_lag: Family<Labels, Gauge>,
+    wal_bytes: Gauge,
+    wal_dir: PathBuf,
+}
+
+impl Metrics {
+    pub fn new(wal_dir: PathBuf) -> Metrics {
+        let mut registry = Registry::with_prefix("skippr");
+        let commits = Counter::default();
+        let commit_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        let wal_bytes_written = Counter::default();
+        let records = Counter::default();
+        let compactions = Family::<Labels, Counter>::default();
+        let recovery_seconds = Gauge::<f64, AtomicU64>::default();
+        let compaction_lag = Family::<Labels, Gauge>::default();
+        let wal_bytes = Gauge::default();
+        registry.register("commits", "Commit groups made durable", commits.clone());
+        registry.register("commit_seconds", "Time to make one commit group durable", commit_seconds.clone());
+        registry.register("wal_written_bytes", "Bytes of commit groups written", wal_bytes_written.clone());
+        registry.register("records", "Records read from sources", records.clone());
+        registry.register("compactions", "Sink answers to destination batches, by outcome", compactions.clone());
+        registry.register("recovery_seconds", "How long the last recovery took", recovery_seconds.clone());
+        registry.register(
+            "compaction_lag",
+            "Committed positions not yet acknowledged, per sink and stream",
+            compaction_lag.clone(),
+        );
+        registry.register("wal_bytes", "Bytes of WAL segment files on disk", wal_bytes.clone());
+        Metrics {
+            registry,
+            commits,
+            commit_seconds,
+            wal_bytes_written,
+            records,
+            compactions,
+            recovery_seconds,
+            compaction_lag,
+            wal_bytes,
+            wal_dir,
+        }
+    }
+
+    /// The text exposition, with the WAL's size measured now.
+    pub fn render(&self) -> String {
+        let size = std::fs::read_dir(&self.wal_dir)
+            .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum::<u64>())
+            .unwrap_or(0);
+        self.wal_bytes.set(size as i64);
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("encoding to a String does not fail");
+        out
+    }
+}
+
+/// Serves `/metrics` on `addr` from a plain thread.
+pub fn serve(metrics: Arc<Metrics>, addr: SocketAddr) -> std::io::Result<()> {
+    let server = tiny_http::Server::http(addr).map_err(std::io::Error::other)?;
+    info!(%addr, "metrics at http://{addr}/metrics");
+    std::thread::Builder::new().name("metrics".into()).spawn(move || {
+        for request in server.incoming_requests() {
+            let response = if request.url() == "/metrics" {
+                let header = tiny_http::Header::from_bytes(
+                    &b"Content-Type"[..],
+                    &b"application/openmetrics-text; version=1.0.0; charset=utf-8"[..],
+                )
+                .expect("a valid header");
+                tiny_http::Response::from_string(metrics.render()).with_header(header)
+            } else {
+                tiny_http::Response::from_string("not found; try /metrics\n").with_status_code(404)
+            };
+            if let Err(e) = request.respond(response) {
+                warn!(error = %e, "answering a metrics request failed");
+            }
+        }
+    })?;
+    Ok(())
+}
