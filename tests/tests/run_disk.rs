@@ -256,3 +256,66 @@ fn metrics_are_served_on_loopback_when_asked() {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+/// A small tmpfs mounted for one test, unmounted when dropped.
+struct SmallDisk {
+    path: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(path: &Path, size: &str) -> SmallDisk {
+        std::fs::create_dir_all(path).unwrap();
+        let out =
+            Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(path).output();
+        let out = out.expect("mount runs");
+        assert!(out.status.success(), "this test mounts a small tmpfs as root: {}", stderr(&out));
+        SmallDisk { path: path.to_path_buf() }
+    }
+
+    fn grow(&self, size: &str) {
+        let out = Command::new("mount").args(["-o", &format!("remount,size={size}")]).arg(&self.path).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}
+
+#[test]
+fn a_full_data_directory_stalls_with_a_clear_error_and_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = SmallDisk::mount(&tmp.path().join("small"), "3m");
+    let data = tmp.path().join("small").join("data");
+    let child = Command::new(skipprd_bin())
+        .args(["run", "--once", "--data-dir", data.to_str().unwrap(), "--generator-records", "40000"])
+        .args(["--wal-bytes-per-file", "1048576"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    // Still running: it waits for space rather than dropping anything.
+    let still_running = std::fs::metadata(format!("/proc/{}", child.id())).is_ok();
+    disk.grow("256m");
+    let out = child.wait_with_output().unwrap();
+    assert!(still_running, "it stopped on a full disk: {}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("No space left on device"), "the log says why it waits: {}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["events"], 2, 40_000);
+}
+
+#[test]
+fn json_logs_are_one_object_a_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = run(&tmp.path().join("data"), &["--log-format", "json", "--generator-records", "100"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines: Vec<String> = stderr(&out).lines().map(str::to_string).collect();
+    assert!(lines.len() >= 2, "{lines:?}");
+    for line in lines {
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["level"].is_string() && v["fields"].is_object(), "{line}");
+    }
+}
