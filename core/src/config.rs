@@ -15,6 +15,9 @@ pub struct HostConfig {
     pub limits: Limits,
     /// Drain and stop once every source has said it is exhausted (`--once`).
     pub stop_when_exhausted: bool,
+    /// A schema plugin decides new schemas; without one, every schema is
+    /// accepted (and the decision still committed).
+    pub schema_plugin: bool,
     pub mutations: Mutations,
 }
 

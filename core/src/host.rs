@@ -55,6 +55,18 @@ pub struct Host {
     offsets_io: Option<IoId>,
     /// Only for the planted bug `offsets-stale-value`.
     offsets_stale: BTreeMap<PartitionKey, OffsetValue>,
+    /// The schema each stream's records are accepted under: committed, or
+    /// decided and waiting in the pending group.
+    schema_live: BTreeMap<StreamId, u64>,
+    /// A schema decision asked for and not yet answered, and the batches
+    /// (of any source) of that stream waiting for it.
+    schema_waits: BTreeMap<StreamId, SchemaWait>,
+}
+
+struct SchemaWait {
+    fingerprint: u64,
+    schema: Arc<[u8]>,
+    batches: VecDeque<(SourceId, SourceBatchIn)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +94,7 @@ enum Pending {
     SourceRead(SourceId),
     SourceAck(SourceId),
     SinkApply(SinkId, StreamId),
+    SchemaDecide(StreamId),
 }
 
 /// Work waiting for a backoff to pass.
@@ -99,6 +112,7 @@ enum Retry {
     SourceRead(SourceId),
     SourceAck(SourceId),
     SinkApply(SinkId, StreamId),
+    SchemaDecide(StreamId),
 }
 
 #[derive(Default)]
@@ -210,6 +224,8 @@ impl Host {
             offsets_dirty: BTreeSet::new(),
             offsets_io: None,
             offsets_stale: BTreeMap::new(),
+            schema_live: BTreeMap::new(),
+            schema_waits: BTreeMap::new(),
         };
         host.io(Pending::WalSync, IoOp::WalSync);
         Ok(host)
@@ -402,6 +418,7 @@ impl Host {
             Retry::SourceRead(source) => self.sources[source.0 as usize].waiting = false,
             Retry::SourceAck(source) => self.sources[source.0 as usize].ack_io = None,
             Retry::SinkApply(sink, stream) => self.dispatch(sink, stream),
+            Retry::SchemaDecide(stream) => self.ask_schema(stream),
         }
     }
 
@@ -495,6 +512,7 @@ impl Host {
                 }
             }
             Pending::SinkApply(sink, stream) => self.on_sink_reply(id, sink, stream, result),
+            Pending::SchemaDecide(stream) => self.on_schema_decided(stream, result),
         }
     }
 
@@ -533,7 +551,8 @@ impl Host {
             .iter()
             .all(|(key, p)| (0..sinks).all(|s| self.committed.acked(SinkId(s), *key) >= p.position));
         let offsets_idle = self.offsets_dirty.is_empty() && self.offsets_io.is_none();
-        sources_idle && wal_idle && slots_idle && compacted && offsets_idle
+        let schemas_idle = self.schema_waits.is_empty();
+        sources_idle && wal_idle && slots_idle && compacted && offsets_idle && schemas_idle
     }
 }
 

@@ -72,6 +72,9 @@ pub enum IoOp {
     SourceAck { source: SourceId, acks: Vec<(u32, Position)> },
     /// Hand a destination batch to a sink. Answer: `Sink`.
     SinkApply(SinkApply),
+    /// Ask the schema plugin to accept a stream's new schema (identified by
+    /// `fingerprint`) before its first batch. Answer: `Schema`.
+    SchemaDecide { stream: StreamId, fingerprint: u64, schema: Arc<[u8]> },
 }
 
 #[derive(Debug)]
@@ -107,6 +110,10 @@ pub struct SourceBatchIn {
     /// The next position to read after these records.
     pub end: Position,
     pub checkpoint: Option<Vec<u8>>,
+    /// The stream's schema these records follow, if the source sends one.
+    /// A schema the WAL has no decision for is put to the schema plugin
+    /// before the records are accepted.
+    pub schema: Option<Arc<[u8]>>,
 }
 
 #[derive(Debug)]
@@ -123,6 +130,11 @@ pub enum IoReply {
     Sink {
         outcome: SinkOutcome,
         rows: u64,
+    },
+    /// The schema plugin's verdict; `reason` says why it refused.
+    Schema {
+        accept: bool,
+        reason: String,
     },
 }
 
@@ -174,6 +186,8 @@ pub enum StopReason {
     SourceProtocol { source: SourceId, partition: u32, what: &'static str },
     /// The snapshot no longer fits in a segment: raise the segment size.
     SegmentTooSmall { needed: u64 },
+    /// The schema plugin refused a stream's new schema.
+    SchemaRejected { stream: StreamId, fingerprint: u64, reason: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use crate::clock::Clock;
 use crate::disk_wal::{to_io_error, DiskWal};
 use crate::metrics::Metrics;
 use crate::offsets_db::OffsetsDb;
-use crate::plugins::{Sink, Source};
+use crate::plugins::{SchemaPlugin, Sink, Source};
 use skippr_core::io::{Input, IoOp, IoReply, Output, SourceBatchIn, StopReason};
 use skippr_core::{Host, IoError, IoId, SinkOutcome, StreamId};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 
 pub type SharedSource = Arc<Mutex<Box<dyn Source>>>;
 pub type SharedSink = Arc<Mutex<Box<dyn Sink>>>;
+pub type SharedSchema = Arc<Mutex<Box<dyn SchemaPlugin>>>;
 
 /// What the engine's requests are performed against.
 pub struct Backends {
@@ -28,6 +29,8 @@ pub struct Backends {
     pub streams: Arc<Vec<String>>,
     /// Sink names by `SinkId`.
     pub sink_names: Vec<String>,
+    /// The schema plugin, if one is configured.
+    pub schema: Option<SharedSchema>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -168,6 +171,7 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
                         records: batch.records,
                         end: batch.end,
                         checkpoint: batch.checkpoint,
+                        schema: batch.schema.map(Arc::from),
                     }
                 })
                 .collect();
@@ -176,6 +180,17 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
         IoOp::SourceAck { source, acks } => {
             let mut s = b.sources[source.0 as usize].lock().expect("not poisoned");
             s.ack(&acks).map(|_| IoReply::Done).map_err(|e| plugin_failed("source ack", e))
+        }
+        IoOp::SchemaDecide { stream, fingerprint, schema } => {
+            let Some(plugin) = &b.schema else {
+                return Ok(IoReply::Schema { accept: true, reason: String::new() });
+            };
+            let name = &b.streams[stream.0 as usize];
+            let verdict = plugin.lock().expect("not poisoned").decide(name, fingerprint, &schema);
+            match verdict.map_err(|e| plugin_failed("schema decision", e))? {
+                None => Ok(IoReply::Schema { accept: true, reason: String::new() }),
+                Some(reason) => Ok(IoReply::Schema { accept: false, reason }),
+            }
         }
         IoOp::SinkApply(a) => {
             let mut sink = b.sinks[a.sink.0 as usize].lock().expect("not poisoned");
@@ -216,6 +231,7 @@ fn op_name(op: &IoOp) -> &'static str {
         IoOp::SourceRead { .. } => "source-read",
         IoOp::SourceAck { .. } => "source-ack",
         IoOp::SinkApply(_) => "sink-apply",
+        IoOp::SchemaDecide { .. } => "schema-decide",
     }
 }
 
@@ -261,6 +277,11 @@ pub fn explain(reason: &StopReason, wal_dir: &std::path::Path) -> String {
         StopReason::SourceProtocol { source, partition, what } => {
             format!("source {} partition {partition} broke the protocol: {what}", source.0)
         }
+        StopReason::SchemaRejected { stream, fingerprint, reason } => format!(
+            "the schema plugin refused schema {fingerprint:016x} of stream {}: {reason}. Nothing under it was \
+             committed; fix the source or the schema plugin and start again",
+            stream.0
+        ),
         StopReason::SegmentTooSmall { needed } => {
             format!("WAL_BYTES_PER_FILE is too small for the engine's snapshot: use at least {needed} bytes")
         }

@@ -7,7 +7,7 @@
 //! request starts the plugin again and re-opens it from host-provided state:
 //! the positions the host acked, never anything the plugin kept itself.
 
-use crate::plugins::{Batch, PluginError, Sink, Source};
+use crate::plugins::{Batch, PluginError, SchemaPlugin, Sink, Source};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use skippr_core::wal::Record;
@@ -72,6 +72,15 @@ struct WireBatch {
     end: u64,
     #[serde(default)]
     checkpoint: Option<String>,
+    #[serde(default)]
+    schema: Option<Box<RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct DecisionReply {
+    accept: bool,
+    #[serde(default)]
+    reason: String,
 }
 
 #[derive(Deserialize)]
@@ -303,6 +312,7 @@ impl Source for ExternalSource {
                 records,
                 end: Position(b.end),
                 checkpoint: b.checkpoint.map(String::into_bytes),
+                schema: b.schema.map(|s| s.get().as_bytes().to_vec()),
             });
         }
         Ok((batches, reply.exhausted))
@@ -367,5 +377,34 @@ impl Sink for ExternalSink {
         };
         let _ = result.rows;
         Ok(outcome)
+    }
+}
+
+/// An external schema plugin: asked before a stream's first batch under a
+/// schema the WAL has no decision for; never asked again once the decision is
+/// committed.
+pub struct ExternalSchema {
+    process: Process,
+}
+
+impl ExternalSchema {
+    pub fn start(name: &str, command: &str, timeout: Duration) -> Result<ExternalSchema, PluginError> {
+        let mut process = Process::new(name, command, "schema", timeout);
+        process.ensure()?;
+        Ok(ExternalSchema { process })
+    }
+}
+
+impl SchemaPlugin for ExternalSchema {
+    fn decide(&mut self, stream: &str, fingerprint: u64, schema: &[u8]) -> Result<Option<String>, PluginError> {
+        self.process.ensure()?;
+        let schema = std::str::from_utf8(schema).map_err(|_| self.process.err("a schema is not UTF-8 JSON"))?;
+        let line = format!(
+            r#"{{"type":"schema","stream":{},"fingerprint":"{fingerprint:016x}","schema":{schema}}}"#,
+            serde_json::to_string(stream).expect("a string encodes")
+        );
+        let reply = self.process.request(&line, "decision")?;
+        let decision: DecisionReply = self.process.parse(&reply)?;
+        Ok((!decision.accept).then_some(decision.reason))
     }
 }

@@ -29,6 +29,8 @@ pub struct Batch {
     pub records: Vec<Record>,
     pub end: Position,
     pub checkpoint: Option<Vec<u8>>,
+    /// The stream's schema (JSON), when the source sends one.
+    pub schema: Option<Vec<u8>>,
 }
 
 pub trait Source: Send {
@@ -41,6 +43,12 @@ pub trait Source: Send {
     fn read(&mut self, records_max: u32) -> Result<(Vec<Batch>, bool), PluginError>;
     /// Everything below these positions is committed.
     fn ack(&mut self, acks: &[(u32, Position)]) -> Result<(), PluginError>;
+}
+
+/// Decides whether a stream may move to a new schema.
+pub trait SchemaPlugin: Send {
+    /// `Ok(None)` accepts; `Ok(Some(reason))` refuses.
+    fn decide(&mut self, stream: &str, fingerprint: u64, schema: &[u8]) -> Result<Option<String>, PluginError>;
 }
 
 pub trait Sink: Send {
@@ -141,6 +149,7 @@ impl Source for Generator {
                 records,
                 end: Position(to),
                 checkpoint: None,
+                schema: None,
             });
             budget -= to - from;
             self.produced += to - from;
@@ -368,6 +377,7 @@ impl Source for FileSource {
                     records,
                     end: Position(end),
                     checkpoint: Some(name.into_bytes()),
+                    schema: None,
                 });
             }
         }

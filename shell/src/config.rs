@@ -78,6 +78,11 @@ pub struct RunArgs {
     /// External sink: the command that starts the plugin (run by `sh -c`).
     #[arg(long, value_name = "CMD")]
     pub sink_command: Option<String>,
+    /// A schema plugin, asked to accept each new schema a source sends
+    /// before records under it are committed (run by `sh -c`) [default:
+    /// none: every schema is accepted].
+    #[arg(long, value_name = "CMD")]
+    pub schema_command: Option<String>,
     /// Serve Prometheus metrics at http://ADDR/metrics; a bare port binds
     /// 127.0.0.1 [default: off].
     #[arg(long, env = "SKIPPR_METRICS_ADDR", value_name = "ADDR")]
@@ -101,6 +106,7 @@ struct FileConfig {
     pipeline: Option<String>,
     plugin_timeout_seconds: Option<f64>,
     metrics_addr: Option<String>,
+    schema_command: Option<String>,
     #[serde(default)]
     source: SourceFile,
     #[serde(default)]
@@ -155,6 +161,7 @@ pub struct RunConfig {
     pub pipeline: String,
     pub plugin_timeout_seconds: f64,
     pub metrics_addr: Option<std::net::SocketAddr>,
+    pub schema_command: Option<String>,
     pub source: SourceConfig,
     pub sink: SinkConfig,
 }
@@ -254,6 +261,7 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         pipeline,
         plugin_timeout_seconds,
         metrics_addr,
+        schema_command: args.schema_command.clone().or(file.schema_command),
         source,
         sink,
     })

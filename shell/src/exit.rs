@@ -31,6 +31,8 @@ pub const SOURCE_PROTOCOL: i32 = 10;
 /// An external plugin could not be started (bad command, no hello, another
 /// protocol version).
 pub const PLUGIN: i32 = 11;
+/// The schema plugin refused a new schema.
+pub const SCHEMA_REJECTED: i32 = 12;
 
 pub fn for_stop(reason: &StopReason) -> i32 {
     match reason {
@@ -42,5 +44,6 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::SinkFatal { .. } => SINK_FATAL,
         StopReason::SourceProtocol { .. } => SOURCE_PROTOCOL,
         StopReason::SegmentTooSmall { .. } => CONFIG,
+        StopReason::SchemaRejected { .. } => SCHEMA_REJECTED,
     }
 }

@@ -6,10 +6,10 @@
 use crate::config::{resolve, RunArgs, RunConfig, SinkConfig, SourceConfig};
 use crate::exit;
 use skippr_core::{Duration, Host, HostConfig, Limits, Mutations};
-use skippr_io::driver::{explain, SharedSink, SharedSource};
-use skippr_io::external::{ExternalSink, ExternalSource};
+use skippr_io::driver::{explain, SharedSchema, SharedSink, SharedSource};
+use skippr_io::external::{ExternalSchema, ExternalSink, ExternalSource};
 use skippr_io::metrics::Metrics;
-use skippr_io::plugins::{DirSink, FileSource, Generator, Sink, Source, StdoutSink};
+use skippr_io::plugins::{DirSink, FileSource, Generator, SchemaPlugin, Sink, Source, StdoutSink};
 use skippr_io::{drive, Backends, Clock, DiskWal, OffsetsDb, RunTotals};
 use std::fs::File;
 use std::path::Path;
@@ -104,6 +104,16 @@ async fn run(cfg: RunConfig) -> i32 {
             }
         },
     };
+    let schema: Option<SharedSchema> = match &cfg.schema_command {
+        None => None,
+        Some(command) => match ExternalSchema::start("schema", command, timeout) {
+            Ok(s) => Some(Arc::new(Mutex::new(Box::new(s) as Box<dyn SchemaPlugin>))),
+            Err(e) => {
+                eprintln!("skipprd run: {e}");
+                return exit::PLUGIN;
+            }
+        },
+    };
     let host_config = HostConfig {
         seed: 0,
         sources: vec!["source".into()],
@@ -111,6 +121,7 @@ async fn run(cfg: RunConfig) -> i32 {
         streams: streams.clone(),
         limits: limits(&cfg),
         stop_when_exhausted: cfg.once,
+        schema_plugin: cfg.schema_command.is_some(),
         mutations: Mutations::NONE,
     };
     let clock = Clock::start();
@@ -152,6 +163,7 @@ async fn run(cfg: RunConfig) -> i32 {
         sinks: vec![shared_sink],
         streams: Arc::new(streams),
         sink_names: vec!["sink".into()],
+        schema,
         metrics,
     };
     let shutdown = crate::signals::listen();

@@ -42,6 +42,14 @@ pub fn record_bytes_into(out: &mut Vec<u8>, seed: u64, source: u16, partition: u
     }
 }
 
+/// The schema a sim source sends: version 1 for the first half of a
+/// partition, version 2 after, so streams change schema mid-run (and flip
+/// back and forth while partitions disagree).
+pub fn schema_bytes(stream: u16, from: u64, records: u64) -> std::sync::Arc<[u8]> {
+    let version = 1 + (from >= records / 2) as u8;
+    format!("{{\"stream\":{stream},\"version\":{version}}}").into_bytes().into()
+}
+
 /// The source's opaque checkpoint at `position`.
 pub fn checkpoint_bytes(partition: u32, position: u64) -> Vec<u8> {
     let mut c = b"cp".to_vec();
@@ -119,6 +127,7 @@ impl SimSource {
                 records,
                 end: Position(to),
                 checkpoint: Some(checkpoint_bytes(partition, to)),
+                schema: Some(schema_bytes(self.spec.partitions[p].stream, from, self.spec.partitions[p].records)),
             });
         }
         self.turn = (self.turn + 1) % n;

@@ -261,6 +261,7 @@ impl Scenario {
             streams: (0..self.streams).map(|i| format!("stream-{i}")).collect(),
             limits: self.limits.clone(),
             stop_when_exhausted: false,
+            schema_plugin: true,
             mutations,
         }
     }

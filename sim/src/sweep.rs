@@ -120,6 +120,7 @@ impl Totals {
         t.offsets_ambiguous += s.offsets_ambiguous;
         t.source_failures += s.source_failures;
         t.shutdowns += s.shutdowns;
+        t.schema_decisions += s.schema_decisions;
         t.clean_stops += s.clean_stops;
         t.steps += s.steps;
         t.sim_micros += s.sim_micros;
@@ -150,6 +151,7 @@ impl Totals {
             ("faults: sink lost replies", t.sink_lost_replies as f64 / n),
             ("faults: offsets ambiguous", t.offsets_ambiguous as f64 / n),
             ("faults: source request failures", t.source_failures as f64 / n),
+            ("schema decisions", t.schema_decisions as f64 / n),
             ("shutdowns", t.shutdowns as f64 / n),
             ("clean stops", t.clean_stops as f64 / n),
             ("engine steps", t.steps as f64 / n),

@@ -105,6 +105,7 @@ impl Trace {
                 self.u64(26 + *outcome as u64);
                 self.u64(*rows);
             }
+            IoReply::Schema { accept, .. } => self.u64(40 + *accept as u64),
         }
     }
 
@@ -153,6 +154,10 @@ impl Trace {
                     self.u64(*p as u64 ^ pos.0 << 16);
                 }
             }
+            IoOp::SchemaDecide { stream, fingerprint, .. } => {
+                self.u64(41 ^ (stream.0 as u64) << 8);
+                self.u64(*fingerprint);
+            }
         }
     }
 }
@@ -183,6 +188,7 @@ fn describe_reply(reply: &IoReply) -> String {
             s
         }
         IoReply::Sink { outcome, rows } => format!("{outcome:?} rows={rows}"),
+        IoReply::Schema { accept, reason } => format!("schema accept={accept} {reason}"),
     }
 }
 
@@ -226,6 +232,9 @@ pub fn describe_op(op: &IoOp) -> String {
                 let _ = write!(s, " p{p}={}", pos.0);
             }
             s
+        }
+        IoOp::SchemaDecide { stream, fingerprint, .. } => {
+            format!("schema-decide stream={} fingerprint={fingerprint:016x}", stream.0)
         }
         IoOp::SinkApply(a) => format!(
             "sink-apply sink={} stream={} id={} seq={} records={}",

@@ -59,6 +59,7 @@ pub struct RunStats {
     pub source_failures: u64,
     pub shutdowns: u64,
     pub clean_stops: u64,
+    pub schema_decisions: u64,
     pub steps: u64,
     pub sim_micros: u64,
 }
@@ -313,7 +314,7 @@ impl World {
             }
             IoOp::SinkApply(apply) => self.after(lat.sink, Event::SinkEffect { gen, id, apply }),
             IoOp::OffsetsRead | IoOp::OffsetsWrite { .. } => self.after(lat.offsets, Event::Complete { gen, id, op }),
-            IoOp::SourceOpen { .. } | IoOp::SourceRead { .. } | IoOp::SourceAck { .. } => {
+            IoOp::SourceOpen { .. } | IoOp::SourceRead { .. } | IoOp::SourceAck { .. } | IoOp::SchemaDecide { .. } => {
                 self.after(lat.source, Event::Complete { gen, id, op })
             }
             IoOp::WalSync | IoOp::WalList | IoOp::WalRead { .. } | IoOp::WalDelete { .. } => {
@@ -425,6 +426,14 @@ impl World {
                 self.checker.on_ack(source, &acks, |p| src.sent(p));
                 self.sources[source.0 as usize].ack(&acks);
                 Ok(IoReply::Done)
+            }
+            IoOp::SchemaDecide { .. } => {
+                if self.faulting && self.sched.chance(f.source_fail) {
+                    self.stats.source_failures += 1;
+                    return Err(IoError::Failed);
+                }
+                self.stats.schema_decisions += 1;
+                Ok(IoReply::Schema { accept: true, reason: String::new() })
             }
             IoOp::SinkApply(_) => unreachable!("sink applies go through SinkEffect"),
         }

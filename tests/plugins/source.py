@@ -3,7 +3,8 @@
 
 PARTITIONS partitions of stream STREAM, RECORDS records each (0: endless).
 Each record is {"stream","partition","seq","note"} at position seq.
-MISBEHAVE=garbage|exit|hang misbehaves once, on read number MISBEHAVE_AT,
+SCHEMA, when set, is sent as the stream's schema (a JSON value) with every
+batch. MISBEHAVE=garbage|exit|hang misbehaves once, on read number MISBEHAVE_AT,
 remembering in the file MARKER that it did. PIDFILE receives its pid.
 """
 import json
@@ -17,6 +18,7 @@ STREAM = os.environ.get("STREAM", "orders")
 MISBEHAVE = os.environ.get("MISBEHAVE")
 MISBEHAVE_AT = int(os.environ.get("MISBEHAVE_AT", "3"))
 MARKER = os.environ.get("MARKER")
+SCHEMA = json.loads(os.environ["SCHEMA"]) if os.environ.get("SCHEMA") else None
 
 
 def send(obj):
@@ -71,9 +73,10 @@ def main():
                     {"position": s, "data": {"stream": STREAM, "partition": p, "seq": s, "note": "x"}}
                     for s in range(start, end)
                 ]
-                batches.append(
-                    {"partition": p, "stream": STREAM, "records": records, "end": end, "checkpoint": f"cp-{p}-{end}"}
-                )
+                batch = {"partition": p, "stream": STREAM, "records": records, "end": end, "checkpoint": f"cp-{p}-{end}"}
+                if SCHEMA is not None:
+                    batch["schema"] = SCHEMA
+                batches.append(batch)
                 next_pos[p] = end
                 budget -= end - start
                 if budget == 0:

@@ -208,3 +208,36 @@ fn a_fatal_sink_answer_stops_with_exit_eight_and_replays_next_time() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_exactly_once(&out_dir, &["events"], 2, 10_000);
 }
+
+#[test]
+fn a_schema_plugin_is_asked_once_per_new_schema_and_can_refuse() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let log = tmp.path().join("asks.log");
+    let source = plugin("source.py");
+    let schema = plugin("schema.py");
+    let args = ["--once", "--source", "command", "--source-command", &source, "--schema-command", &schema];
+    let env = |schema: &str| {
+        vec![
+            ("RECORDS", "500".to_string()),
+            ("SCHEMA", schema.to_string()),
+            ("ASK_LOG", log.to_str().unwrap().to_string()),
+        ]
+    };
+    let out = daemon(&data, &args, &env(r#"{"fields":["id"]}"#)).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1, "asked once");
+    assert_exactly_once(&data.join("sink"), &["orders"], 2, 500);
+    // The decision is in the WAL: a restart under the same schema asks nothing.
+    let out = daemon(&data, &args, &[env(r#"{"fields":["id"]}"#), vec![("RECORDS", "800".into())]].concat())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1, "not asked again");
+    // A refused schema stops the daemon before anything under it commits.
+    let out =
+        daemon(&data, &args, &[env(r#"{"reject":true}"#), vec![("RECORDS", "900".into())]].concat()).output().unwrap();
+    assert_eq!(out.status.code(), Some(12), "{}", stderr(&out));
+    assert!(stderr(&out).contains("this schema is refused on purpose"), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["orders"], 2, 800);
+}

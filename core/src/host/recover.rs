@@ -105,6 +105,7 @@ impl Host {
             self.records.prune(key, floor.unwrap_or_default());
         }
         self.next_seq = self.committed.next_seq.clone();
+        self.schema_live = self.committed.schemas.clone();
         for sink in (0..sinks).map(SinkId) {
             for stream in (0..self.cfg.streams.len() as u16).map(StreamId) {
                 self.slots.insert((sink, stream), Slot::Idle);

@@ -19,8 +19,9 @@ impl Host {
                 return;
             }
             let s = &self.sources[i];
-            if s.opened && s.read.is_none() && !s.waiting && !s.exhausted {
-                let source = SourceId(i as u16);
+            let source = SourceId(i as u16);
+            let held = self.schema_waits.values().any(|w| w.batches.iter().any(|(s, _)| *s == source));
+            if s.opened && s.read.is_none() && !s.waiting && !s.exhausted && !held {
                 let records_max = self.cfg.limits.source_read_records_max;
                 let id = self.io(Pending::SourceRead(source), IoOp::SourceRead { source, records_max });
                 self.sources[i].read = Some(id);
@@ -60,7 +61,71 @@ impl Host {
 
     /// Takes a source batch into the pending group, dropping records at or
     /// below what the partition already holds.
+    /// Takes a source batch in, once its stream's schema is decided: a batch
+    /// under a schema the WAL has no decision for waits (with every later
+    /// batch of its stream) while the schema plugin is asked.
     pub(super) fn accept(&mut self, source: SourceId, batch: SourceBatchIn) -> Result<(), StopReason> {
+        if batch.stream.0 as usize >= self.cfg.streams.len() {
+            let what = "unknown stream";
+            return Err(StopReason::SourceProtocol { source, partition: batch.partition, what });
+        }
+        let stream = batch.stream;
+        if let Some(wait) = self.schema_waits.get_mut(&stream) {
+            wait.batches.push_back((source, batch));
+            return Ok(());
+        }
+        if let Some(schema) = batch.schema.clone() {
+            let fingerprint = xxhash_rust::xxh3::xxh3_64(&schema);
+            if self.schema_live.get(&stream) != Some(&fingerprint) {
+                if !self.cfg.schema_plugin {
+                    self.decide_schema(stream, fingerprint);
+                } else {
+                    let batches = VecDeque::from([(source, batch)]);
+                    self.schema_waits.insert(stream, SchemaWait { fingerprint, schema, batches });
+                    self.ask_schema(stream);
+                    return Ok(());
+                }
+            }
+        }
+        self.accept_decided(source, batch)
+    }
+
+    pub(super) fn ask_schema(&mut self, stream: StreamId) {
+        let Some(wait) = self.schema_waits.get(&stream) else { return };
+        let op = IoOp::SchemaDecide { stream, fingerprint: wait.fingerprint, schema: Arc::clone(&wait.schema) };
+        self.io(Pending::SchemaDecide(stream), op);
+    }
+
+    /// The schema plugin answered: commit the decision, then let the waiting
+    /// batches in, in order (a later one may carry yet another schema).
+    pub(super) fn on_schema_decided(&mut self, stream: StreamId, result: Result<IoReply, IoError>) {
+        let (accept, reason) = match result {
+            Ok(IoReply::Schema { accept, reason }) => (accept, reason),
+            Ok(other) => panic!("SchemaDecide answered with {other:?}"),
+            Err(_) => return self.retry_later(Retry::SchemaDecide(stream)),
+        };
+        self.succeeded(Retry::SchemaDecide(stream));
+        let wait = self.schema_waits.remove(&stream).expect("a decision answers a wait");
+        if !accept {
+            let fingerprint = wait.fingerprint;
+            return self.stop(StopReason::SchemaRejected { stream, fingerprint, reason });
+        }
+        self.decide_schema(stream, wait.fingerprint);
+        for (source, batch) in wait.batches {
+            if let Err(stop) = self.accept(source, batch) {
+                return self.stop(stop);
+            }
+        }
+    }
+
+    /// A decision is a frame: committed before the batches it admits, and
+    /// never asked again once committed.
+    fn decide_schema(&mut self, stream: StreamId, fingerprint: u64) {
+        self.schema_live.insert(stream, fingerprint);
+        self.push_frame(Frame::SchemaDecision(SchemaDecision { stream, fingerprint }));
+    }
+
+    fn accept_decided(&mut self, source: SourceId, batch: SourceBatchIn) -> Result<(), StopReason> {
         let key = PartitionKey { source, partition: batch.partition };
         let protocol = |what| StopReason::SourceProtocol { source, partition: batch.partition, what };
         if !batch.records.windows(2).all(|w| w[0].position < w[1].position)

@@ -18,6 +18,7 @@ fn config() -> HostConfig {
             ..Limits::default()
         },
         stop_when_exhausted: false,
+        schema_plugin: false,
         mutations: crate::Mutations::NONE,
     }
 }
@@ -123,7 +124,14 @@ impl Harness {
     fn feed_unsettled(&mut self, from: u64, to: u64) -> Vec<Output> {
         let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
         let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8; 3] }).collect();
-        let batch = SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(to), checkpoint: None };
+        let batch = SourceBatchIn {
+            partition: 0,
+            stream: StreamId(0),
+            records,
+            end: Position(to),
+            checkpoint: None,
+            schema: None,
+        };
         let result = Ok(IoReply::Batches { batches: vec![batch], exhausted: false });
         self.host.handle(self.now, Input::IoDone { id, result });
         std::iter::from_fn(|| self.host.poll_output()).collect()
@@ -133,7 +141,14 @@ impl Harness {
     fn feed(&mut self, from: u64, to: u64) {
         let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
         let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8; 3] }).collect();
-        let batch = SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(to), checkpoint: None };
+        let batch = SourceBatchIn {
+            partition: 0,
+            stream: StreamId(0),
+            records,
+            end: Position(to),
+            checkpoint: None,
+            schema: None,
+        };
         self.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
     }
 
@@ -374,7 +389,8 @@ fn a_source_breaking_position_order_stops_with_a_protocol_error() {
     let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
     let records =
         vec![Record { position: Position(5), bytes: vec![1] }, Record { position: Position(4), bytes: vec![2] }];
-    let batch = SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(6), checkpoint: None };
+    let batch =
+        SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(6), checkpoint: None, schema: None };
     h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
     assert!(matches!(h.stopped, Some(StopReason::SourceProtocol { partition: 0, .. })), "{:?}", h.stopped);
 }
@@ -397,7 +413,8 @@ fn with_stop_when_exhausted_the_engine_drains_once_every_source_is_done() {
     h.open_source();
     let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
     let records = vec![Record { position: Position(0), bytes: b"only".to_vec() }];
-    let batch = SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(1), checkpoint: None };
+    let batch =
+        SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(1), checkpoint: None, schema: None };
     h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: true }));
     let (ack, ()) = h.take(|op| matches!(op, IoOp::SourceAck { .. }).then_some(()));
     h.answer(ack, Ok(IoReply::Done));
@@ -405,4 +422,57 @@ fn with_stop_when_exhausted_the_engine_drains_once_every_source_is_done() {
     let (apply, ..) = h.sink_apply();
     h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::Applied, rows: 1 }));
     assert_eq!(h.stopped, Some(StopReason::Clean));
+}
+
+fn schema_config() -> HostConfig {
+    HostConfig { schema_plugin: true, ..config() }
+}
+
+fn batch_with_schema(from: u64, to: u64, schema: &str) -> SourceBatchIn {
+    let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8] }).collect();
+    let schema = Some(Arc::from(schema.as_bytes()));
+    SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(to), checkpoint: None, schema }
+}
+
+impl Harness {
+    fn start_with(cfg: HostConfig, disk: BTreeMap<SegmentId, Vec<u8>>) -> Harness {
+        let host = Host::new(cfg, Instant::ZERO).unwrap();
+        let mut h =
+            Harness { host, now: Instant::ZERO, disk, offsets: BTreeMap::new(), held: Vec::new(), stopped: None };
+        h.settle();
+        h
+    }
+
+    fn read_with(&mut self, batch: SourceBatchIn) {
+        let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+        self.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
+    }
+}
+
+#[test]
+fn a_new_schema_is_decided_and_committed_before_its_records_and_never_asked_again() {
+    let mut h = Harness::start_with(schema_config(), BTreeMap::new());
+    h.open_source();
+    h.read_with(batch_with_schema(0, 3, r#"{"v":1}"#));
+    assert!(h.committed_positions().is_empty(), "nothing is committed before the decision");
+    let (ask, stream) = h.take(|op| match op {
+        IoOp::SchemaDecide { stream, .. } => Some(*stream),
+        _ => None,
+    });
+    assert_eq!(stream, StreamId(0));
+    assert!(!h.has(|op| matches!(op, IoOp::SourceRead { .. })), "the source waits for the decision");
+    h.answer(ask, Ok(IoReply::Schema { accept: true, reason: String::new() }));
+    assert_eq!(h.committed_positions(), vec![0, 1, 2]);
+    // Restarted, the source sends the same schema again: no new question.
+    let mut again = Harness::start_with(schema_config(), h.disk.clone());
+    again.open_source();
+    again.read_with(batch_with_schema(3, 5, r#"{"v":1}"#));
+    assert!(!again.has(|op| matches!(op, IoOp::SchemaDecide { .. })), "a committed decision is not asked again");
+    assert_eq!(again.committed_positions(), vec![0, 1, 2, 3, 4]);
+    // A new schema is asked about; a refusal stops the engine.
+    again.read_with(batch_with_schema(5, 6, r#"{"v":2}"#));
+    let (ask, ()) = again.take(|op| matches!(op, IoOp::SchemaDecide { .. }).then_some(()));
+    again.answer(ask, Ok(IoReply::Schema { accept: false, reason: "v2 drops a column".into() }));
+    assert!(matches!(&again.stopped, Some(StopReason::SchemaRejected { reason, .. }) if reason == "v2 drops a column"));
+    assert_eq!(again.committed_positions(), vec![0, 1, 2, 3, 4], "nothing under the refused schema");
 }
