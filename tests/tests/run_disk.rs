@@ -272,6 +272,11 @@ impl SmallDisk {
         SmallDisk { path: path.to_path_buf() }
     }
 
+    fn read_only(&self) {
+        let out = Command::new("mount").args(["-o", "remount,ro"]).arg(&self.path).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+
     fn grow(&self, size: &str) {
         let out = Command::new("mount").args(["-o", &format!("remount,size={size}")]).arg(&self.path).output().unwrap();
         assert!(out.status.success(), "{}", stderr(&out));
@@ -318,4 +323,16 @@ fn json_logs_are_one_object_a_line() {
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert!(v["level"].is_string() && v["fields"].is_object(), "{line}");
     }
+}
+
+#[test]
+fn an_unwritable_data_directory_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = SmallDisk::mount(&tmp.path().join("ro"), "4m");
+    let data = tmp.path().join("ro").join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    disk.read_only();
+    let out = run(&data, &[]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(stderr(&out).contains("is DATA_DIR writable?"), "{}", stderr(&out));
 }
