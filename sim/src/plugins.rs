@@ -35,18 +35,20 @@ pub fn record_bytes_into(out: &mut Vec<u8>, seed: u64, source: u16, partition: u
     out.push(source as u8);
     out.push(partition as u8);
     out.extend_from_slice(&(position as u32).to_le_bytes());
+    // Eight payload bytes per step of a 64-bit LCG.
     let mut x = h;
-    for _ in 0..len {
+    while out.len() < 6 + len {
         x = x.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(0x1405_7b7e_f767_814f);
-        out.push((x >> 56) as u8);
+        let take = (6 + len - out.len()).min(8);
+        out.extend_from_slice(&x.to_le_bytes()[..take]);
     }
 }
 
-/// The schema a sim source sends: version 1 for the first half of a
-/// partition, version 2 after, so streams change schema mid-run (and flip
-/// back and forth while partitions disagree).
-pub fn schema_bytes(stream: u16, from: u64, records: u64) -> std::sync::Arc<[u8]> {
-    let version = 1 + (from >= records / 2) as u8;
+/// The schema a sim source sends for `stream`: version 1 before the
+/// scenario's switch time, version 2 after, so every stream changes schema
+/// mid-run (a source re-sending old records after a restart sends them under
+/// the new version).
+pub fn schema_bytes(stream: u16, version: u8) -> std::sync::Arc<[u8]> {
     format!("{{\"stream\":{stream},\"version\":{version}}}").into_bytes().into()
 }
 
@@ -72,12 +74,16 @@ pub struct SimSource {
     cursors: Vec<Cursor>,
     turn: usize,
     pub emitted: u64,
+    /// Schemas by stream, before and after `schema_switch`.
+    schemas: Vec<[std::sync::Arc<[u8]>; 2]>,
+    schema_switch: Instant,
 }
 
 impl SimSource {
-    pub fn new(seed: u64, id: u16, spec: SourceSpec) -> SimSource {
+    pub fn new(seed: u64, id: u16, spec: SourceSpec, streams: u16, schema_switch: Instant) -> SimSource {
         let cursors = spec.partitions.iter().map(|_| Cursor { next: 0, acked: 0 }).collect();
-        SimSource { id, seed, spec, cursors, turn: 0, emitted: 0 }
+        let schemas = (0..streams).map(|s| [schema_bytes(s, 1), schema_bytes(s, 2)]).collect();
+        SimSource { id, seed, spec, cursors, turn: 0, emitted: 0, schemas, schema_switch }
     }
 
     /// Resumes at the host's positions, or, for a source that re-sends, at
@@ -127,7 +133,9 @@ impl SimSource {
                 records,
                 end: Position(to),
                 checkpoint: Some(checkpoint_bytes(partition, to)),
-                schema: Some(schema_bytes(self.spec.partitions[p].stream, from, self.spec.partitions[p].records)),
+                schema: Some(
+                    self.schemas[self.spec.partitions[p].stream as usize][(now >= self.schema_switch) as usize].clone(),
+                ),
             });
         }
         self.turn = (self.turn + 1) % n;

@@ -133,8 +133,13 @@ pub fn run(seed: u64, opts: &RunOptions) -> RunReport {
 impl World {
     pub fn new(seed: u64, opts: RunOptions) -> World {
         let scenario = Scenario::from_seed(seed).with_overrides(&opts.overrides);
-        let sources =
-            scenario.sources.iter().enumerate().map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone())).collect();
+        let switch = Instant::from_micros(scenario.fault_phase_end.as_micros() / 2);
+        let sources = scenario
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone(), scenario.streams, switch))
+            .collect();
         World {
             sinks: (0..scenario.sinks).map(|_| SimSink::default()).collect(),
             checker: Checker::new(&scenario),

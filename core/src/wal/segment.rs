@@ -274,6 +274,12 @@ fn commit_follows(segments: &[(SegmentId, &[u8])], i: usize, pos: usize, expecte
         let start = if j == i { pos + 1 } else { SEGMENT_HEADER_BYTES };
         let mut at = start;
         while at + COMMIT_FRAME_BYTES <= bytes.len() {
+            // A commit record starts with its length, 8: jump to the next 8.
+            match bytes[at..bytes.len() - COMMIT_FRAME_BYTES + 1].iter().position(|&b| b == COMMIT_PAYLOAD_BYTES as u8)
+            {
+                Some(skip) => at += skip,
+                None => break,
+            }
             if let Some(lsn) = commit_record_at(id, &bytes[at..]) {
                 match expected {
                     Some(e) if lsn > e => return true,
