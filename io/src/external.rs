@@ -145,9 +145,17 @@ impl Process {
             }
         });
         self.running = Some(Running { child, stdin, lines: rx });
+        // A process that does not complete its hello is not kept: the next
+        // request starts a new one and says hello again.
         let hello = format!(r#"{{"type":"hello","protocol":{PROTOCOL_VERSION},"role":"{}"}}"#, self.role);
-        let line = self.request(&hello, "hello")?;
-        let reply: HelloReply = self.parse(&line)?;
+        let reply = self.request(&hello, "hello").and_then(|line| self.parse::<HelloReply>(&line));
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                self.stop();
+                return Err(e);
+            }
+        };
         if reply.protocol != PROTOCOL_VERSION {
             self.stop();
             return Err(self.err(format!("speaks protocol {}, this host speaks {PROTOCOL_VERSION}", reply.protocol)));
@@ -241,6 +249,8 @@ pub struct ExternalSource {
     /// Checkpoints of batches handed to the host, by (partition, end), until
     /// an ack reaches them.
     checkpoints: BTreeMap<(u32, u64), Option<String>>,
+    /// The running process answered `opened` to the current positions.
+    opened: bool,
 }
 
 impl ExternalSource {
@@ -251,12 +261,19 @@ impl ExternalSource {
         if streams.is_empty() {
             return Err(process.err("declared no streams in its hello"));
         }
-        Ok(ExternalSource { process, streams, resume: BTreeMap::new(), checkpoints: BTreeMap::new() })
+        Ok(ExternalSource { process, streams, resume: BTreeMap::new(), checkpoints: BTreeMap::new(), opened: false })
     }
 
+    /// A process is read from or acked only once it has answered `opened`
+    /// to the host's positions: a restarted one, or one whose open failed,
+    /// is opened (again) first.
     fn reopen_if_restarted(&mut self) -> Result<(), PluginError> {
         if self.process.ensure()?.is_some() {
+            self.opened = false;
+        }
+        if !self.opened {
             self.send_open()?;
+            self.opened = true;
         }
         Ok(())
     }
@@ -290,8 +307,8 @@ impl Source for ExternalSource {
             })
             .collect();
         self.checkpoints.clear();
-        self.process.ensure()?;
-        self.send_open()
+        self.opened = false;
+        self.reopen_if_restarted()
     }
 
     fn read(&mut self, records_max: u32) -> Result<(Vec<Batch>, bool), PluginError> {

@@ -4,7 +4,11 @@
 PARTITIONS partitions of stream STREAM, RECORDS records each (0: endless).
 Each record is {"stream","partition","seq","note"} at position seq.
 SCHEMA, when set, is sent as the stream's schema (a JSON value) with every
-batch. MISBEHAVE=garbage|exit|hang misbehaves once, on read number MISBEHAVE_AT,
+batch. OPEN_ERROR_MARKER, when set and the file is absent, makes the first open of
+a restarted process (one started after MARKER exists) answer an error, once.
+A read that comes before any successful open starts each partition at
+UNOPENED_START (default 0), like a source that falls back to "latest".
+MISBEHAVE=garbage|exit|hang misbehaves once, on read number MISBEHAVE_AT,
 remembering in the file MARKER that it did. PIDFILE receives its pid.
 """
 import json
@@ -45,7 +49,9 @@ def main():
     if os.environ.get("PIDFILE"):
         with open(os.environ["PIDFILE"], "w") as f:
             f.write(str(os.getpid()))
-    next_pos = {p: 0 for p in range(PARTITIONS)}
+    unopened = int(os.environ.get("UNOPENED_START", "0"))
+    next_pos = {p: unopened for p in range(PARTITIONS)}
+    restarted = bool(MARKER and os.path.exists(MARKER))
     reads = 0
     for line in sys.stdin:
         msg = json.loads(line)
@@ -53,6 +59,11 @@ def main():
         if kind == "hello":
             send({"type": "hello", "protocol": 1, "streams": [STREAM]})
         elif kind == "open":
+            flag = os.environ.get("OPEN_ERROR_MARKER")
+            if restarted and flag and not os.path.exists(flag):
+                open(flag, "w").close()
+                send({"type": "error", "message": "upstream not reachable yet"})
+                continue
             next_pos = {p: 0 for p in range(PARTITIONS)}
             for r in msg["resume"]:
                 next_pos[r["partition"]] = r["position"]

@@ -241,3 +241,20 @@ fn a_schema_plugin_is_asked_once_per_new_schema_and_can_refuse() {
     assert!(stderr(&out).contains("this schema is refused on purpose"), "{}", stderr(&out));
     assert_exactly_once(&data.join("sink"), &["orders"], 2, 800);
 }
+
+#[test]
+fn a_restarted_source_whose_open_fails_is_never_read_before_it_is_opened() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let env = [
+        ("MISBEHAVE", "exit".to_string()),
+        ("MARKER", tmp.path().join("marker").to_str().unwrap().to_string()),
+        ("OPEN_ERROR_MARKER", tmp.path().join("open-error").to_str().unwrap().to_string()),
+        ("UNOPENED_START", "1990".to_string()),
+    ];
+    let out = external_source(&data, 2000, &env);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("upstream not reachable yet"), "{}", stderr(&out));
+    assert!(tmp.path().join("open-error").exists(), "the restarted process refused its first open");
+    assert_exactly_once(&data.join("sink"), &["orders"], 2, 2000);
+}
