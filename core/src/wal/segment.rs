@@ -134,7 +134,10 @@ pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<S
         match decode_header(id, bytes) {
             Ok(epoch) => seg.header_epoch = Some(epoch),
             Err(_) => {
-                if !ended && commit_follows(segments, i, 0, expected) {
+                // A torn creation holds zeros after its header, never a
+                // valid commit record of this segment: one means the header
+                // rotted under committed data.
+                if !ended && (holds_commit(id, bytes) || commit_follows(segments, i, 0, expected)) {
                     return Err(Corruption { segment: id, offset: 0, what: "segment header is invalid" });
                 }
                 ended = true;
@@ -263,6 +266,12 @@ fn read_torn_group(segment: SegmentId, bytes: &[u8], pos: usize, expected: Optio
     }
     let (lsn, epoch) = header?;
     (!frames.is_empty()).then_some(ScannedGroup { lsn, epoch, offset: pos as u64, end: at as u64, frames })
+}
+
+/// Does `bytes` hold any checksum-valid commit record of `segment`?
+fn holds_commit(segment: SegmentId, bytes: &[u8]) -> bool {
+    (SEGMENT_HEADER_BYTES..bytes.len().saturating_sub(COMMIT_FRAME_BYTES - 1))
+        .any(|at| bytes[at] == COMMIT_PAYLOAD_BYTES as u8 && commit_record_at(segment, &bytes[at..]).is_some())
 }
 
 /// Is there a valid commit record of a later group after `pos` in segment

@@ -224,3 +224,19 @@ fn the_byte_format_is_pinned() {
     let refs: Vec<&Frame> = frames.iter().collect();
     assert_eq!(hex(&encode_group(SegmentId(1), Epoch(2), Lsn(3), &refs)), "00000000622742b3030000000000000002000000000000000608000000534c1a3103000000000000000200000000000000070100000019000000");
 }
+
+#[test]
+fn a_rotten_header_on_the_last_segment_is_corruption_not_junk() {
+    let mut g = groups();
+    g[0].push(Frame::Seal);
+    let (first, _) = segment_with(SegmentId(1), EPOCH, 0, &g[..1]);
+    let (mut last, _) = segment_with(SegmentId(2), EPOCH, 1, &g[1..2]);
+    last[3] ^= 0x40; // the magic
+    let c = scan(&[(SegmentId(1), &first), (SegmentId(2), &last)], false).unwrap_err();
+    assert_eq!((c.segment, c.offset), (SegmentId(2), 0));
+    // A torn creation (header cut, zeros after) is still the end of the WAL.
+    let (mut torn, _) = segment_with(SegmentId(2), EPOCH, 1, &[]);
+    torn[10..SEGMENT_HEADER_BYTES].fill(0);
+    let segs = scan(&[(SegmentId(1), &first), (SegmentId(2), &torn)], false).unwrap();
+    assert_eq!(segs[1].header_epoch, None);
+}
