@@ -88,7 +88,9 @@ impl DiskWal {
             *open = Some((segment, file));
         }
         let file = &open.as_ref().expect("set above").1;
-        if offset + bytes.len() as u64 > self.segment_bytes {
+        // The file's own size, not today's setting: it may have been created
+        // under another WAL_BYTES_PER_FILE.
+        if offset + bytes.len() as u64 > file.metadata()?.len() {
             return Err(io::Error::other(format!("append past the end of segment {}", segment.0)));
         }
         file.write_all_at(bytes, offset)?;

@@ -46,7 +46,10 @@ impl Host {
         let active = self.wal.active.as_ref().expect("set above");
         let (segment, offset) = (active.id, active.offset);
         let fresh = offset == SEGMENT_HEADER_BYTES as u64;
-        let room = limits.segment_bytes - offset - SEAL_RESERVE;
+        // Saturating: a segment recovered under a larger WAL_BYTES_PER_FILE
+        // may already be past this size; it still has room for a seal group,
+        // which its writer always kept free.
+        let room = limits.segment_bytes.saturating_sub(offset + SEAL_RESERVE);
         let mut frames = Vec::new();
         let mut len = COMMIT_FRAME_BYTES as u64;
         let mut snapshot_acked = None;
@@ -77,6 +80,16 @@ impl Host {
         }
         if fresh && len > room {
             return self.stop(StopReason::SegmentTooSmall { needed: len + offset + SEAL_RESERVE });
+        }
+        let took_data = frames.iter().any(|f| !matches!(f, Frame::Snapshot(_)));
+        if !took_data && !self.pending.is_empty() {
+            if fresh {
+                // The next frame does not fit even in an empty segment.
+                let needed = len + self.pending.front().map_or(0, |f| f.encoded_len() as u64) + offset + SEAL_RESERVE;
+                return self.stop(StopReason::SegmentTooSmall { needed });
+            }
+            // Not in what is left of this segment: seal, go on in the next.
+            seal_now = true;
         }
         let full = offset + len + limits.group_bytes_max + SEAL_RESERVE > limits.segment_bytes;
         if seal_due || full || seal_now {

@@ -154,7 +154,12 @@ impl Host {
             assert!(end > floor, "a batch with new records ends past the floor");
         }
         self.accepted.insert(key, end);
-        let frame_budget = (self.cfg.limits.group_bytes_max - SEAL_RESERVE) as usize - FRAME_HEADER_BYTES - 64;
+        // Every chunk leaves room for the checkpoint the last one carries.
+        let checkpoint_bytes = batch.checkpoint.as_ref().map_or(0, |c| 4 + c.len());
+        let group_room = (self.cfg.limits.group_bytes_max - SEAL_RESERVE) as usize - FRAME_HEADER_BYTES - 64;
+        let Some(frame_budget) = group_room.checked_sub(checkpoint_bytes).filter(|b| *b >= 64) else {
+            return Err(protocol("a checkpoint is larger than a commit group allows"));
+        };
         let mut chunk: Vec<Record> = Vec::new();
         let mut chunk_bytes = 0usize;
         let total = records.len();

@@ -476,3 +476,42 @@ fn a_new_schema_is_decided_and_committed_before_its_records_and_never_asked_agai
     assert!(matches!(&again.stopped, Some(StopReason::SchemaRejected { reason, .. }) if reason == "v2 drops a column"));
     assert_eq!(again.committed_positions(), vec![0, 1, 2, 3, 4], "nothing under the refused schema");
 }
+
+#[test]
+fn a_checkpoint_larger_than_a_group_is_a_protocol_error_not_a_stuck_wal() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let records = vec![Record { position: Position(0), bytes: vec![1] }];
+    let checkpoint = Some(vec![b'c'; 5000]);
+    let batch =
+        SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(1), checkpoint, schema: None };
+    h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
+    assert!(
+        matches!(
+            h.stopped,
+            Some(StopReason::SourceProtocol { what: "a checkpoint is larger than a commit group allows", .. })
+        ),
+        "{:?}",
+        h.stopped
+    );
+}
+
+#[test]
+fn a_smaller_segment_size_after_a_restart_seals_the_old_segment_and_goes_on() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    let mut next = 0;
+    while h.host.wal_head().1.is_none_or(|(_, offset)| offset < 30_000) {
+        h.feed(next, next + 200);
+        next += 200;
+    }
+    let mut small = config();
+    small.limits.segment_bytes = 20_000;
+    let mut again = Harness::start_with(small, h.disk.clone());
+    again.open_source();
+    again.feed(next, next + 10);
+    let committed = again.committed_positions();
+    assert_eq!(committed.len() as u64, next + 10, "the new records are committed");
+    assert_eq!(again.stopped, None);
+}
