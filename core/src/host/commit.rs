@@ -81,15 +81,18 @@ impl Host {
         if fresh && len > room {
             return self.stop(StopReason::SegmentTooSmall { needed: len + offset + SEAL_RESERVE });
         }
+        let next_len = self.pending.front().map(|f| f.encoded_len() as u64);
         let took_data = frames.iter().any(|f| !matches!(f, Frame::Snapshot(_)));
-        if !took_data && !self.pending.is_empty() {
-            if fresh {
-                // The next frame does not fit even in an empty segment.
-                let needed = len + self.pending.front().map_or(0, |f| f.encoded_len() as u64) + offset + SEAL_RESERVE;
-                return self.stop(StopReason::SegmentTooSmall { needed });
+        if let (false, Some(next_len)) = (took_data, next_len) {
+            if fresh && offset + len + next_len + SEAL_RESERVE > limits.segment_bytes {
+                // Even an empty segment cannot hold its snapshot and the
+                // next frame: more segments would not help.
+                return self.stop(StopReason::SegmentTooSmall { needed: offset + len + next_len + SEAL_RESERVE });
             }
-            // Not in what is left of this segment: seal, go on in the next.
-            seal_now = true;
+            if frames.is_empty() {
+                // Not in what is left of this segment: seal, go on in the next.
+                seal_now = true;
+            }
         }
         let full = offset + len + limits.group_bytes_max + SEAL_RESERVE > limits.segment_bytes;
         if seal_due || full || seal_now {
