@@ -104,7 +104,13 @@ fn start(id: IoId, op: IoOp, b: &Arc<Backends>, tx: &mpsc::UnboundedSender<Compl
     let tx = tx.clone();
     let totals = Arc::clone(totals);
     tokio::task::spawn_blocking(move || {
-        let result = perform(op, &b, &totals);
+        // A panic in a plugin or a store must not leave the engine waiting
+        // forever for this completion: it becomes a failed request.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| perform(op, &b, &totals)))
+            .unwrap_or_else(|_| {
+                tracing::error!(io = id.0, "an I/O request panicked; reporting it as failed");
+                Err(IoError::Failed)
+            });
         let _ = tx.send((id, result));
     });
 }
@@ -151,11 +157,11 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
             IoError::Failed
         }),
         IoOp::SourceOpen { source, resume } => {
-            let mut s = b.sources[source.0 as usize].lock().expect("not poisoned");
+            let mut s = b.sources[source.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             s.open(&resume).map(|_| IoReply::Done).map_err(|e| plugin_failed("source open", e))
         }
         IoOp::SourceRead { source, records_max } => {
-            let mut s = b.sources[source.0 as usize].lock().expect("not poisoned");
+            let mut s = b.sources[source.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let (batches, exhausted) = s.read(records_max).map_err(|e| plugin_failed("source read", e))?;
             let batches: Vec<SourceBatchIn> = batches
                 .into_iter()
@@ -178,7 +184,7 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
             Ok(IoReply::Batches { batches, exhausted })
         }
         IoOp::SourceAck { source, acks } => {
-            let mut s = b.sources[source.0 as usize].lock().expect("not poisoned");
+            let mut s = b.sources[source.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             s.ack(&acks).map(|_| IoReply::Done).map_err(|e| plugin_failed("source ack", e))
         }
         IoOp::SchemaDecide { stream, fingerprint, schema } => {
@@ -186,14 +192,15 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
                 return Ok(IoReply::Schema { accept: true, reason: String::new() });
             };
             let name = &b.streams[stream.0 as usize];
-            let verdict = plugin.lock().expect("not poisoned").decide(name, fingerprint, &schema);
+            let verdict =
+                plugin.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).decide(name, fingerprint, &schema);
             match verdict.map_err(|e| plugin_failed("schema decision", e))? {
                 None => Ok(IoReply::Schema { accept: true, reason: String::new() }),
                 Some(reason) => Ok(IoReply::Schema { accept: false, reason }),
             }
         }
         IoOp::SinkApply(a) => {
-            let mut sink = b.sinks[a.sink.0 as usize].lock().expect("not poisoned");
+            let mut sink = b.sinks[a.sink.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let stream = &b.streams[a.stream.0 as usize];
             let outcome = sink.apply(stream, a.seq.0, a.id, &a.records).map_err(|e| {
                 b.metrics.compactions.get_or_create(&vec![("outcome".into(), "error".into())]).inc();

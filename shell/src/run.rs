@@ -115,7 +115,8 @@ async fn run(cfg: RunConfig) -> i32 {
         },
     };
     let host_config = HostConfig {
-        seed: 0,
+        // Per run: it seeds retry jitter and the low half of the writer epoch.
+        seed: run_seed(),
         sources: vec!["source".into()],
         sinks: vec!["sink".into()],
         streams: streams.clone(),
@@ -190,6 +191,15 @@ async fn run(cfg: RunConfig) -> i32 {
         warn!(code, "exiting with an error code");
     }
     code
+}
+
+/// A seed from the operating system's randomness (the shell may use it; the
+/// engine and the simulator may not).
+fn run_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 fn limits(cfg: &RunConfig) -> Limits {

@@ -41,7 +41,11 @@ impl Host {
         self.wal.segments = wal.segments;
         self.wal.spares = wal.spares;
         self.wal.next_lsn = wal.next_lsn;
-        self.wal.epoch = Epoch(wal.epoch_max.0 + 1);
+        // The high half counts writers; the low half comes from this run's
+        // seed. Two runs that saw the same WAL (the second started after the
+        // first crashed before making anything of its own durable) still get
+        // different epochs, so their frames never share a checksum seed.
+        self.wal.epoch = Epoch(((wal.epoch_max.0 >> 32) + 1) << 32 | (self.cfg.seed & 0xffff_ffff));
         self.wal.next_segment = wal.next_segment;
         self.wal.active = wal.active.map(|(id, offset)| Active { id, offset, opened: self.now, seal_requested: false });
         self.recovery.junk = wal.junk;

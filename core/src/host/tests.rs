@@ -515,3 +515,15 @@ fn a_smaller_segment_size_after_a_restart_seals_the_old_segment_and_goes_on() {
     assert_eq!(committed.len() as u64, next + 10, "the new records are committed");
     assert_eq!(again.stopped, None);
 }
+
+#[test]
+fn two_writers_that_saw_the_same_wal_take_different_epochs() {
+    let epoch_of = |seed: u64| {
+        let h = Harness::start_with(HostConfig { seed, ..config() }, BTreeMap::new());
+        let segment = *h.disk.keys().next().unwrap();
+        crate::wal::decode_header(segment, &h.disk[&segment]).unwrap()
+    };
+    let (a, b) = (epoch_of(1), epoch_of(2));
+    assert_ne!(a, b);
+    assert_eq!(a.0 >> 32, b.0 >> 32, "the same writer generation");
+}
