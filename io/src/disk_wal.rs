@@ -58,8 +58,18 @@ impl DiskWal {
         sync_dir(&self.dir)
     }
 
+    /// Reads a segment as the device holds it. After a failed `fdatasync`
+    /// Linux keeps the unwritten pages in the page cache marked clean: a
+    /// normal read would return a group that is not on disk, and recovery
+    /// would admit it. `O_DIRECT` reads past the cache (file systems without
+    /// it, like tmpfs, have no device to be wrong about).
     pub fn read(&self, segment: SegmentId) -> io::Result<Vec<u8>> {
-        std::fs::read(self.path(segment))
+        let path = self.path(segment);
+        match OpenOptions::new().read(true).custom_flags(nix::libc::O_DIRECT).open(&path) {
+            Ok(file) => read_direct(&file),
+            Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => std::fs::read(&path),
+            Err(e) => Err(e),
+        }
     }
 
     /// Creates the segment: zero-filled to full size (so appends never grow
@@ -109,6 +119,26 @@ impl DiskWal {
         }
         sync_dir(&self.dir)
     }
+}
+
+/// Reads a whole file opened with `O_DIRECT`: offsets, lengths and the
+/// buffer aligned to 4 KiB.
+fn read_direct(file: &File) -> io::Result<Vec<u8>> {
+    const ALIGN: usize = 4096;
+    let len = file.metadata()?.len() as usize;
+    let padded = len.div_ceil(ALIGN) * ALIGN;
+    let mut raw = vec![0u8; padded + ALIGN];
+    let start = raw.as_ptr().align_offset(ALIGN);
+    let buf = &mut raw[start..start + padded];
+    let mut at = 0;
+    while at < len {
+        let n = file.read_at(&mut buf[at..], at as u64)?;
+        if n == 0 {
+            break;
+        }
+        at += n;
+    }
+    Ok(buf[..at.min(len)].to_vec())
 }
 
 /// Segment ids in `dir`, and the other files found there.

@@ -4,7 +4,9 @@
 //! file is synced. On a crash, each unsynced write is lost, torn (a prefix
 //! kept), or kept sector by sector at random, and a file created since the
 //! directory was last synced may lose its directory entry. A failed sync
-//! drops the unsynced pages. Creating a segment may find the disk full. Bit
+//! leaves the unwritten pages cached but clean (never written out), as Linux
+//! does; WAL reads see the durable image, as `O_DIRECT` reads do. Creating a
+//! segment may find the disk full. Bit
 //! rot flips a durable bit in an older segment. Deleted files are recycled:
 //! a new segment may start with an old segment's stale bytes.
 
@@ -55,8 +57,11 @@ impl SimDisk {
         self.files.keys().copied().collect()
     }
 
+    /// Reads what the device holds, bypassing the page cache (`O_DIRECT`):
+    /// pages whose writeback failed are not seen. Recovery syncs first, so
+    /// dirty pages a killed writer left are on the device by then.
     pub fn read(&self, segment: SegmentId) -> Option<Vec<u8>> {
-        self.files.get(&segment).map(|f| f.current.clone())
+        self.files.get(&segment).map(|f| f.durable.clone())
     }
 
     /// Creates a preallocated file of `size` bytes starting with `header`,
@@ -92,8 +97,10 @@ impl SimDisk {
             return false;
         };
         if fail {
+            // As Linux does after a writeback error: the pages stay in the
+            // cache, marked clean, so later reads through the cache still see
+            // them and no later sync writes them out. A power cut drops them.
             self.stats.fsync_failures += 1;
-            file.current.clone_from(&file.durable);
             file.unsynced.clear();
             return false;
         }
