@@ -61,6 +61,8 @@ pub struct Host {
     /// A schema decision asked for and not yet answered, and the batches
     /// (of any source) of that stream waiting for it.
     schema_waits: BTreeMap<StreamId, SchemaWait>,
+    /// This configuration's names, written into every snapshot.
+    names: Names,
 }
 
 struct SchemaWait {
@@ -226,6 +228,12 @@ impl Host {
             offsets_stale: BTreeMap::new(),
             schema_live: BTreeMap::new(),
             schema_waits: BTreeMap::new(),
+            names: Names::default(),
+        };
+        host.names = Names {
+            sources: host.cfg.sources.clone(),
+            sinks: host.cfg.sinks.clone(),
+            streams: host.cfg.streams.clone(),
         };
         host.io(Pending::WalSync, IoOp::WalSync);
         Ok(host)

@@ -186,6 +186,9 @@ pub enum StopReason {
     SourceProtocol { source: SourceId, partition: u32, what: &'static str },
     /// The snapshot no longer fits in a segment: raise the segment size.
     SegmentTooSmall { needed: u64 },
+    /// The configuration names a source, sink or stream differently from
+    /// the WAL under the same id (renamed, reordered or removed).
+    NamesChanged { kind: &'static str, index: usize, wal: String, config: String },
     /// The schema plugin refused a stream's new schema.
     SchemaRejected { stream: StreamId, fingerprint: u64, reason: String },
 }

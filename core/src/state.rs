@@ -3,7 +3,7 @@
 //! group), so the two can never disagree about what a frame means.
 
 use crate::ids::*;
-use crate::wal::{CompactionPlan, Frame, PartitionSnapshot, Record, SchemaDecision, Snapshot};
+use crate::wal::{CompactionPlan, Frame, Names, PartitionSnapshot, Record, SchemaDecision, Snapshot};
 use std::collections::{BTreeMap, VecDeque};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +26,8 @@ pub struct CommittedState {
     pub schemas: BTreeMap<StreamId, u64>,
     /// Planned and committed, not yet recorded as done.
     pub open: BTreeMap<(SinkId, StreamId), CompactionPlan>,
+    /// The names the last committed snapshot carried.
+    pub names: Names,
 }
 
 impl CommittedState {
@@ -69,8 +71,9 @@ impl CommittedState {
 
     /// Everything a snapshot frame carries. `drop_frontier` is the planted
     /// bug `snapshot-drops-frontier`.
-    pub fn snapshot(&self, drop_frontier: bool) -> Snapshot {
+    pub fn snapshot(&self, drop_frontier: bool, names: &Names) -> Snapshot {
         Snapshot {
+            names: names.clone(),
             partitions: self
                 .partitions
                 .iter()
@@ -117,6 +120,7 @@ impl CommittedState {
         self.next_seq = s.next_seq.iter().map(|&(sink, stream, seq)| ((sink, stream), seq)).collect();
         self.schemas = s.schemas.iter().map(|d| (d.stream, d.fingerprint)).collect();
         self.open = s.open.iter().map(|p| ((p.sink, p.stream), p.clone())).collect();
+        self.names = s.names.clone();
     }
 
     pub fn acked(&self, sink: SinkId, key: PartitionKey) -> Position {

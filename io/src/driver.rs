@@ -284,6 +284,11 @@ pub fn explain(reason: &StopReason, wal_dir: &std::path::Path) -> String {
         StopReason::SourceProtocol { source, partition, what } => {
             format!("source {} partition {partition} broke the protocol: {what}", source.0)
         }
+        StopReason::NamesChanged { kind, index, wal, config } => format!(
+            "the WAL knows {kind} #{index} as '{wal}', but the configuration calls it '{config}': {kind}s are \
+             identified by their place in the configuration, so keep existing ones in order and add new ones at \
+             the end (or start a new DATA_DIR)"
+        ),
         StopReason::SchemaRejected { stream, fingerprint, reason } => format!(
             "the schema plugin refused schema {fingerprint:016x} of stream {}: {reason}. Nothing under it was \
              committed; fix the source or the schema plugin and start again",

@@ -43,7 +43,7 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::WalWriteFailed { .. } => WAL_WRITE,
         StopReason::SinkFatal { .. } => SINK_FATAL,
         StopReason::SourceProtocol { .. } => SOURCE_PROTOCOL,
-        StopReason::SegmentTooSmall { .. } => CONFIG,
+        StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } => CONFIG,
         StopReason::SchemaRejected { .. } => SCHEMA_REJECTED,
     }
 }

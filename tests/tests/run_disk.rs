@@ -336,3 +336,16 @@ fn an_unwritable_data_directory_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
     assert!(stderr(&out).contains("is DATA_DIR writable?"), "{}", stderr(&out));
 }
+
+#[test]
+fn renaming_or_reordering_streams_is_refused_with_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out = run(&data, &["--generator-streams", "a,b", "--generator-records", "100"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = run(&data, &["--generator-streams", "b,a", "--generator-records", "100"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("the WAL knows stream #0 as 'a'"), "{}", stderr(&out));
+    let out = run(&data, &["--generator-streams", "a,b,c", "--generator-records", "100"]);
+    assert_eq!(out.status.code(), Some(0), "a new stream at the end is fine: {}", stderr(&out));
+}

@@ -57,7 +57,7 @@ impl Host {
         if fresh || self.wal.snapshot_wanted {
             self.wal.snapshot_wanted = false;
             let drop = self.cfg.mutations.has(Mutation::SnapshotDropsFrontier);
-            let snapshot = Frame::Snapshot(self.committed.snapshot(drop));
+            let snapshot = Frame::Snapshot(self.committed.snapshot(drop, &self.names));
             let snapshot_len = snapshot.encoded_len() as u64;
             if fresh || len + snapshot_len <= room {
                 len += snapshot_len;

@@ -36,6 +36,9 @@ impl Host {
             Ok(wal) => wal,
             Err(corruption) => return self.stop(StopReason::Corrupt(corruption)),
         };
+        if let Some(stop) = names_changed(&wal.state.names, &self.names) {
+            return self.stop(stop);
+        }
         self.committed = wal.state;
         self.records = wal.records;
         self.wal.segments = wal.segments;
@@ -155,4 +158,23 @@ impl Host {
             .collect();
         self.io(Pending::SourceOpen(source), IoOp::SourceOpen { source, resume });
     }
+}
+
+/// Every name the WAL used must mean the same thing under this
+/// configuration: the same name at the same index. New names may follow.
+fn names_changed(wal: &Names, config: &Names) -> Option<StopReason> {
+    let lists = [
+        ("source", &wal.sources, &config.sources),
+        ("sink", &wal.sinks, &config.sinks),
+        ("stream", &wal.streams, &config.streams),
+    ];
+    for (kind, wal, config) in lists {
+        for (index, name) in wal.iter().enumerate() {
+            if config.get(index) != Some(name) {
+                let config = config.get(index).cloned().unwrap_or_else(|| "(none)".into());
+                return Some(StopReason::NamesChanged { kind, index, wal: name.clone(), config });
+            }
+        }
+    }
+    None
 }

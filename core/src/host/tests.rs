@@ -527,3 +527,25 @@ fn two_writers_that_saw_the_same_wal_take_different_epochs() {
     assert_ne!(a, b);
     assert_eq!(a.0 >> 32, b.0 >> 32, "the same writer generation");
 }
+
+#[test]
+fn a_configuration_that_reorders_streams_is_refused() {
+    let mut cfg = config();
+    cfg.streams = vec!["orders".into(), "refunds".into()];
+    let mut h = Harness::start_with(cfg.clone(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 3);
+    // Adding a stream at the end is fine.
+    let mut grown = cfg.clone();
+    grown.streams.push("audits".into());
+    let again = Harness::start_with(grown, h.disk.clone());
+    assert_eq!(again.stopped, None);
+    // Swapping two is not.
+    let mut swapped = cfg;
+    swapped.streams.swap(0, 1);
+    let refused = Harness::start_with(swapped, h.disk.clone());
+    assert_eq!(
+        refused.stopped,
+        Some(StopReason::NamesChanged { kind: "stream", index: 0, wal: "orders".into(), config: "refunds".into() })
+    );
+}

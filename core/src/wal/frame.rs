@@ -121,6 +121,26 @@ pub struct Snapshot {
     pub next_seq: Vec<(SinkId, StreamId, CompactionSeq)>,
     pub schemas: Vec<SchemaDecision>,
     pub open: Vec<CompactionPlan>,
+    /// The names behind every id the WAL uses: sources, sinks, streams, in
+    /// id order. Recovery refuses a configuration that renames or reorders
+    /// them.
+    pub names: Names,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Names {
+    pub sources: Vec<String>,
+    pub sinks: Vec<String>,
+    pub streams: Vec<String>,
+}
+
+impl Names {
+    fn encoded_len(&self) -> usize {
+        [&self.sources, &self.sinks, &self.streams]
+            .iter()
+            .map(|l| 4 + l.iter().map(|n| 4 + n.len()).sum::<usize>())
+            .sum()
+    }
 }
 
 /// Closes a commit group: how many frames came before it in the group and how
@@ -179,6 +199,7 @@ impl Frame {
                     + s.schemas.len() * (2 + 8)
                     + 4
                     + s.open.iter().map(plan_len).sum::<usize>()
+                    + s.names.encoded_len()
             }
             Frame::Seal => 0,
             Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
@@ -257,6 +278,12 @@ impl Frame {
                 w.u32(s.open.len() as u32);
                 for p in &s.open {
                     put_plan(w, p);
+                }
+                for list in [&s.names.sources, &s.names.sinks, &s.names.streams] {
+                    w.u32(list.len() as u32);
+                    for name in list {
+                        w.bytes(name.as_bytes());
+                    }
                 }
             }
             Frame::Seal => {}
@@ -387,6 +414,11 @@ fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError>
             }
             for _ in 0..r.count(32)? {
                 s.open.push(get_plan(&mut r)?);
+            }
+            for list in [&mut s.names.sources, &mut s.names.sinks, &mut s.names.streams] {
+                for _ in 0..r.count(4)? {
+                    list.push(String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?);
+                }
             }
             Frame::Snapshot(s)
         }
