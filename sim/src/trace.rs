@@ -5,7 +5,7 @@
 use skippr_core::io::{Input, IoOp, IoReply, Output};
 use skippr_core::Instant;
 use std::fmt::Write as _;
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 pub struct Trace {
     hasher: Xxh3,
@@ -84,7 +84,7 @@ impl Trace {
             }
             IoReply::SegmentBytes(b) => {
                 self.u64(22);
-                self.hasher.update(b);
+                self.u64(xxh3_64(b));
             }
             IoReply::Offsets(e) => {
                 self.u64(23);
@@ -115,14 +115,18 @@ impl Trace {
                 self.u64(segment.0);
                 self.u64(*offset);
                 self.u64(lsn.0);
-                self.hasher.update(bytes);
+                self.u64(xxh3_64(bytes));
             }
             IoOp::SinkApply(a) => {
                 self.u64(a.id.0);
                 self.u64(a.seq.0);
+                // One-shot hashes: many small updates would copy every
+                // record through the streaming hasher's buffer.
+                let mut h = 0u64;
                 for r in &a.records {
-                    self.hasher.update(r);
+                    h = h.rotate_left(17) ^ xxh3_64(r);
                 }
+                self.u64(h);
             }
             IoOp::WalSync => self.u64(30),
             IoOp::WalList => self.u64(31),
