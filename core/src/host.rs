@@ -27,6 +27,10 @@ use crate::wal::*;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
+/// Reading a segment during recovery is tried this many times before the
+/// engine stops: a segment that cannot be read cannot be trusted or skipped.
+const WAL_READ_ATTEMPTS: u32 = 8;
+
 pub struct Host {
     cfg: HostConfig,
     now: Instant,
@@ -455,6 +459,11 @@ impl Host {
             Pending::WalRead(segment) => match result {
                 Ok(IoReply::SegmentBytes(bytes)) => self.on_segment_read(segment, bytes),
                 Ok(other) => panic!("WalRead answered with {other:?}"),
+                Err(_)
+                    if self.attempts.get(&Retry::WalRead(segment)).copied().unwrap_or(0) + 1 >= WAL_READ_ATTEMPTS =>
+                {
+                    self.stop(StopReason::WalReadFailed { segment })
+                }
                 Err(_) => self.retry_later(Retry::WalRead(segment)),
             },
             Pending::OffsetsRead => match result {

@@ -177,6 +177,8 @@ pub enum StopReason {
     /// An offsets entry is not the 24-byte value: the store was damaged or
     /// belongs to something else.
     OffsetsMalformed { key: PartitionKey, len: usize },
+    /// A WAL segment could not be read during recovery, after retries.
+    WalReadFailed { segment: SegmentId },
     /// A WAL write failed; the group's fate is decided by recovery.
     WalWriteFailed { segment: SegmentId, error: IoError },
     /// A sink answered `fatal`.

@@ -271,6 +271,11 @@ pub fn explain(reason: &StopReason, wal_dir: &std::path::Path) -> String {
              not ours; `skipprd offsets reset` rebuilds it from the WAL",
             key.source.0, key.partition
         ),
+        StopReason::WalReadFailed { segment } => format!(
+            "WAL segment {} could not be read, even after retries (see the warnings above): recovery cannot \
+             trust or skip it. Check the disk and its permissions, then start again",
+            wal_dir.join(format!("{:020}.seg", segment.0)).display()
+        ),
         StopReason::WalWriteFailed { segment, error } => format!(
             "writing WAL segment {} failed ({error:?}); nothing unacknowledged was reported durable. Check the disk \
              and start again: recovery decides what the WAL holds",

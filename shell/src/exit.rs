@@ -40,7 +40,7 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::DrainTimedOut => DRAIN_FAILED,
         StopReason::Corrupt(_) => WAL_CORRUPT,
         StopReason::OffsetsAheadOfWal { .. } | StopReason::OffsetsMalformed { .. } => OFFSETS,
-        StopReason::WalWriteFailed { .. } => WAL_WRITE,
+        StopReason::WalWriteFailed { .. } | StopReason::WalReadFailed { .. } => WAL_WRITE,
         StopReason::SinkFatal { .. } => SINK_FATAL,
         StopReason::SourceProtocol { .. } => SOURCE_PROTOCOL,
         StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } => CONFIG,

@@ -549,3 +549,42 @@ fn a_configuration_that_reorders_streams_is_refused() {
         Some(StopReason::NamesChanged { kind: "stream", index: 0, wal: "orders".into(), config: "refunds".into() })
     );
 }
+
+#[test]
+fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 3);
+    let disk = h.disk.clone();
+    let segment = *disk.keys().next().unwrap();
+    let mut host = Host::new(config(), Instant::ZERO).unwrap();
+    let mut now = Instant::ZERO;
+    let mut stopped = None;
+    let mut pending: Vec<(IoId, IoOp)> = Vec::new();
+    for _ in 0..1000 {
+        while let Some(out) = host.poll_output() {
+            match out {
+                Output::Io { id, op } => pending.push((id, op)),
+                Output::Stopped(r) => stopped = Some(r),
+                Output::Recovered(_) => panic!("recovered without reading a segment"),
+            }
+        }
+        if stopped.is_some() {
+            break;
+        }
+        if let Some((id, op)) = pending.pop() {
+            let result = match op {
+                IoOp::WalSync => Ok(IoReply::Done),
+                IoOp::WalList => Ok(IoReply::Segments(disk.keys().copied().collect())),
+                IoOp::WalRead { segment: s } if s == segment => Err(IoError::Failed),
+                IoOp::WalRead { segment: s } => Ok(IoReply::SegmentBytes(disk[&s].clone())),
+                other => panic!("unexpected {other:?}"),
+            };
+            host.handle(now, Input::IoDone { id, result });
+        } else {
+            now = host.poll_timeout().expect("a retry is scheduled").0;
+            host.handle(now, Input::Timeout);
+        }
+    }
+    assert_eq!(stopped, Some(StopReason::WalReadFailed { segment }));
+}
