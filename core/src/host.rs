@@ -7,7 +7,8 @@
 //! Ordering rules kept here (see docs/ARCHITECTURE.md):
 //! - a source is acked, offsets are written and a compaction is dispatched
 //!   only after the commit group that carries them is durable and visible;
-//! - records at or below a partition's accepted position are dropped before
+//! - records below a partition's accepted position (the next to read) are
+//!   dropped before
 //!   they reach the WAL;
 //! - planned ranges never overlap; one compaction per (sink, stream) is open;
 //! - a segment is deleted only when every record in it is below every sink's

@@ -22,7 +22,7 @@ pub enum Mutation {
     DispatchBeforePlanCommit,
     /// Writes snapshots without the sinks' compacted-through positions.
     SnapshotDropsFrontier,
-    /// Keeps re-sent records at or below the committed position.
+    /// Keeps re-sent records below the partition's position (already held).
     AcceptResentRecords,
     /// Deletes the oldest sealed segment during recovery, compacted or not.
     DeleteDuringRecovery,

@@ -210,6 +210,14 @@ impl Process {
     /// Kills the process and reaps it; says how it ended.
     fn stop(&mut self) -> String {
         let Some(mut r) = self.running.take() else { return "was not running".into() };
+        // Its stdout may close a moment before it is reaped: give a process
+        // that is exiting a moment to say how, before killing it.
+        for _ in 0..20 {
+            if !matches!(r.child.try_wait(), Ok(None)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let status = match r.child.try_wait() {
             Ok(Some(status)) => format!("exited ({status})"),
             _ => {
@@ -260,6 +268,12 @@ impl ExternalSource {
         let streams = process.ensure()?.unwrap_or_default();
         if streams.is_empty() {
             return Err(process.err("declared no streams in its hello"));
+        }
+        if let Some(bad) = streams
+            .iter()
+            .find(|s| s.is_empty() || !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        {
+            return Err(process.err(format!("declared the stream name {bad:?}: use letters, digits, '-' and '_'")));
         }
         Ok(ExternalSource { process, streams, resume: BTreeMap::new(), checkpoints: BTreeMap::new(), opened: false })
     }

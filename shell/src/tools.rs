@@ -1,6 +1,7 @@
 //! Operator tools: `skipprd wal verify` and `skipprd offsets show|reset`.
 
 use crate::exit;
+use skippr_core::recovery::rebuild;
 use skippr_core::wal::{scan, Frame};
 use skippr_core::OffsetValue;
 use skippr_io::disk_wal::{list_dir, WAL_DIR};
@@ -34,7 +35,9 @@ pub fn wal_verify(data_dir: &Path) -> i32 {
         }
     }
     let view: Vec<_> = files.iter().map(|(id, b)| (*id, b.as_slice())).collect();
-    match scan(&view, false) {
+    // The same checks recovery makes: the scan, and the rebuild (which also
+    // refuses a WAL whose older segments are missing).
+    match scan(&view, false).and_then(rebuild).and_then(|_| scan(&view, false)) {
         Err(c) => {
             println!(
                 "CORRUPT: {} at byte {}: {}",

@@ -3,7 +3,8 @@
 
 PARTITIONS partitions of stream STREAM, RECORDS records each (0: endless).
 Each record is {"stream","partition","seq","note"} at position seq.
-SCHEMA, when set, is sent as the stream's schema (a JSON value) with every
+RAW_DATA=1 writes each record's data with unusual spacing and key order, to
+show the host keeps the exact bytes. SCHEMA, when set, is sent as the stream's schema (a JSON value) with every
 batch. OPEN_ERROR_MARKER, when set and the file is absent, makes the first open of
 a restarted process (one started after MARKER exists) answer an error, once.
 A read that comes before any successful open starts each partition at
@@ -27,6 +28,20 @@ SCHEMA = json.loads(os.environ["SCHEMA"]) if os.environ.get("SCHEMA") else None
 
 def send(obj):
     sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def raw_data(d):
+    return '{ "seq":%d,  "partition" :%d,"stream":"%s", "note":"x" }' % (d["seq"], d["partition"], d["stream"])
+
+
+def send_raw(batches, exhausted):
+    parts = []
+    for b in batches:
+        records = ",".join('{"position":%d,"data":%s}' % (r["position"], raw_data(r["data"])) for r in b["records"])
+        rest = {k: v for k, v in b.items() if k != "records"}
+        parts.append(json.dumps(rest, separators=(",", ":"))[:-1] + ',"records":[' + records + "]}")
+    sys.stdout.write('{"type":"batch","batches":[' + ",".join(parts) + '],"exhausted":' + json.dumps(exhausted) + "}\n")
     sys.stdout.flush()
 
 
@@ -93,7 +108,10 @@ def main():
                 if budget == 0:
                     break
             exhausted = RECORDS > 0 and all(next_pos[p] >= RECORDS for p in range(PARTITIONS))
-            send({"type": "batch", "batches": batches, "exhausted": exhausted})
+            if os.environ.get("RAW_DATA"):
+                send_raw(batches, exhausted)
+            else:
+                send({"type": "batch", "batches": batches, "exhausted": exhausted})
         elif kind == "ack":
             send({"type": "acked"})
         else:

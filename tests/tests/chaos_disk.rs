@@ -11,7 +11,7 @@ const PARTITIONS: u64 = 3;
 const RECORDS: u64 = 300_000;
 
 #[test]
-fn twenty_five_sigkills_then_a_clean_run_deliver_every_record_exactly_once() {
+fn twenty_five_chaos_runs_at_least_twenty_sigkilled_then_a_clean_run_deliver_exactly_once() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     let args = |once: bool| {

@@ -34,13 +34,18 @@ fn external_source(data: &Path, records: u64, env: &[(&str, String)]) -> Output 
 fn an_external_source_delivers_its_exact_bytes_exactly_once() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
-    let out = external_source(&data, 3000, &[]);
+    let raw = [("RAW_DATA", "1".to_string())];
+    let out = external_source(&data, 3000, &raw);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_exactly_once(&data.join("sink"), &["orders"], 2, 3000);
-    let first = std::fs::read_dir(data.join("sink").join("orders")).unwrap().next().unwrap().unwrap().path();
+    let first = std::fs::read_dir(data.join("sink").join("orders"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("00000000000000000000-"))
+        .expect("the batch with sequence number 0");
     let line = std::fs::read_to_string(first).unwrap().lines().next().unwrap().to_string();
-    assert_eq!(line, r#"{"stream":"orders","partition":0,"seq":0,"note":"x"}"#, "the bytes the plugin emitted");
-    let again = external_source(&data, 3000, &[]);
+    assert_eq!(line, r#"{ "seq":0,  "partition" :0,"stream":"orders", "note":"x" }"#, "the bytes the plugin emitted");
+    let again = external_source(&data, 3000, &raw);
     assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
     assert!(stdout(&again).starts_with("records: 0,"), "resumes from host state: {}", stdout(&again));
     let shown = stdout(&skipprd(&["offsets", "show", data.to_str().unwrap()]));
@@ -146,7 +151,7 @@ fn alive(pid: i32) -> bool {
 }
 
 #[test]
-fn twenty_five_sigkills_with_an_external_source_then_exactly_once() {
+fn twenty_five_chaos_runs_with_an_external_source_at_least_twenty_sigkilled_then_exactly_once() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     let cmd = plugin("source.py");

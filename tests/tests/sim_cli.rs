@@ -43,7 +43,7 @@ fn list_mutations_names_every_planted_bug() {
     let out = skipprd(&["sim", "--list-mutations"]);
     assert_eq!(out.status.code(), Some(0));
     let names: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
-    for required in [
+    let expected = [
         "ack-before-commit",
         "offsets-before-commit",
         "unstable-compaction-id",
@@ -53,9 +53,11 @@ fn list_mutations_names_every_planted_bug() {
         "dispatch-before-plan-commit",
         "snapshot-drops-frontier",
         "accept-resent-records",
-    ] {
-        assert!(names.iter().any(|n| n == required), "{required} missing from {names:?}");
-    }
+        "delete-during-recovery",
+        "offsets-stale-value",
+        "nondeterministic-retry",
+    ];
+    assert_eq!(names, expected, "the planted bugs, as the README lists them");
 }
 
 #[test]

@@ -240,7 +240,7 @@ fn a_source_is_acked_only_after_its_group_commits() {
 }
 
 #[test]
-fn records_at_or_below_the_committed_position_are_dropped() {
+fn records_below_the_committed_position_are_dropped() {
     let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
     h.open_source();
     h.feed(0, 5);
@@ -514,6 +514,11 @@ fn a_smaller_segment_size_after_a_restart_seals_the_old_segment_and_goes_on() {
     let committed = again.committed_positions();
     assert_eq!(committed.len() as u64, next + 10, "the new records are committed");
     assert_eq!(again.stopped, None);
+    let files: Vec<(SegmentId, &[u8])> = again.disk.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    let segs = scan(&files, false).unwrap();
+    let with_data: Vec<_> = segs.iter().filter(|s| !s.groups.is_empty()).collect();
+    assert!(with_data[0].sealed, "the old segment was sealed");
+    assert!(with_data.len() >= 2, "the new records went to a new segment");
 }
 
 #[test]
@@ -561,6 +566,7 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
     let mut now = Instant::ZERO;
     let mut stopped = None;
     let mut pending: Vec<(IoId, IoOp)> = Vec::new();
+    let mut failed_reads = 0;
     for _ in 0..1000 {
         while let Some(out) = host.poll_output() {
             match out {
@@ -576,7 +582,10 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
             let result = match op {
                 IoOp::WalSync => Ok(IoReply::Done),
                 IoOp::WalList => Ok(IoReply::Segments(disk.keys().copied().collect())),
-                IoOp::WalRead { segment: s } if s == segment => Err(IoError::Failed),
+                IoOp::WalRead { segment: s } if s == segment => {
+                    failed_reads += 1;
+                    Err(IoError::Failed)
+                }
                 IoOp::WalRead { segment: s } => Ok(IoReply::SegmentBytes(disk[&s].clone())),
                 other => panic!("unexpected {other:?}"),
             };
@@ -587,4 +596,5 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
         }
     }
     assert_eq!(stopped, Some(StopReason::WalReadFailed { segment }));
+    assert_eq!(failed_reads, WAL_READ_ATTEMPTS, "it retried before giving up");
 }

@@ -97,7 +97,20 @@ fn every_single_bit_flip_is_detected() {
         let mut b = buf.clone();
         b[bit / 8] ^= 1 << (bit % 8);
         match scan_one(&b) {
-            Err(c) => assert_eq!(c.segment, SEG),
+            Err(c) => {
+                // Named at the header, or at the start of the flipped group.
+                let byte = bit / 8;
+                let at = if byte < SEGMENT_HEADER_BYTES {
+                    0
+                } else {
+                    std::iter::once(SEGMENT_HEADER_BYTES)
+                        .chain(ends.iter().copied())
+                        .filter(|&e| e <= byte)
+                        .max()
+                        .unwrap()
+                };
+                assert_eq!((c.segment, c.offset), (SEG, at as u64), "flip at byte {byte}");
+            }
             Ok(segs) => {
                 // Only a flip in the last group may pass as a torn tail, and
                 // then that group is dropped, never admitted changed.
