@@ -123,16 +123,7 @@ impl Harness {
     /// returns the outputs that follow at once, without performing any.
     fn feed_unsettled(&mut self, from: u64, to: u64) -> Vec<Output> {
         let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
-        let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8; 3] }).collect();
-        let batch = SourceBatchIn {
-            partition: 0,
-            stream: StreamId(0),
-            records,
-            end: Position(to),
-            checkpoint: None,
-            schema: None,
-        };
-        let result = Ok(IoReply::Batches { batches: vec![batch], exhausted: false });
+        let result = Ok(IoReply::Batches { batches: vec![batch(from, to)], exhausted: false });
         self.host.handle(self.now, Input::IoDone { id, result });
         std::iter::from_fn(|| self.host.poll_output()).collect()
     }
@@ -140,16 +131,7 @@ impl Harness {
     /// Answers the source's read with records `from..to` of partition 0.
     fn feed(&mut self, from: u64, to: u64) {
         let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
-        let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8; 3] }).collect();
-        let batch = SourceBatchIn {
-            partition: 0,
-            stream: StreamId(0),
-            records,
-            end: Position(to),
-            checkpoint: None,
-            schema: None,
-        };
-        self.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
+        self.answer(id, Ok(IoReply::Batches { batches: vec![batch(from, to)], exhausted: false }));
     }
 
     /// Positions of the records each committed source-batch frame holds.
@@ -175,6 +157,12 @@ impl Harness {
         });
         (id, cid, seq, n)
     }
+}
+
+/// Records `from..to` of partition 0, three bytes each.
+fn batch(from: u64, to: u64) -> SourceBatchIn {
+    let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8; 3] }).collect();
+    SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(to), checkpoint: None, schema: None }
 }
 
 /// The append among `outputs`: its id, segment and bytes.
