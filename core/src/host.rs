@@ -292,10 +292,6 @@ impl Host {
         next
     }
 
-    pub fn is_stopped(&self) -> bool {
-        self.phase == Phase::Stopped
-    }
-
     pub fn is_recovering(&self) -> bool {
         self.phase == Phase::Recovering
     }

@@ -92,8 +92,6 @@ struct WireRecord {
 #[derive(Deserialize)]
 struct ResultReply {
     outcome: String,
-    #[serde(default)]
-    rows: u64,
 }
 
 #[derive(Deserialize)]
@@ -406,7 +404,6 @@ impl Sink for ExternalSink {
             "fatal" => SinkOutcome::Fatal,
             other => return Err(self.process.err(format!("unknown outcome '{other}'"))),
         };
-        let _ = result.rows;
         Ok(outcome)
     }
 }

@@ -10,7 +10,7 @@
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use skippr_core::{OffsetEntry, OffsetRow, OffsetValue, PartitionKey, SourceId};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 const OFFSETS: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("offsets");
 const CHECKPOINTS: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("checkpoints");
@@ -18,7 +18,6 @@ pub const OFFSETS_FILE: &str = "offsets.redb";
 
 pub struct OffsetsDb {
     db: Database,
-    path: PathBuf,
     pipeline: String,
     sources: Vec<String>,
 }
@@ -46,11 +45,7 @@ impl OffsetsDb {
         txn.open_table(OFFSETS)?;
         txn.open_table(CHECKPOINTS)?;
         txn.commit()?;
-        Ok(OffsetsDb { db, path, pipeline: pipeline.to_string(), sources })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(OffsetsDb { db, pipeline: pipeline.to_string(), sources })
     }
 
     /// Every entry of this pipeline's configured sources.

@@ -1,7 +1,8 @@
 //! skipprd: an ingestion daemon with an exactly-once delivery contract.
 //!
-//! Commands: `run` (the daemon), `sim` (the deterministic simulator), and
-//! the operator tools `wal verify`, `offsets show` and `offsets reset`.
+//! Commands: `run` (the daemon), `sim` (the deterministic simulator), the
+//! operator tools `wal verify`, `offsets show` and `offsets reset`, and
+//! `bench wal`.
 
 mod bench;
 mod chaos;

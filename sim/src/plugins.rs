@@ -10,7 +10,7 @@
 use crate::scenario::SourceSpec;
 use skippr_core::io::{ResumePoint, SourceBatchIn};
 use skippr_core::wal::Record;
-use skippr_core::{CompactionId, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, SinkId, StreamId};
+use skippr_core::{CompactionId, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, StreamId};
 use std::collections::{BTreeMap, BTreeSet};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -73,7 +73,6 @@ pub struct SimSource {
     spec: SourceSpec,
     cursors: Vec<Cursor>,
     turn: usize,
-    pub emitted: u64,
     /// Schemas by stream, before and after `schema_switch`.
     schemas: Vec<[std::sync::Arc<[u8]>; 2]>,
     schema_switch: Instant,
@@ -83,7 +82,7 @@ impl SimSource {
     pub fn new(seed: u64, id: u16, spec: SourceSpec, streams: u16, schema_switch: Instant) -> SimSource {
         let cursors = spec.partitions.iter().map(|_| Cursor { next: 0, acked: 0 }).collect();
         let schemas = (0..streams).map(|s| [schema_bytes(s, 1), schema_bytes(s, 2)]).collect();
-        SimSource { id, seed, spec, cursors, turn: 0, emitted: 0, schemas, schema_switch }
+        SimSource { id, seed, spec, cursors, turn: 0, schemas, schema_switch }
     }
 
     /// Resumes at the host's positions, or, for a source that re-sends, at
@@ -125,7 +124,6 @@ impl SimSource {
             let records = (from..to)
                 .map(|pos| Record { position: Position(pos), bytes: record_bytes(self.seed, self.id, partition, pos) })
                 .collect();
-            self.emitted += to - from;
             self.cursors[p].next = to;
             batches.push(SourceBatchIn {
                 partition,
@@ -169,10 +167,6 @@ impl SimSink {
     pub fn apply(&mut self, id: CompactionId) -> bool {
         self.applied.insert(id)
     }
-
-    pub fn applied(&self) -> usize {
-        self.applied.len()
-    }
 }
 
 /// The offsets store: the 24-byte value and the checkpoint beside it.
@@ -206,6 +200,3 @@ impl SimOffsets {
         self.entries.get(&key).map(|(b, _)| OffsetValue::decode(b).expect("24 bytes").position)
     }
 }
-
-/// A sink's identity for the checker.
-pub type SinkKey = (SinkId, StreamId);

@@ -133,9 +133,6 @@ impl Host {
         {
             return Err(protocol("record positions must increase and stay below the batch end"));
         }
-        if batch.stream.0 as usize >= self.cfg.streams.len() {
-            return Err(protocol("unknown stream"));
-        }
         if let Some(p) = self.committed.partitions.get(&key) {
             if p.stream != batch.stream {
                 return Err(protocol("a partition cannot change stream"));
