@@ -18,7 +18,32 @@ pub struct HostConfig {
     /// A schema plugin decides new schemas; without one, every schema is
     /// accepted (and the decision still committed).
     pub schema_plugin: bool,
+    /// A writer lease guards the WAL (S3 mode); `None` where the driver
+    /// guarantees one writer itself (the disk mode's directory lock).
+    pub lease: Option<LeaseConfig>,
     pub mutations: Mutations,
+}
+
+/// The writer lease's timing, all in this host's monotonic time. A holder's
+/// row may be taken over once it has stayed unchanged for `steal_after`; the
+/// holder renews every `renew_every` and stops committing and acknowledging
+/// when it has not renewed for `steal_after`.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    pub steal_after: Duration,
+    pub renew_every: Duration,
+    /// How often a waiting writer looks at the holder's row again.
+    pub poll: Duration,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            steal_after: Duration::from_secs(10),
+            renew_every: Duration::from_secs(2),
+            poll: Duration::from_secs(1),
+        }
+    }
 }
 
 /// A bound on every queue and buffer the engine keeps.
@@ -112,6 +137,18 @@ impl HostConfig {
         }
         if l.source_read_records_max == 0 || l.compaction_records_max == 0 || l.spare_segments == 0 {
             return err("source_read_records_max, compaction_records_max and spare_segments must be positive".into());
+        }
+        if let Some(lease) = &self.lease {
+            if lease.renew_every.as_micros() == 0 || lease.poll.as_micros() == 0 {
+                return err("lease renewal and poll intervals must be positive".into());
+            }
+            if lease.renew_every.as_micros().saturating_mul(3) > lease.steal_after.as_micros() {
+                return err(format!(
+                    "the lease steal span ({} ms) must be at least three renewal intervals ({} ms each)",
+                    lease.steal_after.as_micros() / 1000,
+                    lease.renew_every.as_micros() / 1000
+                ));
+            }
         }
         if l.retry_min.as_micros() == 0 || l.retry_max < l.retry_min {
             return err("retry_min must be positive and at most retry_max".into());

@@ -16,7 +16,7 @@
 //!   carries that position; segments are deleted oldest first, one at a time.
 
 use crate::compaction::{compaction_id, NamedRanges};
-use crate::config::{ConfigError, HostConfig, SEAL_RESERVE};
+use crate::config::{ConfigError, HostConfig, LeaseConfig, SEAL_RESERVE};
 use crate::ids::*;
 use crate::io::*;
 use crate::mutation::Mutation;
@@ -68,6 +68,7 @@ pub struct Host {
     schema_waits: BTreeMap<StreamId, SchemaWait>,
     /// This configuration's names, written into every snapshot.
     names: Names,
+    lease: lease::LeaseState,
 }
 
 struct SchemaWait {
@@ -102,6 +103,8 @@ enum Pending {
     SourceAck(SourceId),
     SinkApply(SinkId, StreamId),
     SchemaDecide(StreamId),
+    LeaseRead,
+    LeaseWrite(lease::LeaseIntent, LeaseRow),
 }
 
 /// Work waiting for a backoff to pass.
@@ -120,6 +123,8 @@ enum Retry {
     SourceAck(SourceId),
     SinkApply(SinkId, StreamId),
     SchemaDecide(StreamId),
+    LeaseRead,
+    LeaseRenew,
 }
 
 #[derive(Default)]
@@ -127,6 +132,14 @@ struct Recovery {
     listed: Vec<SegmentId>,
     read: BTreeMap<SegmentId, Vec<u8>>,
     junk: Vec<SegmentId>,
+    /// The highest writer generation in the WAL.
+    wal_generation: u64,
+    /// The fence group is pending or in flight: recovery finishes once it
+    /// commits.
+    fencing: bool,
+    /// A stop recovery found, held until the lease is read again: if
+    /// another writer took over, losing the lease is the real story.
+    doubt: Option<StopReason>,
 }
 
 struct Wal {
@@ -234,13 +247,18 @@ impl Host {
             schema_live: BTreeMap::new(),
             schema_waits: BTreeMap::new(),
             names: Names::default(),
+            lease: lease::LeaseState::default(),
         };
         host.names = Names {
             sources: host.cfg.sources.clone(),
             sinks: host.cfg.sinks.clone(),
             streams: host.cfg.streams.clone(),
         };
-        host.io(Pending::WalSync, IoOp::WalSync);
+        if host.cfg.lease.is_some() {
+            host.lease_read();
+        } else {
+            host.io(Pending::WalSync, IoOp::WalSync);
+        }
         Ok(host)
     }
 
@@ -280,8 +298,9 @@ impl Host {
                 next = Some((at, timer));
             }
         };
-        if let Some((&(at, _), _)) = self.retries.iter().next() {
-            consider(at, Timer::Retry);
+        if let Some((&(at, _), what)) = self.retries.iter().next() {
+            let lease = matches!(what, Retry::LeaseRead | Retry::LeaseRenew);
+            consider(at, if lease { Timer::Lease } else { Timer::Retry });
         }
         if let Some(at) = self.segment_age_deadline() {
             consider(at, Timer::SegmentAge);
@@ -428,6 +447,8 @@ impl Host {
             Retry::SourceAck(source) => self.sources[source.0 as usize].ack_io = None,
             Retry::SinkApply(sink, stream) => self.dispatch(sink, stream),
             Retry::SchemaDecide(stream) => self.ask_schema(stream),
+            Retry::LeaseRead => self.lease_read(),
+            Retry::LeaseRenew => self.renew_lease(),
         }
     }
 
@@ -475,6 +496,7 @@ impl Host {
                     self.wal.spares.push_back(segment);
                     self.wal.next_segment = SegmentId(segment.0 + 1);
                 }
+                Err(IoError::Conflict) => self.stop(StopReason::Fenced { segment, offset: 0 }),
                 Err(_) => self.retry_later(Retry::Create),
             },
             Pending::WalAppend => self.on_append(id, result),
@@ -527,6 +549,8 @@ impl Host {
             }
             Pending::SinkApply(sink, stream) => self.on_sink_reply(id, sink, stream, result),
             Pending::SchemaDecide(stream) => self.on_schema_decided(stream, result),
+            Pending::LeaseRead => self.on_lease_read(result),
+            Pending::LeaseWrite(intent, row) => self.on_lease_written(intent, row, result),
         }
     }
 
@@ -535,6 +559,10 @@ impl Host {
     /// Starts whatever work the current state allows. Bounded: each step
     /// issues at most one request per source, slot or queue.
     fn pump(&mut self) {
+        if self.phase == Phase::Recovering && self.recovery.fencing {
+            self.ensure_spare();
+            self.start_commit();
+        }
         if matches!(self.phase, Phase::Recovering | Phase::Stopped) {
             return;
         }
@@ -545,7 +573,7 @@ impl Host {
         self.write_offsets();
         self.send_acks();
         self.delete_next();
-        if self.phase == Phase::Draining && self.drained() {
+        if self.phase == Phase::Draining && self.drained() && self.release_lease() {
             self.stop(StopReason::Clean);
         }
     }
@@ -572,6 +600,7 @@ impl Host {
 
 mod commit;
 mod compact;
+mod lease;
 mod recover;
 mod sources;
 

@@ -34,6 +34,13 @@ pub enum Output {
     },
     /// Recovery finished; sources are being resumed.
     Recovered(RecoverySummary),
+    /// Another writer holds the WAL's lease; this one waits until the
+    /// holder releases it or its row stays unchanged for the steal span.
+    /// Emitted once per holder seen.
+    LeaseWait {
+        holder: u64,
+        generation: u64,
+    },
     /// The engine stopped; no further output follows.
     Stopped(StopReason),
 }
@@ -57,6 +64,12 @@ pub enum IoOp {
     WalAppend { segment: SegmentId, offset: u64, lsn: Lsn, bytes: Arc<Vec<u8>> },
     /// Delete a segment that the deletion rule no longer needs.
     WalDelete { segment: SegmentId },
+    /// Read the writer lease row (a consistent read). Answer: `Lease`.
+    LeaseRead,
+    /// Replace the lease row only if its version is still `expected` (`None`:
+    /// only if there is no row). Answer: `Done`, or `IoError::Conflict` when
+    /// the condition failed.
+    LeaseWrite { expected: Option<u64>, row: LeaseRow },
     /// Read every offsets entry. Answer: `Offsets`.
     OffsetsRead,
     /// Write offsets entries; the store keeps a value only if its LSN is higher.
@@ -93,6 +106,18 @@ pub struct OffsetEntry {
     pub checkpoint: Option<Vec<u8>>,
 }
 
+/// The writer lease: one row per WAL, in the offsets table's service.
+/// `generation` counts writers and becomes the high half of the writer's
+/// epoch; `holder` identifies one run of one daemon (0: released);
+/// `version` changes on every write, so a holder's renewals are visible
+/// without comparing clocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub generation: u64,
+    pub holder: u64,
+    pub version: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResumePoint {
     pub partition: u32,
@@ -122,6 +147,7 @@ pub enum IoReply {
     Segments(Vec<SegmentId>),
     SegmentBytes(Vec<u8>),
     Offsets(Vec<OffsetRow>),
+    Lease(Option<LeaseRow>),
     /// `exhausted`: a finite source has nothing more, ever.
     Batches {
         batches: Vec<SourceBatchIn>,
@@ -157,6 +183,10 @@ pub enum IoError {
     Ambiguous,
     /// Out of space: nothing was written.
     NoSpace,
+    /// A conditional write found something else in place: a WAL key holding
+    /// different bytes (another writer got there first), or a lease row that
+    /// changed. Never retried as is.
+    Conflict,
     /// It failed. For a WAL write this includes a failed fsync, after which
     /// the unsynced pages are gone: the engine stops and recovery decides.
     Failed,
@@ -181,6 +211,13 @@ pub enum StopReason {
     WalReadFailed { segment: SegmentId },
     /// A WAL write failed; the group's fate is decided by recovery.
     WalWriteFailed { segment: SegmentId, error: IoError },
+    /// Another writer wrote where this one was about to commit: this writer
+    /// lost the WAL (a newer writer took the lease) or raced one. Nothing of
+    /// this writer's past the last commit was acknowledged; the next start
+    /// recovers what the WAL holds.
+    Fenced { segment: SegmentId, offset: u64 },
+    /// The lease was taken by another writer while this one ran.
+    LeaseLost { holder: u64, generation: u64 },
     /// A sink answered `fatal`.
     SinkFatal { sink: SinkId, stream: StreamId, id: CompactionId },
     /// A source broke the protocol (positions going backwards, a record too
@@ -212,4 +249,7 @@ pub enum Timer {
     SegmentAge,
     /// The clean-shutdown drain runs out of time.
     Drain,
+    /// The writer lease is due for renewal, or another holder's row is due
+    /// for another look.
+    Lease,
 }

@@ -25,7 +25,7 @@ pub mod state;
 pub mod time;
 pub mod wal;
 
-pub use config::{ConfigError, HostConfig, Limits};
+pub use config::{ConfigError, HostConfig, LeaseConfig, Limits};
 pub use host::Host;
 pub use ids::*;
 pub use io::*;

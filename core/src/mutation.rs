@@ -32,6 +32,15 @@ pub enum Mutation {
     /// Draws retry jitter from a counter shared by every engine in the
     /// process, so the same seed can take another path.
     NondeterministicRetry,
+    /// Takes a conditional WAL write that found another writer's bytes in
+    /// place as a success, and goes on committing and acknowledging.
+    StaleWriterCommits,
+    /// The S3 model's writer retries an ambiguous put without
+    /// `If-None-Match`, so a late copy overwrites whatever is at the key.
+    S3OverwriteOnAmbiguous,
+    /// The DynamoDB offsets model drops the `lsn < :lsn` condition, so a
+    /// late write replaces a newer value.
+    OffsetsRegress,
 }
 
 impl Mutation {
@@ -48,6 +57,9 @@ impl Mutation {
         Mutation::DeleteDuringRecovery,
         Mutation::OffsetsStaleValue,
         Mutation::NondeterministicRetry,
+        Mutation::StaleWriterCommits,
+        Mutation::S3OverwriteOnAmbiguous,
+        Mutation::OffsetsRegress,
     ];
 
     pub fn name(self) -> &'static str {
@@ -64,6 +76,9 @@ impl Mutation {
             Mutation::DeleteDuringRecovery => "delete-during-recovery",
             Mutation::OffsetsStaleValue => "offsets-stale-value",
             Mutation::NondeterministicRetry => "nondeterministic-retry",
+            Mutation::StaleWriterCommits => "stale-writer-commits",
+            Mutation::S3OverwriteOnAmbiguous => "s3-overwrite-on-ambiguous",
+            Mutation::OffsetsRegress => "offsets-regress",
         }
     }
 

@@ -65,7 +65,7 @@ impl CommittedState {
                 }
             }
             Frame::Snapshot(s) => self.restore(s),
-            Frame::Seal | Frame::Commit(_) => {}
+            Frame::Seal | Frame::Commit(_) | Frame::Fence => {}
         }
     }
 

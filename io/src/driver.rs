@@ -5,9 +5,11 @@
 
 use crate::clock::Clock;
 use crate::disk_wal::{to_io_error, DiskWal};
+use crate::dynamo::Dynamo;
 use crate::metrics::Metrics;
 use crate::offsets_db::OffsetsDb;
 use crate::plugins::{SchemaPlugin, Sink, Source};
+use crate::s3_wal::S3Wal;
 use skippr_core::io::{Input, IoOp, IoReply, Output, SourceBatchIn, StopReason};
 use skippr_core::{Host, IoError, IoId, SinkOutcome, StreamId};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,10 +21,24 @@ pub type SharedSource = Arc<Mutex<Box<dyn Source>>>;
 pub type SharedSink = Arc<Mutex<Box<dyn Sink>>>;
 pub type SharedSchema = Arc<Mutex<Box<dyn SchemaPlugin>>>;
 
+/// Where the WAL lives.
+pub enum WalBackend {
+    Disk(Arc<DiskWal>),
+    S3(Arc<S3Wal>),
+}
+
+/// Where offsets are materialized.
+pub enum OffsetsBackend {
+    Disk(Arc<OffsetsDb>),
+    Dynamo(Arc<Dynamo>),
+}
+
 /// What the engine's requests are performed against.
 pub struct Backends {
-    pub wal: Arc<DiskWal>,
-    pub offsets: Arc<OffsetsDb>,
+    pub wal: WalBackend,
+    pub offsets: OffsetsBackend,
+    /// The writer lease's table (S3 mode).
+    pub lease: Option<Arc<Dynamo>>,
     pub sources: Vec<SharedSource>,
     pub sinks: Vec<SharedSink>,
     /// Stream names by `StreamId`.
@@ -70,6 +86,11 @@ pub async fn drive(
                     )
                 }
                 Output::Stopped(reason) => return reason,
+                Output::LeaseWait { holder, generation } => info!(
+                    holder = format!("{holder:016x}"),
+                    generation,
+                    "another writer holds the WAL's lease; waiting for it to release it or stop renewing it"
+                ),
             }
         }
         for (sink, stream, lag) in host.compaction_lag() {
@@ -97,12 +118,20 @@ pub async fn drive(
     }
 }
 
-/// Starts one request on a blocking thread; its completion comes back on `tx`.
+/// Starts one request, on a task for the AWS services and on a blocking
+/// thread for everything else; its completion comes back on `tx`.
 fn start(id: IoId, op: IoOp, b: &Arc<Backends>, tx: &mpsc::UnboundedSender<Completion>, totals: &Arc<RunTotals>) {
     debug!(io = id.0, op = op_name(&op), "start");
     let b = Arc::clone(b);
     let tx = tx.clone();
     let totals = Arc::clone(totals);
+    if is_remote(&op, &b) {
+        tokio::spawn(async move {
+            let result = perform_remote(op, &b, &totals).await;
+            let _ = tx.send((id, result));
+        });
+        return;
+    }
     tokio::task::spawn_blocking(move || {
         // A panic in a plugin or a store must not leave the engine waiting
         // forever for this completion: it becomes a failed request.
@@ -115,47 +144,107 @@ fn start(id: IoId, op: IoOp, b: &Arc<Backends>, tx: &mpsc::UnboundedSender<Compl
     });
 }
 
+fn is_remote(op: &IoOp, b: &Backends) -> bool {
+    match op {
+        IoOp::WalSync
+        | IoOp::WalList
+        | IoOp::WalRead { .. }
+        | IoOp::WalCreate { .. }
+        | IoOp::WalAppend { .. }
+        | IoOp::WalDelete { .. } => matches!(b.wal, WalBackend::S3(_)),
+        IoOp::OffsetsRead | IoOp::OffsetsWrite { .. } => matches!(b.offsets, OffsetsBackend::Dynamo(_)),
+        IoOp::LeaseRead | IoOp::LeaseWrite { .. } => true,
+        _ => false,
+    }
+}
+
+/// Requests to S3 and DynamoDB.
+async fn perform_remote(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoError> {
+    let no_lease = || {
+        tracing::error!("the engine asked for the writer lease, but no lease table is configured");
+        IoError::Failed
+    };
+    match (op, &b.wal, &b.offsets) {
+        (IoOp::WalSync, WalBackend::S3(_), _) => Ok(IoReply::Done),
+        (IoOp::WalList, WalBackend::S3(wal), _) => wal.list().await.map(IoReply::Segments),
+        (IoOp::WalRead { segment }, WalBackend::S3(wal), _) => wal.read(segment).await.map(IoReply::SegmentBytes),
+        (IoOp::WalCreate { segment, header }, WalBackend::S3(wal), _) => {
+            wal.put(segment, 0, &header).await.map(|()| IoReply::Done)
+        }
+        (IoOp::WalAppend { segment, offset, bytes, .. }, WalBackend::S3(wal), _) => {
+            let started = std::time::Instant::now();
+            wal.put(segment, offset, &bytes).await?;
+            committed(b, totals, started, bytes.len());
+            Ok(IoReply::Done)
+        }
+        (IoOp::WalDelete { segment }, WalBackend::S3(wal), _) => wal.delete(segment).await.map(|()| IoReply::Done),
+        (IoOp::OffsetsRead, _, OffsetsBackend::Dynamo(d)) => d.read().await.map(IoReply::Offsets),
+        (IoOp::OffsetsWrite { entries }, _, OffsetsBackend::Dynamo(d)) => {
+            d.write(&entries).await.map(|()| IoReply::Done)
+        }
+        (IoOp::LeaseRead, _, _) => b.lease.as_ref().ok_or_else(no_lease)?.lease_read().await.map(IoReply::Lease),
+        (IoOp::LeaseWrite { expected, row }, _, _) => {
+            b.lease.as_ref().ok_or_else(no_lease)?.lease_write(expected, row).await.map(|()| IoReply::Done)
+        }
+        (op, _, _) => unreachable!("{} is not a remote request here", op_name(&op)),
+    }
+}
+
+fn committed(b: &Backends, totals: &RunTotals, started: std::time::Instant, bytes: usize) {
+    b.metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
+    b.metrics.commits.inc();
+    b.metrics.wal_bytes_written.inc_by(bytes as u64);
+    totals.commits.fetch_add(1, Ordering::Relaxed);
+}
+
 fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoError> {
-    let wal = &b.wal;
+    // WAL requests come here only for the disk backend (see `is_remote`).
+    let wal = || match &b.wal {
+        WalBackend::Disk(wal) => wal,
+        WalBackend::S3(_) => unreachable!("requests to S3 are performed on tasks"),
+    };
     let io = |what: &str, e: std::io::Error| {
         warn!(error = %e, "{what} failed");
         to_io_error(&e)
     };
     match op {
-        IoOp::WalSync => wal.sync_all().map(|_| IoReply::Done).map_err(|e| io("syncing the WAL", e)),
+        IoOp::WalSync => wal().sync_all().map(|_| IoReply::Done).map_err(|e| io("syncing the WAL", e)),
         IoOp::WalList => {
-            let (ids, strays) = wal.list().map_err(|e| io("listing the WAL", e))?;
+            let (ids, strays) = wal().list().map_err(|e| io("listing the WAL", e))?;
             for path in strays {
                 warn!(path = %path.display(), "ignoring a file in the WAL directory that is not a segment");
             }
             Ok(IoReply::Segments(ids))
         }
         IoOp::WalRead { segment } => {
-            wal.read(segment).map(IoReply::SegmentBytes).map_err(|e| io("reading a WAL segment", e))
+            wal().read(segment).map(IoReply::SegmentBytes).map_err(|e| io("reading a WAL segment", e))
         }
         IoOp::WalCreate { segment, header } => {
-            wal.create(segment, &header).map(|_| IoReply::Done).map_err(|e| io("creating a WAL segment", e))
+            wal().create(segment, &header).map(|_| IoReply::Done).map_err(|e| io("creating a WAL segment", e))
         }
         IoOp::WalAppend { segment, offset, bytes, .. } => {
             let started = std::time::Instant::now();
-            wal.append(segment, offset, &bytes).map_err(|e| io("appending to the WAL", e))?;
-            b.metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
-            b.metrics.commits.inc();
-            b.metrics.wal_bytes_written.inc_by(bytes.len() as u64);
-            totals.commits.fetch_add(1, Ordering::Relaxed);
+            wal().append(segment, offset, &bytes).map_err(|e| io("appending to the WAL", e))?;
+            committed(b, totals, started, bytes.len());
             Ok(IoReply::Done)
         }
         IoOp::WalDelete { segment } => {
-            wal.delete(segment).map(|_| IoReply::Done).map_err(|e| io("deleting a WAL segment", e))
+            wal().delete(segment).map(|_| IoReply::Done).map_err(|e| io("deleting a WAL segment", e))
         }
-        IoOp::OffsetsRead => b.offsets.read().map(IoReply::Offsets).map_err(|e| {
+        IoOp::OffsetsRead | IoOp::OffsetsWrite { .. } | IoOp::LeaseRead | IoOp::LeaseWrite { .. }
+            if is_remote(&op, b) =>
+        {
+            unreachable!("remote requests are performed on tasks")
+        }
+        IoOp::OffsetsRead => disk_offsets(b).read().map(IoReply::Offsets).map_err(|e| {
             warn!(error = %e, "reading offsets failed");
             IoError::Failed
         }),
-        IoOp::OffsetsWrite { entries } => b.offsets.write(&entries).map(|_| IoReply::Done).map_err(|e| {
+        IoOp::OffsetsWrite { entries } => disk_offsets(b).write(&entries).map(|_| IoReply::Done).map_err(|e| {
             warn!(error = %e, "writing offsets failed");
             IoError::Failed
         }),
+        IoOp::LeaseRead | IoOp::LeaseWrite { .. } => unreachable!("lease requests are remote"),
         IoOp::SourceOpen { source, resume } => {
             let mut s = b.sources[source.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             s.open(&resume).map(|_| IoReply::Done).map_err(|e| plugin_failed("source open", e))
@@ -219,6 +308,13 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
     }
 }
 
+fn disk_offsets(b: &Backends) -> &OffsetsDb {
+    match &b.offsets {
+        OffsetsBackend::Disk(db) => db,
+        OffsetsBackend::Dynamo(_) => unreachable!("DynamoDB requests are performed on tasks"),
+    }
+}
+
 fn plugin_failed(what: &str, e: crate::plugins::PluginError) -> IoError {
     warn!(error = %e, "{what} failed; retrying");
     IoError::Failed
@@ -239,12 +335,38 @@ fn op_name(op: &IoOp) -> &'static str {
         IoOp::SourceAck { .. } => "source-ack",
         IoOp::SinkApply(_) => "sink-apply",
         IoOp::SchemaDecide { .. } => "schema-decide",
+        IoOp::LeaseRead => "lease-read",
+        IoOp::LeaseWrite { .. } => "lease-write",
+    }
+}
+
+/// Where the WAL is, for messages.
+#[derive(Clone, Debug)]
+pub enum WalPlace {
+    Dir(std::path::PathBuf),
+    /// `s3://bucket/prefix/`
+    S3(String),
+}
+
+impl WalPlace {
+    pub fn segment(&self, segment: skippr_core::SegmentId) -> String {
+        match self {
+            WalPlace::Dir(dir) => dir.join(format!("{:020}.seg", segment.0)).display().to_string(),
+            WalPlace::S3(location) => format!("{location}{:020}/", segment.0),
+        }
+    }
+
+    pub fn root(&self) -> String {
+        match self {
+            WalPlace::Dir(dir) => dir.display().to_string(),
+            WalPlace::S3(location) => location.clone(),
+        }
     }
 }
 
 /// What an engine stop means to an operator: one line naming the cause and
 /// what to do.
-pub fn explain(reason: &StopReason, wal_dir: &std::path::Path) -> String {
+pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
     match reason {
         StopReason::Clean => "stopped cleanly".into(),
         StopReason::DrainTimedOut => {
@@ -255,10 +377,10 @@ pub fn explain(reason: &StopReason, wal_dir: &std::path::Path) -> String {
             "committed WAL data is corrupt: {} at byte {}: {}. Nothing past it was delivered. Keep a copy of {} for \
              diagnosis; `skipprd wal verify` shows the damage. Restoring the segment from a replica or backup is \
              the only way to keep its records",
-            wal_dir.join(format!("{:020}.seg", c.segment.0)).display(),
+            wal.segment(c.segment),
             c.offset,
             c.what,
-            wal_dir.display()
+            wal.root()
         ),
         StopReason::OffsetsAheadOfWal { key, store, wal } => format!(
             "the offsets store holds position {} for source {} partition {}, but the WAL only reaches {}: committed \
@@ -273,13 +395,24 @@ pub fn explain(reason: &StopReason, wal_dir: &std::path::Path) -> String {
         ),
         StopReason::WalReadFailed { segment } => format!(
             "WAL segment {} could not be read, even after retries (see the warnings above): recovery cannot \
-             trust or skip it. Check the disk and its permissions, then start again",
-            wal_dir.join(format!("{:020}.seg", segment.0)).display()
+             trust or skip it. Check the disk (or bucket) and its permissions, then start again",
+            wal.segment(*segment)
         ),
         StopReason::WalWriteFailed { segment, error } => format!(
             "writing WAL segment {} failed ({error:?}); nothing unacknowledged was reported durable. Check the disk \
              and start again: recovery decides what the WAL holds",
             segment.0
+        ),
+        StopReason::Fenced { segment, offset } => format!(
+            "another writer committed at {} byte {offset}, where this one was about to: a newer writer took \
+             over this WAL (or raced this one). Nothing of this writer's that was not committed was acknowledged; \
+             run only one daemon per WAL, and start this one again only if the other is gone",
+            wal.segment(*segment)
+        ),
+        StopReason::LeaseLost { holder, generation } => format!(
+            "the WAL's writer lease was taken over (holder {holder:016x}, generation {generation}) while this \
+             writer ran: another daemon is writing {}. Stopped without acknowledging anything more",
+            wal.root()
         ),
         StopReason::SinkFatal { sink, stream, id } => format!(
             "sink {} refused compaction {id} of stream {} as fatal; that stream is stopped. Fix the sink or its \

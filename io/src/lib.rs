@@ -1,20 +1,25 @@
 //! Real drivers for the skipprd engine.
 //!
 //! This crate performs what `skippr-core` decides, and decides nothing itself:
-//! the disk WAL ([`disk_wal`]), the embedded offsets store ([`offsets_db`]),
+//! the disk WAL ([`disk_wal`]) and the S3 WAL ([`s3_wal`]), the embedded
+//! offsets store ([`offsets_db`]) and the DynamoDB one with the writer lease
+//! ([`dynamo`]),
 //! the built-in sources and sinks ([`plugins`]), and the one tokio event loop
 //! that feeds the engine its inputs and performs its outputs ([`driver`]).
 
+pub mod aws;
 pub mod clock;
 pub mod disk_wal;
 pub mod driver;
+pub mod dynamo;
 pub mod external;
 pub mod metrics;
 pub mod offsets_db;
 pub mod plugins;
+pub mod s3_wal;
 pub mod spawner;
 
 pub use clock::Clock;
 pub use disk_wal::DiskWal;
-pub use driver::{drive, Backends, RunTotals};
+pub use driver::{drive, Backends, OffsetsBackend, RunTotals, WalBackend, WalPlace};
 pub use offsets_db::OffsetsDb;

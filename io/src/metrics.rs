@@ -26,11 +26,13 @@ pub struct Metrics {
     pub recovery_seconds: Gauge<f64, AtomicU64>,
     pub compaction_lag: Family<Labels, Gauge>,
     wal_bytes: Gauge,
-    wal_dir: PathBuf,
+    /// The disk WAL's directory; `None` in S3 mode, where the size is not
+    /// measured.
+    wal_dir: Option<PathBuf>,
 }
 
 impl Metrics {
-    pub fn new(wal_dir: PathBuf) -> Metrics {
+    pub fn new(wal_dir: Option<PathBuf>) -> Metrics {
         let mut registry = Registry::with_prefix("skippr");
         let commits = Counter::default();
         let commit_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
@@ -68,10 +70,12 @@ impl Metrics {
 
     /// The text exposition, with the WAL's size measured now.
     pub fn render(&self) -> String {
-        let size = std::fs::read_dir(&self.wal_dir)
-            .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum::<u64>())
-            .unwrap_or(0);
-        self.wal_bytes.set(size as i64);
+        if let Some(dir) = &self.wal_dir {
+            let size = std::fs::read_dir(dir)
+                .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum::<u64>())
+                .unwrap_or(0);
+            self.wal_bytes.set(size as i64);
+        }
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("encoding to a String does not fail");
         out

@@ -4,6 +4,7 @@
 
 use clap::Args;
 use serde::Deserialize;
+use skippr_io::aws::AwsSettings;
 use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug, Default)]
@@ -14,9 +15,36 @@ pub struct RunArgs {
     /// Where the WAL, the offsets store and the lock live [default: ./data].
     #[arg(long, env = "DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Where the WAL lives: `disk` (the only one built so far) [default: disk].
+    /// Where the WAL lives: `disk` (segment files under DATA_DIR/wal) or
+    /// `s3` (objects in a bucket, with a writer lease in DynamoDB)
+    /// [default: disk].
     #[arg(long, env = "WAL_STORAGE", value_name = "KIND")]
     pub wal_storage: Option<String>,
+    /// S3 mode: the bucket that holds the WAL.
+    #[arg(long, env = "SKIPPR_WAL_S3_BUCKET", value_name = "BUCKET")]
+    pub s3_bucket: Option<String>,
+    /// S3 mode: the key prefix of the WAL's objects [default: skipprd/wal/].
+    #[arg(long, env = "SKIPPR_WAL_S3_PREFIX", value_name = "PREFIX")]
+    pub s3_prefix: Option<String>,
+    /// Where offsets are materialized: `disk` (DATA_DIR/offsets.redb) or
+    /// `dynamodb` [default: dynamodb in S3 mode, disk otherwise].
+    #[arg(long, env = "SKIPPR_OFFSET_STORE", value_name = "KIND")]
+    pub offset_store: Option<String>,
+    /// The DynamoDB table for offsets and the writer lease (required in S3
+    /// mode); create it with `skipprd offsets init-table`.
+    #[arg(long, env = "SKIPPR_OFFSET_DYNAMODB_TABLE", value_name = "TABLE")]
+    pub dynamodb_table: Option<String>,
+    /// The AWS region [default: the SDK's chain, such as AWS_REGION].
+    #[arg(long, env = "SKIPPR_AWS_REGION", value_name = "REGION")]
+    pub aws_region: Option<String>,
+    /// An endpoint for S3 and DynamoDB, such as a local server
+    /// (`http://127.0.0.1:5000`) [default: AWS's own].
+    #[arg(long, env = "SKIPPR_AWS_ENDPOINT", value_name = "URL")]
+    pub aws_endpoint: Option<String>,
+    /// S3 mode: another writer may take the lease over once its holder has
+    /// not renewed it for this long, in seconds [default: 10].
+    #[arg(long, env = "SKIPPR_LEASE_SECONDS", value_name = "SECONDS")]
+    pub lease_seconds: Option<f64>,
     /// Size of a WAL segment file in bytes [default: 67108864].
     #[arg(long, env = "WAL_BYTES_PER_FILE", value_name = "BYTES")]
     pub wal_bytes_per_file: Option<u64>,
@@ -99,6 +127,13 @@ pub struct RunArgs {
 struct FileConfig {
     data_dir: Option<PathBuf>,
     wal_storage: Option<String>,
+    s3_bucket: Option<String>,
+    s3_prefix: Option<String>,
+    offset_store: Option<String>,
+    dynamodb_table: Option<String>,
+    aws_region: Option<String>,
+    aws_endpoint: Option<String>,
+    lease_seconds: Option<f64>,
     wal_bytes_per_file: Option<u64>,
     wal_max_delay_seconds: Option<f64>,
     drain_timeout_seconds: Option<f64>,
@@ -151,8 +186,26 @@ pub enum SinkConfig {
 }
 
 #[derive(Debug, Clone, PartialEq)]
+pub enum WalConfig {
+    Disk,
+    S3 { bucket: String, prefix: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum OffsetsConfig {
+    Disk,
+    Dynamodb { table: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct RunConfig {
     pub data_dir: PathBuf,
+    pub wal: WalConfig,
+    pub offsets: OffsetsConfig,
+    /// The lease's table (S3 mode).
+    pub lease_table: Option<String>,
+    pub lease_seconds: f64,
+    pub aws: AwsSettings,
     pub wal_bytes_per_file: u64,
     pub wal_max_delay_seconds: f64,
     pub drain_timeout_seconds: f64,
@@ -174,13 +227,44 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         None => FileConfig::default(),
     };
     let wal_storage = args.wal_storage.clone().or(file.wal_storage).unwrap_or_else(|| "disk".into());
-    match wal_storage.as_str() {
-        "disk" => {}
-        "s3" | "clustered" => {
-            return Err(format!("WAL_STORAGE={wal_storage} is not built yet; use WAL_STORAGE=disk"));
-        }
+    let table = args.dynamodb_table.clone().or(file.dynamodb_table);
+    let wal = match wal_storage.as_str() {
+        "disk" => WalConfig::Disk,
+        "s3" => WalConfig::S3 {
+            bucket: args.s3_bucket.clone().or(file.s3_bucket).ok_or(
+                "WAL_STORAGE=s3 needs a bucket: set SKIPPR_WAL_S3_BUCKET (or --s3-bucket, or s3_bucket in the file)",
+            )?,
+            prefix: args.s3_prefix.clone().or(file.s3_prefix).unwrap_or_else(|| "skipprd/wal/".into()),
+        },
+        "clustered" => return Err("WAL_STORAGE=clustered is not built yet; use disk or s3".into()),
         other => return Err(format!("unknown WAL_STORAGE '{other}': use one of disk, s3, clustered")),
-    }
+    };
+    let lease_table = match (&wal, &table) {
+        (WalConfig::Disk, _) => None,
+        (WalConfig::S3 { .. }, Some(t)) => Some(t.clone()),
+        (WalConfig::S3 { .. }, None) => {
+            return Err("WAL_STORAGE=s3 needs a DynamoDB table for the writer lease and offsets: set \
+                        SKIPPR_OFFSET_DYNAMODB_TABLE and create the table with `skipprd offsets init-table`"
+                .into())
+        }
+    };
+    let default_store = if matches!(wal, WalConfig::S3 { .. }) { "dynamodb" } else { "disk" };
+    let offsets = match args.offset_store.clone().or(file.offset_store).as_deref().unwrap_or(default_store) {
+        "disk" => OffsetsConfig::Disk,
+        "dynamodb" => OffsetsConfig::Dynamodb {
+            table: table.clone().ok_or(
+                "SKIPPR_OFFSET_STORE=dynamodb needs a table: set SKIPPR_OFFSET_DYNAMODB_TABLE and create it with \
+                 `skipprd offsets init-table`",
+            )?,
+        },
+        other => return Err(format!("unknown SKIPPR_OFFSET_STORE '{other}': use disk or dynamodb")),
+    };
+    let lease_seconds = args.lease_seconds.or(file.lease_seconds).unwrap_or(10.0);
+    positive("SKIPPR_LEASE_SECONDS", lease_seconds)?;
+    let aws = AwsSettings {
+        region: args.aws_region.clone().or(file.aws_region),
+        endpoint: args.aws_endpoint.clone().or(file.aws_endpoint),
+    };
     let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from("./data"));
     let wal_bytes_per_file = args.wal_bytes_per_file.or(file.wal_bytes_per_file).unwrap_or(64 << 20);
     let wal_max_delay_seconds = args.wal_max_delay_seconds.or(file.wal_max_delay_seconds).unwrap_or(60.0);
@@ -253,6 +337,11 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     positive("--plugin-timeout", plugin_timeout_seconds)?;
     Ok(RunConfig {
         data_dir,
+        wal,
+        offsets,
+        lease_table,
+        lease_seconds,
+        aws,
         wal_bytes_per_file,
         wal_max_delay_seconds,
         drain_timeout_seconds,
@@ -303,6 +392,23 @@ mod tests {
         assert_eq!(c.data_dir, PathBuf::from("./data"));
         assert_eq!(c.sink, SinkConfig::Dir { dir: PathBuf::from("./data/sink") });
         assert!(matches!(c.source, SourceConfig::Generator { records: 10_000, partitions: 2, .. }));
+        assert_eq!((c.wal, c.offsets), (WalConfig::Disk, OffsetsConfig::Disk));
+    }
+
+    #[test]
+    fn s3_mode_keeps_offsets_in_dynamodb_unless_told() {
+        let mut args = RunArgs {
+            wal_storage: Some("s3".into()),
+            s3_bucket: Some("wal-bucket".into()),
+            dynamodb_table: Some("skipprd".into()),
+            ..RunArgs::default()
+        };
+        let c = resolve(&args).unwrap();
+        assert_eq!(c.wal, WalConfig::S3 { bucket: "wal-bucket".into(), prefix: "skipprd/wal/".into() });
+        assert_eq!(c.offsets, OffsetsConfig::Dynamodb { table: "skipprd".into() });
+        assert_eq!(c.lease_table.as_deref(), Some("skipprd"));
+        args.offset_store = Some("disk".into());
+        assert_eq!(resolve(&args).unwrap().offsets, OffsetsConfig::Disk);
     }
 
     #[test]
@@ -324,6 +430,12 @@ mod tests {
     fn bad_values_say_what_is_wrong() {
         let args = RunArgs { wal_storage: Some("tape".into()), ..RunArgs::default() };
         assert_eq!(resolve(&args).unwrap_err(), "unknown WAL_STORAGE 'tape': use one of disk, s3, clustered");
+        let args = RunArgs { wal_storage: Some("s3".into()), ..RunArgs::default() };
+        assert!(resolve(&args).unwrap_err().contains("SKIPPR_WAL_S3_BUCKET"));
+        let args = RunArgs { wal_storage: Some("s3".into()), s3_bucket: Some("b".into()), ..RunArgs::default() };
+        assert!(resolve(&args).unwrap_err().contains("skipprd offsets init-table"));
+        let args = RunArgs { offset_store: Some("dynamodb".into()), ..RunArgs::default() };
+        assert!(resolve(&args).unwrap_err().contains("SKIPPR_OFFSET_DYNAMODB_TABLE"));
         let tmp = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(tmp.path(), "data_dirr = 1\n").unwrap();
         let args = RunArgs { config: Some(tmp.path().to_path_buf()), ..RunArgs::default() };

@@ -33,6 +33,13 @@ pub const SOURCE_PROTOCOL: i32 = 10;
 pub const PLUGIN: i32 = 11;
 /// The schema plugin refused a new schema.
 pub const SCHEMA_REJECTED: i32 = 12;
+/// S3 or DynamoDB cannot be used: the bucket or table is missing, access is
+/// denied, no region is set, or the service does not answer.
+pub const REMOTE: i32 = 13;
+/// Another writer took this WAL over (its commit was where this one's would
+/// go, or it took the lease): this daemon stopped without acknowledging
+/// anything it had not committed.
+pub const FENCED: i32 = 14;
 
 pub fn for_stop(reason: &StopReason) -> i32 {
     match reason {
@@ -45,5 +52,6 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::SourceProtocol { .. } => SOURCE_PROTOCOL,
         StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } => CONFIG,
         StopReason::SchemaRejected { .. } => SCHEMA_REJECTED,
+        StopReason::Fenced { .. } | StopReason::LeaseLost { .. } => FENCED,
     }
 }

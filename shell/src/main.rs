@@ -1,7 +1,8 @@
 //! skipprd: an ingestion daemon with an exactly-once delivery contract.
 //!
 //! Commands: `run` (the daemon), `sim` (the deterministic simulator), the
-//! operator tools `wal verify`, `offsets show` and `offsets reset`, and
+//! operator tools `wal verify`, `offsets show`, `offsets reset` and
+//! `offsets init-table`, and
 //! `bench wal`.
 
 mod bench;
@@ -83,6 +84,19 @@ enum OffsetsCommand {
         #[arg(long)]
         yes: bool,
     },
+    /// Create the DynamoDB table that holds offsets and the S3 WAL's writer
+    /// lease (string keys `pk` and `sk`, billed per request), and wait until
+    /// it is active. An existing table is left alone.
+    InitTable {
+        /// The table's name.
+        #[arg(long, env = "SKIPPR_OFFSET_DYNAMODB_TABLE", value_name = "TABLE")]
+        dynamodb_table: String,
+        #[arg(long, env = "SKIPPR_AWS_REGION", value_name = "REGION")]
+        aws_region: Option<String>,
+        /// An endpoint such as a local server's.
+        #[arg(long, env = "SKIPPR_AWS_ENDPOINT", value_name = "URL")]
+        aws_endpoint: Option<String>,
+    },
 }
 
 fn main() {
@@ -95,6 +109,10 @@ fn main() {
         Command::Offsets(OffsetsCommand::Show { data_dir }) => tools::offsets_show(&data_dir),
         Command::Offsets(OffsetsCommand::Reset { data_dir, pipeline, yes }) => {
             tools::offsets_reset(&data_dir, pipeline.as_deref(), yes)
+        }
+        Command::Offsets(OffsetsCommand::InitTable { dynamodb_table, aws_region, aws_endpoint }) => {
+            let aws = skippr_io::aws::AwsSettings { region: aws_region, endpoint: aws_endpoint };
+            tools::init_table(&dynamodb_table, &aws)
         }
     };
     std::process::exit(code);

@@ -1,16 +1,20 @@
 //! `skipprd run`: the daemon. Resolves the configuration, takes the lock on
-//! `DATA_DIR`, builds the disk WAL, the offsets store, the source and the
-//! sink, and drives the engine until it stops; then maps the stop to an exit
-//! code and prints one summary line.
+//! `DATA_DIR` when the WAL or the offsets live there, builds the WAL (disk or
+//! S3), the offsets store (disk or DynamoDB), the writer lease (S3 mode), the
+//! source and the sink, and drives the engine until it stops; then maps the
+//! stop to an exit code and prints one summary line.
 
-use crate::config::{resolve, RunArgs, RunConfig, SinkConfig, SourceConfig};
+use crate::config::{resolve, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig, WalConfig};
 use crate::exit;
-use skippr_core::{Duration, Host, HostConfig, Limits, Mutations};
+use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations};
 use skippr_io::driver::{explain, SharedSchema, SharedSink, SharedSource};
+use skippr_io::dynamo::Dynamo;
 use skippr_io::external::{ExternalSchema, ExternalSink, ExternalSource};
 use skippr_io::metrics::Metrics;
 use skippr_io::plugins::{DirSink, FileSource, Generator, SchemaPlugin, Sink, Source, StdoutSink};
+use skippr_io::s3_wal::S3Wal;
 use skippr_io::{drive, Backends, Clock, DiskWal, OffsetsDb, RunTotals};
+use skippr_io::{OffsetsBackend, WalBackend, WalPlace};
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -26,7 +30,10 @@ pub fn main(args: RunArgs) -> i32 {
         }
     };
     crate::logging::init(cfg.json_logs);
-    let _lock = match lock_data_dir(&cfg.data_dir) {
+    // One writer per WAL: on disk the directory lock says so; in S3 mode the
+    // lease does.
+    let local = cfg.wal == WalConfig::Disk || cfg.offsets == OffsetsConfig::Disk;
+    let _lock = match local.then(|| lock_data_dir(&cfg.data_dir)).transpose() {
         Ok(lock) => lock,
         Err(e) => {
             error!("{e}");
@@ -123,6 +130,7 @@ async fn run(cfg: RunConfig) -> i32 {
         limits: limits(&cfg),
         stop_when_exhausted: cfg.once,
         schema_plugin: cfg.schema_command.is_some(),
+        lease: cfg.lease_table.as_ref().map(|_| lease_config(cfg.lease_seconds)),
         mutations: Mutations::NONE,
     };
     let clock = Clock::start();
@@ -133,22 +141,20 @@ async fn run(cfg: RunConfig) -> i32 {
             return exit::CONFIG;
         }
     };
-    let wal = match DiskWal::open(&cfg.data_dir, cfg.wal_bytes_per_file) {
-        Ok(w) => Arc::new(w),
-        Err(e) => {
-            eprintln!("skipprd run: cannot open the WAL under {}: {e}", cfg.data_dir.display());
-            return exit::DATA_DIR;
+    let stores = match open_stores(&cfg).await {
+        Ok(s) => s,
+        Err((code, e)) => {
+            error!("{e}");
+            eprintln!("skipprd run: {e}");
+            return code;
         }
     };
-    let offsets = match OffsetsDb::open(&cfg.data_dir, &cfg.pipeline, vec!["source".into()]) {
-        Ok(o) => Arc::new(o),
-        Err(e) => {
-            eprintln!("skipprd run: cannot open the offsets store under {}: {e}", cfg.data_dir.display());
-            return exit::DATA_DIR;
-        }
+    let (wal, offsets, lease, place) = stores;
+    let metrics_dir = match &place {
+        WalPlace::Dir(dir) => Some(dir.clone()),
+        WalPlace::S3(_) => None,
     };
-    let wal_dir = wal.dir().to_path_buf();
-    let metrics = Arc::new(Metrics::new(wal_dir.clone()));
+    let metrics = Arc::new(Metrics::new(metrics_dir));
     if let Some(addr) = cfg.metrics_addr {
         if let Err(e) = skippr_io::metrics::serve(Arc::clone(&metrics), addr) {
             eprintln!("skipprd run: cannot serve metrics on {addr}: {e}");
@@ -160,6 +166,7 @@ async fn run(cfg: RunConfig) -> i32 {
     let backends = Backends {
         wal,
         offsets,
+        lease,
         sources: vec![shared_source],
         sinks: vec![shared_sink],
         streams: Arc::new(streams),
@@ -169,10 +176,10 @@ async fn run(cfg: RunConfig) -> i32 {
     };
     let shutdown = crate::signals::listen();
     let totals = Arc::new(RunTotals::default());
-    info!(data_dir = %cfg.data_dir.display(), once = cfg.once, "starting");
+    info!(wal = place.root(), once = cfg.once, "starting");
     let reason = drive(host, backends, clock, shutdown, Arc::clone(&totals)).await;
     let code = exit::for_stop(&reason);
-    let message = explain(&reason, &wal_dir);
+    let message = explain(&reason, &place);
     if code == exit::OK {
         info!("{message}");
     } else {
@@ -191,6 +198,68 @@ async fn run(cfg: RunConfig) -> i32 {
         warn!(code, "exiting with an error code");
     }
     code
+}
+
+type Stores = (WalBackend, OffsetsBackend, Option<Arc<Dynamo>>, WalPlace);
+
+/// Opens the WAL, the offsets store and the lease table, checking that the
+/// bucket and table exist before anything runs.
+async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
+    let remote = |e: String| (exit::REMOTE, e);
+    let needs_aws = cfg.wal != WalConfig::Disk || cfg.offsets != OffsetsConfig::Disk;
+    let sdk = match needs_aws {
+        true => Some(cfg.aws.load().await.map_err(remote)?),
+        false => None,
+    };
+    let (wal, place) = match &cfg.wal {
+        WalConfig::Disk => {
+            let wal = DiskWal::open(&cfg.data_dir, cfg.wal_bytes_per_file)
+                .map_err(|e| (exit::DATA_DIR, format!("cannot open the WAL under {}: {e}", cfg.data_dir.display())))?;
+            let place = WalPlace::Dir(wal.dir().to_path_buf());
+            (WalBackend::Disk(Arc::new(wal)), place)
+        }
+        WalConfig::S3 { bucket, prefix } => {
+            let wal = S3Wal::connect(sdk.as_ref().expect("loaded"), bucket, prefix).await.map_err(remote)?;
+            let place = WalPlace::S3(wal.location());
+            (WalBackend::S3(Arc::new(wal)), place)
+        }
+    };
+    let sources = vec!["source".to_string()];
+    let dynamo = |table: String| {
+        let (sdk, sources, location) = (sdk.clone(), sources.clone(), place.root());
+        async move {
+            let sdk = sdk.expect("loaded");
+            Dynamo::connect(&sdk, &table, &cfg.pipeline, sources, &location).await.map(Arc::new)
+        }
+    };
+    let lease = match &cfg.lease_table {
+        Some(table) => Some(dynamo(table.clone()).await.map_err(remote)?),
+        None => None,
+    };
+    let offsets = match &cfg.offsets {
+        OffsetsConfig::Disk => {
+            let db = OffsetsDb::open(&cfg.data_dir, &cfg.pipeline, sources.clone()).map_err(|e| {
+                (exit::DATA_DIR, format!("cannot open the offsets store under {}: {e}", cfg.data_dir.display()))
+            })?;
+            OffsetsBackend::Disk(Arc::new(db))
+        }
+        OffsetsConfig::Dynamodb { table } if Some(table) == cfg.lease_table.as_ref() => {
+            OffsetsBackend::Dynamo(Arc::clone(lease.as_ref().expect("opened above")))
+        }
+        OffsetsConfig::Dynamodb { table } => OffsetsBackend::Dynamo(dynamo(table.clone()).await.map_err(remote)?),
+    };
+    Ok((wal, offsets, lease, place))
+}
+
+/// The steal span from `SKIPPR_LEASE_SECONDS`; the holder renews five times
+/// within it, and a waiting writer looks ten times.
+fn lease_config(seconds: f64) -> LeaseConfig {
+    let span = Duration::from_micros((seconds * 1e6) as u64);
+    LeaseConfig {
+        steal_after: span,
+        renew_every: Duration::from_micros(span.as_micros() / 5),
+        poll: Duration::from_micros((span.as_micros() / 10).max(1)),
+    }
 }
 
 /// A seed from the operating system's randomness (the shell may use it; the

@@ -5,7 +5,7 @@ use crate::exit;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use skippr_core::{Mutation, Mutations};
-use skippr_sim::scenario::{FaultKind, Overrides};
+use skippr_sim::scenario::{FaultKind, Overrides, WalMode};
 use skippr_sim::shrink::shrink;
 use skippr_sim::sweep::{run_seed, sweep, SeedResult, SweepOptions, Totals};
 use skippr_sim::{run, Outcome, RunOptions, SIM_VERSION};
@@ -60,9 +60,19 @@ pub struct SimArgs {
     records_percent: Option<u32>,
     /// Switch faults off, comma-separated: fsync-fail, disk-full, rot,
     /// lost-dir-entry, sink-retryable, sink-lost-reply, offsets-ambiguous,
-    /// source-fail, shutdown-mid-run.
+    /// source-fail, shutdown-mid-run, s3-ambiguous, s3-throttle, pause.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_fault)]
     faults_off: Vec<FaultKind>,
+    /// Where the simulated WAL lives: `disk` (segment files under a page
+    /// cache) or `s3` (objects created with If-None-Match, a writer lease
+    /// and offsets in DynamoDB, frozen writers waking next to their
+    /// replacements).
+    #[arg(long, value_name = "MODE", default_value = "disk", value_parser = parse_wal)]
+    wal: WalMode,
+}
+
+fn parse_wal(s: &str) -> Result<WalMode, String> {
+    WalMode::from_name(s).ok_or_else(|| format!("unknown WAL mode '{s}'; known: disk, s3"))
 }
 
 fn parse_fault(s: &str) -> Result<FaultKind, String> {
@@ -101,7 +111,7 @@ pub fn main(args: SimArgs) -> i32 {
     faults_off.sort();
     faults_off.dedup();
     let overrides = Overrides { crashes: args.crashes, records_percent: args.records_percent, faults_off };
-    let opts = RunOptions { mutations, trace: args.trace, overrides };
+    let opts = RunOptions { mutations, wal: args.wal, trace: args.trace, overrides };
     if args.list_mutations {
         for m in Mutation::ALL {
             println!("{m}");
@@ -122,8 +132,12 @@ pub fn main(args: SimArgs) -> i32 {
 }
 
 fn flags(opts: &RunOptions) -> String {
+    let wal = match opts.wal {
+        WalMode::Disk => String::new(),
+        mode => format!(" --wal {}", mode.name()),
+    };
     let mutations: String = opts.mutations.iter().map(|m| format!(" --mutation {m}")).collect();
-    mutations + &opts.overrides.flags()
+    wal + &mutations + &opts.overrides.flags()
 }
 
 fn one(seed: u64, args: &SimArgs, opts: &RunOptions) -> i32 {
@@ -263,6 +277,7 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
     let mut seed = None;
     let mut mutations = Mutations::NONE;
     let mut overrides = Overrides::default();
+    let mut wal = WalMode::Disk;
     for line in text.lines() {
         let Some((k, v)) = line.split_once('=') else { continue };
         match k.trim() {
@@ -272,6 +287,7 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
                 let bad = || format!("{}: unknown flags '{}'", path.display(), v.trim());
                 for pair in words.chunks(2) {
                     match pair {
+                        ["--wal", mode] => wal = parse_wal(mode)?,
                         ["--mutation", name] => mutations = mutations.with(parse_mutation(name)?),
                         ["--crashes", n] => overrides.crashes = Some(n.parse().map_err(|_| bad())?),
                         ["--records-percent", p] => overrides.records_percent = Some(p.parse().map_err(|_| bad())?),
@@ -288,7 +304,7 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
         }
     }
     let seed = seed.ok_or_else(|| format!("{}: no 'seed = N' line", path.display()))?;
-    Ok(Saved { path: path.to_path_buf(), seed, opts: RunOptions { mutations, trace: false, overrides } })
+    Ok(Saved { path: path.to_path_buf(), seed, opts: RunOptions { mutations, wal, trace: false, overrides } })
 }
 
 fn replay(dir: &Path, args: &SimArgs) -> i32 {

@@ -1,4 +1,4 @@
-//! Operator tools: `skipprd wal verify` and `skipprd offsets show|reset`.
+//! Operator tools: `skipprd wal verify` and `skipprd offsets show|reset|init-table`.
 
 use crate::exit;
 use skippr_core::recovery::rebuild;
@@ -122,6 +122,29 @@ pub fn offsets_reset(data_dir: &Path, pipeline: Option<&str>, yes: bool) -> i32 
         Err(e) => {
             eprintln!("skipprd offsets reset: cannot reset {}: {e} (is a daemon running on it?)", path.display());
             exit::FAILED
+        }
+    }
+}
+
+/// Creates the DynamoDB table for offsets and the writer lease.
+pub fn init_table(table: &str, aws: &skippr_io::aws::AwsSettings) -> i32 {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime starts");
+    let created = runtime.block_on(async {
+        let sdk = aws.load().await?;
+        skippr_io::dynamo::Dynamo::create_table(&sdk, table).await
+    });
+    match created {
+        Ok(true) => {
+            println!("created the DynamoDB table '{table}'");
+            exit::OK
+        }
+        Ok(false) => {
+            println!("the DynamoDB table '{table}' already exists; left as it is");
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("skipprd offsets init-table: {e}");
+            exit::REMOTE
         }
     }
 }

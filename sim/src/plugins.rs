@@ -173,9 +173,15 @@ impl SimSink {
 #[derive(Clone, Default)]
 pub struct SimOffsets {
     entries: BTreeMap<PartitionKey, ([u8; 24], Option<Vec<u8>>)>,
+    /// The planted bug `offsets-regress`: writes without the LSN condition.
+    unconditional: bool,
 }
 
 impl SimOffsets {
+    pub fn new(unconditional: bool) -> SimOffsets {
+        SimOffsets { entries: BTreeMap::new(), unconditional }
+    }
+
     /// Applies the writes whose LSN is higher; returns (key, old, new) of the
     /// values that changed.
     pub fn write(&mut self, entries: &[OffsetEntry]) -> Vec<(PartitionKey, Option<OffsetValue>, OffsetValue)> {
@@ -184,7 +190,7 @@ impl SimOffsets {
             let bytes = e.value.encode();
             assert_eq!(OffsetValue::decode(&bytes), Ok(e.value), "offset values round-trip");
             let old = self.entries.get(&e.key).map(|(b, _)| OffsetValue::decode(b).expect("24 bytes"));
-            if OffsetValue::replaces(&e.value, old.as_ref()) {
+            if OffsetValue::replaces(&e.value, old.as_ref()) || (self.unconditional && old != Some(e.value)) {
                 self.entries.insert(e.key, (bytes, e.checkpoint.clone()));
                 changed.push((e.key, old, e.value));
             }

@@ -3,7 +3,7 @@
 //! its own mix of faults).
 
 use crate::rng::{Rng, Stream};
-use skippr_core::{Duration, HostConfig, Instant, Limits, Mutations};
+use skippr_core::{Duration, HostConfig, Instant, LeaseConfig, Limits, Mutations};
 
 #[derive(Clone, Debug)]
 pub struct PartitionSpec {
@@ -21,6 +21,29 @@ pub struct SourceSpec {
     pub resends: bool,
 }
 
+/// Where the simulated WAL lives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WalMode {
+    /// Segment files on a disk with a page cache (`WAL_STORAGE=disk`).
+    #[default]
+    Disk,
+    /// Objects in S3 with a writer lease in DynamoDB (`WAL_STORAGE=s3`).
+    S3,
+}
+
+impl WalMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            WalMode::Disk => "disk",
+            WalMode::S3 => "s3",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<WalMode> {
+        [WalMode::Disk, WalMode::S3].into_iter().find(|m| m.name() == name)
+    }
+}
+
 /// A fault the shrinker can switch off, by its command-line name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FaultKind {
@@ -33,6 +56,9 @@ pub enum FaultKind {
     OffsetsAmbiguous,
     SourceFail,
     ShutdownMidRun,
+    S3Ambiguous,
+    S3Throttle,
+    Pause,
 }
 
 impl FaultKind {
@@ -46,6 +72,9 @@ impl FaultKind {
         FaultKind::OffsetsAmbiguous,
         FaultKind::SourceFail,
         FaultKind::ShutdownMidRun,
+        FaultKind::S3Ambiguous,
+        FaultKind::S3Throttle,
+        FaultKind::Pause,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,6 +88,9 @@ impl FaultKind {
             FaultKind::OffsetsAmbiguous => "offsets-ambiguous",
             FaultKind::SourceFail => "source-fail",
             FaultKind::ShutdownMidRun => "shutdown-mid-run",
+            FaultKind::S3Ambiguous => "s3-ambiguous",
+            FaultKind::S3Throttle => "s3-throttle",
+            FaultKind::Pause => "pause",
         }
     }
 
@@ -113,6 +145,18 @@ pub struct Faults {
     pub source_fail: f64,
     /// A shutdown request lands in the fault phase (and may be crashed into).
     pub shutdown_mid_run: bool,
+    /// S3 mode: a request's outcome is unknown (timeout, reset, 5xx after
+    /// the body was sent); its effect happened, lands later, or never does.
+    pub s3_ambiguous: f64,
+    /// S3 mode: a request is refused before it takes effect (503 SlowDown).
+    pub s3_throttle: f64,
+    /// S3 mode: a request takes twenty times its usual time.
+    pub s3_slow: f64,
+    /// S3 mode: a lease write's outcome is unknown.
+    pub lease_ambiguous: f64,
+    /// S3 mode: a crash freezes the process instead of killing it; it wakes
+    /// later, next to its replacement, and must find itself fenced out.
+    pub pause: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -123,6 +167,7 @@ pub struct Latencies {
     pub source: (u64, u64),
     pub sink: (u64, u64),
     pub restart: (u64, u64),
+    pub s3: (u64, u64),
 }
 
 #[derive(Clone, Debug)]
@@ -140,6 +185,9 @@ pub struct Scenario {
     pub clean_shutdown: bool,
     /// How many of the `faults.crashes` drawn crash times are kept.
     pub crashes_kept: u32,
+    pub wal: WalMode,
+    /// The writer lease's timing (S3 mode).
+    pub lease: LeaseConfig,
 }
 
 impl Scenario {
@@ -187,6 +235,11 @@ impl Scenario {
             offsets_ambiguous: r.rate(0.5, 0.01, 0.1),
             source_fail: r.rate(0.5, 0.01, 0.05),
             shutdown_mid_run: r.chance(0.2),
+            s3_ambiguous: 0.0,
+            s3_throttle: 0.0,
+            s3_slow: 0.0,
+            lease_ambiguous: 0.0,
+            pause: 0.0,
         };
         let latencies = Latencies {
             disk_write: (r.range(20, 200), r.range(300, 3_000)),
@@ -195,9 +248,10 @@ impl Scenario {
             source: (20, r.range(50, 1_000)),
             sink: (r.range(100, 1_000), r.range(1_000, 20_000)),
             restart: (1_000, r.range(2_000, 50_000)),
+            s3: (0, 0),
         };
         let fault_phase_end = Instant::from_micros(ingest_us * r.range(50, 150) / 100 + 1_000);
-        Scenario {
+        let mut scenario = Scenario {
             seed,
             sources,
             streams,
@@ -208,7 +262,44 @@ impl Scenario {
             fault_phase_end,
             clean_shutdown: r.chance(0.5),
             crashes_kept: crashes,
+            wal: WalMode::Disk,
+            lease: LeaseConfig::default(),
+        };
+        // Drawn last, so the draws above stay what they were before S3
+        // mode existed, and a disk-mode seed replays as it did.
+        let f = &mut scenario.faults;
+        f.s3_ambiguous = r.rate(0.3, 0.01, 0.15);
+        f.s3_throttle = r.rate(0.5, 0.01, 0.1);
+        f.s3_slow = r.rate(0.5, 0.01, 0.05);
+        f.lease_ambiguous = r.rate(0.5, 0.01, 0.2);
+        f.pause = if r.chance(0.4) { 0.0 } else { r.range(30, 100) as f64 / 100.0 };
+        scenario.latencies.s3 = (r.range(200, 1_000), r.range(1_000, 8_000));
+        // Short against the fault phase, so frozen writers wake, race and
+        // get fenced while faults are still on.
+        // At least four lease round trips, so a healthy holder keeps it.
+        let steal_us = (fault_phase_end.as_micros() / r.range(6, 30)).max(4 * scenario.latencies.offsets.1);
+        scenario.lease = LeaseConfig {
+            steal_after: Duration::from_micros(steal_us),
+            renew_every: Duration::from_micros(steal_us / 4),
+            poll: Duration::from_micros(steal_us / 8),
+        };
+        scenario
+    }
+
+    /// Puts the WAL in `mode`.
+    pub fn with_wal(mut self, mode: WalMode) -> Scenario {
+        self.wal = mode;
+        if mode == WalMode::S3 {
+            let steal = self.lease.steal_after.as_micros();
+            self.fault_phase_end = self.fault_phase_end.max(Instant::from_micros(steal * 8));
+            // Objects are checksummed by the service and never rot; the
+            // disk's faults do not apply.
+            self.faults.rot = false;
+            self.faults.fsync_fail = 0.0;
+            self.faults.no_space = 0.0;
+            self.faults.lost_dir_entry = 0.0;
         }
+        self
     }
 
     /// Applies `o`; crash times are drawn for the original count, so keeping
@@ -231,6 +322,9 @@ impl Scenario {
                 FaultKind::OffsetsAmbiguous => f.offsets_ambiguous = 0.0,
                 FaultKind::SourceFail => f.source_fail = 0.0,
                 FaultKind::ShutdownMidRun => f.shutdown_mid_run = false,
+                FaultKind::S3Ambiguous => f.s3_ambiguous = 0.0,
+                FaultKind::S3Throttle => f.s3_throttle = 0.0,
+                FaultKind::Pause => f.pause = 0.0,
             }
         }
         self.crashes_kept = o.crashes.map_or(f.crashes, |n| n.min(f.crashes));
@@ -250,6 +344,9 @@ impl Scenario {
             FaultKind::OffsetsAmbiguous => f.offsets_ambiguous > 0.0,
             FaultKind::SourceFail => f.source_fail > 0.0,
             FaultKind::ShutdownMidRun => f.shutdown_mid_run,
+            FaultKind::S3Ambiguous => self.wal == WalMode::S3 && f.s3_ambiguous > 0.0,
+            FaultKind::S3Throttle => self.wal == WalMode::S3 && f.s3_throttle > 0.0,
+            FaultKind::Pause => self.wal == WalMode::S3 && f.pause > 0.0,
         }
     }
 
@@ -262,6 +359,7 @@ impl Scenario {
             limits: self.limits.clone(),
             stop_when_exhausted: false,
             schema_plugin: true,
+            lease: (self.wal == WalMode::S3).then(|| self.lease.clone()),
             mutations,
         }
     }

@@ -65,6 +65,11 @@ impl Trace {
                 self.u64(12);
                 self.hasher.update(format!("{r:?}").as_bytes());
             }
+            Output::LeaseWait { holder, generation } => {
+                self.u64(13);
+                self.u64(*holder);
+                self.u64(*generation);
+            }
         }
         if self.print {
             self.lines.push(format!("{now} <- {}", describe_output(output)));
@@ -106,6 +111,12 @@ impl Trace {
                 self.u64(*rows);
             }
             IoReply::Schema { accept, .. } => self.u64(40 + *accept as u64),
+            IoReply::Lease(row) => {
+                self.u64(44);
+                if let Some(row) = row {
+                    self.lease(row);
+                }
+            }
         }
     }
 
@@ -162,7 +173,19 @@ impl Trace {
                 self.u64(41 ^ (stream.0 as u64) << 8);
                 self.u64(*fingerprint);
             }
+            IoOp::LeaseRead => self.u64(42),
+            IoOp::LeaseWrite { expected, row } => {
+                self.u64(43);
+                self.u64(expected.map_or(u64::MAX, |v| v));
+                self.lease(row);
+            }
         }
+    }
+
+    fn lease(&mut self, row: &skippr_core::LeaseRow) {
+        self.u64(row.generation);
+        self.u64(row.holder);
+        self.u64(row.version);
     }
 }
 
@@ -193,6 +216,7 @@ fn describe_reply(reply: &IoReply) -> String {
         }
         IoReply::Sink { outcome, rows } => format!("{outcome:?} rows={rows}"),
         IoReply::Schema { accept, reason } => format!("schema accept={accept} {reason}"),
+        IoReply::Lease(row) => format!("lease {row:?}"),
     }
 }
 
@@ -201,6 +225,7 @@ pub fn describe_output(output: &Output) -> String {
         Output::Io { id, op } => format!("io{} {}", id.0, describe_op(op)),
         Output::Recovered(s) => format!("recovered {s:?}"),
         Output::Stopped(r) => format!("stopped {r:?}"),
+        Output::LeaseWait { holder, generation } => format!("lease held by {holder:x} (generation {generation})"),
     }
 }
 
@@ -240,6 +265,11 @@ pub fn describe_op(op: &IoOp) -> String {
         IoOp::SchemaDecide { stream, fingerprint, .. } => {
             format!("schema-decide stream={} fingerprint={fingerprint:016x}", stream.0)
         }
+        IoOp::LeaseRead => "lease-read".into(),
+        IoOp::LeaseWrite { expected, row } => format!(
+            "lease-write if-version={expected:?} gen={} holder={:x} version={}",
+            row.generation, row.holder, row.version
+        ),
         IoOp::SinkApply(a) => format!(
             "sink-apply sink={} stream={} id={} seq={} records={}",
             a.sink.0,

@@ -7,12 +7,14 @@ use crate::checker::{invariant, Checker, Violation};
 use crate::disk::SimDisk;
 use crate::plugins::{SimOffsets, SimSink, SimSource};
 use crate::rng::{Rng, Stream};
-use crate::scenario::{Overrides, Scenario};
+use crate::s3::{SimLease, SimS3};
+use crate::scenario::{Overrides, Scenario, WalMode};
 use crate::trace::Trace;
 use skippr_core::io::*;
 use skippr_core::state::CommittedState;
 use skippr_core::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// How long the quiet phase may take to converge, in simulated time.
 const QUIET_BUDGET: Duration = Duration::from_secs(600);
@@ -22,6 +24,7 @@ const STEPS_MAX: u64 = 2_000_000;
 #[derive(Clone, Debug, Default)]
 pub struct RunOptions {
     pub mutations: Mutations,
+    pub wal: WalMode,
     pub trace: bool,
     pub overrides: Overrides,
 }
@@ -60,6 +63,13 @@ pub struct RunStats {
     pub shutdowns: u64,
     pub clean_stops: u64,
     pub schema_decisions: u64,
+    pub s3_ambiguous: u64,
+    pub s3_landed_late: u64,
+    pub s3_throttled: u64,
+    pub s3_conflicts: u64,
+    pub pauses: u64,
+    pub fenced: u64,
+    pub lease_waits: u64,
     pub steps: u64,
     pub sim_micros: u64,
 }
@@ -91,10 +101,51 @@ enum Event {
         result: Result<IoReply, IoError>,
     },
     Crash,
+    /// The live writer is cut off (a network partition) and freezes.
+    Freeze,
     Restart,
     Shutdown,
     Rot,
     EndFaultPhase,
+    /// A put whose outcome was reported unknown reaches S3 now.
+    S3Land {
+        conditional: bool,
+        segment: SegmentId,
+        offset: u64,
+        bytes: Arc<Vec<u8>>,
+    },
+    /// The second half of an S3 segment delete: the groups after the header.
+    S3DeleteRest {
+        gen: u64,
+        id: IoId,
+        segment: SegmentId,
+    },
+    /// A conditional write whose outcome was reported unknown lands now.
+    LeaseLand {
+        expected: Option<u64>,
+        row: LeaseRow,
+    },
+    OffsetsLand {
+        entries: Vec<OffsetEntry>,
+    },
+}
+
+/// Which engine an event belongs to: the live one, or a frozen process that
+/// woke up next to its replacement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Who {
+    Live,
+    Zombie,
+}
+
+/// A writer that froze (a stopped VM, a long pause) instead of dying: it
+/// keeps its state, its requests in flight and its own source processes,
+/// and wakes at `wake` to carry on as if nothing happened.
+struct Zombie {
+    host: Host,
+    gen: u64,
+    wake: Instant,
+    sources: Vec<SimSource>,
 }
 
 pub struct World {
@@ -113,6 +164,13 @@ pub struct World {
     done: bool,
     fail_closed: Option<String>,
     disk: SimDisk,
+    s3: SimS3,
+    lease: SimLease,
+    zombie: Option<Zombie>,
+    /// (engine generation, segment, offset) of puts whose outcome was
+    /// unknown: the planted bug `s3-overwrite-on-ambiguous` retries them
+    /// without the condition.
+    ambiguous_puts: BTreeSet<(u64, SegmentId, u64)>,
     offsets: SimOffsets,
     sources: Vec<SimSource>,
     sinks: Vec<SimSink>,
@@ -132,7 +190,7 @@ pub fn run(seed: u64, opts: &RunOptions) -> RunReport {
 
 impl World {
     pub fn new(seed: u64, opts: RunOptions) -> World {
-        let scenario = Scenario::from_seed(seed).with_overrides(&opts.overrides);
+        let scenario = Scenario::from_seed(seed).with_wal(opts.wal).with_overrides(&opts.overrides);
         let switch = Instant::from_micros(scenario.fault_phase_end.as_micros() / 2);
         let sources = scenario
             .sources
@@ -147,7 +205,11 @@ impl World {
             sched: Rng::new(seed, Stream::Scheduler),
             faults_rng: Rng::new(seed, Stream::Crashes),
             disk: SimDisk::new(seed),
-            offsets: SimOffsets::default(),
+            s3: SimS3::default(),
+            lease: SimLease::default(),
+            zombie: None,
+            ambiguous_puts: BTreeSet::new(),
+            offsets: SimOffsets::new(opts.mutations.has(Mutation::OffsetsRegress)),
             sources,
             scenario,
             opts,
@@ -230,21 +292,21 @@ impl World {
             self.stats.steps += 1;
             let next_event = self.events.keys().next().map(|k| k.0);
             let timer = self.host.as_ref().and_then(|h| h.poll_timeout()).map(|(t, _)| t);
-            let next = match (next_event, timer) {
-                (None, None) => return self.stalled("nothing left to happen"),
-                (Some(e), None) => e,
-                (None, Some(t)) => t,
-                (Some(e), Some(t)) => e.min(t),
+            let zombie_timer = self.zombie.as_ref().and_then(|z| z.host.poll_timeout().map(|(t, _)| t.max(z.wake)));
+            let Some(next) = [next_event, timer, zombie_timer].into_iter().flatten().min() else {
+                return self.stalled("nothing left to happen");
             };
             if next > quiet_deadline || self.stats.steps > STEPS_MAX {
                 return self.stalled("the quiet phase did not converge");
             }
             self.now = self.now.max(next);
-            if timer.is_some_and(|t| t <= next) && next_event.is_none_or(|e| e >= next) {
-                self.feed(Input::Timeout);
-            } else {
+            if next_event.is_some_and(|e| e == next) && timer.is_none_or(|t| t > next) {
                 let (_, event) = self.events.pop_first().expect("an event is due");
                 self.fire(event);
+            } else if timer.is_some_and(|t| t <= next) {
+                self.feed(Input::Timeout);
+            } else {
+                self.feed_to(Who::Zombie, Input::Timeout);
             }
             self.check_converged();
         }
@@ -290,18 +352,70 @@ impl World {
     // ---- driving the engine ----
 
     fn feed(&mut self, input: Input) {
-        let Some(host) = self.host.as_mut() else { return };
+        self.feed_to(Who::Live, input);
+    }
+
+    fn feed_to(&mut self, who: Who, input: Input) {
+        let host = match who {
+            Who::Live => self.host.as_mut(),
+            Who::Zombie => self.zombie.as_mut().map(|z| &mut z.host),
+        };
+        let Some(host) = host else { return };
+        if who == Who::Zombie {
+            self.trace.note(self.now, "zombie:");
+        }
         self.trace.input(self.now, &input);
         host.handle(self.now, input);
-        self.feed_outputs();
+        self.feed_outputs_of(who);
+    }
+
+    fn gen_of(&self, who: Who) -> u64 {
+        match who {
+            Who::Live => self.gen,
+            Who::Zombie => self.zombie.as_ref().map_or(u64::MAX, |z| z.gen),
+        }
+    }
+
+    /// The engine a request of generation `gen` belongs to, if it is alive.
+    fn owner(&self, gen: u64) -> Option<Who> {
+        if gen == self.gen && self.host.is_some() {
+            Some(Who::Live)
+        } else if self.zombie.as_ref().is_some_and(|z| z.gen == gen) {
+            Some(Who::Zombie)
+        } else {
+            None
+        }
+    }
+
+    /// A frozen engine notices nothing until it wakes: its events wait.
+    fn frozen_until(&self, who: Who) -> Option<Instant> {
+        match who {
+            Who::Zombie => self.zombie.as_ref().map(|z| z.wake).filter(|w| *w > self.now),
+            Who::Live => None,
+        }
     }
 
     /// What happens when a request is issued: writes reach the page cache,
     /// and the completion is scheduled.
-    fn submit(&mut self, id: IoId, op: IoOp) {
-        let gen = self.gen;
+    fn submit(&mut self, who: Who, id: IoId, op: IoOp) {
+        let gen = self.gen_of(who);
         let lat = self.scenario.latencies.clone();
+        let s3 = self.scenario.wal == WalMode::S3;
         match op {
+            IoOp::WalAppend { .. }
+            | IoOp::WalCreate { .. }
+            | IoOp::WalList
+            | IoOp::WalRead { .. }
+            | IoOp::WalDelete { .. }
+                if s3 =>
+            {
+                let slow = self.faulting && self.sched.chance(self.scenario.faults.s3_slow);
+                let (lo, hi) = lat.s3;
+                let (lo, hi) = if slow { (hi, hi * 20) } else { (lo, hi) };
+                self.after((lo, hi), Event::Complete { gen, id, op })
+            }
+            IoOp::WalSync if s3 => self.after((10, 20), Event::Complete { gen, id, op }),
+            IoOp::LeaseRead | IoOp::LeaseWrite { .. } => self.after(lat.offsets, Event::Complete { gen, id, op }),
             IoOp::WalAppend { segment, offset, ref bytes, .. } => {
                 self.append_in_flight = true;
                 if !self.disk.write(segment, offset as usize, bytes) {
@@ -329,10 +443,46 @@ impl World {
     }
 
     fn fire(&mut self, event: Event) {
+        let owner = match &event {
+            Event::Complete { gen, .. } | Event::Reply { gen, .. } | Event::S3DeleteRest { gen, .. } => {
+                self.owner(*gen)
+            }
+            _ => None,
+        };
+        if let Some(wake) = owner.and_then(|who| self.frozen_until(who)) {
+            // The services act on what a frozen process sent; only what
+            // comes back waits for it to wake.
+            let delay = Duration::from_micros(self.sched.range(0, 1_000));
+            match event {
+                Event::Complete { gen, id, op } if !matches!(op, IoOp::WalDelete { .. }) => {
+                    let who = owner.expect("frozen implies an owner");
+                    let result = self.complete(who, gen, op);
+                    return self.at(wake + delay, Event::Reply { gen, id, result });
+                }
+                Event::Complete { .. } => {}
+                event => return self.at(wake + delay, event),
+            }
+        }
         match event {
-            Event::Complete { gen, id, op } if gen == self.gen => {
-                let result = self.complete(op);
-                self.feed(Input::IoDone { id, result });
+            Event::Complete { gen, id, op: IoOp::WalDelete { segment } } if self.scenario.wal == WalMode::S3 => {
+                if owner.is_some() {
+                    // The header goes first: from here on the segment is
+                    // being deleted, whatever happens to the rest.
+                    self.s3.delete_header(segment);
+                    self.after(self.scenario.latencies.s3, Event::S3DeleteRest { gen, id, segment });
+                }
+            }
+            Event::S3DeleteRest { id, segment, .. } => {
+                if let Some(who) = owner {
+                    self.s3.delete_rest(segment);
+                    self.stats.segments_deleted += 1;
+                    self.feed_to(who, Input::IoDone { id, result: Ok(IoReply::Done) });
+                }
+            }
+            Event::Complete { gen, id, op } if owner.is_some() => {
+                let who = owner.expect("checked");
+                let result = self.complete(who, gen, op);
+                self.feed_to(who, Input::IoDone { id, result });
             }
             Event::Complete { op: IoOp::OffsetsWrite { entries }, .. } => {
                 // The database got the write before the host died, or not.
@@ -340,11 +490,46 @@ impl World {
                     self.write_offsets(&entries);
                 }
             }
+            Event::Complete { gen, op: IoOp::WalAppend { segment, offset, bytes, .. }, .. }
+                if self.scenario.wal == WalMode::S3 =>
+            {
+                // The request left before the process died: S3 may still
+                // act on it.
+                if self.sched.chance(0.5) {
+                    let conditional = self.put_conditional(gen, segment, offset);
+                    let _ = self.s3_put(conditional, segment, offset, &bytes);
+                }
+            }
+            Event::Complete { gen, op: IoOp::WalCreate { segment, header }, .. }
+                if self.scenario.wal == WalMode::S3 =>
+            {
+                if self.sched.chance(0.5) {
+                    let conditional = self.put_conditional(gen, segment, 0);
+                    let _ = self.s3_put(conditional, segment, 0, &Arc::new(header));
+                }
+            }
+            Event::Complete { op: IoOp::LeaseWrite { expected, row }, .. } => {
+                if self.sched.chance(0.5) {
+                    let _ = self.lease.write(expected, row);
+                }
+            }
             Event::Complete { .. } => {}
             Event::SinkEffect { gen, id, apply } => self.sink_effect(gen, id, apply),
-            Event::Reply { gen, id, result } if gen == self.gen => self.feed(Input::IoDone { id, result }),
-            Event::Reply { .. } => {}
-            Event::Crash => self.crash(),
+            Event::Reply { id, result, .. } => {
+                if let Some(who) = owner {
+                    self.feed_to(who, Input::IoDone { id, result });
+                }
+            }
+            Event::S3Land { conditional, segment, offset, bytes } => {
+                self.stats.s3_landed_late += 1;
+                let _ = self.s3_put(conditional, segment, offset, &bytes);
+            }
+            Event::LeaseLand { expected, row } => {
+                let _ = self.lease.write(expected, row);
+            }
+            Event::OffsetsLand { entries } => self.write_offsets(&entries),
+            Event::Crash => self.crash(false),
+            Event::Freeze => self.crash(true),
             Event::Restart => self.restart(),
             Event::Shutdown => {
                 if self.host.is_some() {
@@ -353,14 +538,106 @@ impl World {
                 }
             }
             Event::Rot => self.rot(),
-            Event::EndFaultPhase => self.faulting = false,
+            Event::EndFaultPhase => {
+                self.faulting = false;
+                // A frozen writer that never woke is killed for good, so the
+                // quiet phase has one writer to converge with.
+                if self.zombie.take().is_some() {
+                    self.trace.note(self.now, "zombie killed");
+                }
+            }
         }
     }
 
+    /// A put as the S3 driver makes it: conditional, unless the planted bug
+    /// retries a put whose outcome was unknown without the condition.
+    fn put_conditional(&self, gen: u64, segment: SegmentId, offset: u64) -> bool {
+        !(self.opts.mutations.has(Mutation::S3OverwriteOnAmbiguous)
+            && self.ambiguous_puts.contains(&(gen, segment, offset)))
+    }
+
+    fn s3_put(
+        &mut self,
+        conditional: bool,
+        segment: SegmentId,
+        offset: u64,
+        bytes: &Arc<Vec<u8>>,
+    ) -> Result<(), IoError> {
+        let result = self.s3.put(segment, offset, bytes, conditional);
+        self.stats.s3_conflicts += (result == Err(IoError::Conflict)) as u64;
+        result
+    }
+
+    /// A WAL put against S3 at completion: refused, unknown (the effect now,
+    /// later or never), or performed.
+    fn complete_s3_put(
+        &mut self,
+        gen: u64,
+        segment: SegmentId,
+        offset: u64,
+        bytes: Arc<Vec<u8>>,
+    ) -> Result<IoReply, IoError> {
+        let f = self.scenario.faults.clone();
+        if self.faulting && self.sched.chance(f.s3_throttle) {
+            self.stats.s3_throttled += 1;
+            return Err(IoError::Ambiguous);
+        }
+        let conditional = self.put_conditional(gen, segment, offset);
+        if self.faulting && self.sched.chance(f.s3_ambiguous) {
+            self.stats.s3_ambiguous += 1;
+            self.ambiguous_puts.insert((gen, segment, offset));
+            if self.owner(gen) == Some(Who::Live) && self.sched.chance(f.pause / 2.0) {
+                // The reply was lost because the writer's network went
+                // down: it is cut off, and a replacement takes over.
+                self.at(self.now, Event::Freeze);
+            }
+            let roll = self.sched.range(0, 99);
+            if roll < 40 {
+                let _ = self.s3_put(conditional, segment, offset, &bytes);
+            } else if roll < 70 {
+                let late = self.scenario.lease.steal_after.as_micros() * 3;
+                self.after((1_000, late), Event::S3Land { conditional, segment, offset, bytes });
+            }
+            return Err(IoError::Ambiguous);
+        }
+        self.s3_put(conditional, segment, offset, &bytes).map(|()| IoReply::Done)
+    }
+
     /// Performs a request at its completion time and returns its result.
-    fn complete(&mut self, op: IoOp) -> Result<IoReply, IoError> {
+    fn complete(&mut self, who: Who, gen: u64, op: IoOp) -> Result<IoReply, IoError> {
         let f = &self.scenario.faults;
+        let s3 = self.scenario.wal == WalMode::S3;
         match op {
+            IoOp::WalSync if s3 => Ok(IoReply::Done),
+            IoOp::WalList | IoOp::WalRead { .. } | IoOp::LeaseRead
+                if s3 && self.faulting && self.sched.chance(f.s3_throttle) =>
+            {
+                self.stats.s3_throttled += 1;
+                Err(IoError::Failed)
+            }
+            IoOp::WalList if s3 => Ok(IoReply::Segments(self.s3.list())),
+            IoOp::WalRead { segment } if s3 => self.s3.read(segment).map(IoReply::SegmentBytes),
+            IoOp::WalCreate { segment, header } if s3 => self.complete_s3_put(gen, segment, 0, Arc::new(header)),
+            IoOp::WalAppend { segment, offset, bytes, .. } if s3 => {
+                if who == Who::Live {
+                    self.append_in_flight = false;
+                }
+                self.complete_s3_put(gen, segment, offset, bytes)
+            }
+            IoOp::LeaseRead => Ok(IoReply::Lease(self.lease.row)),
+            IoOp::LeaseWrite { expected, row } => {
+                if self.faulting && self.sched.chance(f.lease_ambiguous) {
+                    let roll = self.sched.range(0, 99);
+                    if roll < 40 {
+                        let _ = self.lease.write(expected, row);
+                    } else if roll < 70 {
+                        let late = self.scenario.lease.steal_after.as_micros() * 2;
+                        self.after((1_000, late), Event::LeaseLand { expected, row });
+                    }
+                    return Err(IoError::Ambiguous);
+                }
+                self.lease.write(expected, row).map(|()| IoReply::Done)
+            }
             IoOp::WalSync => {
                 let fail = self.faulting && self.sched.chance(f.fsync_fail);
                 if self.disk.sync_all(fail) {
@@ -402,6 +679,11 @@ impl World {
                     self.stats.offsets_ambiguous += 1;
                     if self.sched.chance(0.5) {
                         self.write_offsets(&entries);
+                    } else if s3 && self.sched.chance(0.5) {
+                        // DynamoDB may apply a timed-out write later, after
+                        // newer ones.
+                        let late = self.scenario.lease.steal_after.as_micros() * 2;
+                        self.after((1_000, late), Event::OffsetsLand { entries });
                     }
                     return Err(IoError::Ambiguous);
                 }
@@ -409,9 +691,13 @@ impl World {
                 Ok(IoReply::Done)
             }
             IoOp::SourceOpen { source, resume } => {
-                let offsets = &self.offsets;
-                self.checker.on_resume(source, &resume, |key| offsets.position(key));
-                self.sources[source.0 as usize].open(&resume);
+                // A woken writer resumes from what it recovered before it
+                // froze: stale, and harmless while it cannot commit.
+                if who == Who::Live {
+                    let offsets = &self.offsets;
+                    self.checker.on_resume(source, &resume, |key| offsets.position(key));
+                }
+                self.sources_of(who)[source.0 as usize].open(&resume);
                 Ok(IoReply::Done)
             }
             IoOp::SourceRead { source, records_max } => {
@@ -419,7 +705,8 @@ impl World {
                     self.stats.source_failures += 1;
                     return Err(IoError::Failed);
                 }
-                let (batches, exhausted) = self.sources[source.0 as usize].read(records_max, self.now);
+                let now = self.now;
+                let (batches, exhausted) = self.sources_of(who)[source.0 as usize].read(records_max, now);
                 Ok(IoReply::Batches { batches, exhausted })
             }
             IoOp::SourceAck { source, acks } => {
@@ -427,9 +714,12 @@ impl World {
                     self.stats.source_failures += 1;
                     return Err(IoError::Failed);
                 }
-                let src = &self.sources[source.0 as usize];
+                let src = match who {
+                    Who::Live => &self.sources[source.0 as usize],
+                    Who::Zombie => &self.zombie.as_ref().expect("alive").sources[source.0 as usize],
+                };
                 self.checker.on_ack(source, &acks, |p| src.sent(p));
-                self.sources[source.0 as usize].ack(&acks);
+                self.sources_of(who)[source.0 as usize].ack(&acks);
                 Ok(IoReply::Done)
             }
             IoOp::SchemaDecide { .. } => {
@@ -441,6 +731,13 @@ impl World {
                 Ok(IoReply::Schema { accept: true, reason: String::new() })
             }
             IoOp::SinkApply(_) => unreachable!("sink applies go through SinkEffect"),
+        }
+    }
+
+    fn sources_of(&mut self, who: Who) -> &mut Vec<SimSource> {
+        match who {
+            Who::Live => &mut self.sources,
+            Who::Zombie => &mut self.zombie.as_mut().expect("alive").sources,
         }
     }
 
@@ -474,8 +771,8 @@ impl World {
 
     // ---- crashes, restarts, stops ----
 
-    fn crash(&mut self) {
-        if self.host.is_none() || !self.faulting {
+    fn crash(&mut self, freeze: bool) {
+        if self.host.is_none() || !self.faulting || (freeze && self.zombie.is_some()) {
             return;
         }
         self.stats.crashes += 1;
@@ -486,12 +783,25 @@ impl World {
         // Half the crashes are a SIGKILL, which leaves the page cache to the
         // next process; the other half cut the power, which does not.
         let power_cut = self.faults_rng.chance(0.5);
+        let s3 = self.scenario.wal == WalMode::S3;
+        if freeze || (s3 && self.zombie.is_none() && self.faults_rng.chance(self.scenario.faults.pause)) {
+            // Frozen, not dead: a replacement starts while it sleeps.
+            self.stats.pauses += 1;
+            let steal = self.scenario.lease.steal_after.as_micros();
+            let wake = self.now + Duration::from_micros(self.faults_rng.range(steal / 2, steal * 4));
+            self.trace.note(self.now, "crash: process frozen");
+            let host = self.host.take().expect("checked above");
+            self.zombie = Some(Zombie { host, gen: self.gen, wake, sources: self.sources.clone() });
+            self.gen += 1;
+            self.append_in_flight = false;
+            return self.after(self.scenario.latencies.restart, Event::Restart);
+        }
         self.stats.power_cuts += power_cut as u64;
         self.trace.note(self.now, if power_cut { "crash: power cut" } else { "crash: process killed" });
         self.host = None;
         self.gen += 1;
         self.append_in_flight = false;
-        if power_cut {
+        if power_cut && !s3 {
             self.disk.crash(self.scenario.faults.lost_dir_entry);
         }
         self.after(self.scenario.latencies.restart, Event::Restart);
@@ -518,23 +828,55 @@ impl World {
         self.incarnation += 1;
         self.trace.note(self.now, "start");
         self.host = Some(Host::new(config, self.now).expect("scenario configs are valid"));
-        self.feed_outputs();
+        self.feed_outputs_of(Who::Live);
     }
 
     /// Drains the engine's outputs completely (the drain contract).
-    fn feed_outputs(&mut self) {
-        while let Some(output) = self.host.as_mut().and_then(|h| h.poll_output()) {
+    fn feed_outputs_of(&mut self, who: Who) {
+        loop {
+            let output = match who {
+                Who::Live => self.host.as_mut().and_then(|h| h.poll_output()),
+                Who::Zombie => self.zombie.as_mut().and_then(|z| z.host.poll_output()),
+            };
+            let Some(output) = output else { break };
             self.trace.output(self.now, &output);
             match output {
-                Output::Io { id, op } => self.submit(id, op),
+                Output::Io { id, op } => self.submit(who, id, op),
                 Output::Recovered(_) => self.stats.recoveries += 1,
+                Output::LeaseWait { .. } => self.stats.lease_waits += 1,
+                Output::Stopped(reason) if who == Who::Zombie => self.on_zombie_stopped(reason),
                 Output::Stopped(reason) => self.on_stopped(reason),
             }
         }
     }
 
+    /// A woken writer must find itself fenced out (or lose the lease) before
+    /// it does any harm; any other stop is as unexpected as for the live one.
+    fn on_zombie_stopped(&mut self, reason: StopReason) {
+        match reason {
+            StopReason::Fenced { .. } | StopReason::LeaseLost { .. } => {
+                self.stats.fenced += 1;
+                self.trace.note(self.now, "zombie stopped");
+                self.zombie = None;
+            }
+            // It was draining when it froze, and had nothing left to commit.
+            StopReason::Clean | StopReason::DrainTimedOut => {
+                self.trace.note(self.now, "zombie stopped");
+                self.zombie = None;
+            }
+            other => self.checker.fail(invariant::UNEXPECTED_STOP, format!("woken writer: {other:?}")),
+        }
+    }
+
     fn on_stopped(&mut self, reason: StopReason) {
         match reason {
+            StopReason::Fenced { .. } | StopReason::LeaseLost { .. } if self.scenario.wal == WalMode::S3 => {
+                // Raced by a frozen writer's late request: start again, and
+                // ask the next engine for the final shutdown too.
+                self.stats.fenced += 1;
+                self.final_shutdown = false;
+                self.exit_and_restart();
+            }
             StopReason::Clean if self.final_shutdown => {
                 self.stats.clean_stops += 1;
                 let offsets = &self.offsets;
@@ -580,11 +922,18 @@ impl World {
     /// Recovery is idempotent: on a copy of the disk and offsets store,
     /// recovering twice gives the same state as recovering once.
     fn check_recovery_idempotent(&mut self) {
-        let config = self.scenario.host_config(self.opts.mutations, u64::MAX);
-        let mut disk = self.disk.clone();
+        // Alone: no lease to wait for, and no writes of its own (the fence
+        // is answered but not kept), so the second recovery reads what the
+        // first one read, less what the first one deleted.
+        let mut config = self.scenario.host_config(self.opts.mutations, u64::MAX);
+        config.lease = None;
+        let mut wal = match self.scenario.wal {
+            WalMode::Disk => AloneWal::Disk(self.disk.clone()),
+            WalMode::S3 => AloneWal::S3(self.s3.clone()),
+        };
         let mut offsets = self.offsets.clone();
-        let first = recover_alone(config.clone(), &mut disk, &mut offsets);
-        let second = recover_alone(config, &mut disk, &mut offsets);
+        let first = recover_alone(config.clone(), &mut wal, &mut offsets);
+        let second = recover_alone(config, &mut wal, &mut offsets);
         if first != second {
             let detail = format!("first recovery {:?}, second {:?}", summary(&first), summary(&second));
             self.checker.fail(invariant::RECOVERY_NOT_IDEMPOTENT, detail);
@@ -594,7 +943,11 @@ impl World {
 
 /// What a recovery found: committed state, the WAL head, and the records
 /// held for sinks (count, bytes).
-type Recovered = Result<(CommittedState, (Lsn, Option<(SegmentId, u64)>), (usize, u64)), StopReason>;
+/// The head is the LSN and the offset in the active segment: which segment
+/// that is may differ (a first recovery that deleted junk at the end takes
+/// the next id for its fence, a second one reuses the freed id), and the
+/// fence itself is answered but not kept.
+type Recovered = Result<(CommittedState, (Lsn, Option<u64>), (usize, u64)), StopReason>;
 
 fn summary(r: &Recovered) -> String {
     match r {
@@ -607,40 +960,66 @@ fn summary(r: &Recovered) -> String {
 
 /// Runs one recovery to the point where sources would resume, performing
 /// its WAL and offsets requests at once and without faults.
-fn recover_alone(config: HostConfig, disk: &mut SimDisk, offsets: &mut SimOffsets) -> Recovered {
+enum AloneWal {
+    Disk(SimDisk),
+    S3(SimS3),
+}
+
+fn recover_alone(config: HostConfig, wal: &mut AloneWal, offsets: &mut SimOffsets) -> Recovered {
     let mut host = Host::new(config, Instant::ZERO).expect("valid config");
     let mut queue = std::collections::VecDeque::new();
+    let mut now = Instant::ZERO;
+    let mut timeouts = 0;
     loop {
         while let Some(output) = host.poll_output() {
             match output {
                 Output::Io { id, op } => queue.push_back((id, op)),
                 Output::Recovered(_) => {
-                    return Ok((host.committed().clone(), host.wal_head(), host.records_held()));
+                    let (lsn, head) = host.wal_head();
+                    return Ok((host.committed().clone(), (lsn, head.map(|h| h.1)), host.records_held()));
                 }
                 Output::Stopped(reason) => return Err(reason),
+                Output::LeaseWait { .. } => unreachable!("recovering alone takes no lease"),
             }
         }
         let Some((id, op)) = queue.pop_front() else {
-            panic!("recovery waits on nothing");
+            // A retry after a failed read: its backoff passes at once.
+            let Some((at, _)) = host.poll_timeout() else { panic!("recovery waits on nothing") };
+            now = now.max(at);
+            timeouts += 1;
+            assert!(timeouts < 1_000, "recovery keeps retrying");
+            host.handle(now, Input::Timeout);
+            continue;
         };
-        let result = match op {
-            IoOp::WalSync => {
+        let result = match (op, &mut *wal) {
+            (IoOp::WalSync, AloneWal::Disk(disk)) => {
                 disk.sync_all(false);
                 Ok(IoReply::Done)
             }
-            IoOp::WalDelete { segment } => {
+            (IoOp::WalSync, AloneWal::S3(_)) => Ok(IoReply::Done),
+            (IoOp::WalDelete { segment }, AloneWal::Disk(disk)) => {
                 disk.delete(segment);
                 Ok(IoReply::Done)
             }
-            IoOp::WalList => Ok(IoReply::Segments(disk.list())),
-            IoOp::WalRead { segment } => disk.read(segment).map(IoReply::SegmentBytes).ok_or(IoError::Failed),
-            IoOp::OffsetsRead => Ok(IoReply::Offsets(offsets.read())),
-            IoOp::OffsetsWrite { entries } => {
+            (IoOp::WalDelete { segment }, AloneWal::S3(s3)) => {
+                s3.delete_header(segment);
+                s3.delete_rest(segment);
+                Ok(IoReply::Done)
+            }
+            (IoOp::WalList, AloneWal::Disk(disk)) => Ok(IoReply::Segments(disk.list())),
+            (IoOp::WalList, AloneWal::S3(s3)) => Ok(IoReply::Segments(s3.list())),
+            (IoOp::WalRead { segment }, AloneWal::Disk(disk)) => {
+                disk.read(segment).map(IoReply::SegmentBytes).ok_or(IoError::Failed)
+            }
+            (IoOp::WalRead { segment }, AloneWal::S3(s3)) => s3.read(segment).map(IoReply::SegmentBytes),
+            (IoOp::WalCreate { .. } | IoOp::WalAppend { .. }, _) => Ok(IoReply::Done),
+            (IoOp::OffsetsRead, _) => Ok(IoReply::Offsets(offsets.read())),
+            (IoOp::OffsetsWrite { entries }, _) => {
                 offsets.write(&entries);
                 Ok(IoReply::Done)
             }
             _ => continue,
         };
-        host.handle(Instant::ZERO, Input::IoDone { id, result });
+        host.handle(now, Input::IoDone { id, result });
     }
 }

@@ -30,7 +30,7 @@ impl Host {
     /// One group is in flight at a time; frames arriving meanwhile ride the
     /// next one.
     pub(super) fn start_commit(&mut self) {
-        if self.wal.commit.is_some() {
+        if self.wal.commit.is_some() || !self.lease_ok() {
             return;
         }
         let seal_due = self.wal.active.as_ref().is_some_and(|a| a.seal_requested);
@@ -127,6 +127,11 @@ impl Host {
                 self.wal.commit.as_mut().expect("in flight").io = None;
                 return self.retry_later(Retry::Commit);
             }
+            Err(IoError::Conflict) if self.cfg.mutations.has(Mutation::StaleWriterCommits) => {}
+            Err(IoError::Conflict) => {
+                let (segment, offset) = (c.segment, c.offset);
+                return self.stop(StopReason::Fenced { segment, offset });
+            }
             Err(error) => {
                 let segment = c.segment;
                 return self.stop(StopReason::WalWriteFailed { segment, error });
@@ -141,6 +146,7 @@ impl Host {
         }
         let sealed = matches!(c.frames.last(), Some(Frame::Seal));
         let acks_advanced = c.frames.iter().any(|f| matches!(f, Frame::CompactionDone(_)));
+        let fenced = c.frames.iter().any(|f| matches!(f, Frame::Fence));
         for frame in c.frames {
             self.committed.apply(c.lsn, &frame);
             self.wal.segments.back_mut().expect("pushed above").note(c.lsn, &frame);
@@ -155,6 +161,10 @@ impl Host {
         }
         if acks_advanced && self.oldest_segment_compacted(&self.committed.acked) {
             self.wal.snapshot_wanted = true;
+        }
+        if fenced && self.phase == Phase::Recovering {
+            self.recovery.fencing = false;
+            self.finish_recovery();
         }
     }
 

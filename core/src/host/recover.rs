@@ -44,14 +44,24 @@ impl Host {
         self.wal.segments = wal.segments;
         self.wal.spares = wal.spares;
         self.wal.next_lsn = wal.next_lsn;
+        self.wal.next_segment = wal.next_segment;
+        self.wal.active = wal.active.map(|(id, offset)| Active { id, offset, opened: self.now, seal_requested: false });
+        self.recovery.junk = wal.junk;
+        self.recovery.wal_generation = wal.epoch_max.0 >> 32;
+        if self.lease_covers(self.recovery.wal_generation) {
+            self.after_rebuild();
+        }
+    }
+
+    /// The writer's epoch is settled (a lease generation above the WAL's):
+    /// on to the offsets check.
+    pub(super) fn after_rebuild(&mut self) {
         // The high half counts writers; the low half comes from this run's
         // seed. Two runs that saw the same WAL (the second started after the
         // first crashed before making anything of its own durable) still get
         // different epochs, so their frames never share a checksum seed.
-        self.wal.epoch = Epoch(((wal.epoch_max.0 >> 32) + 1) << 32 | (self.cfg.seed & 0xffff_ffff));
-        self.wal.next_segment = wal.next_segment;
-        self.wal.active = wal.active.map(|(id, offset)| Active { id, offset, opened: self.now, seal_requested: false });
-        self.recovery.junk = wal.junk;
+        let generation = self.writer_generation(self.recovery.wal_generation);
+        self.wal.epoch = Epoch(generation << 32 | (self.cfg.seed & 0xffff_ffff));
         self.io(Pending::OffsetsRead, IoOp::OffsetsRead);
     }
 
@@ -68,7 +78,14 @@ impl Host {
         for (key, value) in &stored {
             let wal = self.committed.partitions.get(key).map(|p| p.position).unwrap_or_default();
             if value.position > wal {
-                return self.stop(StopReason::OffsetsAheadOfWal { key: *key, store: value.position, wal });
+                let stop = StopReason::OffsetsAheadOfWal { key: *key, store: value.position, wal };
+                if self.cfg.lease.is_some() {
+                    // Under a lease, a newer writer may have moved the
+                    // offsets since this one listed the WAL: look first.
+                    self.recovery.doubt = Some(stop);
+                    return self.lease_read();
+                }
+                return self.stop(stop);
             }
         }
         for (key, p) in &self.committed.partitions {
@@ -91,9 +108,20 @@ impl Host {
     /// could not tell them from a data segment whose header rotted.
     pub(super) fn delete_junk(&mut self) {
         if self.wal.deletes.is_empty() {
-            return self.finish_recovery();
+            return self.fence();
         }
         self.delete_next();
+    }
+
+    /// The new writer's first commit: a fence group under its epoch. From
+    /// here on, a group of an older writer is not the WAL's; and if another
+    /// writer committed since the listing, the fence finds its bytes in
+    /// place and this writer stops instead of overwriting them.
+    fn fence(&mut self) {
+        self.recovery.fencing = true;
+        self.pending_bytes += Frame::Fence.encoded_len() as u64;
+        self.pending.push_front(Frame::Fence);
+        self.pump();
     }
 
     /// Steps three and four: replay open compactions, resume sources.

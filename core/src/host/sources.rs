@@ -223,6 +223,9 @@ impl Host {
     }
 
     pub(super) fn send_acks(&mut self) {
+        if !self.lease_ok() {
+            return;
+        }
         for i in 0..self.sources.len() {
             let s = &mut self.sources[i];
             if s.ack_io.is_some() || s.acks.is_empty() || !s.opened {

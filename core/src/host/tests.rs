@@ -19,6 +19,7 @@ fn config() -> HostConfig {
         },
         stop_when_exhausted: false,
         schema_plugin: false,
+        lease: None,
         mutations: crate::Mutations::NONE,
     }
 }
@@ -49,7 +50,7 @@ impl Harness {
                 match out {
                     Output::Io { id, op } => self.held.push((id, op)),
                     Output::Stopped(reason) => self.stopped = Some(reason),
-                    Output::Recovered(_) => {}
+                    Output::Recovered(_) | Output::LeaseWait { .. } => {}
                 }
             }
             let Some(i) = self.held.iter().position(|(_, op)| is_storage(op)) else {
@@ -199,7 +200,7 @@ fn a_fresh_wal_recovers_empty_and_opens_sources() {
     let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
     assert!(h.open_source().is_empty());
     assert!(h.has(|op| matches!(op, IoOp::SourceRead { .. })));
-    assert_eq!(h.disk.len(), 1, "a spare segment is created ahead of need");
+    assert_eq!(h.disk.len(), 2, "the fence opened one segment and a spare is created ahead of need");
 }
 
 #[test]
@@ -561,6 +562,7 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
                 Output::Io { id, op } => pending.push((id, op)),
                 Output::Stopped(r) => stopped = Some(r),
                 Output::Recovered(_) => panic!("recovered without reading a segment"),
+                Output::LeaseWait { .. } => {}
             }
         }
         if stopped.is_some() {

@@ -28,6 +28,7 @@ pub enum FrameKind {
     Snapshot = 5,
     Seal = 6,
     Commit = 7,
+    Fence = 8,
 }
 
 impl FrameKind {
@@ -40,6 +41,7 @@ impl FrameKind {
             5 => FrameKind::Snapshot,
             6 => FrameKind::Seal,
             7 => FrameKind::Commit,
+            8 => FrameKind::Fence,
             _ => return None,
         })
     }
@@ -161,6 +163,9 @@ pub enum Frame {
     /// The last group of a segment: the next group is in the next segment.
     Seal,
     Commit(CommitRecord),
+    /// A new writer's first group: from here on, groups of a lower epoch
+    /// (a writer that lost the lease and did not notice) are not the WAL's.
+    Fence,
 }
 
 impl Frame {
@@ -173,6 +178,7 @@ impl Frame {
             Frame::Snapshot(_) => FrameKind::Snapshot,
             Frame::Seal => FrameKind::Seal,
             Frame::Commit(_) => FrameKind::Commit,
+            Frame::Fence => FrameKind::Fence,
         }
     }
 
@@ -201,7 +207,7 @@ impl Frame {
                     + s.open.iter().map(plan_len).sum::<usize>()
                     + s.names.encoded_len()
             }
-            Frame::Seal => 0,
+            Frame::Seal | Frame::Fence => 0,
             Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
         }
     }
@@ -286,7 +292,7 @@ impl Frame {
                     }
                 }
             }
-            Frame::Seal => {}
+            Frame::Seal | Frame::Fence => {}
             Frame::Commit(c) => {
                 w.u32(c.frames);
                 w.u32(c.bytes);
@@ -423,6 +429,7 @@ fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError>
             Frame::Snapshot(s)
         }
         FrameKind::Seal => Frame::Seal,
+        FrameKind::Fence => Frame::Fence,
         FrameKind::Commit => Frame::Commit(CommitRecord { frames: r.u32()?, bytes: r.u32()? }),
     };
     if !r.is_empty() {

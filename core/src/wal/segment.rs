@@ -107,6 +107,8 @@ pub struct ScannedSegment {
     pub sealed: bool,
     /// Where the next group would be appended.
     pub end: u64,
+    /// Valid groups skipped because a newer writer's group came before them.
+    pub stale_groups: u32,
 }
 
 /// Committed data that cannot be trusted: recovery stops here.
@@ -122,6 +124,7 @@ pub struct Corruption {
 pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<ScannedSegment>, Corruption> {
     let mut out = Vec::with_capacity(segments.len());
     let mut expected: Option<Lsn> = None;
+    let mut newest = Epoch(0);
     let mut ended = false;
     for (i, &(id, bytes)) in segments.iter().enumerate() {
         let mut seg = ScannedSegment {
@@ -130,6 +133,7 @@ pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<S
             groups: Vec::new(),
             sealed: false,
             end: SEGMENT_HEADER_BYTES as u64,
+            stale_groups: 0,
         };
         match decode_header(id, bytes) {
             Ok(epoch) => seg.header_epoch = Some(epoch),
@@ -149,8 +153,24 @@ pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<S
         }
         let mut pos = SEGMENT_HEADER_BYTES;
         loop {
-            match read_group(id, bytes, pos, expected, true) {
+            let read = read_group(id, bytes, pos, None, true);
+            // A group of a writer older than one already admitted was written
+            // by a writer that lost the lease and had not noticed: it is not
+            // the WAL's, and the new writer continues after it.
+            if let Ok((group, _)) = &read {
+                if group.epoch < newest {
+                    pos = group.end as usize;
+                    seg.stale_groups += 1;
+                    continue;
+                }
+            }
+            let read = read.and_then(|(g, sealed)| match expected {
+                Some(e) if e != g.lsn => Err(()),
+                _ => Ok((g, sealed)),
+            });
+            match read {
                 Ok((group, sealed)) => {
+                    newest = newest.max(group.epoch);
                     expected = Some(Lsn(group.lsn.0 + 1));
                     pos = group.end as usize;
                     seg.groups.push(group);

@@ -1,0 +1,209 @@
+//! The writer lease (S3 mode). One writer per WAL: a new writer takes the
+//! lease with a conditional write that bumps its generation, then commits a
+//! fence group; the generation becomes the high half of its epoch.
+//!
+//! No clocks are compared across machines. A holder renews by changing the
+//! row's version; a waiting writer takes the lease over only after it has
+//! seen the same version for `steal_after` of its own monotonic time. The
+//! holder commits and acknowledges only while its last successful renewal
+//! was sent less than `steal_after` ago, so by the time a waiting writer may
+//! steal, the holder has stopped on its own (and the fence and conditional
+//! creates stop it even if it has not).
+
+use super::*;
+
+/// Why a lease write was sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LeaseIntent {
+    /// Take a free, released or abandoned lease.
+    Acquire,
+    /// Raise the generation above every epoch the WAL holds (a lease table
+    /// recreated under an existing WAL).
+    Bump,
+    Renew,
+    /// Give the lease up after a clean shutdown.
+    Release,
+}
+
+#[derive(Default)]
+pub(super) struct LeaseState {
+    pub(super) held: Option<LeaseRow>,
+    /// Another holder's row and when this host first saw that version.
+    seen: Option<(LeaseRow, Instant)>,
+    /// When the last write was sent: if it landed, the lease is safe until
+    /// then plus `steal_after`.
+    sent_at: Option<Instant>,
+    valid_until: Option<Instant>,
+    /// Recovery waits for a bump of the generation.
+    bumping: bool,
+    pub(super) releasing: bool,
+    pub(super) released: bool,
+}
+
+impl Host {
+    fn holder_id(&self) -> u64 {
+        // Never 0, which marks a released lease.
+        self.cfg.seed | 1 << 63
+    }
+
+    /// The writer may commit and acknowledge: it holds a lease it renewed
+    /// recently enough that nobody can have taken it over.
+    pub(super) fn lease_ok(&self) -> bool {
+        self.cfg.lease.is_none() || self.lease.valid_until.is_some_and(|until| self.now < until)
+    }
+
+    /// The high half of this writer's epoch.
+    pub(super) fn writer_generation(&self, wal_generation: u64) -> u64 {
+        match self.lease.held {
+            Some(row) => row.generation,
+            None => wal_generation + 1,
+        }
+    }
+
+    pub(super) fn lease_read(&mut self) {
+        self.io(Pending::LeaseRead, IoOp::LeaseRead);
+    }
+
+    fn lease_write(&mut self, intent: LeaseIntent, expected: Option<u64>, row: LeaseRow) {
+        self.lease.sent_at = Some(self.now);
+        self.io(Pending::LeaseWrite(intent, row), IoOp::LeaseWrite { expected, row });
+    }
+
+    pub(super) fn on_lease_read(&mut self, result: Result<IoReply, IoError>) {
+        let row = match result {
+            Ok(IoReply::Lease(row)) => row,
+            Ok(other) => panic!("LeaseRead answered with {other:?}"),
+            Err(_) => return self.retry_later(Retry::LeaseRead),
+        };
+        self.succeeded(Retry::LeaseRead);
+        let me = self.holder_id();
+        if let Some(held) = self.lease.held {
+            // Checking after a renewal that failed or whose outcome is unknown.
+            return match row {
+                Some(r) if r.holder == me && r.generation == held.generation => {
+                    self.lease.held = Some(r);
+                    if let Some(stop) = self.recovery.doubt.take() {
+                        return self.stop(stop);
+                    }
+                    self.lease_settled();
+                }
+                Some(r) => self.stop(StopReason::LeaseLost { holder: r.holder, generation: r.generation }),
+                None => self.stop(StopReason::LeaseLost { holder: 0, generation: 0 }),
+            };
+        }
+        let take = |r: &LeaseRow| LeaseRow { generation: r.generation + 1, holder: me, version: r.version + 1 };
+        match row {
+            None => {
+                let row = LeaseRow { generation: 1, holder: me, version: 1 };
+                self.lease_write(LeaseIntent::Acquire, None, row);
+            }
+            // Our own write landed although its answer was lost.
+            Some(r) if r.holder == me => {
+                self.lease.held = Some(r);
+                self.lease.valid_until = self.lease.sent_at.map(|t| t + self.lease_cfg().steal_after);
+                self.lease_acquired();
+            }
+            Some(r) if r.holder == 0 => self.lease_write(LeaseIntent::Acquire, Some(r.version), take(&r)),
+            Some(r) => {
+                let steal_after = self.lease_cfg().steal_after;
+                match self.lease.seen {
+                    Some((seen, since)) if seen == r && self.now >= since + steal_after => {
+                        self.lease_write(LeaseIntent::Acquire, Some(r.version), take(&r));
+                    }
+                    Some((seen, _)) if seen == r => self.schedule(self.now + self.lease_cfg().poll, Retry::LeaseRead),
+                    seen => {
+                        if seen.is_none_or(|(s, _)| s.holder != r.holder || s.generation != r.generation) {
+                            self.out.push_back(Output::LeaseWait { holder: r.holder, generation: r.generation });
+                        }
+                        self.lease.seen = Some((r, self.now));
+                        self.schedule(self.now + self.lease_cfg().poll, Retry::LeaseRead);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_lease_written(&mut self, intent: LeaseIntent, row: LeaseRow, result: Result<IoReply, IoError>) {
+        if intent == LeaseIntent::Release {
+            // Released or not, the WAL is consistent; a lease left behind is
+            // taken over after the steal span.
+            self.lease.released = true;
+            return;
+        }
+        if result.is_err() {
+            // Lost, refused or unknown: look at the row to find out.
+            return self.retry_later(Retry::LeaseRead);
+        }
+        let sent_at = self.lease.sent_at.expect("a write was sent");
+        self.lease.held = Some(row);
+        self.lease.valid_until = Some(sent_at + self.lease_cfg().steal_after);
+        match intent {
+            LeaseIntent::Acquire => self.lease_acquired(),
+            LeaseIntent::Bump | LeaseIntent::Renew => self.lease_settled(),
+            LeaseIntent::Release => unreachable!("handled above"),
+        }
+    }
+
+    fn lease_acquired(&mut self) {
+        self.lease.seen = None;
+        self.schedule_renewal();
+        self.io(Pending::WalSync, IoOp::WalSync);
+    }
+
+    /// A bump or renewal is confirmed: carry on with what waited for it.
+    fn lease_settled(&mut self) {
+        self.schedule_renewal();
+        if self.lease.bumping {
+            self.lease.bumping = false;
+            self.after_rebuild();
+        }
+    }
+
+    fn schedule_renewal(&mut self) {
+        let at = self.now + self.lease_cfg().renew_every;
+        if !self.retries.values().any(|r| *r == Retry::LeaseRenew) {
+            self.schedule(at, Retry::LeaseRenew);
+        }
+    }
+
+    pub(super) fn renew_lease(&mut self) {
+        let Some(held) = self.lease.held else { return };
+        if self.lease.releasing {
+            return;
+        }
+        let row = LeaseRow { version: held.version + 1, ..held };
+        self.lease_write(LeaseIntent::Renew, Some(held.version), row);
+    }
+
+    /// After the rebuild: the generation must exceed every epoch in the WAL.
+    /// Returns false when a bump was sent and recovery waits for it.
+    pub(super) fn lease_covers(&mut self, wal_generation: u64) -> bool {
+        let Some(held) = self.lease.held else { return true };
+        if held.generation > wal_generation {
+            return true;
+        }
+        self.lease.bumping = true;
+        let row = LeaseRow { generation: wal_generation + 1, version: held.version + 1, ..held };
+        self.lease_write(LeaseIntent::Bump, Some(held.version), row);
+        false
+    }
+
+    /// Gives the lease up once a clean drain is complete. Returns true when
+    /// there is nothing (more) to release.
+    pub(super) fn release_lease(&mut self) -> bool {
+        let Some(held) = self.lease.held else { return true };
+        if self.lease.released {
+            return true;
+        }
+        if !self.lease.releasing {
+            self.lease.releasing = true;
+            let row = LeaseRow { holder: 0, version: held.version + 1, ..held };
+            self.lease_write(LeaseIntent::Release, Some(held.version), row);
+        }
+        false
+    }
+
+    fn lease_cfg(&self) -> &LeaseConfig {
+        self.cfg.lease.as_ref().expect("lease configured")
+    }
+}

@@ -1,0 +1,323 @@
+//! The WAL on S3 (`WAL_STORAGE=s3`).
+//!
+//! A segment is a run of immutable objects under `PREFIX<segment:020>/`: the
+//! segment header at `00000000000000000000`, then one object per commit group
+//! at the group's byte offset, zero-padded to 20 digits. The keys of a
+//! segment are dense: each group starts where the one before it ends, so the
+//! listing alone shows a gap or an overlap, and a read lays the objects out
+//! as the disk backend's file would be (zeros in any gap), for the engine's
+//! scan to admit the contiguous prefix of complete, checksum-valid groups.
+//!
+//! Every object is created with `If-None-Match: *` and SDK retries off, one
+//! put in flight. A put whose outcome is unknown (timeout, reset, 5xx,
+//! throttling, a 409 from a concurrent conditional write) is reported as
+//! `Ambiguous` and retried by the engine with the identical bytes. A 412
+//! means the key exists: the object is read back and compared, so the same
+//! bytes are a success and different bytes a `Conflict` (another writer got
+//! there first). Nothing is ever overwritten.
+//!
+//! Deleting a segment removes its header first, then its groups. A listing
+//! that finds group objects with no header below every segment that has one
+//! finishes that interrupted delete; a headerless segment anywhere else is
+//! reported as it is, and the engine's scan stops on it.
+
+use crate::aws::describe;
+use aws_sdk_s3::error::SdkError;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{Delete, ObjectIdentifier};
+use aws_sdk_s3::Client;
+use skippr_core::{IoError, SegmentId};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tracing::warn;
+
+/// Objects fetched at once when a segment is read.
+const READ_CONCURRENCY: usize = 16;
+
+pub struct S3Wal {
+    /// For puts: no SDK retries, so a put that succeeded is never silently
+    /// sent again (it would come back 412 and look like a conflict).
+    puts: Client,
+    /// For reads, listings and deletes, which are safe to retry.
+    client: Client,
+    bucket: String,
+    prefix: String,
+}
+
+/// One object of a segment: its offset and size.
+type Listed = BTreeMap<SegmentId, BTreeMap<u64, i64>>;
+
+impl S3Wal {
+    /// Connects and checks that the bucket answers.
+    pub async fn connect(sdk: &aws_config::SdkConfig, bucket: &str, prefix: &str) -> Result<S3Wal, String> {
+        let path_style = sdk.endpoint_url().is_some();
+        let base = aws_sdk_s3::config::Builder::from(sdk).force_path_style(path_style);
+        let puts = Client::from_conf(base.clone().retry_config(aws_config::retry::RetryConfig::disabled()).build());
+        let client = Client::from_conf(base.build());
+        let prefix = normalize_prefix(prefix);
+        let wal = S3Wal { puts, client, bucket: bucket.to_string(), prefix };
+        wal.client.head_bucket().bucket(bucket).send().await.map_err(|e| {
+            let status = e.raw_response().map(|r| r.status().as_u16());
+            match status {
+                Some(404) => format!("the S3 bucket '{bucket}' does not exist: create it, or fix SKIPPR_WAL_S3_BUCKET"),
+                Some(403) => format!("access to the S3 bucket '{bucket}' is denied: check the credentials and policy"),
+                _ => format!("cannot reach the S3 bucket '{bucket}': {}", describe(&e)),
+            }
+        })?;
+        Ok(wal)
+    }
+
+    /// `s3://bucket/prefix`, for messages and the lease's name.
+    pub fn location(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.prefix)
+    }
+
+    pub fn key(&self, segment: SegmentId, offset: u64) -> String {
+        format!("{}{:020}/{offset:020}", self.prefix, segment.0)
+    }
+
+    /// Makes the object at `(segment, offset)` hold `bytes`: created, or
+    /// found already holding exactly these bytes.
+    pub async fn put(&self, segment: SegmentId, offset: u64, bytes: &[u8]) -> Result<(), IoError> {
+        let key = self.key(segment, offset);
+        let sent = self
+            .puts
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .if_none_match("*")
+            .body(ByteStream::from(bytes.to_vec()))
+            .send()
+            .await;
+        let e = match sent {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        match status(&e) {
+            Some(412) => self.compare(&key, bytes).await,
+            // Another conditional write to the key was in progress.
+            Some(409) => Err(IoError::Ambiguous),
+            Some(s) if definite_refusal(s) => {
+                warn!(key, error = %describe(&e), "S3 refused the put");
+                Err(IoError::Failed)
+            }
+            _ => {
+                warn!(key, error = %describe(&e), "the outcome of a put is unknown; it is sent again unchanged");
+                Err(IoError::Ambiguous)
+            }
+        }
+    }
+
+    /// The key exists: is it our bytes, or another writer's?
+    async fn compare(&self, key: &str, bytes: &[u8]) -> Result<(), IoError> {
+        match self.get(key).await {
+            Ok(found) if found == bytes => Ok(()),
+            Ok(_) => {
+                warn!(key, "another writer's object is at this key");
+                Err(IoError::Conflict)
+            }
+            Err(_) => Err(IoError::Ambiguous),
+        }
+    }
+
+    async fn get(&self, key: &str) -> Result<Vec<u8>, IoError> {
+        fetch(&self.client, &self.bucket, key).await
+    }
+
+    /// Every object under `prefix`, paginated, by segment and offset. Keys
+    /// that are not the WAL's are named in a warning and left alone.
+    async fn list_objects(&self, prefix: &str) -> Result<Listed, IoError> {
+        let mut listed = Listed::new();
+        let mut pages = self.client.list_objects_v2().bucket(&self.bucket).prefix(prefix).into_paginator().send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| {
+                warn!(prefix, error = %describe(&e), "listing the WAL failed; a partial listing is not trusted");
+                IoError::Failed
+            })?;
+            for object in page.contents() {
+                let key = object.key().unwrap_or_default();
+                match self.parse_key(key) {
+                    Some((segment, offset)) => {
+                        listed.entry(segment).or_default().insert(offset, object.size().unwrap_or(-1));
+                    }
+                    None => warn!(key, "ignoring an object under the WAL prefix that is not a WAL object"),
+                }
+            }
+        }
+        Ok(listed)
+    }
+
+    fn parse_key(&self, key: &str) -> Option<(SegmentId, u64)> {
+        let rest = key.strip_prefix(&self.prefix)?;
+        let (segment, offset) = rest.split_once('/')?;
+        let digits = |s: &str| s.len() == 20 && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(segment) || !digits(offset) {
+            return None;
+        }
+        Some((SegmentId(segment.parse().ok()?), offset.parse().ok()?))
+    }
+
+    /// The WAL's segments. Finishes deletes that a crash interrupted first.
+    pub async fn list(&self) -> Result<Vec<SegmentId>, IoError> {
+        let listed = self.list_objects(&self.prefix).await?;
+        let oldest_headed = listed.iter().find(|(_, objects)| objects.contains_key(&0)).map(|(s, _)| *s);
+        let mut segments = Vec::new();
+        for (segment, objects) in &listed {
+            if oldest_headed.is_none_or(|h| *segment < h) {
+                warn!(segment = segment.0, "finishing the delete of a segment whose header is already gone");
+                self.delete_objects(objects.keys().map(|o| self.key(*segment, *o)).collect()).await?;
+            } else {
+                segments.push(*segment);
+            }
+        }
+        Ok(segments)
+    }
+
+    /// A segment's bytes, each object at its offset and zeros in any gap.
+    /// Objects that overlap cannot be laid out: the read fails, naming them.
+    pub async fn read(&self, segment: SegmentId) -> Result<Vec<u8>, IoError> {
+        let listed = self.list_objects(&format!("{}{:020}/", self.prefix, segment.0)).await?;
+        let objects = listed.get(&segment).cloned().unwrap_or_default();
+        let mut end = 0u64;
+        for (&offset, &size) in &objects {
+            if offset < end {
+                warn!(
+                    key = self.key(segment, offset),
+                    "WAL objects overlap: two writers wrote this segment; it cannot be read"
+                );
+                return Err(IoError::Failed);
+            }
+            end = offset + size.max(0) as u64;
+        }
+        let keys: Vec<(u64, String)> = objects.keys().map(|&o| (o, self.key(segment, o))).collect();
+        let fetched = self.get_many(keys).await?;
+        let mut out = Vec::with_capacity(end as usize);
+        for (offset, bytes) in fetched {
+            if (offset as usize) < out.len() {
+                return Err(IoError::Failed);
+            }
+            out.resize(offset as usize, 0);
+            out.extend_from_slice(&bytes);
+        }
+        Ok(out)
+    }
+
+    async fn get_many(&self, keys: Vec<(u64, String)>) -> Result<Vec<(u64, Vec<u8>)>, IoError> {
+        let semaphore = Arc::new(tokio::sync::Semaphore::new(READ_CONCURRENCY));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (offset, key) in keys {
+            let permit = Arc::clone(&semaphore).acquire_owned().await.expect("never closed");
+            let (client, bucket) = (self.client.clone(), self.bucket.clone());
+            tasks.spawn(async move {
+                let _permit = permit;
+                fetch(&client, &bucket, &key).await.map(|bytes| (offset, bytes))
+            });
+        }
+        let mut out = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            out.push(done.map_err(|_| IoError::Failed)??);
+        }
+        out.sort_by_key(|(offset, _)| *offset);
+        Ok(out)
+    }
+
+    /// Deletes a segment: its header first (after which it is being deleted
+    /// whatever happens), then its groups.
+    pub async fn delete(&self, segment: SegmentId) -> Result<(), IoError> {
+        let header = self.key(segment, 0);
+        self.client.delete_object().bucket(&self.bucket).key(&header).send().await.map_err(|e| {
+            warn!(key = header, error = %describe(&e), "deleting a WAL segment's header failed");
+            IoError::Failed
+        })?;
+        let listed = self.list_objects(&format!("{}{:020}/", self.prefix, segment.0)).await?;
+        let keys = listed.get(&segment).map(|o| o.keys().map(|&off| self.key(segment, off)).collect());
+        self.delete_objects(keys.unwrap_or_default()).await
+    }
+
+    async fn delete_objects(&self, keys: Vec<String>) -> Result<(), IoError> {
+        for chunk in keys.chunks(1000) {
+            let objects: Vec<ObjectIdentifier> =
+                chunk.iter().filter_map(|k| ObjectIdentifier::builder().key(k).build().ok()).collect();
+            let delete =
+                Delete::builder().set_objects(Some(objects)).quiet(true).build().map_err(|_| IoError::Failed)?;
+            let out = self.client.delete_objects().bucket(&self.bucket).delete(delete).send().await.map_err(|e| {
+                warn!(error = %describe(&e), "deleting WAL objects failed");
+                IoError::Failed
+            })?;
+            if let Some(e) = out.errors().first() {
+                warn!(
+                    key = e.key().unwrap_or_default(),
+                    error = e.message().unwrap_or_default(),
+                    "deleting a WAL object failed"
+                );
+                return Err(IoError::Failed);
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn fetch(client: &Client, bucket: &str, key: &str) -> Result<Vec<u8>, IoError> {
+    let out = client.get_object().bucket(bucket).key(key).send().await.map_err(|e| {
+        warn!(key, error = %describe(&e), "reading a WAL object failed");
+        IoError::Failed
+    })?;
+    let body = out.body.collect().await.map_err(|e| {
+        warn!(key, error = %e, "reading a WAL object's body failed");
+        IoError::Failed
+    })?;
+    Ok(body.into_bytes().to_vec())
+}
+
+/// "" or a prefix ending in one '/'.
+fn normalize_prefix(prefix: &str) -> String {
+    let p = prefix.trim_matches('/');
+    if p.is_empty() {
+        String::new()
+    } else {
+        format!("{p}/")
+    }
+}
+
+fn status<E, R: HasStatus>(e: &SdkError<E, R>) -> Option<u16> {
+    e.raw_response().map(|r| r.status_code())
+}
+
+/// A 4xx that means the request was refused and will be refused again
+/// (permissions, a missing bucket), not throttled or timed out.
+fn definite_refusal(status: u16) -> bool {
+    (400..500).contains(&status) && !matches!(status, 408 | 409 | 412 | 429)
+}
+
+trait HasStatus {
+    fn status_code(&self) -> u16;
+}
+
+impl HasStatus for aws_sdk_s3::config::http::HttpResponse {
+    fn status_code(&self) -> u16 {
+        self.status().as_u16()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_end_in_one_slash() {
+        assert_eq!(normalize_prefix(""), "");
+        assert_eq!(normalize_prefix("/"), "");
+        assert_eq!(normalize_prefix("a/b"), "a/b/");
+        assert_eq!(normalize_prefix("/a/b//"), "a/b/");
+    }
+
+    #[test]
+    fn refusals_are_told_from_outcomes_that_are_unknown() {
+        assert!(definite_refusal(403));
+        assert!(definite_refusal(404));
+        assert!(!definite_refusal(412));
+        assert!(!definite_refusal(429));
+        assert!(!definite_refusal(503));
+        assert!(!definite_refusal(500));
+    }
+}
