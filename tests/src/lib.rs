@@ -119,3 +119,118 @@ pub fn assert_exactly_once(dir: &Path, streams: &[&str], partitions: u64, record
         }
     }
 }
+
+/// The local S3 and DynamoDB server (moto) that `./test.sh` starts, and what
+/// the tests of S3 mode need from it.
+pub mod aws {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// The server's endpoint. A test of S3 mode without one fails: it is
+    /// never skipped.
+    pub fn endpoint() -> String {
+        std::env::var("SKIPPR_TEST_AWS_ENDPOINT").expect(
+            "SKIPPR_TEST_AWS_ENDPOINT is not set: run the suite with ./test.sh, which installs and starts the \
+             local S3 and DynamoDB server (moto) these tests use",
+        )
+    }
+
+    /// Dummy credentials and the endpoint, for the daemon and the SDK.
+    pub fn env() -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+            ("AWS_EC2_METADATA_DISABLED", "true".into()),
+            ("SKIPPR_AWS_REGION", "us-east-1".into()),
+            ("SKIPPR_AWS_ENDPOINT", endpoint()),
+        ]
+    }
+
+    /// Sets the same variables in this process, for the SDK clients a test
+    /// builds itself.
+    pub fn set_env() {
+        for (k, v) in env() {
+            std::env::set_var(k, v);
+        }
+    }
+
+    pub fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    }
+
+    /// A fresh bucket with a name no other test uses.
+    pub async fn bucket(name: &str) -> String {
+        set_env();
+        let sdk = sdk(&endpoint()).await;
+        let client =
+            aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&sdk).force_path_style(true).build());
+        let bucket = format!("{name}-{}", std::process::id());
+        client.create_bucket().bucket(&bucket).send().await.expect("the local server creates a bucket");
+        bucket
+    }
+
+    pub async fn sdk(endpoint: &str) -> aws_config::SdkConfig {
+        set_env();
+        skippr_io::aws::AwsSettings { region: Some("us-east-1".into()), endpoint: Some(endpoint.into()) }
+            .load()
+            .await
+            .expect("a region is set")
+    }
+
+    /// A TCP proxy in front of the server that forwards every request and,
+    /// while `drop_responses` is set, throws the response away and closes
+    /// the connection: the request took effect, the client cannot know.
+    pub struct Proxy {
+        pub port: u16,
+        pub drop_responses: Arc<AtomicBool>,
+        pub dropped: Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    impl Proxy {
+        pub fn start(upstream: &str) -> Proxy {
+            let upstream = upstream.trim_start_matches("http://").to_string();
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let drop_responses = Arc::new(AtomicBool::new(false));
+            let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let (flag, count) = (Arc::clone(&drop_responses), Arc::clone(&dropped));
+            std::thread::spawn(move || {
+                for client in listener.incoming().flatten() {
+                    let Ok(server) = TcpStream::connect(&upstream) else { continue };
+                    let (flag, count) = (Arc::clone(&flag), Arc::clone(&count));
+                    let (mut c_read, mut s_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut c_read, &mut s_write);
+                        let _ = s_write.shutdown(std::net::Shutdown::Write);
+                    });
+                    std::thread::spawn(move || {
+                        let (mut server, mut client) = (server, client);
+                        let mut buf = [0u8; 16 * 1024];
+                        loop {
+                            let n = match server.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if flag.load(Ordering::SeqCst) {
+                                count.fetch_add(1, Ordering::SeqCst);
+                                break;
+                            }
+                            if client.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = client.shutdown(std::net::Shutdown::Both);
+                        let _ = server.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            });
+            Proxy { port, drop_responses, dropped }
+        }
+
+        pub fn endpoint(&self) -> String {
+            format!("http://127.0.0.1:{}", self.port)
+        }
+    }
+}

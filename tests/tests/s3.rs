@@ -1,0 +1,249 @@
+//! S3 mode against a real local S3 and DynamoDB server (moto, started by
+//! ./test.sh), through the real AWS SDK: conditional creates racing, puts
+//! whose responses are lost, offsets that must not move backwards, the
+//! writer lease between two daemons, and a frozen writer fenced out.
+
+use skippr_core::{IoError, LeaseRow, Lsn, OffsetEntry, OffsetValue, PartitionKey, Position, SegmentId, SourceId};
+use skippr_io::dynamo::Dynamo;
+use skippr_io::s3_wal::S3Wal;
+use skippr_tests::aws::{self, Proxy};
+use skippr_tests::*;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Retries a put while its outcome is unknown, as the engine does.
+async fn settle(wal: &S3Wal, segment: SegmentId, offset: u64, bytes: &[u8]) -> Result<(), IoError> {
+    loop {
+        match wal.put(segment, offset, bytes).await {
+            Err(IoError::Ambiguous) => tokio::time::sleep(Duration::from_millis(5)).await,
+            other => return other,
+        }
+    }
+}
+
+#[test]
+fn two_writers_creating_the_same_key_exactly_one_wins() {
+    aws::runtime().block_on(async {
+        let bucket = aws::bucket("race").await;
+        let sdk = aws::sdk(&aws::endpoint()).await;
+        let a = S3Wal::connect(&sdk, &bucket, "wal").await.unwrap();
+        let b = S3Wal::connect(&sdk, &bucket, "wal").await.unwrap();
+        for offset in 0..20u64 {
+            let (bytes_a, bytes_b) = (vec![b'a'; 100 + offset as usize], vec![b'b'; 100 + offset as usize]);
+            let (ra, rb) = tokio::join!(
+                settle(&a, SegmentId(1), offset * 1000, &bytes_a),
+                settle(&b, SegmentId(1), offset * 1000, &bytes_b)
+            );
+            let winner = match (ra, rb) {
+                (Ok(()), Err(IoError::Conflict)) => bytes_a,
+                (Err(IoError::Conflict), Ok(())) => bytes_b,
+                other => panic!("offset {offset}: expected one winner and one conflict, got {other:?}"),
+            };
+            // The loser's retry of its own bytes still conflicts; the
+            // winner's is a success; the object holds the winner's bytes.
+            assert_eq!(settle(&a, SegmentId(1), offset * 1000, &winner).await, Ok(()));
+            let read = a.read(SegmentId(1)).await.unwrap();
+            assert_eq!(&read[(offset * 1000) as usize..], &winner[..]);
+        }
+    });
+}
+
+#[test]
+fn a_put_whose_response_is_lost_resolves_by_sending_the_same_bytes_again() {
+    aws::runtime().block_on(async {
+        let bucket = aws::bucket("ambiguous").await;
+        let proxy = Proxy::start(&aws::endpoint());
+        let sdk = aws::sdk(&proxy.endpoint()).await;
+        let wal = S3Wal::connect(&sdk, &bucket, "wal").await.unwrap();
+        let direct = S3Wal::connect(&aws::sdk(&aws::endpoint()).await, &bucket, "wal").await.unwrap();
+        let group = b"a commit group".to_vec();
+        proxy.drop_responses.store(true, Ordering::SeqCst);
+        assert_eq!(wal.put(SegmentId(3), 32, &group).await, Err(IoError::Ambiguous), "the response was dropped");
+        assert!(proxy.dropped.load(Ordering::SeqCst) > 0);
+        assert_eq!(direct.read(SegmentId(3)).await.unwrap()[32..], group[..], "the put took effect regardless");
+        proxy.drop_responses.store(false, Ordering::SeqCst);
+        assert_eq!(wal.put(SegmentId(3), 32, &group).await, Ok(()), "412, same bytes: created after all");
+        assert_eq!(
+            wal.put(SegmentId(3), 32, b"other bytes").await,
+            Err(IoError::Conflict),
+            "different bytes never replace a group"
+        );
+        assert_eq!(direct.read(SegmentId(3)).await.unwrap()[32..], group[..]);
+    });
+}
+
+#[test]
+fn wal_objects_lay_out_as_a_segment_and_deletes_finish_after_a_crash() {
+    aws::runtime().block_on(async {
+        let bucket = aws::bucket("layout").await;
+        let wal = S3Wal::connect(&aws::sdk(&aws::endpoint()).await, &bucket, "p/wal").await.unwrap();
+        for segment in [SegmentId(4), SegmentId(5)] {
+            wal.put(segment, 0, b"header").await.unwrap();
+            wal.put(segment, 6, b"g1").await.unwrap();
+            wal.put(segment, 10, b"g3").await.unwrap();
+        }
+        assert_eq!(wal.read(SegmentId(4)).await.unwrap(), b"headerg1\0\0g3", "zeros in the gap");
+        assert_eq!(wal.list().await.unwrap(), vec![SegmentId(4), SegmentId(5)]);
+        // A delete interrupted after the header: the next listing finishes it.
+        let sdk = aws::sdk(&aws::endpoint()).await;
+        let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&sdk).force_path_style(true).build());
+        s3.delete_object().bucket(&bucket).key(wal.key(SegmentId(4), 0)).send().await.unwrap();
+        assert_eq!(wal.list().await.unwrap(), vec![SegmentId(5)]);
+        let left = s3.list_objects_v2().bucket(&bucket).send().await.unwrap();
+        assert_eq!(left.contents().len(), 3, "segment 4's groups are gone too");
+        wal.put(SegmentId(5), 8, b"overlap").await.unwrap();
+        assert_eq!(wal.read(SegmentId(5)).await, Err(IoError::Failed), "overlapping objects cannot be laid out");
+    });
+}
+
+#[test]
+fn offsets_in_dynamodb_never_move_backwards_and_the_lease_is_conditional() {
+    aws::runtime().block_on(async {
+        let sdk = aws::sdk(&aws::endpoint()).await;
+        let table = format!("offsets-{}", std::process::id());
+        assert!(Dynamo::create_table(&sdk, &table).await.unwrap(), "created");
+        assert!(!Dynamo::create_table(&sdk, &table).await.unwrap(), "a second init-table leaves it alone");
+        let store = Dynamo::connect(&sdk, &table, "main", vec!["source".into()], "s3://b/wal/").await.unwrap();
+        let key = PartitionKey { source: SourceId(0), partition: 7 };
+        let entry = |position: u64, lsn: u64| OffsetEntry {
+            key,
+            value: OffsetValue { position: Position(position), lsn: Lsn(lsn), records: position },
+            checkpoint: Some(format!("cp{position}").into_bytes()),
+        };
+        // LSN 300 is above 9 as a number but below it byte by byte in
+        // little-endian order: only a Number condition gets this right.
+        store.write(&[entry(10, 9)]).await.unwrap();
+        store.write(&[entry(50, 300)]).await.unwrap();
+        store.write(&[entry(20, 12)]).await.unwrap();
+        let rows = store.read().await.unwrap();
+        assert_eq!(rows.len(), 1);
+        let (k, value, checkpoint) = &rows[0];
+        assert_eq!(*k, key);
+        assert_eq!(OffsetValue::decode(value).unwrap(), entry(50, 300).value, "the late, lower write lost");
+        assert_eq!(checkpoint.as_deref(), Some(&b"cp50"[..]));
+        assert_eq!(value.len(), 24);
+
+        assert_eq!(store.lease_read().await, Ok(None));
+        let row = |version| LeaseRow { generation: 1, holder: 42, version };
+        assert_eq!(store.lease_write(Some(1), row(1)).await, Err(IoError::Conflict), "no row yet");
+        assert_eq!(store.lease_write(None, row(1)).await, Ok(()));
+        assert_eq!(store.lease_write(None, row(2)).await, Err(IoError::Conflict), "taken");
+        assert_eq!(store.lease_write(Some(1), row(2)).await, Ok(()));
+        assert_eq!(store.lease_read().await, Ok(Some(row(2))));
+    });
+}
+
+/// A daemon in S3 mode on `bucket` and `table`, writing to `sink`.
+fn daemon(bucket: &str, table: &str, sink: &std::path::Path, records: u64, rate: u64, once: bool) -> Command {
+    let mut c = Command::new(skipprd_bin());
+    c.args(["run", "--generator-partitions", "2"])
+        .args(["--generator-records", &records.to_string(), "--generator-rate", &rate.to_string()])
+        .args(["--data-dir", sink.parent().unwrap().to_str().unwrap()])
+        .args(["--sink-dir", sink.to_str().unwrap()])
+        .env("WAL_STORAGE", "s3")
+        .env("SKIPPR_WAL_S3_BUCKET", bucket)
+        .env("SKIPPR_OFFSET_DYNAMODB_TABLE", table)
+        .env("SKIPPR_LEASE_SECONDS", "1.5")
+        .envs(aws::env());
+    if once {
+        c.arg("--once");
+    }
+    c
+}
+
+fn setup(name: &str) -> (String, String, tempfile::TempDir) {
+    let bucket = aws::runtime().block_on(aws::bucket(name));
+    let table = format!("{name}-{}", std::process::id());
+    let out = Command::new(skipprd_bin())
+        .args(["offsets", "init-table"])
+        .env("SKIPPR_OFFSET_DYNAMODB_TABLE", &table)
+        .envs(aws::env())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    (bucket, table, tempfile::tempdir().unwrap())
+}
+
+#[test]
+fn s3_mode_runs_once_resumes_and_names_a_missing_table_or_bucket() {
+    let (bucket, table, tmp) = setup("once");
+    let sink = tmp.path().join("sink");
+    let out = daemon(&bucket, "no-such-table", &sink, 10, 0, true).output().unwrap();
+    assert_eq!(out.status.code(), Some(13), "{}", stderr(&out));
+    assert!(stderr(&out).contains("skipprd offsets init-table"), "{}", stderr(&out));
+    let out = daemon("no-such-bucket", &table, &sink, 10, 0, true).output().unwrap();
+    assert_eq!(out.status.code(), Some(13), "{}", stderr(&out));
+    assert!(stderr(&out).contains("'no-such-bucket' does not exist"), "{}", stderr(&out));
+
+    let out = daemon(&bucket, &table, &sink, 3000, 0, true).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("records: 6000,"), "{}", stdout(&out));
+    let out = daemon(&bucket, &table, &sink, 3000, 0, true).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("records: 0,"), "a second run resumes: {}", stdout(&out));
+    assert_exactly_once(&sink, &["events"], 2, 3000);
+}
+
+fn wait_for(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[test]
+fn a_second_daemon_waits_for_the_lease_and_takes_over_when_the_holder_dies() {
+    let (bucket, table, tmp) = setup("contend");
+    let sink = tmp.path().join("sink");
+    let log = tmp.path().join("b.log");
+    let mut a =
+        daemon(&bucket, &table, &sink, 4000, 1000, false).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut b = daemon(&bucket, &table, &sink, 4000, 0, true)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(3000));
+    assert!(b.try_wait().unwrap().is_none(), "the second daemon waits while the first renews its lease");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("another writer holds the WAL's lease"), "{text}");
+    assert!(!text.contains("recovered"), "it has not recovered, let alone committed: {text}");
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let status = wait_for(&mut b, Duration::from_secs(60)).expect("the second daemon takes over and finishes");
+    assert_eq!(status.code(), Some(0), "{}", std::fs::read_to_string(&log).unwrap());
+    assert_exactly_once(&sink, &["events"], 2, 4000);
+}
+
+#[test]
+fn a_frozen_writer_wakes_up_fenced_out_and_acknowledges_nothing_more() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let (bucket, table, tmp) = setup("frozen");
+    let sink = tmp.path().join("sink");
+    let mut a =
+        daemon(&bucket, &table, &sink, 3000, 1000, false).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = Pid::from_raw(a.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    // The replacement waits out the lease, fences, and delivers the rest.
+    let out = daemon(&bucket, &table, &sink, 3000, 0, true).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    kill(pid, Signal::SIGCONT).unwrap();
+    let status = wait_for(&mut a, Duration::from_secs(30)).expect("the woken writer stops by itself");
+    let mut err = String::new();
+    std::io::Read::read_to_string(a.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(14), "fenced out or lease lost: {err}");
+    assert!(err.contains("another writer") || err.contains("lease was taken over"), "{err}");
+    // Whatever it had in flight is either in the WAL or was never
+    // acknowledged: a last run finds everything exactly once.
+    let out = daemon(&bucket, &table, &sink, 3000, 0, true).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&sink, &["events"], 2, 3000);
+}
