@@ -122,6 +122,13 @@ impl Totals {
         t.shutdowns += s.shutdowns;
         t.schema_decisions += s.schema_decisions;
         t.clean_stops += s.clean_stops;
+        t.s3_ambiguous += s.s3_ambiguous;
+        t.s3_landed_late += s.s3_landed_late;
+        t.s3_throttled += s.s3_throttled;
+        t.s3_conflicts += s.s3_conflicts;
+        t.pauses += s.pauses;
+        t.fenced += s.fenced;
+        t.lease_waits += s.lease_waits;
         t.steps += s.steps;
         t.sim_micros += s.sim_micros;
     }
@@ -154,6 +161,13 @@ impl Totals {
             ("schema decisions", t.schema_decisions as f64 / n),
             ("shutdowns", t.shutdowns as f64 / n),
             ("clean stops", t.clean_stops as f64 / n),
+            ("s3: puts with an unknown outcome", t.s3_ambiguous as f64 / n),
+            ("s3: puts that landed late", t.s3_landed_late as f64 / n),
+            ("s3: throttled requests", t.s3_throttled as f64 / n),
+            ("s3: puts that met other bytes", t.s3_conflicts as f64 / n),
+            ("s3: writers frozen", t.pauses as f64 / n),
+            ("s3: writers fenced or lease lost", t.fenced as f64 / n),
+            ("s3: lease waits", t.lease_waits as f64 / n),
             ("engine steps", t.steps as f64 / n),
             ("simulated seconds", t.sim_micros as f64 / n / 1e6),
         ];

@@ -928,7 +928,7 @@ impl World {
         let mut config = self.scenario.host_config(self.opts.mutations, u64::MAX);
         config.lease = None;
         let mut wal = match self.scenario.wal {
-            WalMode::Disk => AloneWal::Disk(self.disk.clone()),
+            WalMode::Disk => AloneWal::Disk(Box::new(self.disk.clone())),
             WalMode::S3 => AloneWal::S3(self.s3.clone()),
         };
         let mut offsets = self.offsets.clone();
@@ -961,7 +961,7 @@ fn summary(r: &Recovered) -> String {
 /// Runs one recovery to the point where sources would resume, performing
 /// its WAL and offsets requests at once and without faults.
 enum AloneWal {
-    Disk(SimDisk),
+    Disk(Box<SimDisk>),
     S3(SimS3),
 }
 
