@@ -134,6 +134,8 @@ struct Recovery {
     junk: Vec<SegmentId>,
     /// The highest writer generation in the WAL.
     wal_generation: u64,
+    /// Junk after the WAL's end is being deleted; the fence follows.
+    deleting_junk: bool,
     /// The fence group is pending or in flight: recovery finishes once it
     /// commits.
     fencing: bool,
@@ -437,7 +439,7 @@ impl Host {
             Retry::Create => self.wal.creating = false,
             Retry::Delete => {
                 self.wal.deleting = false;
-                if self.phase == Phase::Recovering {
+                if self.recovery.deleting_junk {
                     self.delete_next();
                 }
             }
@@ -505,7 +507,7 @@ impl Host {
                     self.succeeded(Retry::Delete);
                     assert_eq!(self.wal.deletes.pop_front(), Some(segment), "deletes go in order");
                     self.wal.deleting = false;
-                    if self.phase == Phase::Recovering {
+                    if self.recovery.deleting_junk {
                         self.delete_junk();
                     }
                 }

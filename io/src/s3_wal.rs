@@ -17,8 +17,9 @@
 //! there first). Nothing is ever overwritten.
 //!
 //! Deleting a segment removes its header first, then its groups. A listing
-//! that finds group objects with no header below every segment that has one
-//! finishes that interrupted delete; a headerless segment anywhere else is
+//! deletes what lies below the oldest segment with a header and groups (the
+//! groups of a delete a crash interrupted, a header that a late copy of a
+//! creation put brought back); a headerless segment anywhere else is
 //! reported as it is, and the engine's scan stops on it.
 
 use crate::aws::describe;
@@ -26,6 +27,7 @@ use aws_sdk_s3::error::SdkError;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use aws_sdk_s3::Client;
+use skippr_core::wal::oldest_to_keep;
 use skippr_core::{IoError, SegmentId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -157,14 +159,19 @@ impl S3Wal {
         Some((SegmentId(segment.parse().ok()?), offset.parse().ok()?))
     }
 
-    /// The WAL's segments. Finishes deletes that a crash interrupted first.
+    /// The WAL's segments. Leftovers below the oldest segment that still
+    /// counts (`skippr_core::wal::oldest_to_keep`: the groups of a delete a
+    /// crash interrupted, a header a late creation put brought back) are
+    /// deleted first.
     pub async fn list(&self) -> Result<Vec<SegmentId>, IoError> {
         let listed = self.list_objects(&self.prefix).await?;
-        let oldest_headed = listed.iter().find(|(_, objects)| objects.contains_key(&0)).map(|(s, _)| *s);
+        let offsets: BTreeMap<SegmentId, Vec<u64>> =
+            listed.iter().map(|(s, objects)| (*s, objects.keys().copied().collect())).collect();
+        let keep = oldest_to_keep(&offsets);
         let mut segments = Vec::new();
         for (segment, objects) in &listed {
-            if oldest_headed.is_none_or(|h| *segment < h) {
-                warn!(segment = segment.0, "finishing the delete of a segment whose header is already gone");
+            if keep.is_some_and(|k| *segment < k) {
+                warn!(segment = segment.0, "finishing the delete of a segment the WAL no longer holds");
                 self.delete_objects(objects.keys().map(|o| self.key(*segment, *o)).collect()).await?;
             } else {
                 segments.push(*segment);

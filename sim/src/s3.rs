@@ -15,6 +15,7 @@
 //! hole in the middle of the WAL is still read (and reported) rather than
 //! swept away.
 
+use skippr_core::wal::oldest_to_keep;
 use skippr_core::{IoError, LeaseRow, SegmentId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -50,12 +51,16 @@ impl SimS3 {
         }
     }
 
-    /// Segments with a header; leftovers of an interrupted delete (no
-    /// header, older than every segment with one) are swept first.
+    /// The WAL's segments, after sweeping leftovers below the oldest one
+    /// that still counts (`skippr_core::wal::oldest_to_keep`).
     pub fn list(&mut self) -> Vec<SegmentId> {
-        let headed: Vec<SegmentId> = self.objects.keys().filter(|(_, off)| *off == 0).map(|(s, _)| *s).collect();
-        let oldest_headed = headed.first().copied();
-        self.objects.retain(|(s, _), _| oldest_headed.is_some_and(|h| *s >= h));
+        let mut listed: BTreeMap<SegmentId, Vec<u64>> = BTreeMap::new();
+        for (s, off) in self.objects.keys() {
+            listed.entry(*s).or_default().push(*off);
+        }
+        if let Some(keep) = oldest_to_keep(&listed) {
+            self.objects.retain(|(s, _), _| *s >= keep);
+        }
         let mut all: Vec<SegmentId> = self.objects.keys().map(|(s, _)| *s).collect();
         all.dedup();
         all
@@ -145,6 +150,15 @@ mod tests {
         s3.delete_header(SegmentId(3));
         assert_eq!(s3.list(), vec![SegmentId(2), SegmentId(3)], "1 was being deleted; 3 is a hole, kept");
         assert_eq!(s3.objects(), 3);
+        // A creation put of a deleted segment that lands late brings back a
+        // header alone: a leftover below the data, not a spare.
+        s3.put(SegmentId(1), 0, &b(b"h"), true).unwrap();
+        s3.put(SegmentId(4), 0, &b(b"h"), true).unwrap();
+        assert_eq!(s3.list(), vec![SegmentId(2), SegmentId(3), SegmentId(4)], "4 is a spare");
+        // Nothing but headerless groups: all leftovers.
+        let mut empty = SimS3::default();
+        empty.put(SegmentId(7), 32, &b(b"g"), true).unwrap();
+        assert_eq!(empty.list(), vec![]);
     }
 
     #[test]

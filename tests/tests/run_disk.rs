@@ -94,7 +94,7 @@ fn a_bit_flip_in_a_committed_segment_fails_closed_naming_file_and_offset() {
     assert_eq!(run(&data, &["--generator-records", "3000"]).status.code(), Some(0));
     let seg = data.join("wal").join("00000000000000000000.seg");
     let mut bytes = std::fs::read(&seg).unwrap();
-    bytes[200] ^= 0x04; // inside the first group; later groups follow
+    bytes[40] ^= 0x04; // inside the first group (snapshot and fence); later groups follow
     std::fs::write(&seg, &bytes).unwrap();
     let out = run(&data, &["--generator-records", "3000"]);
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));

@@ -14,7 +14,8 @@ impl Host {
     }
 
     pub(super) fn ensure_spare(&mut self) {
-        if self.wal.creating || self.wal.spares.len() >= self.cfg.limits.spare_segments as usize {
+        let enough = self.wal.spares.len() >= self.cfg.limits.spare_segments as usize;
+        if self.wal.creating || enough || !self.lease_ok() {
             return;
         }
         // The id advances only when the creation succeeds: a failed one is
@@ -164,7 +165,7 @@ impl Host {
         }
         if fenced && self.phase == Phase::Recovering {
             self.recovery.fencing = false;
-            self.finish_recovery();
+            self.io(Pending::OffsetsRead, IoOp::OffsetsRead);
         }
     }
 
@@ -237,7 +238,9 @@ impl Host {
     }
 
     pub(super) fn delete_next(&mut self) {
-        if self.wal.deleting {
+        // A writer that may have lost the lease deletes nothing: a newer
+        // writer may be reading these segments.
+        if self.wal.deleting || !self.lease_ok() {
             return;
         }
         if let Some(&segment) = self.wal.deletes.front() {

@@ -153,6 +153,10 @@ impl Host {
     /// A bump or renewal is confirmed: carry on with what waited for it.
     fn lease_settled(&mut self) {
         self.schedule_renewal();
+        // Deleting junk during recovery waits for a valid lease.
+        if self.recovery.deleting_junk {
+            self.delete_next();
+        }
         if self.lease.bumping {
             self.lease.bumping = false;
             self.after_rebuild();

@@ -1,6 +1,7 @@
-//! Recovery, in order: sync the WAL, list and read its segments, scan and
-//! rebuild the committed state, check the offsets store, delete junk past the
-//! end, replay open compactions, resume sources.
+//! Recovery, in order: (take the lease,) sync the WAL, list and read its
+//! segments, scan and rebuild the committed state, delete junk past the end,
+//! commit a fence group, check the offsets store, replay open compactions,
+//! resume sources.
 
 use super::*;
 
@@ -54,7 +55,7 @@ impl Host {
     }
 
     /// The writer's epoch is settled (a lease generation above the WAL's):
-    /// on to the offsets check.
+    /// delete junk, then fence.
     pub(super) fn after_rebuild(&mut self) {
         // The high half counts writers; the low half comes from this run's
         // seed. Two runs that saw the same WAL (the second started after the
@@ -62,10 +63,19 @@ impl Host {
         // different epochs, so their frames never share a checksum seed.
         let generation = self.writer_generation(self.recovery.wal_generation);
         self.wal.epoch = Epoch(generation << 32 | (self.cfg.seed & 0xffff_ffff));
-        self.io(Pending::OffsetsRead, IoOp::OffsetsRead);
+        self.wal.deletes.extend(std::mem::take(&mut self.recovery.junk));
+        if self.cfg.mutations.has(Mutation::DeleteDuringRecovery) {
+            if let Some(seg) = self.wal.segments.front().filter(|s| s.sealed) {
+                self.wal.deletes.push_front(seg.id);
+                self.wal.segments.pop_front();
+            }
+        }
+        self.delete_junk();
     }
 
-    /// Step two: the offsets store may lag the WAL, never lead it.
+    /// Step two, once the fence is in (so no group of an older writer can
+    /// land after the listing): the offsets store may lag the WAL, never
+    /// lead it.
     pub(super) fn on_offsets_read(&mut self, entries: Vec<OffsetRow>) {
         self.succeeded(Retry::OffsetsRead);
         let mut stored = BTreeMap::new();
@@ -93,14 +103,7 @@ impl Host {
                 self.offsets_dirty.insert(*key);
             }
         }
-        self.wal.deletes.extend(std::mem::take(&mut self.recovery.junk));
-        if self.cfg.mutations.has(Mutation::DeleteDuringRecovery) {
-            if let Some(seg) = self.wal.segments.front().filter(|s| s.sealed) {
-                self.wal.deletes.push_front(seg.id);
-                self.wal.segments.pop_front();
-            }
-        }
-        self.delete_junk();
+        self.finish_recovery();
     }
 
     /// Segments after the WAL's end whose creation never completed are
@@ -108,15 +111,19 @@ impl Host {
     /// could not tell them from a data segment whose header rotted.
     pub(super) fn delete_junk(&mut self) {
         if self.wal.deletes.is_empty() {
+            self.recovery.deleting_junk = false;
             return self.fence();
         }
+        self.recovery.deleting_junk = true;
         self.delete_next();
     }
 
-    /// The new writer's first commit: a fence group under its epoch. From
-    /// here on, a group of an older writer is not the WAL's; and if another
-    /// writer committed since the listing, the fence finds its bytes in
-    /// place and this writer stops instead of overwriting them.
+    /// The new writer's first commit: a fence group under its epoch, at the
+    /// key right after the WAL as listed. From here on, a group of an older
+    /// writer is not the WAL's; and if another writer committed since the
+    /// listing (a stale writer's retry landing late), the fence finds its
+    /// bytes in place and this writer stops instead of overwriting them.
+    /// Once the fence is in, the listing is known to be the whole WAL.
     fn fence(&mut self) {
         self.recovery.fencing = true;
         self.pending_bytes += Frame::Fence.encoded_len() as u64;
@@ -126,6 +133,7 @@ impl Host {
 
     /// Steps three and four: replay open compactions, resume sources.
     pub(super) fn finish_recovery(&mut self) {
+        assert_eq!(self.phase, Phase::Recovering, "recovery finishes once");
         let sinks = self.cfg.sinks.len() as u16;
         let keys: Vec<PartitionKey> = self.committed.partitions.keys().copied().collect();
         for &key in &keys {

@@ -206,7 +206,9 @@ impl Host {
     }
 
     pub(super) fn write_offsets(&mut self) {
-        if self.offsets_io.is_some() || self.offsets_dirty.is_empty() {
+        // Like acks: a writer that may have lost the lease materializes
+        // nothing more.
+        if self.offsets_io.is_some() || self.offsets_dirty.is_empty() || !self.lease_ok() {
             return;
         }
         let entries = std::mem::take(&mut self.offsets_dirty)

@@ -1,0 +1,49 @@
+//! The object layout of a WAL kept as objects (S3 mode): a segment is a
+//! header object at offset 0 and one object per commit group at its offset.
+//! Reading the objects back is the driver's job; which of them still belong
+//! to the WAL is decided here.
+
+use crate::ids::SegmentId;
+use std::collections::BTreeMap;
+
+/// Which listed segments of an object-store WAL are leftovers, for the S3
+/// driver and its simulated twin. Segments are
+/// deleted oldest first, header first, and data never goes to a segment older
+/// than one with data; objects do not vanish by themselves. So below the
+/// oldest segment with a header and groups, everything is a leftover: the
+/// groups of an interrupted delete (no header), or a header that a late copy
+/// of a creation put brought back after its segment was deleted. With no
+/// data anywhere, headerless groups below the oldest header are leftovers and
+/// headers alone are spares. Returns the oldest segment to keep.
+pub fn oldest_to_keep(listed: &BTreeMap<SegmentId, Vec<u64>>) -> Option<SegmentId> {
+    let has_header = |offsets: &Vec<u64>| offsets.contains(&0);
+    let oldest_data = listed.iter().find(|(_, o)| has_header(o) && o.iter().any(|&off| off > 0)).map(|(s, _)| *s);
+    let oldest_headed = listed.iter().find(|(_, o)| has_header(o)).map(|(s, _)| *s);
+    match (oldest_data, oldest_headed) {
+        (Some(data), _) => Some(data),
+        (None, Some(headed)) => Some(headed),
+        (None, None) => listed.keys().last().map(|s| SegmentId(s.0 + 1)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(items: &[(u64, &[u64])]) -> BTreeMap<SegmentId, Vec<u64>> {
+        items.iter().map(|(s, o)| (SegmentId(*s), o.to_vec())).collect()
+    }
+
+    #[test]
+    fn everything_below_the_oldest_data_segment_is_a_leftover() {
+        let l = listed(&[(1, &[32]), (2, &[0]), (3, &[0, 32]), (4, &[32]), (5, &[0])]);
+        assert_eq!(oldest_to_keep(&l), Some(SegmentId(3)), "1: groups of a delete, 2: a header brought back");
+    }
+
+    #[test]
+    fn without_data_headers_alone_are_spares() {
+        assert_eq!(oldest_to_keep(&listed(&[(1, &[32]), (2, &[0]), (3, &[0])])), Some(SegmentId(2)));
+        assert_eq!(oldest_to_keep(&listed(&[(1, &[32])])), Some(SegmentId(2)));
+        assert_eq!(oldest_to_keep(&listed(&[])), None);
+    }
+}
