@@ -56,6 +56,9 @@ fn list_mutations_names_every_planted_bug() {
         "delete-during-recovery",
         "offsets-stale-value",
         "nondeterministic-retry",
+        "stale-writer-commits",
+        "s3-overwrite-on-ambiguous",
+        "offsets-regress",
     ];
     assert_eq!(names, expected, "the planted bugs, as the README lists them");
 }
@@ -68,6 +71,9 @@ fn bad_arguments_are_usage_errors_that_say_what_to_do() {
     let out = skipprd(&["sim", "--seed", "1", "--mutation", "no-such-bug"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("unknown mutation 'no-such-bug'; known: ack-before-commit"));
+    let out = skipprd(&["sim", "--seed", "1", "--wal", "tape"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unknown WAL mode 'tape'; known: disk, s3"), "{}", stderr(&out));
     let out = skipprd(&["sim"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--seed S, --seeds A..B"));
