@@ -881,6 +881,10 @@ impl World {
                 self.stats.clean_stops += 1;
                 let offsets = &self.offsets;
                 self.checker.check_materialized(|key| offsets.position(key));
+                if self.scenario.wal == WalMode::S3 && self.lease.row.is_some_and(|r| r.holder != 0) {
+                    let detail = format!("a clean stop left the lease held: {:?}", self.lease.row);
+                    self.checker.fail(invariant::CLEAN_SHUTDOWN, detail);
+                }
                 self.host = None;
                 self.done = true;
             }

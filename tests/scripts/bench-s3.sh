@@ -21,15 +21,16 @@ import boto3
 boto3.client('s3', endpoint_url='$SKIPPR_AWS_ENDPOINT', region_name='us-east-1').create_bucket(Bucket='bench')"
 $bin offsets init-table >/dev/null
 
-n=0
-# run MODE SEGMENT_BYTES: prints `records/s commits commits/s ms/commit`
+# run MODE SEGMENT_BYTES: prints `records/s commits commits/s ms/commit`, in
+# a fresh data directory, WAL prefix and pipeline
 run() {
-    n=$((n + 1))
-    local dir="$work/run$n" mode=$1 seg=$2
+    local dir n mode=$1 seg=$2
+    dir=$(mktemp -d "$work/run.XXXXXX")
+    n=$(basename "$dir")
     local env=(WAL_STORAGE=disk)
-    [ "$mode" = s3 ] && env=(WAL_STORAGE=s3 SKIPPR_WAL_S3_BUCKET=bench SKIPPR_WAL_S3_PREFIX="run$n/")
+    [ "$mode" = s3 ] && env=(WAL_STORAGE=s3 SKIPPR_WAL_S3_BUCKET=bench SKIPPR_WAL_S3_PREFIX="$n/")
     local line
-    line=$(env "${env[@]}" $bin run --once --data-dir "$dir" --pipeline "run$n" --generator-partitions 2 \
+    line=$(env "${env[@]}" $bin run --once --data-dir "$dir" --pipeline "$n" --generator-partitions 2 \
         --generator-records "$RECORDS" --wal-bytes-per-file "$seg" 2>/dev/null | tail -1)
     # records: R, commits: C, compactions: X, elapsed: Es, records/s: S
     echo "$line" | awk -F', ' '{

@@ -34,6 +34,8 @@ pub(super) struct LeaseState {
     /// then plus `steal_after`.
     sent_at: Option<Instant>,
     valid_until: Option<Instant>,
+    /// A lease read or write is outstanding.
+    busy: bool,
     /// Recovery waits for a bump of the generation.
     bumping: bool,
     pub(super) releasing: bool,
@@ -61,15 +63,18 @@ impl Host {
     }
 
     pub(super) fn lease_read(&mut self) {
+        self.lease.busy = true;
         self.io(Pending::LeaseRead, IoOp::LeaseRead);
     }
 
     fn lease_write(&mut self, intent: LeaseIntent, expected: Option<u64>, row: LeaseRow) {
+        self.lease.busy = true;
         self.lease.sent_at = Some(self.now);
         self.io(Pending::LeaseWrite(intent, row), IoOp::LeaseWrite { expected, row });
     }
 
     pub(super) fn on_lease_read(&mut self, result: Result<IoReply, IoError>) {
+        self.lease.busy = false;
         let row = match result {
             Ok(IoReply::Lease(row)) => row,
             Ok(other) => panic!("LeaseRead answered with {other:?}"),
@@ -124,6 +129,7 @@ impl Host {
     }
 
     pub(super) fn on_lease_written(&mut self, intent: LeaseIntent, row: LeaseRow, result: Result<IoReply, IoError>) {
+        self.lease.busy = false;
         if intent == LeaseIntent::Release {
             // Released or not, the WAL is consistent; a lease left behind is
             // taken over after the steal span.
@@ -172,7 +178,8 @@ impl Host {
 
     pub(super) fn renew_lease(&mut self) {
         let Some(held) = self.lease.held else { return };
-        if self.lease.releasing {
+        // While a read or write is out, its answer schedules the next renewal.
+        if self.lease.releasing || self.lease.busy {
             return;
         }
         let row = LeaseRow { version: held.version + 1, ..held };
@@ -199,7 +206,8 @@ impl Host {
         if self.lease.released {
             return true;
         }
-        if !self.lease.releasing {
+        // After any renewal in flight, so the release does not race it.
+        if !self.lease.releasing && !self.lease.busy && !self.retries.values().any(|r| *r == Retry::LeaseRead) {
             self.lease.releasing = true;
             let row = LeaseRow { holder: 0, version: held.version + 1, ..held };
             self.lease_write(LeaseIntent::Release, Some(held.version), row);
