@@ -409,6 +409,9 @@ impl World {
             | IoOp::WalDelete { .. }
                 if s3 =>
             {
+                if matches!(op, IoOp::WalAppend { .. }) && who == Who::Live {
+                    self.append_in_flight = true;
+                }
                 let slow = self.faulting && self.sched.chance(self.scenario.faults.s3_slow);
                 let (lo, hi) = lat.s3;
                 let (lo, hi) = if slow { (hi, hi * 20) } else { (lo, hi) };

@@ -84,6 +84,17 @@ impl Host {
         let me = self.holder_id();
         if let Some(held) = self.lease.held {
             // Checking after a renewal that failed or whose outcome is unknown.
+            if self.lease.releasing {
+                return match row {
+                    Some(r) if r.holder == me && r.generation == held.generation => {
+                        self.lease.held = Some(r);
+                        let released = LeaseRow { holder: 0, version: r.version + 1, ..r };
+                        self.lease_write(LeaseIntent::Release, Some(r.version), released);
+                    }
+                    // Someone else's now, or gone: nothing left to give up.
+                    _ => self.lease.released = true,
+                };
+            }
             return match row {
                 Some(r) if r.holder == me && r.generation == held.generation => {
                     self.lease.held = Some(r);
@@ -131,10 +142,13 @@ impl Host {
     pub(super) fn on_lease_written(&mut self, intent: LeaseIntent, row: LeaseRow, result: Result<IoReply, IoError>) {
         self.lease.busy = false;
         if intent == LeaseIntent::Release {
-            // Released or not, the WAL is consistent; a lease left behind is
-            // taken over after the steal span.
-            self.lease.released = true;
-            return;
+            if result.is_ok() {
+                self.lease.released = true;
+                return;
+            }
+            // A renewal whose answer was lost may have landed since: look,
+            // and release again from what is there.
+            return self.retry_later(Retry::LeaseRead);
         }
         if result.is_err() {
             // Lost, refused or unknown: look at the row to find out.
