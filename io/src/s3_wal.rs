@@ -180,6 +180,16 @@ impl S3Wal {
         Ok(segments)
     }
 
+    /// The segments a listing keeps, without deleting leftovers: for tools
+    /// that only read.
+    pub async fn list_segments(&self) -> Result<Vec<SegmentId>, IoError> {
+        let listed = self.list_objects(&self.prefix).await?;
+        let offsets: BTreeMap<SegmentId, Vec<u64>> =
+            listed.iter().map(|(s, objects)| (*s, objects.keys().copied().collect())).collect();
+        let keep = oldest_to_keep(&offsets);
+        Ok(listed.keys().copied().filter(|s| keep.is_none_or(|k| *s >= k)).collect())
+    }
+
     /// A segment's bytes, each object at its offset and zeros in any gap.
     /// Objects that overlap cannot be laid out: the read fails, naming them.
     pub async fn read(&self, segment: SegmentId) -> Result<Vec<u8>, IoError> {

@@ -58,10 +58,22 @@ enum BenchCommand {
 #[derive(Subcommand)]
 enum WalCommand {
     /// Check every segment, list what was found; exit 5 on corruption.
+    /// With WAL_STORAGE=s3, the WAL in the bucket (read only).
     Verify {
         /// The daemon's DATA_DIR.
         #[arg(env = "DATA_DIR", default_value = "./data")]
         data_dir: PathBuf,
+        /// `disk` or `s3`.
+        #[arg(long, env = "WAL_STORAGE", default_value = "disk")]
+        wal_storage: String,
+        #[arg(long, env = "SKIPPR_WAL_S3_BUCKET")]
+        s3_bucket: Option<String>,
+        #[arg(long, env = "SKIPPR_WAL_S3_PREFIX", default_value = "skipprd/wal/")]
+        s3_prefix: String,
+        #[arg(long, env = "SKIPPR_AWS_REGION")]
+        aws_region: Option<String>,
+        #[arg(long, env = "SKIPPR_AWS_ENDPOINT")]
+        aws_endpoint: Option<String>,
     },
 }
 
@@ -71,6 +83,8 @@ enum OffsetsCommand {
     Show {
         #[arg(env = "DATA_DIR", default_value = "./data")]
         data_dir: PathBuf,
+        #[command(flatten)]
+        store: tools::StoreArgs,
     },
     /// Forget stored offsets, so sources resume from what the WAL holds: the
     /// deliberate way out when the store is ahead of the WAL.
@@ -83,6 +97,8 @@ enum OffsetsCommand {
         /// Really do it.
         #[arg(long)]
         yes: bool,
+        #[command(flatten)]
+        store: tools::StoreArgs,
     },
     /// Create the DynamoDB table that holds offsets and the S3 WAL's writer
     /// lease (string keys `pk` and `sk`, billed per request), and wait until
@@ -104,12 +120,32 @@ fn main() {
     let code = match cli.command {
         Command::Run(args) => run::main(*args),
         Command::Sim(args) => sim::main(args),
-        Command::Wal(WalCommand::Verify { data_dir }) => tools::wal_verify(&data_dir),
-        Command::Bench(BenchCommand::Wal(args)) => bench::wal(args),
-        Command::Offsets(OffsetsCommand::Show { data_dir }) => tools::offsets_show(&data_dir),
-        Command::Offsets(OffsetsCommand::Reset { data_dir, pipeline, yes }) => {
-            tools::offsets_reset(&data_dir, pipeline.as_deref(), yes)
+        Command::Wal(WalCommand::Verify { data_dir, wal_storage, s3_bucket, s3_prefix, aws_region, aws_endpoint }) => {
+            match (wal_storage.as_str(), s3_bucket) {
+                ("disk", _) => tools::wal_verify(&data_dir),
+                ("s3", Some(bucket)) => {
+                    let aws = skippr_io::aws::AwsSettings { region: aws_region, endpoint: aws_endpoint };
+                    tools::wal_verify_s3(&bucket, &s3_prefix, &aws)
+                }
+                ("s3", None) => {
+                    eprintln!("skipprd wal verify: WAL_STORAGE=s3 needs the bucket: set SKIPPR_WAL_S3_BUCKET");
+                    exit::CONFIG
+                }
+                (other, _) => {
+                    eprintln!("skipprd wal verify: unknown WAL_STORAGE '{other}': use disk or s3");
+                    exit::CONFIG
+                }
+            }
         }
+        Command::Bench(BenchCommand::Wal(args)) => bench::wal(args),
+        Command::Offsets(OffsetsCommand::Show { data_dir, store }) => match store.table() {
+            Some(table) => tools::dynamo_offsets(&table, &store, None),
+            None => tools::offsets_show(&data_dir),
+        },
+        Command::Offsets(OffsetsCommand::Reset { data_dir, pipeline, yes, store }) => match store.table() {
+            Some(table) => tools::dynamo_offsets(&table, &store, Some((pipeline.as_deref(), yes))),
+            None => tools::offsets_reset(&data_dir, pipeline.as_deref(), yes),
+        },
         Command::Offsets(OffsetsCommand::InitTable { dynamodb_table, aws_region, aws_endpoint }) => {
             let aws = skippr_io::aws::AwsSettings { region: aws_region, endpoint: aws_endpoint };
             tools::init_table(&dynamodb_table, &aws)

@@ -8,6 +8,31 @@ use skippr_io::disk_wal::{list_dir, WAL_DIR};
 use skippr_io::offsets_db::{read_all, reset, OFFSETS_FILE};
 use std::path::Path;
 
+/// Checks every segment of the S3 WAL at `bucket`/`prefix`, as
+/// `wal_verify` does on disk. It lists and reads only: a listing does not
+/// sweep leftovers here, the daemon's does.
+pub fn wal_verify_s3(bucket: &str, prefix: &str, aws: &skippr_io::aws::AwsSettings) -> i32 {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime starts");
+    let read = runtime.block_on(async {
+        let sdk = aws.load().await?;
+        let wal = skippr_io::s3_wal::S3Wal::connect(&sdk, bucket, prefix).await?;
+        let ids = wal.list_segments().await.map_err(|e| format!("cannot list {}: {e:?}", wal.location()))?;
+        let mut files = Vec::new();
+        for id in ids {
+            let bytes = wal.read(id).await.map_err(|e| format!("cannot read segment {}: {e:?}", id.0))?;
+            files.push((id, bytes));
+        }
+        Ok::<_, String>((wal.location(), files))
+    });
+    match read {
+        Ok((location, files)) => verify(&files, |id| format!("{location}{:020}/", id.0)),
+        Err(e) => {
+            eprintln!("skipprd wal verify: {e}");
+            exit::REMOTE
+        }
+    }
+}
+
 /// Checks every segment under `DATA_DIR/wal`, lists what it found, and exits
 /// non-zero on corruption. Safe to run beside a live daemon (it only reads),
 /// though the newest group may then look torn.
@@ -34,17 +59,18 @@ pub fn wal_verify(data_dir: &Path) -> i32 {
             }
         }
     }
+    verify(&files, |id| dir.join(format!("{:020}.seg", id.0)).display().to_string())
+}
+
+/// The checks recovery makes, on segments already read; `name` says where a
+/// segment lives.
+fn verify(files: &[(skippr_core::SegmentId, Vec<u8>)], name: impl Fn(skippr_core::SegmentId) -> String) -> i32 {
     let view: Vec<_> = files.iter().map(|(id, b)| (*id, b.as_slice())).collect();
     // The same checks recovery makes: the scan, and the rebuild (which also
     // refuses a WAL whose older segments are missing).
     match scan(&view, false).and_then(rebuild).and_then(|_| scan(&view, false)) {
         Err(c) => {
-            println!(
-                "CORRUPT: {} at byte {}: {}",
-                dir.join(format!("{:020}.seg", c.segment.0)).display(),
-                c.offset,
-                c.what
-            );
+            println!("CORRUPT: {} at byte {}: {}", name(c.segment), c.offset, c.what);
             exit::WAL_CORRUPT
         }
         Ok(segments) => {
@@ -144,6 +170,80 @@ pub fn init_table(table: &str, aws: &skippr_io::aws::AwsSettings) -> i32 {
         }
         Err(e) => {
             eprintln!("skipprd offsets init-table: {e}");
+            exit::REMOTE
+        }
+    }
+}
+
+/// Where `offsets show|reset` look when the offsets are in DynamoDB.
+#[derive(clap::Args, Debug)]
+pub struct StoreArgs {
+    /// `disk` or `dynamodb` [default: dynamodb when WAL_STORAGE=s3, else disk].
+    #[arg(long, env = "SKIPPR_OFFSET_STORE")]
+    offset_store: Option<String>,
+    #[arg(long, env = "WAL_STORAGE", hide = true)]
+    wal_storage: Option<String>,
+    #[arg(long, env = "SKIPPR_OFFSET_DYNAMODB_TABLE")]
+    dynamodb_table: Option<String>,
+    /// The pipeline whose DynamoDB offsets to show [default: main].
+    #[arg(long = "of-pipeline", default_value = "main")]
+    of_pipeline: String,
+    #[arg(long, env = "SKIPPR_AWS_REGION")]
+    aws_region: Option<String>,
+    #[arg(long, env = "SKIPPR_AWS_ENDPOINT")]
+    aws_endpoint: Option<String>,
+}
+
+impl StoreArgs {
+    /// The DynamoDB table, when that is where the offsets are.
+    pub fn table(&self) -> Option<String> {
+        let s3 = self.wal_storage.as_deref() == Some("s3");
+        match self.offset_store.as_deref() {
+            Some("dynamodb") => self.dynamodb_table.clone(),
+            None if s3 => self.dynamodb_table.clone(),
+            _ => None,
+        }
+    }
+}
+
+/// `offsets show` (`reset: None`) or `offsets reset --yes` against DynamoDB:
+/// the daemon's one source, of `--of-pipeline` (or of the `--pipeline` given
+/// to reset).
+pub fn dynamo_offsets(table: &str, store: &StoreArgs, reset: Option<(Option<&str>, bool)>) -> i32 {
+    let aws = skippr_io::aws::AwsSettings { region: store.aws_region.clone(), endpoint: store.aws_endpoint.clone() };
+    let pipeline = reset.and_then(|r| r.0).unwrap_or(&store.of_pipeline).to_string();
+    if reset.is_some_and(|(_, yes)| !yes) {
+        eprintln!(
+            "skipprd offsets reset: this forgets the offsets of pipeline '{pipeline}' in the DynamoDB table \
+             '{table}'; sources then resume from what the WAL holds. Add --yes to do it."
+        );
+        return exit::USAGE;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime starts");
+    let done = runtime.block_on(async {
+        let sdk = aws.load().await?;
+        let d = skippr_io::dynamo::Dynamo::connect(&sdk, table, &pipeline, vec!["source".into()], "").await?;
+        if reset.is_some() {
+            let n = d.reset().await.map_err(|e| format!("cannot reset: {e:?}"))?;
+            println!("removed {n} offsets entries of pipeline '{pipeline}' from the DynamoDB table '{table}'");
+            return Ok(());
+        }
+        let rows = d.show().await.map_err(|e| format!("cannot read: {e:?}"))?;
+        for r in &rows {
+            let value = match OffsetValue::decode(&r.value) {
+                Ok(v) => format!("position={} lsn={} records={}", v.position.0, v.lsn.0, v.records),
+                Err(e) => format!("MALFORMED ({} bytes)", e.len),
+            };
+            let cp = r.checkpoint.as_ref().map(|c| format!(" checkpoint={}", String::from_utf8_lossy(c)));
+            println!("{pipeline} {} {}: {value}{}", r.source, r.partition, cp.unwrap_or_default());
+        }
+        println!("{} entries", rows.len());
+        Ok::<_, String>(())
+    });
+    match done {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            eprintln!("skipprd offsets: {e}");
             exit::REMOTE
         }
     }

@@ -120,6 +120,30 @@ pub fn assert_exactly_once(dir: &Path, streams: &[&str], partitions: u64, record
     }
 }
 
+/// Runs `runs` chaos runs of the daemon `command` builds, each SIGKILLing
+/// itself at a moment drawn from its seed between `min` and `max` seconds;
+/// each must be killed or finish cleanly. Returns how many were killed.
+pub fn chaos_runs(runs: u64, min: &str, max: &str, command: impl Fn() -> std::process::Command) -> u64 {
+    use std::os::unix::process::ExitStatusExt;
+    let mut killed = 0;
+    for seed in 0..runs {
+        let out = command()
+            .env("SKIPPR_CHAOS_MODE", "yes")
+            .env("SKIPPR_CHAOS_SEED", seed.to_string())
+            .env("SKIPPR_CHAOS_MIN_SECONDS", min)
+            .env("SKIPPR_CHAOS_MAX_SECONDS", max)
+            .output()
+            .unwrap();
+        assert!(stderr(&out).contains("chaos mode: SIGKILL in"), "the chosen moment is logged");
+        match (out.status.signal(), out.status.code()) {
+            (Some(9), _) => killed += 1,
+            (_, Some(0)) => {}
+            other => panic!("run {seed} ended with {other:?}: {}", stderr(&out)),
+        }
+    }
+    killed
+}
+
 /// The local S3 and DynamoDB server (moto) that `./test.sh` starts, and what
 /// the tests of S3 mode need from it.
 pub mod aws {

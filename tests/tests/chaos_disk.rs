@@ -4,7 +4,6 @@
 //! order.
 
 use skippr_tests::*;
-use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 
 const PARTITIONS: u64 = 3;
@@ -33,23 +32,11 @@ fn twenty_five_chaos_runs_at_least_twenty_sigkilled_then_a_clean_run_deliver_exa
         }
         a
     };
-    let mut killed = 0;
-    for seed in 0..25 {
-        let out = Command::new(skipprd_bin())
-            .args(args(true))
-            .env("SKIPPR_CHAOS_MODE", "yes")
-            .env("SKIPPR_CHAOS_SEED", seed.to_string())
-            .env("SKIPPR_CHAOS_MIN_SECONDS", "0.05")
-            .env("SKIPPR_CHAOS_MAX_SECONDS", "0.5")
-            .output()
-            .unwrap();
-        assert!(stderr(&out).contains("chaos mode: SIGKILL in"), "the chosen moment is logged");
-        match (out.status.signal(), out.status.code()) {
-            (Some(9), _) => killed += 1,
-            (_, Some(0)) => {}
-            other => panic!("run {seed} ended with {other:?}: {}", stderr(&out)),
-        }
-    }
+    let killed = chaos_runs(25, "0.05", "0.5", || {
+        let mut c = Command::new(skipprd_bin());
+        c.args(args(true));
+        c
+    });
     assert!(killed >= 20, "only {killed} of 25 runs were killed with work in flight");
     let out = Command::new(skipprd_bin()).args(args(true)).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

@@ -5,7 +5,6 @@
 
 use skippr_tests::aws;
 use skippr_tests::*;
-use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 
 const PARTITIONS: u64 = 3;
@@ -37,22 +36,7 @@ fn sixteen_chaos_runs_at_least_fifteen_sigkilled_then_a_clean_run_deliver_exactl
             .envs(env.clone());
         c
     };
-    let mut killed = 0;
-    for seed in 0..16 {
-        let out = run()
-            .env("SKIPPR_CHAOS_MODE", "yes")
-            .env("SKIPPR_CHAOS_SEED", seed.to_string())
-            .env("SKIPPR_CHAOS_MIN_SECONDS", "0.6")
-            .env("SKIPPR_CHAOS_MAX_SECONDS", "1.4")
-            .output()
-            .unwrap();
-        assert!(stderr(&out).contains("chaos mode: SIGKILL in"), "the chosen moment is logged");
-        match (out.status.signal(), out.status.code()) {
-            (Some(9), _) => killed += 1,
-            (_, Some(0)) => {}
-            other => panic!("run {seed} ended with {other:?}: {}", stderr(&out)),
-        }
-    }
+    let killed = chaos_runs(16, "0.6", "1.4", run);
     assert!(killed >= 15, "only {killed} of 16 runs were killed with work in flight");
     let out = run().output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

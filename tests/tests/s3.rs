@@ -183,6 +183,32 @@ fn s3_mode_runs_once_resumes_and_names_a_missing_table_or_bucket() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).starts_with("records: 0,"), "a second run resumes: {}", stdout(&out));
     assert_exactly_once(&sink, &["events"], 2, 3000);
+
+    // The tools read the same places the daemon wrote.
+    let tool = |args: &[&str]| {
+        Command::new(skipprd_bin())
+            .args(args)
+            .env("WAL_STORAGE", "s3")
+            .env("SKIPPR_WAL_S3_BUCKET", &bucket)
+            .env("SKIPPR_OFFSET_DYNAMODB_TABLE", &table)
+            .envs(aws::env())
+            .output()
+            .unwrap()
+    };
+    let verify = tool(&["wal", "verify"]);
+    assert_eq!(verify.status.code(), Some(0), "{}{}", stdout(&verify), stderr(&verify));
+    assert!(stdout(&verify).contains(" segments, 6000 records"), "{}", stdout(&verify));
+    let show = tool(&["offsets", "show"]);
+    assert_eq!(show.status.code(), Some(0), "{}", stderr(&show));
+    let text = stdout(&show);
+    assert!(text.contains("main source 0: position=3000") && text.contains("main source 1: position=3000"), "{text}");
+    assert!(text.ends_with("2 entries\n"), "{text}");
+    assert_eq!(tool(&["offsets", "reset"]).status.code(), Some(2), "reset wants --yes");
+    let reset = tool(&["offsets", "reset", "--yes"]);
+    assert!(stdout(&reset).contains("removed 2 offsets entries"), "{}", stdout(&reset));
+    let out = daemon(&bucket, &table, &sink, 3000, 0, true).output().unwrap();
+    assert!(stdout(&out).starts_with("records: 0,"), "the WAL, not the offsets, is the truth: {}", stdout(&out));
+    assert!(stdout(&tool(&["offsets", "show"])).ends_with("2 entries\n"), "rebuilt from the WAL");
 }
 
 fn wait_for(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
