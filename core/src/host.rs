@@ -104,7 +104,8 @@ enum Pending {
     SinkApply(SinkId, StreamId),
     SchemaDecide(StreamId),
     LeaseRead,
-    LeaseWrite(lease::LeaseIntent, LeaseRow),
+    /// With the time it was sent.
+    LeaseWrite(lease::LeaseIntent, LeaseRow, Instant),
 }
 
 /// Work waiting for a backoff to pass.
@@ -456,6 +457,10 @@ impl Host {
 
     fn on_shutdown(&mut self) {
         self.shutdown_requested = true;
+        if self.phase == Phase::Recovering && self.cfg.lease.is_some() && self.lease.held.is_none() {
+            // Still waiting for another writer's lease: nothing to drain.
+            return self.stop(StopReason::Clean);
+        }
         if self.phase == Phase::Running {
             self.phase = Phase::Draining;
             self.drain_deadline = Some(self.now + self.cfg.limits.drain_timeout);
@@ -552,7 +557,7 @@ impl Host {
             Pending::SinkApply(sink, stream) => self.on_sink_reply(id, sink, stream, result),
             Pending::SchemaDecide(stream) => self.on_schema_decided(stream, result),
             Pending::LeaseRead => self.on_lease_read(result),
-            Pending::LeaseWrite(intent, row) => self.on_lease_written(intent, row, result),
+            Pending::LeaseWrite(intent, row, sent_at) => self.on_lease_written(intent, row, sent_at, result),
         }
     }
 

@@ -97,12 +97,13 @@ impl S3Wal {
         };
         match status(&e) {
             Some(412) => self.compare(&key, bytes).await,
-            // Another conditional write to the key was in progress.
-            Some(409) => Err(IoError::Ambiguous),
-            Some(s) if definite_refusal(s) => {
+            Some(s) if definite_refusal(s, error_code(&e)) => {
                 warn!(key, error = %describe(&e), "S3 refused the put");
                 Err(IoError::Failed)
             }
+            // Timeouts, resets, 5xx, throttling, a racing conditional write
+            // (409), an expired token or a skewed clock: the object may or
+            // may not be there.
             _ => {
                 warn!(key, error = %describe(&e), "the outcome of a put is unknown; it is sent again unchanged");
                 Err(IoError::Ambiguous)
@@ -110,7 +111,8 @@ impl S3Wal {
         }
     }
 
-    /// The key exists: is it our bytes, or another writer's?
+    /// The key exists: is it our bytes, or another writer's? A read that
+    /// fails leaves the question open, and the put is sent again.
     async fn compare(&self, key: &str, bytes: &[u8]) -> Result<(), IoError> {
         match self.get(key).await {
             Ok(found) if found == bytes => Ok(()),
@@ -119,6 +121,33 @@ impl S3Wal {
                 Err(IoError::Conflict)
             }
             Err(_) => Err(IoError::Ambiguous),
+        }
+    }
+
+    /// Checks that the store honours `If-None-Match: *`: a second create of
+    /// the same key must be refused with 412. Without that, writers cannot be
+    /// fenced, and the daemon refuses to start. The probe key sits beside
+    /// the WAL's prefix, not under it, and is deleted afterwards.
+    pub async fn probe_conditional_puts(&self, nonce: u64) -> Result<(), String> {
+        let key = format!("{}.skipprd-probe-{nonce:016x}", self.prefix.trim_end_matches('/'));
+        let put = || {
+            self.puts
+                .put_object()
+                .bucket(&self.bucket)
+                .key(&key)
+                .if_none_match("*")
+                .body(ByteStream::from_static(b"probe"))
+        };
+        put().send().await.map_err(|e| format!("cannot write the probe object {key}: {}", describe(&e)))?;
+        let second = put().send().await;
+        let _ = self.client.delete_object().bucket(&self.bucket).key(&key).send().await;
+        match second {
+            Err(e) if status(&e) == Some(412) => Ok(()),
+            Ok(_) => Err(format!(
+                "this S3 endpoint ignores If-None-Match (a second create of {key} succeeded): skipprd cannot fence \
+                 writers on it, so it will not write a WAL there"
+            )),
+            Err(e) => Err(format!("the conditional-write probe at {key} failed: {}", describe(&e))),
         }
     }
 
@@ -301,9 +330,27 @@ fn status<E, R: HasStatus>(e: &SdkError<E, R>) -> Option<u16> {
 }
 
 /// A 4xx that means the request was refused and will be refused again
-/// (permissions, a missing bucket), not throttled or timed out.
-fn definite_refusal(status: u16) -> bool {
-    (400..500).contains(&status) && !matches!(status, 408 | 409 | 412 | 429)
+/// (permissions, a missing bucket, a malformed request), not one that a
+/// retry can get past (a timeout, throttling, a racing conditional write,
+/// an expired token during credential rotation, a skewed clock).
+fn definite_refusal(status: u16, code: Option<&str>) -> bool {
+    let transient = matches!(
+        code,
+        Some(
+            "RequestTimeout"
+                | "ExpiredToken"
+                | "TokenRefreshRequired"
+                | "RequestTimeTooSkewed"
+                | "SlowDown"
+                | "OperationAborted"
+                | "ConditionalRequestConflict"
+        )
+    );
+    (400..500).contains(&status) && !matches!(status, 408 | 409 | 412 | 429) && !transient
+}
+
+fn error_code<E: aws_sdk_s3::error::ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> Option<&str> {
+    e.as_service_error().and_then(|s| s.code())
 }
 
 trait HasStatus {
@@ -330,11 +377,16 @@ mod tests {
 
     #[test]
     fn refusals_are_told_from_outcomes_that_are_unknown() {
-        assert!(definite_refusal(403));
-        assert!(definite_refusal(404));
-        assert!(!definite_refusal(412));
-        assert!(!definite_refusal(429));
-        assert!(!definite_refusal(503));
-        assert!(!definite_refusal(500));
+        assert!(definite_refusal(403, Some("AccessDenied")));
+        assert!(definite_refusal(404, Some("NoSuchBucket")));
+        assert!(definite_refusal(400, Some("InvalidArgument")));
+        assert!(!definite_refusal(400, Some("RequestTimeout")));
+        assert!(!definite_refusal(400, Some("ExpiredToken")));
+        assert!(!definite_refusal(403, Some("RequestTimeTooSkewed")));
+        assert!(!definite_refusal(409, None));
+        assert!(!definite_refusal(412, None));
+        assert!(!definite_refusal(429, None));
+        assert!(!definite_refusal(503, Some("SlowDown")));
+        assert!(!definite_refusal(500, None));
     }
 }

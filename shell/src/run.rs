@@ -220,6 +220,7 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
         }
         WalConfig::S3 { bucket, prefix } => {
             let wal = S3Wal::connect(sdk.as_ref().expect("loaded"), bucket, prefix).await.map_err(remote)?;
+            wal.probe_conditional_puts(run_seed()).await.map_err(remote)?;
             let place = WalPlace::S3(wal.location());
             (WalBackend::S3(Arc::new(wal)), place)
         }

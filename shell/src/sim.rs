@@ -60,7 +60,8 @@ pub struct SimArgs {
     records_percent: Option<u32>,
     /// Switch faults off, comma-separated: fsync-fail, disk-full, rot,
     /// lost-dir-entry, sink-retryable, sink-lost-reply, offsets-ambiguous,
-    /// source-fail, shutdown-mid-run, s3-ambiguous, s3-throttle, pause.
+    /// source-fail, shutdown-mid-run, s3-ambiguous, s3-throttle, pause,
+    /// lease-wipe.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_fault)]
     faults_off: Vec<FaultKind>,
     /// Where the simulated WAL lives: `disk` (segment files under a page

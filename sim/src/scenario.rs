@@ -59,6 +59,7 @@ pub enum FaultKind {
     S3Ambiguous,
     S3Throttle,
     Pause,
+    LeaseWipe,
 }
 
 impl FaultKind {
@@ -75,6 +76,7 @@ impl FaultKind {
         FaultKind::S3Ambiguous,
         FaultKind::S3Throttle,
         FaultKind::Pause,
+        FaultKind::LeaseWipe,
     ];
 
     pub fn name(self) -> &'static str {
@@ -91,6 +93,7 @@ impl FaultKind {
             FaultKind::S3Ambiguous => "s3-ambiguous",
             FaultKind::S3Throttle => "s3-throttle",
             FaultKind::Pause => "pause",
+            FaultKind::LeaseWipe => "lease-wipe",
         }
     }
 
@@ -157,6 +160,9 @@ pub struct Faults {
     /// S3 mode: a crash freezes the process instead of killing it; it wakes
     /// later, next to its replacement, and must find itself fenced out.
     pub pause: f64,
+    /// S3 mode: the lease row is deleted while no daemon runs (a recreated
+    /// table), so the next writer's generation starts below the WAL's.
+    pub lease_wipe: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -240,6 +246,7 @@ impl Scenario {
             s3_slow: 0.0,
             lease_ambiguous: 0.0,
             pause: 0.0,
+            lease_wipe: false,
         };
         let latencies = Latencies {
             disk_write: (r.range(20, 200), r.range(300, 3_000)),
@@ -273,6 +280,7 @@ impl Scenario {
         f.s3_slow = r.rate(0.5, 0.01, 0.05);
         f.lease_ambiguous = r.rate(0.5, 0.01, 0.2);
         f.pause = if r.chance(0.4) { 0.0 } else { r.range(30, 100) as f64 / 100.0 };
+        f.lease_wipe = r.chance(0.15);
         scenario.latencies.s3 = (r.range(200, 1_000), r.range(1_000, 8_000));
         // Short against the fault phase, so frozen writers wake, race and
         // get fenced while faults are still on.
@@ -325,6 +333,7 @@ impl Scenario {
                 FaultKind::S3Ambiguous => f.s3_ambiguous = 0.0,
                 FaultKind::S3Throttle => f.s3_throttle = 0.0,
                 FaultKind::Pause => f.pause = 0.0,
+                FaultKind::LeaseWipe => f.lease_wipe = false,
             }
         }
         self.crashes_kept = o.crashes.map_or(f.crashes, |n| n.min(f.crashes));
@@ -347,6 +356,7 @@ impl Scenario {
             FaultKind::S3Ambiguous => self.wal == WalMode::S3 && f.s3_ambiguous > 0.0,
             FaultKind::S3Throttle => self.wal == WalMode::S3 && f.s3_throttle > 0.0,
             FaultKind::Pause => self.wal == WalMode::S3 && f.pause > 0.0,
+            FaultKind::LeaseWipe => self.wal == WalMode::S3 && f.lease_wipe,
         }
     }
 

@@ -801,6 +801,12 @@ impl World {
         }
         self.stats.power_cuts += power_cut as u64;
         self.trace.note(self.now, if power_cut { "crash: power cut" } else { "crash: process killed" });
+        if s3 && self.scenario.faults.lease_wipe && self.zombie.is_none() && self.lease.row.is_some() {
+            // With no daemon running, the lease table is recreated: the next
+            // writer's generation starts below the WAL's.
+            self.trace.note(self.now, "lease row deleted");
+            self.lease.row = None;
+        }
         self.host = None;
         self.gen += 1;
         self.append_in_flight = false;

@@ -206,9 +206,12 @@ pub mod aws {
     /// A TCP proxy in front of the server that forwards every request and,
     /// while `drop_responses` is set, throws the response away and closes
     /// the connection: the request took effect, the client cannot know.
+    /// While `strip_conditions` is set it deletes `If-None-Match: *` from
+    /// requests, like a store that ignores the header.
     pub struct Proxy {
         pub port: u16,
         pub drop_responses: Arc<AtomicBool>,
+        pub strip_conditions: Arc<AtomicBool>,
         pub dropped: Arc<std::sync::atomic::AtomicU64>,
     }
 
@@ -218,15 +221,35 @@ pub mod aws {
             let listener = TcpListener::bind("127.0.0.1:0").unwrap();
             let port = listener.local_addr().unwrap().port();
             let drop_responses = Arc::new(AtomicBool::new(false));
+            let strip_conditions = Arc::new(AtomicBool::new(false));
             let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
             let (flag, count) = (Arc::clone(&drop_responses), Arc::clone(&dropped));
+            let strip = Arc::clone(&strip_conditions);
             std::thread::spawn(move || {
                 for client in listener.incoming().flatten() {
                     let Ok(server) = TcpStream::connect(&upstream) else { continue };
-                    let (flag, count) = (Arc::clone(&flag), Arc::clone(&count));
+                    let (flag, count, strip) = (Arc::clone(&flag), Arc::clone(&count), Arc::clone(&strip));
                     let (mut c_read, mut s_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                     std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut c_read, &mut s_write);
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match c_read.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            let mut chunk = buf[..n].to_vec();
+                            if strip.load(Ordering::SeqCst) {
+                                let header = b"if-none-match: *\r\n";
+                                while let Some(at) =
+                                    chunk.windows(header.len()).position(|w| w.eq_ignore_ascii_case(header))
+                                {
+                                    chunk.drain(at..at + header.len());
+                                }
+                            }
+                            if s_write.write_all(&chunk).is_err() {
+                                break;
+                            }
+                        }
                         let _ = s_write.shutdown(std::net::Shutdown::Write);
                     });
                     std::thread::spawn(move || {
@@ -250,7 +273,7 @@ pub mod aws {
                     });
                 }
             });
-            Proxy { port, drop_responses, dropped }
+            Proxy { port, drop_responses, strip_conditions, dropped }
         }
 
         pub fn endpoint(&self) -> String {

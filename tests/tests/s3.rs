@@ -176,6 +176,14 @@ fn s3_mode_runs_once_resumes_and_names_a_missing_table_or_bucket() {
     assert_eq!(out.status.code(), Some(13), "{}", stderr(&out));
     assert!(stderr(&out).contains("'no-such-bucket' does not exist"), "{}", stderr(&out));
 
+    // A store that ignores If-None-Match cannot fence writers: refused.
+    let proxy = Proxy::start(&aws::endpoint());
+    proxy.strip_conditions.store(true, Ordering::SeqCst);
+    let out =
+        daemon(&bucket, &table, &sink, 10, 0, true).env("SKIPPR_AWS_ENDPOINT", proxy.endpoint()).output().unwrap();
+    assert_eq!(out.status.code(), Some(13), "{}", stderr(&out));
+    assert!(stderr(&out).contains("ignores If-None-Match"), "{}", stderr(&out));
+
     let out = daemon(&bucket, &table, &sink, 3000, 0, true).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).starts_with("records: 6000,"), "{}", stdout(&out));
@@ -240,6 +248,13 @@ fn a_second_daemon_waits_for_the_lease_and_takes_over_when_the_holder_dies() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("another writer holds the WAL's lease"), "{text}");
     assert!(!text.contains("recovered"), "it has not recovered, let alone committed: {text}");
+    // A waiting daemon stops at once on SIGTERM: it has nothing to drain.
+    let mut c =
+        daemon(&bucket, &table, &sink, 4000, 0, true).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = wait_for(&mut c, Duration::from_secs(5)).expect("a waiting daemon obeys SIGTERM");
+    assert_eq!(status.code(), Some(0));
     a.kill().unwrap();
     a.wait().unwrap();
     let status = wait_for(&mut b, Duration::from_secs(60)).expect("the second daemon takes over and finishes");

@@ -30,14 +30,13 @@ pub(super) struct LeaseState {
     pub(super) held: Option<LeaseRow>,
     /// Another holder's row and when this host first saw that version.
     seen: Option<(LeaseRow, Instant)>,
-    /// When the last write was sent: if it landed, the lease is safe until
-    /// then plus `steal_after`.
-    sent_at: Option<Instant>,
+    /// The send time of the last write known to have landed, plus
+    /// `steal_after`: until then nobody can have taken the lease over.
     valid_until: Option<Instant>,
     /// A lease read or write is outstanding.
     busy: bool,
-    /// Recovery waits for a bump of the generation.
-    bumping: bool,
+    /// Recovery waits for the generation to reach this.
+    bump_to: Option<u64>,
     pub(super) releasing: bool,
     pub(super) released: bool,
 }
@@ -69,8 +68,7 @@ impl Host {
 
     fn lease_write(&mut self, intent: LeaseIntent, expected: Option<u64>, row: LeaseRow) {
         self.lease.busy = true;
-        self.lease.sent_at = Some(self.now);
-        self.io(Pending::LeaseWrite(intent, row), IoOp::LeaseWrite { expected, row });
+        self.io(Pending::LeaseWrite(intent, row, self.now), IoOp::LeaseWrite { expected, row });
     }
 
     pub(super) fn on_lease_read(&mut self, result: Result<IoReply, IoError>) {
@@ -82,11 +80,11 @@ impl Host {
         };
         self.succeeded(Retry::LeaseRead);
         let me = self.holder_id();
-        if let Some(held) = self.lease.held {
+        if self.lease.held.is_some() {
             // Checking after a renewal that failed or whose outcome is unknown.
             if self.lease.releasing {
                 return match row {
-                    Some(r) if r.holder == me && r.generation == held.generation => {
+                    Some(r) if r.holder == me => {
                         self.lease.held = Some(r);
                         let released = LeaseRow { holder: 0, version: r.version + 1, ..r };
                         self.lease_write(LeaseIntent::Release, Some(r.version), released);
@@ -95,8 +93,11 @@ impl Host {
                     _ => self.lease.released = true,
                 };
             }
+            // Ours whatever its generation (a bump may have landed unseen):
+            // the holder id belongs to this run alone. Its validity is not
+            // extended: when that write landed is unknown.
             return match row {
-                Some(r) if r.holder == me && r.generation == held.generation => {
+                Some(r) if r.holder == me => {
                     self.lease.held = Some(r);
                     if let Some(stop) = self.recovery.doubt.take() {
                         return self.stop(stop);
@@ -113,11 +114,13 @@ impl Host {
                 let row = LeaseRow { generation: 1, holder: me, version: 1 };
                 self.lease_write(LeaseIntent::Acquire, None, row);
             }
-            // Our own write landed although its answer was lost.
+            // Our own write landed although its answer was lost. When it
+            // landed is unknown, so the lease counts as valid only once a
+            // renewal, sent now, succeeds.
             Some(r) if r.holder == me => {
                 self.lease.held = Some(r);
-                self.lease.valid_until = self.lease.sent_at.map(|t| t + self.lease_cfg().steal_after);
                 self.lease_acquired();
+                self.renew_lease();
             }
             Some(r) if r.holder == 0 => self.lease_write(LeaseIntent::Acquire, Some(r.version), take(&r)),
             Some(r) => {
@@ -139,7 +142,13 @@ impl Host {
         }
     }
 
-    pub(super) fn on_lease_written(&mut self, intent: LeaseIntent, row: LeaseRow, result: Result<IoReply, IoError>) {
+    pub(super) fn on_lease_written(
+        &mut self,
+        intent: LeaseIntent,
+        row: LeaseRow,
+        sent_at: Instant,
+        result: Result<IoReply, IoError>,
+    ) {
         self.lease.busy = false;
         if intent == LeaseIntent::Release {
             if result.is_ok() {
@@ -154,7 +163,6 @@ impl Host {
             // Lost, refused or unknown: look at the row to find out.
             return self.retry_later(Retry::LeaseRead);
         }
-        let sent_at = self.lease.sent_at.expect("a write was sent");
         self.lease.held = Some(row);
         self.lease.valid_until = Some(sent_at + self.lease_cfg().steal_after);
         match intent {
@@ -170,16 +178,21 @@ impl Host {
         self.io(Pending::WalSync, IoOp::WalSync);
     }
 
-    /// A bump or renewal is confirmed: carry on with what waited for it.
+    /// A bump or renewal is confirmed, or the row read back is ours: carry
+    /// on with what waited for it.
     fn lease_settled(&mut self) {
         self.schedule_renewal();
         // Deleting junk during recovery waits for a valid lease.
         if self.recovery.deleting_junk {
             self.delete_next();
         }
-        if self.lease.bumping {
-            self.lease.bumping = false;
-            self.after_rebuild();
+        if let Some(target) = self.lease.bump_to {
+            if self.lease.held.is_some_and(|h| h.generation >= target) {
+                self.lease.bump_to = None;
+                self.after_rebuild();
+            } else {
+                self.try_bump();
+            }
         }
     }
 
@@ -188,6 +201,17 @@ impl Host {
         if !self.retries.values().any(|r| *r == Retry::LeaseRenew) {
             self.schedule(at, Retry::LeaseRenew);
         }
+    }
+
+    /// Raises the generation to `bump_to` once no other lease request is
+    /// out (its answer comes back here through `lease_settled`).
+    fn try_bump(&mut self) {
+        let (Some(held), Some(target)) = (self.lease.held, self.lease.bump_to) else { return };
+        if self.lease.busy {
+            return;
+        }
+        let row = LeaseRow { generation: target, version: held.version + 1, ..held };
+        self.lease_write(LeaseIntent::Bump, Some(held.version), row);
     }
 
     pub(super) fn renew_lease(&mut self) {
@@ -207,9 +231,8 @@ impl Host {
         if held.generation > wal_generation {
             return true;
         }
-        self.lease.bumping = true;
-        let row = LeaseRow { generation: wal_generation + 1, version: held.version + 1, ..held };
-        self.lease_write(LeaseIntent::Bump, Some(held.version), row);
+        self.lease.bump_to = Some(wal_generation + 1);
+        self.try_bump();
         false
     }
 
