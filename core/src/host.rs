@@ -103,7 +103,8 @@ enum Pending {
     SourceAck(SourceId),
     SinkApply(SinkId, StreamId),
     SchemaDecide(StreamId),
-    LeaseRead,
+    /// With the time it was sent.
+    LeaseRead(Instant),
     /// With the time it was sent.
     LeaseWrite(lease::LeaseIntent, LeaseRow, Instant),
 }
@@ -142,7 +143,7 @@ struct Recovery {
     fencing: bool,
     /// A stop recovery found, held until the lease is read again: if
     /// another writer took over, losing the lease is the real story.
-    doubt: Option<StopReason>,
+    doubt: Option<(StopReason, Instant)>,
 }
 
 struct Wal {
@@ -556,7 +557,7 @@ impl Host {
             }
             Pending::SinkApply(sink, stream) => self.on_sink_reply(id, sink, stream, result),
             Pending::SchemaDecide(stream) => self.on_schema_decided(stream, result),
-            Pending::LeaseRead => self.on_lease_read(result),
+            Pending::LeaseRead(sent_at) => self.on_lease_read(sent_at, result),
             Pending::LeaseWrite(intent, row, sent_at) => self.on_lease_written(intent, row, sent_at, result),
         }
     }

@@ -17,7 +17,7 @@
 //! there first). Nothing is ever overwritten.
 //!
 //! Deleting a segment removes its header first, then its groups. A listing
-//! deletes what lies below the oldest segment with a header and groups (the
+//! deletes what lies below the oldest segment with a header and a first group (the
 //! groups of a delete a crash interrupted, a header that a late copy of a
 //! creation put brought back); a headerless segment anywhere else is
 //! reported as it is, and the engine's scan stops on it.

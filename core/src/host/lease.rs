@@ -63,7 +63,7 @@ impl Host {
 
     pub(super) fn lease_read(&mut self) {
         self.lease.busy = true;
-        self.io(Pending::LeaseRead, IoOp::LeaseRead);
+        self.io(Pending::LeaseRead(self.now), IoOp::LeaseRead);
     }
 
     fn lease_write(&mut self, intent: LeaseIntent, expected: Option<u64>, row: LeaseRow) {
@@ -71,7 +71,7 @@ impl Host {
         self.io(Pending::LeaseWrite(intent, row, self.now), IoOp::LeaseWrite { expected, row });
     }
 
-    pub(super) fn on_lease_read(&mut self, result: Result<IoReply, IoError>) {
+    pub(super) fn on_lease_read(&mut self, sent_at: Instant, result: Result<IoReply, IoError>) {
         self.lease.busy = false;
         let row = match result {
             Ok(IoReply::Lease(row)) => row,
@@ -99,8 +99,13 @@ impl Host {
             return match row {
                 Some(r) if r.holder == me => {
                     self.lease.held = Some(r);
-                    if let Some(stop) = self.recovery.doubt.take() {
-                        return self.stop(stop);
+                    if let Some((stop, since)) = self.recovery.doubt.take() {
+                        if sent_at >= since {
+                            return self.stop(stop);
+                        }
+                        // An answer from before the doubt: ask again.
+                        self.recovery.doubt = Some((stop, since));
+                        return self.lease_read();
                     }
                     self.lease_settled();
                 }

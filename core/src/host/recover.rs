@@ -92,7 +92,7 @@ impl Host {
                 if self.cfg.lease.is_some() {
                     // Under a lease, a newer writer may have moved the
                     // offsets since this one listed the WAL: look first.
-                    self.recovery.doubt = Some(stop);
+                    self.recovery.doubt = Some((stop, self.now));
                     return self.lease_read();
                 }
                 return self.stop(stop);

@@ -4,20 +4,25 @@
 //! to the WAL is decided here.
 
 use crate::ids::SegmentId;
+use crate::wal::SEGMENT_HEADER_BYTES;
 use std::collections::BTreeMap;
 
 /// Which listed segments of an object-store WAL are leftovers, for the S3
 /// driver and its simulated twin. Segments are
 /// deleted oldest first, header first, and data never goes to a segment older
 /// than one with data; objects do not vanish by themselves. So below the
-/// oldest segment with a header and groups, everything is a leftover: the
-/// groups of an interrupted delete (no header), or a header that a late copy
-/// of a creation put brought back after its segment was deleted. With no
+/// oldest segment with a header and a first group, everything is a leftover:
+/// the groups of an interrupted delete (no header), or a header and groups
+/// that late copies of puts brought back after their segment was deleted
+/// (without the first group, which a late copy would also need). With no
 /// data anywhere, headerless groups below the oldest header are leftovers and
 /// headers alone are spares. Returns the oldest segment to keep.
 pub fn oldest_to_keep(listed: &BTreeMap<SegmentId, Vec<u64>>) -> Option<SegmentId> {
     let has_header = |offsets: &Vec<u64>| offsets.contains(&0);
-    let oldest_data = listed.iter().find(|(_, o)| has_header(o) && o.iter().any(|&off| off > 0)).map(|(s, _)| *s);
+    // A segment's first group sits right after its header; a segment that
+    // lacks it holds only late copies of objects of a deleted segment.
+    let first_group = SEGMENT_HEADER_BYTES as u64;
+    let oldest_data = listed.iter().find(|(_, o)| has_header(o) && o.contains(&first_group)).map(|(s, _)| *s);
     let oldest_headed = listed.iter().find(|(_, o)| has_header(o)).map(|(s, _)| *s);
     match (oldest_data, oldest_headed) {
         (Some(data), _) => Some(data),
@@ -38,6 +43,8 @@ mod tests {
     fn everything_below_the_oldest_data_segment_is_a_leftover() {
         let l = listed(&[(1, &[32]), (2, &[0]), (3, &[0, 32]), (4, &[32]), (5, &[0])]);
         assert_eq!(oldest_to_keep(&l), Some(SegmentId(3)), "1: groups of a delete, 2: a header brought back");
+        let l = listed(&[(5, &[0, 900]), (7, &[0, 32, 500])]);
+        assert_eq!(oldest_to_keep(&l), Some(SegmentId(7)), "5: a header and a later group brought back");
     }
 
     #[test]
