@@ -15,18 +15,24 @@ pub struct AwsSettings {
     /// A service endpoint such as `http://127.0.0.1:5000` for a local
     /// server; S3 is then addressed path-style.
     pub endpoint: Option<String>,
+    /// How long one request may take, retries included, before its outcome
+    /// counts as unknown [default: 60 s]. Under a writer lease it is kept
+    /// below half the steal span, so a delete or create sent while the lease
+    /// was valid cannot land long after another writer took over.
+    pub operation_timeout: Option<Duration>,
 }
 
 impl AwsSettings {
     /// Loads the SDK configuration. Requests time out (an unknown outcome
     /// for the engine) rather than hang.
     pub async fn load(&self) -> Result<SdkConfig, String> {
+        let operation = self.operation_timeout.unwrap_or(Duration::from_secs(60));
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
             .timeout_config(
                 TimeoutConfig::builder()
-                    .connect_timeout(Duration::from_secs(5))
-                    .operation_attempt_timeout(Duration::from_secs(20))
-                    .operation_timeout(Duration::from_secs(60))
+                    .connect_timeout(Duration::from_secs(5).min(operation))
+                    .operation_attempt_timeout(Duration::from_secs(20).min(operation))
+                    .operation_timeout(operation)
                     .build(),
             )
             .retry_config(RetryConfig::standard().with_max_attempts(4));

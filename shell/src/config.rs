@@ -264,6 +264,10 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     let aws = AwsSettings {
         region: args.aws_region.clone().or(file.aws_region),
         endpoint: args.aws_endpoint.clone().or(file.aws_endpoint),
+        // Under the lease: half its span, at least 2 s.
+        operation_timeout: lease_table
+            .as_ref()
+            .map(|_| std::time::Duration::from_secs_f64((lease_seconds / 2.0).clamp(2.0, 60.0))),
     };
     let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from("./data"));
     let wal_bytes_per_file = args.wal_bytes_per_file.or(file.wal_bytes_per_file).unwrap_or(64 << 20);

@@ -124,7 +124,11 @@ fn main() {
             match (wal_storage.as_str(), s3_bucket) {
                 ("disk", _) => tools::wal_verify(&data_dir),
                 ("s3", Some(bucket)) => {
-                    let aws = skippr_io::aws::AwsSettings { region: aws_region, endpoint: aws_endpoint };
+                    let aws = skippr_io::aws::AwsSettings {
+                        region: aws_region,
+                        endpoint: aws_endpoint,
+                        operation_timeout: None,
+                    };
                     tools::wal_verify_s3(&bucket, &s3_prefix, &aws)
                 }
                 ("s3", None) => {
@@ -147,7 +151,8 @@ fn main() {
             None => tools::offsets_reset(&data_dir, pipeline.as_deref(), yes),
         },
         Command::Offsets(OffsetsCommand::InitTable { dynamodb_table, aws_region, aws_endpoint }) => {
-            let aws = skippr_io::aws::AwsSettings { region: aws_region, endpoint: aws_endpoint };
+            let aws =
+                skippr_io::aws::AwsSettings { region: aws_region, endpoint: aws_endpoint, operation_timeout: None };
             tools::init_table(&dynamodb_table, &aws)
         }
     };

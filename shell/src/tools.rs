@@ -210,7 +210,11 @@ impl StoreArgs {
 /// the daemon's one source, of `--of-pipeline` (or of the `--pipeline` given
 /// to reset).
 pub fn dynamo_offsets(table: &str, store: &StoreArgs, reset: Option<(Option<&str>, bool)>) -> i32 {
-    let aws = skippr_io::aws::AwsSettings { region: store.aws_region.clone(), endpoint: store.aws_endpoint.clone() };
+    let aws = skippr_io::aws::AwsSettings {
+        region: store.aws_region.clone(),
+        endpoint: store.aws_endpoint.clone(),
+        operation_timeout: None,
+    };
     let pipeline = reset.and_then(|r| r.0).unwrap_or(&store.of_pipeline).to_string();
     if reset.is_some_and(|(_, yes)| !yes) {
         eprintln!(

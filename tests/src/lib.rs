@@ -197,10 +197,14 @@ pub mod aws {
 
     pub async fn sdk(endpoint: &str) -> aws_config::SdkConfig {
         set_env();
-        skippr_io::aws::AwsSettings { region: Some("us-east-1".into()), endpoint: Some(endpoint.into()) }
-            .load()
-            .await
-            .expect("a region is set")
+        skippr_io::aws::AwsSettings {
+            region: Some("us-east-1".into()),
+            endpoint: Some(endpoint.into()),
+            operation_timeout: None,
+        }
+        .load()
+        .await
+        .expect("a region is set")
     }
 
     /// A TCP proxy in front of the server that forwards every request and,
