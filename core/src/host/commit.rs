@@ -138,6 +138,18 @@ impl Host {
                 return self.stop(StopReason::WalWriteFailed { segment, error });
             }
         }
+        self.wal.commit.as_mut().expect("in flight").io = None;
+        if !self.lease_ok() && !self.cfg.mutations.has(Mutation::StaleWriterCommits) {
+            // The put landed, but the lease may have lapsed meanwhile: a newer
+            // writer may have deleted this segment, freeing the key. Only a
+            // row still ours proves the group is in the WAL.
+            return self.verify_commit();
+        }
+        self.commit_landed();
+    }
+
+    /// The group in flight is durable and visible: apply it.
+    pub(super) fn commit_landed(&mut self) {
         self.succeeded(Retry::Commit);
         let c = self.wal.commit.take().expect("in flight");
         let active = self.wal.active.as_mut().expect("a commit goes to the active segment");

@@ -37,6 +37,10 @@ pub(super) struct LeaseState {
     busy: bool,
     /// Recovery waits for the generation to reach this.
     bump_to: Option<u64>,
+    /// A commit landed while the lease may have lapsed; its effects wait
+    /// for a read that shows the row is still ours.
+    verifying_commit: bool,
+    verify_since: Instant,
     pub(super) releasing: bool,
     pub(super) released: bool,
 }
@@ -50,7 +54,8 @@ impl Host {
     /// The writer may commit and acknowledge: it holds a lease it renewed
     /// recently enough that nobody can have taken it over.
     pub(super) fn lease_ok(&self) -> bool {
-        self.cfg.lease.is_none() || self.lease.valid_until.is_some_and(|until| self.now < until)
+        self.cfg.lease.is_none()
+            || (!self.lease.releasing && self.lease.valid_until.is_some_and(|until| self.now < until))
     }
 
     /// The high half of this writer's epoch.
@@ -99,6 +104,12 @@ impl Host {
             return match row {
                 Some(r) if r.holder == me => {
                     self.lease.held = Some(r);
+                    if self.lease.verifying_commit && sent_at >= self.lease.verify_since {
+                        self.lease.verifying_commit = false;
+                        self.commit_landed();
+                    } else if self.lease.verifying_commit {
+                        return self.lease_read();
+                    }
                     if let Some((stop, since)) = self.recovery.doubt.take() {
                         if sent_at >= since {
                             return self.stop(stop);
@@ -208,6 +219,14 @@ impl Host {
         }
     }
 
+    /// A commit landed while the lease may have lapsed: read the row (sent
+    /// from now on) before applying it.
+    pub(super) fn verify_commit(&mut self) {
+        self.lease.verifying_commit = true;
+        self.lease.verify_since = self.now;
+        self.lease_read();
+    }
+
     /// Raises the generation to `bump_to` once no other lease request is
     /// out (its answer comes back here through `lease_settled`).
     fn try_bump(&mut self) {
@@ -248,8 +267,11 @@ impl Host {
         if self.lease.released {
             return true;
         }
-        // After any renewal in flight, so the release does not race it.
-        if !self.lease.releasing && !self.lease.busy && !self.retries.values().any(|r| *r == Retry::LeaseRead) {
+        // After any renewal in flight, so the release does not race it, and
+        // after any commit or delete in flight: once releasing, the writer
+        // starts nothing more.
+        let idle = self.wal.commit.is_none() && !self.wal.deleting && !self.wal.creating;
+        if !self.lease.releasing && idle && !self.lease.busy && !self.retries.values().any(|r| *r == Retry::LeaseRead) {
             self.lease.releasing = true;
             let row = LeaseRow { holder: 0, version: held.version + 1, ..held };
             self.lease_write(LeaseIntent::Release, Some(held.version), row);
