@@ -140,11 +140,11 @@ mod tests {
     }
 
     #[test]
-    fn listing_sweeps_only_interrupted_deletes_below_the_oldest_header() {
+    fn listing_sweeps_leftovers_below_the_oldest_data_segment() {
         let mut s3 = SimS3::default();
         for seg in 1..=3 {
             s3.put(SegmentId(seg), 0, &b(b"h"), true).unwrap();
-            s3.put(SegmentId(seg), 1, &b(b"g"), true).unwrap();
+            s3.put(SegmentId(seg), 32, &b(b"g"), true).unwrap();
         }
         s3.delete_header(SegmentId(1));
         s3.delete_header(SegmentId(3));
