@@ -17,7 +17,11 @@ const CHECKPOINTS: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::
 pub const OFFSETS_FILE: &str = "offsets.redb";
 
 pub struct OffsetsDb {
-    db: Database,
+    /// `None` after an error: redb refuses every later transaction on a
+    /// database that saw an I/O error (a full disk), so the next request
+    /// opens it again.
+    db: std::sync::Mutex<Option<Database>>,
+    path: std::path::PathBuf,
     pipeline: String,
     sources: Vec<String>,
 }
@@ -45,12 +49,30 @@ impl OffsetsDb {
         txn.open_table(OFFSETS)?;
         txn.open_table(CHECKPOINTS)?;
         txn.commit()?;
-        Ok(OffsetsDb { db, pipeline: pipeline.to_string(), sources })
+        Ok(OffsetsDb { db: std::sync::Mutex::new(Some(db)), path, pipeline: pipeline.to_string(), sources })
+    }
+
+    /// Runs `f` on the database, opening it again first if the last request
+    /// failed, and dropping it if this one fails.
+    fn with_db<T>(&self, f: impl FnOnce(&Database) -> DbResult<T>) -> DbResult<T> {
+        let mut slot = self.db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if slot.is_none() {
+            *slot = Some(Database::create(&self.path)?);
+        }
+        let result = f(slot.as_ref().expect("opened above"));
+        if result.is_err() {
+            *slot = None;
+        }
+        result
     }
 
     /// Every entry of this pipeline's configured sources.
     pub fn read(&self) -> DbResult<Vec<OffsetRow>> {
-        let txn = self.db.begin_read()?;
+        self.with_db(|db| self.read_from(db))
+    }
+
+    fn read_from(&self, db: &Database) -> DbResult<Vec<OffsetRow>> {
+        let txn = db.begin_read()?;
         let offsets = txn.open_table(OFFSETS)?;
         let checkpoints = txn.open_table(CHECKPOINTS)?;
         let mut out = Vec::new();
@@ -71,7 +93,11 @@ impl OffsetsDb {
     /// Applies the entries whose LSN is higher than what is stored, in one
     /// durable transaction.
     pub fn write(&self, entries: &[OffsetEntry]) -> DbResult<()> {
-        let txn = self.db.begin_write()?;
+        self.with_db(|db| self.write_to(db, entries))
+    }
+
+    fn write_to(&self, db: &Database, entries: &[OffsetEntry]) -> DbResult<()> {
+        let txn = db.begin_write()?;
         {
             let mut offsets = txn.open_table(OFFSETS)?;
             let mut checkpoints = txn.open_table(CHECKPOINTS)?;
