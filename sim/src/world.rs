@@ -598,7 +598,9 @@ impl World {
             if roll < 40 {
                 let _ = self.s3_put(conditional, segment, offset, &bytes);
             } else if roll < 70 {
-                let late = self.scenario.lease.steal_after.as_micros() * 3;
+                // No later than the driver's operation timeout (half a lease
+                // span): the timing the lease's argument rests on.
+                let late = self.scenario.lease.steal_after.as_micros() / 2;
                 self.after((1_000, late), Event::S3Land { conditional, segment, offset, bytes });
             }
             return Err(IoError::Ambiguous);

@@ -35,7 +35,7 @@ impl Host {
         let rebuilt = scan(&segments, lenient).and_then(rebuild);
         let wal = match rebuilt {
             Ok(wal) => wal,
-            Err(corruption) => return self.stop(StopReason::Corrupt(corruption)),
+            Err(corruption) => return self.stop_unless_lease_lost(StopReason::Corrupt(corruption)),
         };
         if let Some(stop) = names_changed(&wal.state.names, &self.names) {
             return self.stop(stop);
@@ -89,13 +89,7 @@ impl Host {
             let wal = self.committed.partitions.get(key).map(|p| p.position).unwrap_or_default();
             if value.position > wal {
                 let stop = StopReason::OffsetsAheadOfWal { key: *key, store: value.position, wal };
-                if self.cfg.lease.is_some() {
-                    // Under a lease, a newer writer may have moved the
-                    // offsets since this one listed the WAL: look first.
-                    self.recovery.doubt = Some((stop, self.now));
-                    return self.lease_read();
-                }
-                return self.stop(stop);
+                return self.stop_unless_lease_lost(stop);
             }
         }
         for (key, p) in &self.committed.partitions {
@@ -116,6 +110,18 @@ impl Host {
         }
         self.recovery.deleting_junk = true;
         self.delete_next();
+    }
+
+    /// Under a lease, what recovery found may only mean that a newer writer
+    /// took over meanwhile (it moved the offsets, or deleted a segment this
+    /// writer was reading): look at the lease first, and report losing it
+    /// if so.
+    fn stop_unless_lease_lost(&mut self, stop: StopReason) {
+        if self.cfg.lease.is_some() {
+            self.recovery.doubt = Some((stop, self.now));
+            return self.lease_read();
+        }
+        self.stop(stop);
     }
 
     /// The new writer's first commit: a fence group under its epoch, at the
