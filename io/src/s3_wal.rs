@@ -194,9 +194,7 @@ impl S3Wal {
     /// deleted first.
     pub async fn list(&self) -> Result<Vec<SegmentId>, IoError> {
         let listed = self.list_objects(&self.prefix).await?;
-        let offsets: BTreeMap<SegmentId, Vec<u64>> =
-            listed.iter().map(|(s, objects)| (*s, objects.keys().copied().collect())).collect();
-        let keep = oldest_to_keep(&offsets);
+        let keep = keep_from(&listed);
         let mut segments = Vec::new();
         for (segment, objects) in &listed {
             if keep.is_some_and(|k| *segment < k) {
@@ -213,9 +211,7 @@ impl S3Wal {
     /// that only read.
     pub async fn list_segments(&self) -> Result<Vec<SegmentId>, IoError> {
         let listed = self.list_objects(&self.prefix).await?;
-        let offsets: BTreeMap<SegmentId, Vec<u64>> =
-            listed.iter().map(|(s, objects)| (*s, objects.keys().copied().collect())).collect();
-        let keep = oldest_to_keep(&offsets);
+        let keep = keep_from(&listed);
         Ok(listed.keys().copied().filter(|s| keep.is_none_or(|k| *s >= k)).collect())
     }
 
@@ -303,6 +299,13 @@ impl S3Wal {
     }
 }
 
+/// The oldest listed segment that still counts (`oldest_to_keep`).
+fn keep_from(listed: &Listed) -> Option<SegmentId> {
+    let offsets: BTreeMap<SegmentId, Vec<u64>> =
+        listed.iter().map(|(s, objects)| (*s, objects.keys().copied().collect())).collect();
+    oldest_to_keep(&offsets)
+}
+
 async fn fetch(client: &Client, bucket: &str, key: &str) -> Result<Vec<u8>, IoError> {
     let out = client.get_object().bucket(bucket).key(key).send().await.map_err(|e| {
         warn!(key, error = %describe(&e), "reading a WAL object failed");
@@ -325,8 +328,8 @@ fn normalize_prefix(prefix: &str) -> String {
     }
 }
 
-fn status<E, R: HasStatus>(e: &SdkError<E, R>) -> Option<u16> {
-    e.raw_response().map(|r| r.status_code())
+fn status<E>(e: &SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> Option<u16> {
+    e.raw_response().map(|r| r.status().as_u16())
 }
 
 /// A 4xx that means the request was refused and will be refused again
@@ -351,16 +354,6 @@ fn definite_refusal(status: u16, code: Option<&str>) -> bool {
 
 fn error_code<E: aws_sdk_s3::error::ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> Option<&str> {
     e.as_service_error().and_then(|s| s.code())
-}
-
-trait HasStatus {
-    fn status_code(&self) -> u16;
-}
-
-impl HasStatus for aws_sdk_s3::config::http::HttpResponse {
-    fn status_code(&self) -> u16 {
-        self.status().as_u16()
-    }
 }
 
 #[cfg(test)]
