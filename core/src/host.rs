@@ -21,7 +21,7 @@ use crate::ids::*;
 use crate::io::*;
 use crate::mutation::Mutation;
 use crate::offsets::OffsetValue;
-use crate::recovery::{rebuild, SegmentSummary};
+use crate::recovery::{recover, SegmentSummary, WalDamage};
 use crate::state::{CommittedState, RecordStore};
 use crate::time::{Duration, Instant};
 use crate::wal::*;

@@ -11,6 +11,7 @@
 
 use crate::ids::*;
 use crate::offsets::OffsetValue;
+use crate::recovery::Missing;
 use crate::wal::{Corruption, Record};
 use std::sync::Arc;
 
@@ -201,6 +202,9 @@ pub enum StopReason {
     DrainTimedOut,
     /// Committed WAL data failed validation: fail closed.
     Corrupt(Corruption),
+    /// Committed WAL that recovery needs is not there (a segment deleted by
+    /// hand, a backup restored without one): fail closed.
+    WalIncomplete(Missing),
     /// The offsets store holds a position the WAL does not: committed WAL data
     /// was lost, or the store belongs to another WAL.
     OffsetsAheadOfWal { key: PartitionKey, store: Position, wal: Position },

@@ -41,6 +41,9 @@ pub enum Mutation {
     /// The DynamoDB offsets model drops the `lsn < :lsn` condition, so a
     /// late write replaces a newer value.
     OffsetsRegress,
+    /// Recovers from whatever segments are there, without checking that
+    /// none is missing in the middle or still needed before the oldest.
+    IgnoreMissingSegments,
 }
 
 impl Mutation {
@@ -60,6 +63,7 @@ impl Mutation {
         Mutation::StaleWriterCommits,
         Mutation::S3OverwriteOnAmbiguous,
         Mutation::OffsetsRegress,
+        Mutation::IgnoreMissingSegments,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +83,7 @@ impl Mutation {
             Mutation::StaleWriterCommits => "stale-writer-commits",
             Mutation::S3OverwriteOnAmbiguous => "s3-overwrite-on-ambiguous",
             Mutation::OffsetsRegress => "offsets-regress",
+            Mutation::IgnoreMissingSegments => "ignore-missing-segments",
         }
     }
 

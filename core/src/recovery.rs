@@ -5,8 +5,87 @@
 
 use crate::ids::*;
 use crate::state::{CommittedState, RecordStore};
-use crate::wal::{Corruption, Frame, ScannedSegment};
+use crate::wal::{scan, Corruption, Frame, ScannedSegment, Snapshot, SEGMENTS_MISSING};
 use std::collections::{BTreeMap, VecDeque};
+
+/// Why the segments found cannot be recovered: damaged bytes, or committed
+/// data that is not there at all. Either way nothing is delivered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WalDamage {
+    Corrupt(Corruption),
+    Missing(Missing),
+}
+
+impl From<Corruption> for WalDamage {
+    fn from(c: Corruption) -> Self {
+        WalDamage::Corrupt(c)
+    }
+}
+
+/// Committed WAL that the surviving segments prove once existed and that
+/// recovery still needs: a segment deleted by hand, or a backup restored
+/// without one of its files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Missing {
+    /// The first group of `before` continues from a later LSN than the
+    /// sealed segment `after` ends at: the segments between held `lsns`.
+    Gap { after: SegmentId, before: SegmentId, lsns: Option<(Lsn, Lsn)> },
+    /// The oldest surviving segment starts at `first_lsn`, after records
+    /// that `sink` never acknowledged: the segments that held them were
+    /// not deleted under the deletion rule.
+    Head {
+        first: SegmentId,
+        first_lsn: Lsn,
+        sink: SinkId,
+        sink_name: String,
+        key: PartitionKey,
+        source_name: String,
+        /// The sink acknowledged everything below this position...
+        acked: Position,
+        /// ...and the missing segments held records up to this one.
+        needed_to: Position,
+    },
+}
+
+/// The checks recovery makes on the segments it read, sorted by id: every
+/// group valid and LSNs continuing from segment to segment (`scan`; a jump
+/// means whole segments are gone), and nothing missing before the oldest
+/// segment that a sink still needs (`rebuild`). Segment ids alone prove
+/// nothing: deleting a torn creation leaves a gap in them.
+/// `lenient_tail` is the planted bug `admit-torn-segment`; `trust_missing`
+/// is `ignore-missing-segments`.
+pub fn recover(
+    segments: &[(SegmentId, &[u8])],
+    lenient_tail: bool,
+    trust_missing: bool,
+) -> Result<RecoveredWal, WalDamage> {
+    match scan(segments, lenient_tail) {
+        Ok(scanned) => rebuild(scanned, !trust_missing),
+        Err(c) if c.what == SEGMENTS_MISSING && trust_missing => {
+            // The planted bug: recover from the segments after the jump, as
+            // if whatever is missing had been deleted under the rule.
+            let from = segments.iter().position(|(id, _)| *id == c.segment).expect("the scan names a listed segment");
+            recover(&segments[from..], lenient_tail, true)
+        }
+        Err(c) if c.what == SEGMENTS_MISSING => Err(WalDamage::Missing(gap(segments, c.segment))),
+        Err(c) => Err(WalDamage::Corrupt(c)),
+    }
+}
+
+/// The segments missing before `before`, whose first group the scan found
+/// past the end of the sealed segments ahead of it.
+fn gap(segments: &[(SegmentId, &[u8])], before: SegmentId) -> Missing {
+    let at = segments.iter().position(|(id, _)| *id == before).expect("the scan names a listed segment");
+    let prefix = scan(&segments[..at], false).expect("the scan admitted everything before the jump");
+    let last = prefix.iter().rev().find_map(|s| s.groups.last().map(|g| (s.id, g.lsn)));
+    let first = scan(&segments[at..=at], false).ok().and_then(|s| s[0].groups.first().map(|g| g.lsn));
+    let (after, lsns) = match (last, first) {
+        (Some((after, a)), Some(b)) => (after, Some((Lsn(a.0 + 1), Lsn(b.0 - 1)))),
+        (Some((after, _)), None) => (after, None),
+        (None, _) => (SegmentId(before.0.saturating_sub(1)), None),
+    };
+    Missing::Gap { after, before, lsns }
+}
 
 /// What a sealed or active segment holds, for the deletion rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,10 +137,13 @@ pub struct RecoveredWal {
 
 /// Folds the admitted groups into a `RecoveredWal`. A WAL that does not start
 /// at LSN 0 must open with a snapshot (older segments were deleted under the
-/// deletion rule); otherwise committed data is missing.
-pub fn rebuild(scanned: Vec<ScannedSegment>) -> Result<RecoveredWal, Corruption> {
+/// deletion rule), and every sink that snapshot names must since have
+/// acknowledged everything below its positions; otherwise committed data is
+/// missing.
+pub fn rebuild(scanned: Vec<ScannedSegment>, check_head: bool) -> Result<RecoveredWal, WalDamage> {
     let mut wal = RecoveredWal::default();
     let mut first_group = true;
+    let mut head: Option<(SegmentId, Lsn, Snapshot)> = None;
     for seg in scanned {
         wal.next_segment = SegmentId(wal.next_segment.0.max(seg.id.0 + 1));
         let Some(header_epoch) = seg.header_epoch else {
@@ -81,11 +163,14 @@ pub fn rebuild(scanned: Vec<ScannedSegment>) -> Result<RecoveredWal, Corruption>
                 first_group = false;
                 let starts_with_snapshot = matches!(group.frames.first(), Some(Frame::Snapshot(_)));
                 if group.lsn != Lsn(0) && !starts_with_snapshot {
-                    return Err(Corruption {
+                    return Err(WalDamage::Corrupt(Corruption {
                         segment: seg.id,
                         offset: group.offset,
                         what: "the WAL starts after LSN 0 without a snapshot: older segments are missing",
-                    });
+                    }));
+                }
+                if let (true, Some(Frame::Snapshot(s))) = (check_head && group.lsn != Lsn(0), group.frames.first()) {
+                    head = Some((seg.id, group.lsn, s.clone()));
                 }
             }
             for frame in group.frames {
@@ -102,5 +187,38 @@ pub fn rebuild(scanned: Vec<ScannedSegment>) -> Result<RecoveredWal, Corruption>
         }
         wal.segments.push_back(summary);
     }
+    if let Some((first, first_lsn, snapshot)) = head {
+        if let Some(missing) = head_missing(&wal.state, first, first_lsn, &snapshot) {
+            return Err(WalDamage::Missing(missing));
+        }
+    }
     Ok(wal)
+}
+
+/// Everything below the oldest segment's opening snapshot is gone. That is
+/// the deletion rule's doing only if every sink the snapshot names has
+/// acknowledged (by the end of the surviving WAL) every partition up to the
+/// position the snapshot gives it. A sink added after the snapshot is not
+/// named there: it receives what the WAL still holds.
+fn head_missing(state: &CommittedState, first: SegmentId, first_lsn: Lsn, snapshot: &Snapshot) -> Option<Missing> {
+    for (s, sink_name) in snapshot.names.sinks.iter().enumerate() {
+        let sink = SinkId(s as u16);
+        for p in &snapshot.partitions {
+            let acked = state.acked(sink, p.key);
+            if acked < p.position {
+                let source_name = snapshot.names.sources.get(p.key.source.0 as usize).cloned().unwrap_or_default();
+                return Some(Missing::Head {
+                    first,
+                    first_lsn,
+                    sink,
+                    sink_name: sink_name.clone(),
+                    key: p.key,
+                    source_name,
+                    acked,
+                    needed_to: p.position,
+                });
+            }
+        }
+    }
+    None
 }

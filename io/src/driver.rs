@@ -366,6 +366,33 @@ impl WalPlace {
 
 /// What an engine stop means to an operator: one line naming the cause and
 /// what to do.
+/// One sentence on committed WAL that is not there, for the daemon's stop
+/// and for `skipprd wal verify`; `name` says where a segment lives.
+pub fn missing_message(m: &skippr_core::recovery::Missing, name: impl Fn(skippr_core::SegmentId) -> String) -> String {
+    use skippr_core::recovery::Missing;
+    match m {
+        Missing::Gap { after, before, lsns } => {
+            let range = lsns.map(|(a, b)| format!(", which held LSNs {} to {},", a.0, b.0)).unwrap_or_default();
+            let what = if before.0 == after.0 + 2 {
+                format!("segment {}{range} is missing", name(skippr_core::SegmentId(after.0 + 1)))
+            } else {
+                format!("the segments between {} and {}{range} are missing", name(*after), name(*before))
+            };
+            format!("the WAL is not whole: {what}; every segment after it continues from those LSNs")
+        }
+        Missing::Head { first, first_lsn, sink_name, key, source_name, acked, needed_to, .. } => format!(
+            "the WAL is not whole: its oldest segment {} starts at LSN {}, but the segments before it were still \
+             needed: sink '{sink_name}' has acknowledged source '{source_name}' partition {} only below position {}, \
+             and the missing segments held its records up to position {}",
+            name(*first),
+            first_lsn.0,
+            key.partition,
+            acked.0,
+            needed_to.0
+        ),
+    }
+}
+
 pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
     match reason {
         StopReason::Clean => "stopped cleanly".into(),
@@ -381,6 +408,11 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
             c.offset,
             c.what,
             wal.root()
+        ),
+        StopReason::WalIncomplete(m) => format!(
+            "{}. Nothing was delivered from this WAL. Put the missing segments back (from the backup or copy they \
+             came from) and start again; starting over from an empty DATA_DIR (or WAL prefix) re-reads the sources",
+            missing_message(m, |id| wal.segment(id))
         ),
         StopReason::OffsetsAheadOfWal { key, store, wal } => format!(
             "the offsets store holds position {} for source {} partition {}, but the WAL only reaches {}: committed \

@@ -15,7 +15,7 @@ pub const CONFIG: i32 = 3;
 /// `DATA_DIR` cannot be used: missing and not creatable, not writable, or
 /// locked by another skipprd.
 pub const DATA_DIR: i32 = 4;
-/// Committed WAL data is corrupt (fail closed).
+/// Committed WAL data is corrupt or missing (fail closed).
 pub const WAL_CORRUPT: i32 = 5;
 /// The offsets store is ahead of the WAL or damaged.
 pub const OFFSETS: i32 = 6;
@@ -45,7 +45,7 @@ pub fn for_stop(reason: &StopReason) -> i32 {
     match reason {
         StopReason::Clean => OK,
         StopReason::DrainTimedOut => DRAIN_FAILED,
-        StopReason::Corrupt(_) => WAL_CORRUPT,
+        StopReason::Corrupt(_) | StopReason::WalIncomplete(_) => WAL_CORRUPT,
         StopReason::OffsetsAheadOfWal { .. } | StopReason::OffsetsMalformed { .. } => OFFSETS,
         StopReason::WalWriteFailed { .. } | StopReason::WalReadFailed { .. } => WAL_WRITE,
         StopReason::SinkFatal { .. } => SINK_FATAL,

@@ -1,7 +1,7 @@
 //! Operator tools: `skipprd wal verify` and `skipprd offsets show|reset|init-table`.
 
 use crate::exit;
-use skippr_core::recovery::rebuild;
+use skippr_core::recovery::{recover, WalDamage};
 use skippr_core::wal::{scan, Frame};
 use skippr_core::OffsetValue;
 use skippr_io::disk_wal::{list_dir, WAL_DIR};
@@ -66,11 +66,15 @@ pub fn wal_verify(data_dir: &Path) -> i32 {
 /// segment lives.
 fn verify(files: &[(skippr_core::SegmentId, Vec<u8>)], name: impl Fn(skippr_core::SegmentId) -> String) -> i32 {
     let view: Vec<_> = files.iter().map(|(id, b)| (*id, b.as_slice())).collect();
-    // The same checks recovery makes: the scan, and the rebuild (which also
-    // refuses a WAL whose older segments are missing).
-    match scan(&view, false).and_then(rebuild).and_then(|_| scan(&view, false)) {
-        Err(c) => {
+    // The same checks recovery makes: no segment missing, every group
+    // valid, nothing missing before the oldest segment that a sink needs.
+    match recover(&view, false, false).and_then(|_| scan(&view, false).map_err(WalDamage::from)) {
+        Err(WalDamage::Corrupt(c)) => {
             println!("CORRUPT: {} at byte {}: {}", name(c.segment), c.offset, c.what);
+            exit::WAL_CORRUPT
+        }
+        Err(WalDamage::Missing(m)) => {
+            println!("MISSING: {}", skippr_io::driver::missing_message(&m, &name));
             exit::WAL_CORRUPT
         }
         Ok(segments) => {

@@ -32,6 +32,7 @@ pub mod invariant {
     pub const UNEXPECTED_STOP: &str = "unexpected-stop";
     pub const CORE_ASSERTION: &str = "core-assertion";
     pub const NONDETERMINISM: &str = "nondeterminism";
+    pub const LOST_SEGMENT_UNNOTICED: &str = "lost-segment-unnoticed";
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -247,6 +248,11 @@ impl Checker {
     /// Every record of every partition reached every sink.
     pub fn complete(&self) -> bool {
         self.delivered == self.total
+    }
+
+    /// Has every sink received the record of `key` at `position`?
+    pub fn delivered_to_all(&self, key: PartitionKey, position: u64) -> bool {
+        (0..self.sinks).all(|s| self.next_pos.get(&(SinkId(s), key)).is_some_and(|&next| next > position))
     }
 
     pub fn delivered(&self) -> u64 {

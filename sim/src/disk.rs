@@ -64,6 +64,12 @@ impl SimDisk {
         self.files.get(&segment).map(|f| f.durable.clone())
     }
 
+    /// Reads through the page cache: what a recovery after a process kill
+    /// reads once it has synced.
+    pub fn read_cached(&self, segment: SegmentId) -> Option<Vec<u8>> {
+        self.files.get(&segment).map(|f| f.current.clone())
+    }
+
     /// Creates a preallocated file of `size` bytes starting with `header`,
     /// unsynced. Reuses a deleted file's bytes half of the time.
     pub fn create(&mut self, segment: SegmentId, header: &[u8], size: usize) {

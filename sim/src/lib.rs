@@ -8,6 +8,7 @@
 
 pub mod checker;
 pub mod disk;
+pub mod operator;
 pub mod plugins;
 pub mod rng;
 pub mod s3;
@@ -22,4 +23,4 @@ pub use world::{run, Outcome, RunOptions, RunReport, RunStats};
 
 /// Bumped whenever a change alters what a seed does, so saved failures say
 /// which simulator found them.
-pub const SIM_VERSION: u32 = 7;
+pub const SIM_VERSION: u32 = 8;

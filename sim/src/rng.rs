@@ -15,6 +15,8 @@ pub enum Stream {
     Sources = 5,
     Sinks = 6,
     Crashes = 7,
+    /// What an operator does between runs (a segment deleted by hand).
+    Operator = 8,
 }
 
 #[derive(Clone)]

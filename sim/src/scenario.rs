@@ -60,6 +60,7 @@ pub enum FaultKind {
     S3Throttle,
     Pause,
     LeaseWipe,
+    LostSegment,
 }
 
 impl FaultKind {
@@ -77,6 +78,7 @@ impl FaultKind {
         FaultKind::S3Throttle,
         FaultKind::Pause,
         FaultKind::LeaseWipe,
+        FaultKind::LostSegment,
     ];
 
     pub fn name(self) -> &'static str {
@@ -92,6 +94,7 @@ impl FaultKind {
             FaultKind::ShutdownMidRun => "shutdown-mid-run",
             FaultKind::S3Ambiguous => "s3-ambiguous",
             FaultKind::S3Throttle => "s3-throttle",
+            FaultKind::LostSegment => "lost-segment",
             FaultKind::Pause => "pause",
             FaultKind::LeaseWipe => "lease-wipe",
         }
@@ -163,6 +166,10 @@ pub struct Faults {
     /// S3 mode: the lease row is deleted while no daemon runs (a recreated
     /// table), so the next writer's generation starts below the WAL's.
     pub lease_wipe: bool,
+    /// An operator deletes a segment while no daemon runs (at one crash):
+    /// the next recovery must stop, naming it, before delivering anything
+    /// (unless nothing in it was still needed). Drawn from its own stream.
+    pub lost_segment: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -247,6 +254,7 @@ impl Scenario {
             lease_ambiguous: 0.0,
             pause: 0.0,
             lease_wipe: false,
+            lost_segment: Rng::new(seed, Stream::Operator).chance(0.03),
         };
         let latencies = Latencies {
             disk_write: (r.range(20, 200), r.range(300, 3_000)),
@@ -334,6 +342,7 @@ impl Scenario {
                 FaultKind::S3Throttle => f.s3_throttle = 0.0,
                 FaultKind::Pause => f.pause = 0.0,
                 FaultKind::LeaseWipe => f.lease_wipe = false,
+                FaultKind::LostSegment => f.lost_segment = false,
             }
         }
         self.crashes_kept = o.crashes.map_or(f.crashes, |n| n.min(f.crashes));
@@ -357,6 +366,7 @@ impl Scenario {
             FaultKind::S3Throttle => self.wal == WalMode::S3 && f.s3_throttle > 0.0,
             FaultKind::Pause => self.wal == WalMode::S3 && f.pause > 0.0,
             FaultKind::LeaseWipe => self.wal == WalMode::S3 && f.lease_wipe,
+            FaultKind::LostSegment => f.lost_segment,
         }
     }
 

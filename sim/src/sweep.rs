@@ -127,6 +127,7 @@ impl Totals {
         t.s3_throttled += s.s3_throttled;
         t.s3_conflicts += s.s3_conflicts;
         t.pauses += s.pauses;
+        t.lost_segments += s.lost_segments;
         t.fenced += s.fenced;
         t.lease_waits += s.lease_waits;
         t.steps += s.steps;
@@ -158,6 +159,7 @@ impl Totals {
             ("faults: sink lost replies", t.sink_lost_replies as f64 / n),
             ("faults: offsets ambiguous", t.offsets_ambiguous as f64 / n),
             ("faults: source request failures", t.source_failures as f64 / n),
+            ("faults: segments deleted by an operator", t.lost_segments as f64 / n),
             ("schema decisions", t.schema_decisions as f64 / n),
             ("shutdowns", t.shutdowns as f64 / n),
             ("clean stops", t.clean_stops as f64 / n),
@@ -177,7 +179,7 @@ impl Totals {
         }
         out.push_str(&format!("  seeds with a crash: {:.1}%\n", pct(self.with_crash)));
         out.push_str(&format!("  seeds with a segment deleted: {:.1}%\n", pct(self.with_deletion)));
-        out.push_str(&format!("  seeds failed closed on corruption: {:.2}%\n", pct(self.fail_closed)));
+        out.push_str(&format!("  seeds failed closed (corruption, a lost segment): {:.2}%\n", pct(self.fail_closed)));
         out
     }
 }

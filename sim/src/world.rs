@@ -5,6 +5,7 @@
 
 use crate::checker::{invariant, Checker, Violation};
 use crate::disk::SimDisk;
+use crate::operator::{self, LostSegment};
 use crate::plugins::{SimOffsets, SimSink, SimSource};
 use crate::rng::{Rng, Stream};
 use crate::s3::{SimLease, SimS3};
@@ -68,6 +69,7 @@ pub struct RunStats {
     pub s3_throttled: u64,
     pub s3_conflicts: u64,
     pub pauses: u64,
+    pub lost_segments: u64,
     pub fenced: u64,
     pub lease_waits: u64,
     pub steps: u64,
@@ -156,6 +158,8 @@ pub struct World {
     events: BTreeMap<(Instant, u64), Event>,
     sched: Rng,
     faults_rng: Rng,
+    operator_rng: Rng,
+    lost: Option<LostSegment>,
     host: Option<Host>,
     gen: u64,
     incarnation: u64,
@@ -204,6 +208,8 @@ impl World {
             trace: Trace::new(opts.trace),
             sched: Rng::new(seed, Stream::Scheduler),
             faults_rng: Rng::new(seed, Stream::Crashes),
+            operator_rng: Rng::new(seed ^ 0x6f70_6572_6174_6f72, Stream::Operator),
+            lost: None,
             disk: SimDisk::new(seed),
             s3: SimS3::default(),
             lease: SimLease::default(),
@@ -319,6 +325,10 @@ impl World {
         }
         let missing = self.checker.missing().unwrap_or_else(|| "all records delivered".into());
         let detail = format!("{why}: {missing} (delivered {})", self.checker.delivered());
+        if let Some(lost) = self.lost.filter(|l| l.needed) {
+            let detail = format!("segment {} was deleted while a sink still needed it: {detail}", lost.segment.0);
+            return self.checker.fail(invariant::LOST_SEGMENT_UNNOTICED, detail);
+        }
         self.checker.fail(invariant::STALLED, detail);
     }
 
@@ -755,6 +765,14 @@ impl World {
     /// The sink process applies the batch, whether or not the host that sent
     /// it is still alive; the reply reaches only the host that sent it.
     fn sink_effect(&mut self, gen: u64, id: IoId, apply: SinkApply) {
+        if let Some(lost) = self.lost.filter(|l| l.needed && gen >= l.gen) {
+            let detail = format!(
+                "segment {} was deleted while a sink still needed it, and an engine started after that \
+                 delivered {} to sink {}",
+                lost.segment.0, apply.id, apply.sink
+            );
+            return self.checker.fail(invariant::LOST_SEGMENT_UNNOTICED, detail);
+        }
         let f = self.scenario.faults.clone();
         let lat = self.scenario.latencies.sink;
         if self.faulting && self.sched.chance(f.sink_retryable) {
@@ -815,7 +833,33 @@ impl World {
         if power_cut && !s3 {
             self.disk.crash(self.scenario.faults.lost_dir_entry);
         }
+        if self.scenario.faults.lost_segment && self.lost.is_none() && self.zombie.is_none() {
+            self.lose_segment();
+        }
         self.after(self.scenario.latencies.restart, Event::Restart);
+    }
+
+    /// With no daemon running, the operator deletes a segment (at half the
+    /// crashes, until one is gone).
+    fn lose_segment(&mut self) {
+        if !self.operator_rng.chance(0.5) {
+            return;
+        }
+        let s3 = self.scenario.wal == WalMode::S3;
+        let listed = if s3 { self.s3.clone().list() } else { self.disk.list() };
+        let read = |id: SegmentId| if s3 { self.s3.read(id).ok() } else { self.disk.read_cached(id) };
+        let segments: Vec<(SegmentId, Vec<u8>)> = listed.iter().filter_map(|&id| read(id).map(|b| (id, b))).collect();
+        let draw = self.operator_rng.u64();
+        let Some((segment, needed)) = operator::pick(&segments, draw, &self.checker) else { return };
+        if s3 {
+            self.s3.delete_header(segment);
+            self.s3.delete_rest(segment);
+        } else {
+            self.disk.delete(segment);
+        }
+        self.trace.note(self.now, &format!("operator deleted segment {} (needed: {needed})", segment.0));
+        self.stats.lost_segments += 1;
+        self.lost = Some(LostSegment { segment, gen: self.gen, needed });
     }
 
     /// The process exits by itself (a fatal stop); the machine keeps its page
@@ -904,9 +948,27 @@ impl World {
                 self.exit_and_restart();
             }
             StopReason::WalWriteFailed { .. } => self.exit_and_restart(),
+            StopReason::WalIncomplete(m) if self.lost.is_some() => {
+                self.fail_closed = Some(format!("stopped on a missing segment: {m:?}"));
+                self.host = None;
+            }
+            // A late put of the dead writer can bring back part of a
+            // deleted segment; that, too, is refused.
+            StopReason::Corrupt(c) if self.lost.is_some() => {
+                self.fail_closed = Some(format!("stopped on corrupt segment {} after a segment was lost", c.segment.0));
+                self.host = None;
+            }
             StopReason::Corrupt(c) if self.stats.rot > 0 || self.disk.stats.rot > 0 => {
                 self.fail_closed =
                     Some(format!("stopped on corrupt segment {} at byte {}: {}", c.segment.0, c.offset, c.what));
+                self.host = None;
+            }
+            StopReason::OffsetsAheadOfWal { key, store, wal } if self.lost.is_some() => {
+                let why = format!(
+                    "stopped on offsets ahead of the WAL after a segment was lost: {key} {} > {}",
+                    store.0, wal.0
+                );
+                self.fail_closed = Some(why);
                 self.host = None;
             }
             StopReason::OffsetsAheadOfWal { key, store, wal } => {

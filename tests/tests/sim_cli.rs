@@ -59,6 +59,7 @@ fn list_mutations_names_every_planted_bug() {
         "stale-writer-commits",
         "s3-overwrite-on-ambiguous",
         "offsets-regress",
+        "ignore-missing-segments",
     ];
     assert_eq!(names, expected, "the planted bugs, as the README lists them");
 }

@@ -32,10 +32,11 @@ impl Host {
         let read = std::mem::take(&mut self.recovery.read);
         let segments: Vec<(SegmentId, &[u8])> = read.iter().map(|(id, b)| (*id, b.as_slice())).collect();
         let lenient = self.cfg.mutations.has(Mutation::AdmitTornSegment);
-        let rebuilt = scan(&segments, lenient).and_then(rebuild);
-        let wal = match rebuilt {
+        let trust = self.cfg.mutations.has(Mutation::IgnoreMissingSegments);
+        let wal = match recover(&segments, lenient, trust) {
             Ok(wal) => wal,
-            Err(corruption) => return self.stop_unless_lease_lost(StopReason::Corrupt(corruption)),
+            Err(WalDamage::Corrupt(c)) => return self.stop_unless_lease_lost(StopReason::Corrupt(c)),
+            Err(WalDamage::Missing(m)) => return self.stop_unless_lease_lost(StopReason::WalIncomplete(m)),
         };
         if let Some(stop) = names_changed(&wal.state.names, &self.names) {
             return self.stop(stop);

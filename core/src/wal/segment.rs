@@ -119,6 +119,11 @@ pub struct Corruption {
     pub what: &'static str,
 }
 
+/// What a `Corruption` says when a segment's first group continues from a
+/// later LSN than the sealed segment before it ends at: the segments that
+/// held the LSNs between are missing (`recovery::recover` names them).
+pub const SEGMENTS_MISSING: &str = "its first LSN does not follow the sealed segment before it: segments are missing";
+
 /// Scans `segments` (sorted by id) and admits the dense run of complete
 /// commit groups. `lenient_tail` is the planted bug `admit-torn-segment`.
 pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<ScannedSegment>, Corruption> {
@@ -162,6 +167,13 @@ pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<S
                     pos = group.end as usize;
                     seg.stale_groups += 1;
                     continue;
+                }
+            }
+            // A valid first group whose LSN jumps past the sealed segment
+            // before it: whole segments in between are gone.
+            if let (Ok((group, _)), Some(e)) = (&read, expected) {
+                if pos == SEGMENT_HEADER_BYTES && group.lsn > e {
+                    return Err(Corruption { segment: id, offset: pos as u64, what: SEGMENTS_MISSING });
                 }
             }
             let read = read.and_then(|(g, sealed)| match expected {

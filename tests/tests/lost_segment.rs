@@ -1,0 +1,190 @@
+//! A WAL that is not whole: a segment deleted by hand (or a backup restored
+//! without one) while a sink still needed it. Recovery and `wal verify`
+//! stop with exit 5 naming what is missing, before anything is delivered,
+//! on disk and in S3 mode.
+
+use skippr_tests::aws;
+use skippr_tests::*;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const RECORDS: &str = "20000";
+
+/// Where the WAL lives, and how to point the daemon and the tools at it.
+enum Place {
+    Disk,
+    S3 { bucket: String, table: String },
+}
+
+impl Place {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(skipprd_bin());
+        c.args(args);
+        if let Place::S3 { bucket, table } = self {
+            c.env("WAL_STORAGE", "s3")
+                .env("SKIPPR_WAL_S3_BUCKET", bucket)
+                .env("SKIPPR_OFFSET_DYNAMODB_TABLE", table)
+                .env("SKIPPR_LEASE_SECONDS", "2")
+                .envs(aws::env());
+        }
+        c
+    }
+
+    /// `skipprd run` with the test sink plugin; `refuse` makes it answer
+    /// `retryable` to every batch.
+    fn daemon(&self, data: &Path, out: &Path, refuse: bool, once: bool) -> Command {
+        let sink = format!("python3 {}", repo_root().join("tests/plugins/sink.py").display());
+        let mut c = self.command(&["run", "--data-dir", data.to_str().unwrap()]);
+        c.args(["--generator-records", RECORDS, "--wal-bytes-per-file", "1048576", "--drain-timeout", "1"])
+            .args(["--sink", "command", "--sink-command", &sink])
+            .env("OUT_DIR", out);
+        if refuse {
+            c.env("REFUSE", "retryable");
+        }
+        if once {
+            c.arg("--once");
+        }
+        c
+    }
+
+    fn verify(&self, data: &Path) -> std::process::Output {
+        match self {
+            Place::Disk => self.command(&["wal", "verify", data.to_str().unwrap()]).output().unwrap(),
+            Place::S3 { .. } => self.command(&["wal", "verify"]).output().unwrap(),
+        }
+    }
+
+    fn segments(&self, data: &Path) -> Vec<u64> {
+        match self {
+            Place::Disk => {
+                let mut ids: Vec<u64> = std::fs::read_dir(data.join("wal"))
+                    .unwrap()
+                    .filter_map(|e| e.unwrap().file_name().to_str()?.strip_suffix(".seg")?.parse().ok())
+                    .collect();
+                ids.sort();
+                ids
+            }
+            Place::S3 { bucket, .. } => aws::runtime().block_on(async {
+                let client = s3_client().await;
+                let listed = client.list_objects_v2().bucket(bucket).prefix("skipprd/wal/").send().await.unwrap();
+                let mut ids: Vec<u64> = listed
+                    .contents()
+                    .iter()
+                    .filter_map(|o| o.key()?.strip_prefix("skipprd/wal/")?.split('/').next()?.parse().ok())
+                    .collect();
+                ids.dedup();
+                ids
+            }),
+        }
+    }
+
+    fn delete(&self, data: &Path, segment: u64) {
+        match self {
+            Place::Disk => std::fs::remove_file(data.join("wal").join(format!("{segment:020}.seg"))).unwrap(),
+            Place::S3 { bucket, .. } => aws::runtime().block_on(async {
+                let client = s3_client().await;
+                let prefix = format!("skipprd/wal/{segment:020}/");
+                let listed = client.list_objects_v2().bucket(bucket).prefix(&prefix).send().await.unwrap();
+                for o in listed.contents() {
+                    client.delete_object().bucket(bucket).key(o.key().unwrap()).send().await.unwrap();
+                }
+            }),
+        }
+    }
+}
+
+async fn s3_client() -> aws_sdk_s3::Client {
+    let sdk = aws::sdk(&aws::endpoint()).await;
+    aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&sdk).force_path_style(true).build())
+}
+
+/// Runs the pipeline into a sink that refuses every batch until the WAL
+/// holds every record (so nothing was compacted and every segment is still
+/// needed), then stops it. Returns the segments that hold data.
+fn fill_uncompacted_wal(place: &Place, data: &Path, out: &Path) -> Vec<u64> {
+    let mut child = place.daemon(data, out, true, false).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let all = format!(" segments, {} records", 2 * RECORDS.parse::<u64>().unwrap());
+    loop {
+        let verify = stdout(&place.verify(data));
+        if verify.lines().any(|l| l.starts_with("ok: ") && l.ends_with(&all)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the WAL never held every record: {verify}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(9), "a sink that refuses everything cannot be drained");
+    let segments = place.segments(data);
+    assert!(segments.len() >= 4, "the records fill several segments: {segments:?}");
+    segments
+}
+
+/// Deletes one segment, then checks that `wal verify` and a run with a
+/// working sink both stop with exit 5 naming `expect`, and that nothing
+/// reached the sink.
+fn lose_and_expect_stop(place: &Place, which: fn(&[u64]) -> u64, expect: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, out) = (tmp.path().join("data"), tmp.path().join("out"));
+    let segments = fill_uncompacted_wal(place, &data, &out);
+    let lost = which(&segments);
+    place.delete(&data, lost);
+
+    let verify = place.verify(&data);
+    let text = stdout(&verify);
+    assert_eq!(verify.status.code(), Some(5), "wal verify: {text}{}", stderr(&verify));
+    assert!(text.contains("MISSING: the WAL is not whole"), "{text}");
+    let run = place.daemon(&data, &out, false, true).output().unwrap();
+    let log = stderr(&run);
+    assert_eq!(run.status.code(), Some(5), "{log}");
+    for needle in expect.iter().map(|e| e.replace("{lost}", &format!("{lost:020}"))) {
+        assert!(text.contains(&needle), "wal verify names {needle}: {text}");
+        assert!(log.contains(&needle), "the daemon names {needle}: {log}");
+    }
+    assert!(read_dir_sink(&out).is_empty(), "nothing was delivered from a WAL that is not whole");
+}
+
+fn oldest(s: &[u64]) -> u64 {
+    s[0]
+}
+
+fn middle(s: &[u64]) -> u64 {
+    s[s.len() / 2]
+}
+
+const OLDEST: &[&str] = &["segments before it were still needed", "sink 'sink'", "acknowledged", "below position 0"];
+const MIDDLE: &[&str] = &["is missing", "{lost}", "LSNs "];
+
+#[test]
+fn a_lost_oldest_segment_stops_recovery_on_disk() {
+    lose_and_expect_stop(&Place::Disk, oldest, OLDEST);
+}
+
+#[test]
+fn a_lost_middle_segment_stops_recovery_on_disk() {
+    lose_and_expect_stop(&Place::Disk, middle, MIDDLE);
+}
+
+fn s3_place(name: &str) -> Place {
+    let bucket = aws::runtime().block_on(aws::bucket(name));
+    let table = format!("{name}-{}", std::process::id());
+    let out = Command::new(skipprd_bin())
+        .args(["offsets", "init-table"])
+        .env("SKIPPR_OFFSET_DYNAMODB_TABLE", &table)
+        .envs(aws::env())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    Place::S3 { bucket, table }
+}
+
+#[test]
+fn a_lost_oldest_segment_stops_recovery_in_s3_mode() {
+    lose_and_expect_stop(&s3_place("lost-oldest"), oldest, OLDEST);
+}
+
+#[test]
+fn a_lost_middle_segment_stops_recovery_in_s3_mode() {
+    lose_and_expect_stop(&s3_place("lost-middle"), middle, MIDDLE);
+}
