@@ -50,7 +50,86 @@ impl AwsSettings {
     }
 }
 
-/// An SDK error as one line, with its cause chain (no credentials are in it).
-pub fn describe<E: std::error::Error>(e: &E) -> String {
-    aws_sdk_s3::error::DisplayErrorContext(e).to_string()
+/// The S3 endpoint the SDK will use, when it is not AWS's own: the shared
+/// setting (`SKIPPR_AWS_ENDPOINT`, `AWS_ENDPOINT_URL`) or the SDK's
+/// per-service variable `AWS_ENDPOINT_URL_S3`. Any such endpoint is
+/// addressed path-style: a local or self-hosted server rarely answers for
+/// `<bucket>.<host>` names.
+pub fn s3_endpoint(sdk: &SdkConfig) -> Option<String> {
+    service_endpoint(sdk, "AWS_ENDPOINT_URL_S3")
+}
+
+/// The DynamoDB endpoint when it is not AWS's own (`AWS_ENDPOINT_URL_DYNAMODB`
+/// or the shared setting).
+pub fn dynamodb_endpoint(sdk: &SdkConfig) -> Option<String> {
+    service_endpoint(sdk, "AWS_ENDPOINT_URL_DYNAMODB")
+}
+
+fn service_endpoint(sdk: &SdkConfig, variable: &str) -> Option<String> {
+    std::env::var(variable).ok().filter(|v| !v.is_empty()).or_else(|| sdk.endpoint_url().map(str::to_string))
+}
+
+/// Where requests go, for log lines and messages.
+pub fn endpoint_label(endpoint: Option<String>, sdk: &SdkConfig) -> String {
+    endpoint.unwrap_or_else(|| {
+        let region = sdk.region().map(|r| r.to_string()).unwrap_or_default();
+        format!("AWS ({region})")
+    })
+}
+
+/// An SDK error as one line an operator can act on: the service's own code
+/// and message, or the cause as one would name it (connection refused, no
+/// answer in time, the host name does not resolve, no credentials). The
+/// whole error, with its cause chain, goes to the debug log (it never holds
+/// credentials).
+pub fn describe<E>(e: &E) -> String
+where
+    E: std::error::Error + aws_sdk_s3::error::ProvideErrorMetadata + 'static,
+{
+    tracing::debug!(error = %aws_sdk_s3::error::DisplayErrorContext(e), "the AWS SDK's error in full");
+    if let Some(code) = e.code() {
+        let message = e.message().unwrap_or("").lines().next().unwrap_or("");
+        return match code {
+            "AccessDenied" | "AccessDeniedException" | "Forbidden" => format!("access denied ({message})"),
+            "ValidationException" => format!("the request was refused as invalid: {message}"),
+            "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "UnrecognizedClientException" => {
+                format!("the credentials were refused ({code}): check the access key and secret")
+            }
+            _ if message.is_empty() => code.to_string(),
+            _ => format!("{code}: {message}"),
+        };
+    }
+    cause(e)
+}
+
+/// The cause of a failure that carries no service error code.
+fn cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut chain = Vec::new();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => return "connection refused".into(),
+                std::io::ErrorKind::TimedOut => return "timed out".into(),
+                std::io::ErrorKind::ConnectionReset => return "the connection was reset".into(),
+                _ => {}
+            }
+        }
+        chain.push(err.to_string());
+        next = err.source();
+    }
+    let text = chain.join(": ").to_lowercase();
+    if text.contains("credential") {
+        "no usable AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, or a role".into()
+    } else if text.contains("dns error") || text.contains("failed to lookup address") {
+        "the endpoint's host name does not resolve".into()
+    } else if text.contains("connection refused") {
+        "connection refused".into()
+    } else if text.contains("timed out") || text.contains("timeout") {
+        "no answer in time (the endpoint may be down or unreachable)".into()
+    } else {
+        // The innermost cause, which names the problem; never the raw
+        // response (the debug log has everything).
+        chain.last().cloned().unwrap_or_default().lines().next().unwrap_or("").to_string()
+    }
 }

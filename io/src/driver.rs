@@ -441,6 +441,13 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
              run only one daemon per WAL, and start this one again only if the other is gone",
             wal.segment(*segment)
         ),
+        StopReason::LeaseLost { holder: 0, .. } => format!(
+            "the WAL's writer lease was released or deleted while this writer held it (the row in the table shows \
+             no holder): the lease item was changed by hand, or the table's server does not honour conditional \
+             writes. No other writer is known to be using {}; stopped without acknowledging anything more, and \
+             the next start takes the lease again",
+            wal.root()
+        ),
         StopReason::LeaseLost { holder, generation } => format!(
             "the WAL's writer lease was taken over (holder {holder:016x}, generation {generation}) while this \
              writer ran: another daemon is writing {}. Stopped without acknowledging anything more",

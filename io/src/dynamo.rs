@@ -44,6 +44,20 @@ pub struct DynamoOffset {
     pub checkpoint: Option<Vec<u8>>,
 }
 
+/// DynamoDB's rule for table names (3 to 255 of `a-z A-Z 0-9 _ - .`),
+/// checked before any request so a typo is named as such.
+pub fn check_table_name(table: &str) -> Result<(), String> {
+    let ok_chars = table.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if (3..=255).contains(&table.len()) && ok_chars {
+        Ok(())
+    } else {
+        Err(format!(
+            "'{table}' is not a valid DynamoDB table name: use 3 to 255 letters, digits, '_', '-' or '.' \
+             (SKIPPR_OFFSET_DYNAMODB_TABLE)"
+        ))
+    }
+}
+
 impl Dynamo {
     /// Connects and checks that the table exists; says how to create it when
     /// it does not.
@@ -68,7 +82,10 @@ impl Dynamo {
                 "the DynamoDB table '{table}' does not exist: create it with `skipprd offsets init-table` (same \
                  table, region and endpoint settings)"
             )),
-            Err(e) => Err(format!("cannot reach the DynamoDB table '{table}': {}", describe(&e))),
+            Err(e) => {
+                let endpoint = crate::aws::endpoint_label(crate::aws::dynamodb_endpoint(sdk), sdk);
+                Err(format!("cannot use the DynamoDB table '{table}' at {endpoint}: {}", describe(&e)))
+            }
         }
     }
 

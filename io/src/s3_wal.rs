@@ -52,8 +52,9 @@ type Listed = BTreeMap<SegmentId, BTreeMap<u64, i64>>;
 impl S3Wal {
     /// Connects and checks that the bucket answers.
     pub async fn connect(sdk: &aws_config::SdkConfig, bucket: &str, prefix: &str) -> Result<S3Wal, String> {
-        let path_style = sdk.endpoint_url().is_some();
+        let path_style = crate::aws::s3_endpoint(sdk).is_some();
         let base = aws_sdk_s3::config::Builder::from(sdk).force_path_style(path_style);
+        let endpoint = crate::aws::endpoint_label(crate::aws::s3_endpoint(sdk), sdk);
         let puts = Client::from_conf(base.clone().retry_config(aws_config::retry::RetryConfig::disabled()).build());
         let client = Client::from_conf(base.build());
         let prefix = normalize_prefix(prefix);
@@ -63,7 +64,7 @@ impl S3Wal {
             match status {
                 Some(404) => format!("the S3 bucket '{bucket}' does not exist: create it, or fix SKIPPR_WAL_S3_BUCKET"),
                 Some(403) => format!("access to the S3 bucket '{bucket}' is denied: check the credentials and policy"),
-                _ => format!("cannot reach the S3 bucket '{bucket}': {}", describe(&e)),
+                _ => format!("cannot use the S3 bucket '{bucket}' at {endpoint}: {}", describe(&e)),
             }
         })?;
         Ok(wal)

@@ -43,7 +43,7 @@ pub struct RunArgs {
     pub aws_endpoint: Option<String>,
     /// S3 mode: another writer may take the lease over once its holder has
     /// not renewed it for this long, in seconds [default: 10].
-    #[arg(long, env = "SKIPPR_LEASE_SECONDS", value_name = "SECONDS")]
+    #[arg(long, env = "SKIPPR_LEASE_SECONDS", value_name = "SECONDS", allow_negative_numbers = true)]
     pub lease_seconds: Option<f64>,
     /// Size of a WAL segment file in bytes [default: 67108864].
     #[arg(long, env = "WAL_BYTES_PER_FILE", value_name = "BYTES")]
@@ -228,6 +228,9 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     };
     let wal_storage = args.wal_storage.clone().or(file.wal_storage).unwrap_or_else(|| "disk".into());
     let table = args.dynamodb_table.clone().or(file.dynamodb_table);
+    if let Some(t) = &table {
+        skippr_io::dynamo::check_table_name(t)?;
+    }
     let wal = match wal_storage.as_str() {
         "disk" => WalConfig::Disk,
         "s3" => WalConfig::S3 {
@@ -261,13 +264,16 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     };
     let lease_seconds = args.lease_seconds.or(file.lease_seconds).unwrap_or(10.0);
     positive("SKIPPR_LEASE_SECONDS", lease_seconds)?;
+    if lease_seconds < LEASE_SECONDS_MIN {
+        return Err(format!(
+            "SKIPPR_LEASE_SECONDS must be at least {LEASE_SECONDS_MIN} (not {lease_seconds}): every S3 and DynamoDB \
+             request must finish within half of it"
+        ));
+    }
     let aws = AwsSettings {
         region: args.aws_region.clone().or(file.aws_region),
         endpoint: args.aws_endpoint.clone().or(file.aws_endpoint),
-        // Under the lease: half its span, at least 2 s.
-        operation_timeout: lease_table
-            .as_ref()
-            .map(|_| std::time::Duration::from_secs_f64((lease_seconds / 2.0).clamp(2.0, 60.0))),
+        operation_timeout: lease_table.as_ref().map(|_| operation_timeout(lease_seconds)),
     };
     let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from("./data"));
     let wal_bytes_per_file = args.wal_bytes_per_file.or(file.wal_bytes_per_file).unwrap_or(64 << 20);
@@ -374,6 +380,17 @@ fn metrics_addr(a: &str) -> Result<std::net::SocketAddr, String> {
     a.parse().map_err(|_| format!("the metrics address '{a}' is neither a port nor HOST:PORT"))
 }
 
+/// The shortest lease span: its requests get under half a second each.
+pub const LEASE_SECONDS_MIN: f64 = 1.0;
+
+/// Under a lease, a request (retries included) must end before half the
+/// span has passed, so a delete or create sent while the lease was valid
+/// cannot land after another writer took over: 45 % of the span, at most
+/// 60 s. Derived, never clamped upwards, so the rule holds for every span.
+pub fn operation_timeout(lease_seconds: f64) -> std::time::Duration {
+    std::time::Duration::from_secs_f64((lease_seconds * 0.45).min(60.0))
+}
+
 fn positive(name: &str, v: f64) -> Result<(), String> {
     if v.is_finite() && v > 0.0 {
         Ok(())
@@ -397,6 +414,26 @@ mod tests {
         assert_eq!(c.sink, SinkConfig::Dir { dir: PathBuf::from("./data/sink") });
         assert!(matches!(c.source, SourceConfig::Generator { records: 10_000, partitions: 2, .. }));
         assert_eq!((c.wal, c.offsets), (WalConfig::Disk, OffsetsConfig::Disk));
+    }
+
+    #[test]
+    fn the_sdk_timeout_stays_below_half_the_lease_span() {
+        for span in [1.0, 1.5, 2.0, 3.9, 4.0, 10.0, 200.0, 1e6] {
+            let timeout = operation_timeout(span).as_secs_f64();
+            assert!(timeout > 0.0 && timeout < span / 2.0, "span {span} s: timeout {timeout} s");
+        }
+        let args = |lease: f64| RunArgs {
+            wal_storage: Some("s3".into()),
+            s3_bucket: Some("b".into()),
+            dynamodb_table: Some("skipprd".into()),
+            lease_seconds: Some(lease),
+            ..RunArgs::default()
+        };
+        let c = resolve(&args(3.0)).unwrap();
+        assert!(c.aws.operation_timeout.unwrap().as_secs_f64() < 1.5);
+        let e = resolve(&args(0.5)).unwrap_err();
+        assert!(e.contains("at least 1"), "{e}");
+        assert!(resolve(&args(-1.0)).unwrap_err().contains("positive"));
     }
 
     #[test]

@@ -117,6 +117,9 @@ enum OffsetsCommand {
 
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Run(_)) {
+        end_quietly_on_a_closed_pipe();
+    }
     let code = match cli.command {
         Command::Run(args) => run::main(*args),
         Command::Sim(args) => sim::main(args),
@@ -157,4 +160,16 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// The tools and the simulator print for a reader that may go away
+/// (`skipprd wal verify | head`): like other Unix tools they then end at
+/// once, by SIGPIPE, instead of panicking on a failed print. The daemon
+/// keeps Rust's default (SIGPIPE ignored), so a plugin that closes its
+/// pipe is an error it handles, never its death.
+fn end_quietly_on_a_closed_pipe() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: this runs first thing in main, before any other thread exists,
+    // and installs the default disposition, which runs no handler code.
+    unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) }.expect("SIGPIPE's default disposition can be restored");
 }

@@ -149,7 +149,7 @@ async fn run(cfg: RunConfig) -> i32 {
             return code;
         }
     };
-    let (wal, offsets, lease, place) = stores;
+    let (wal, offsets, lease, place, endpoints) = stores;
     let metrics_dir = match &place {
         WalPlace::Dir(dir) => Some(dir.clone()),
         WalPlace::S3(_) => None,
@@ -176,7 +176,8 @@ async fn run(cfg: RunConfig) -> i32 {
     };
     let shutdown = crate::signals::listen();
     let totals = Arc::new(RunTotals::default());
-    info!(wal = place.root(), once = cfg.once, "starting");
+    let endpoints = endpoints.unwrap_or_else(|| "none (local disk)".into());
+    info!(wal = place.root(), endpoints = %endpoints, once = cfg.once, "starting");
     let reason = drive(host, backends, clock, shutdown, Arc::clone(&totals)).await;
     let code = exit::for_stop(&reason);
     let message = explain(&reason, &place);
@@ -200,7 +201,7 @@ async fn run(cfg: RunConfig) -> i32 {
     code
 }
 
-type Stores = (WalBackend, OffsetsBackend, Option<Arc<Dynamo>>, WalPlace);
+type Stores = (WalBackend, OffsetsBackend, Option<Arc<Dynamo>>, WalPlace, Option<String>);
 
 /// Opens the WAL, the offsets store and the lease table, checking that the
 /// bucket and table exist before anything runs.
@@ -211,6 +212,13 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
         true => Some(cfg.aws.load().await.map_err(remote)?),
         false => None,
     };
+    // Where requests go, named before the first one is sent.
+    let endpoints = sdk.as_ref().map(|sdk| {
+        let s3 = skippr_io::aws::endpoint_label(skippr_io::aws::s3_endpoint(sdk), sdk);
+        let dynamodb = skippr_io::aws::endpoint_label(skippr_io::aws::dynamodb_endpoint(sdk), sdk);
+        info!(s3 = %s3, dynamodb = %dynamodb, "AWS endpoints");
+        format!("s3 {s3}, dynamodb {dynamodb}")
+    });
     let (wal, place) = match &cfg.wal {
         WalConfig::Disk => {
             let wal = DiskWal::open(&cfg.data_dir, cfg.wal_bytes_per_file)
@@ -249,7 +257,7 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
         }
         OffsetsConfig::Dynamodb { table } => OffsetsBackend::Dynamo(dynamo(table.clone()).await.map_err(remote)?),
     };
-    Ok((wal, offsets, lease, place))
+    Ok((wal, offsets, lease, place, endpoints))
 }
 
 /// The steal span from `SKIPPR_LEASE_SECONDS`; the holder renews five times

@@ -158,6 +158,10 @@ pub fn offsets_reset(data_dir: &Path, pipeline: Option<&str>, yes: bool) -> i32 
 
 /// Creates the DynamoDB table for offsets and the writer lease.
 pub fn init_table(table: &str, aws: &skippr_io::aws::AwsSettings) -> i32 {
+    if let Err(e) = skippr_io::dynamo::check_table_name(table) {
+        eprintln!("skipprd offsets init-table: {e}");
+        return exit::CONFIG;
+    }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime starts");
     let created = runtime.block_on(async {
         let sdk = aws.load().await?;
