@@ -441,11 +441,11 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
              run only one daemon per WAL, and start this one again only if the other is gone",
             wal.segment(*segment)
         ),
-        StopReason::LeaseLost { holder: 0, .. } => format!(
-            "the WAL's writer lease was released or deleted while this writer held it (the row in the table shows \
-             no holder): the lease item was changed by hand, or the table's server does not honour conditional \
-             writes. No other writer is known to be using {}; stopped without acknowledging anything more, and \
-             the next start takes the lease again",
+        StopReason::LeaseLost { holder: 0, generation } => format!(
+            "the WAL's writer lease passed to another writer while this one ran (it was paused or cut off for \
+             longer than SKIPPR_LEASE_SECONDS), and that writer has since released it: no daemon holds the lease \
+             of {} now (generation {generation}). Stopped without acknowledging anything more; the next start \
+             takes the lease again",
             wal.root()
         ),
         StopReason::LeaseLost { holder, generation } => format!(

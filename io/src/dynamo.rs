@@ -3,7 +3,10 @@
 //! One table, created by `skipprd offsets init-table`: a string partition
 //! key `pk` and a string sort key `sk`, billed per request.
 //!
-//! - Offsets: `pk = offsets#<pipeline>#<source>`, `sk = <partition:010>`;
+//! - Offsets: `pk = offsets#<WAL identity>#<pipeline>#<source>`,
+//!   `sk = <partition:010>` (the WAL's identity is part of the key, so two
+//!   WALs sharing a table never touch each other's offsets: see
+//!   `wal_identity`);
 //!   `value` holds the engine's exact 24-byte value (binary), `lsn` the same
 //!   LSN as a Number, and `checkpoint` the source's opaque checkpoint. A
 //!   write replaces the item whole, only under
@@ -33,6 +36,8 @@ pub struct Dynamo {
     /// Source names by `SourceId`: what the store keeps.
     sources: Vec<String>,
     lease_pk: String,
+    /// The WAL's identity, in every offsets key.
+    wal: String,
 }
 
 /// An offsets item as `skipprd offsets show` prints it.
@@ -42,6 +47,22 @@ pub struct DynamoOffset {
     pub partition: u32,
     pub value: Vec<u8>,
     pub checkpoint: Option<Vec<u8>>,
+}
+
+/// What names a WAL in the offsets and lease keys: `s3://bucket/prefix/` for
+/// an S3 WAL; for a WAL on a local disk (with offsets in DynamoDB), this
+/// host's name and the WAL directory's absolute path. A WAL moved to another
+/// host or directory starts with no offsets there, which is safe: the
+/// daemon rebuilds them from the WAL.
+pub fn wal_identity(s3: Option<(&str, &str)>, wal_dir: &std::path::Path) -> String {
+    match s3 {
+        Some((bucket, prefix)) => crate::s3_wal::location(bucket, prefix),
+        None => {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            let dir = std::path::absolute(wal_dir).unwrap_or_else(|_| wal_dir.to_path_buf());
+            format!("disk://{}{}/", host.trim(), dir.display())
+        }
+    }
 }
 
 /// DynamoDB's rule for table names (3 to 255 of `a-z A-Z 0-9 _ - .`),
@@ -75,6 +96,7 @@ impl Dynamo {
             pipeline: pipeline.to_string(),
             sources,
             lease_pk: format!("lease#{wal_location}"),
+            wal: wal_location.to_string(),
         };
         match d.client.describe_table().table_name(table).send().await {
             Ok(_) => Ok(d),
@@ -124,7 +146,7 @@ impl Dynamo {
     }
 
     fn offsets_pk(&self, source: &str) -> String {
-        format!("offsets#{}#{source}", self.pipeline)
+        format!("offsets#{}#{}#{source}", self.wal, self.pipeline)
     }
 
     /// Every offsets item of this pipeline's configured sources, read

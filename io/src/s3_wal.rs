@@ -320,6 +320,11 @@ async fn fetch(client: &Client, bucket: &str, key: &str) -> Result<Vec<u8>, IoEr
 }
 
 /// "" or a prefix ending in one '/'.
+/// `s3://bucket/prefix/`, as a WAL at that bucket and prefix calls itself.
+pub fn location(bucket: &str, prefix: &str) -> String {
+    format!("s3://{bucket}/{}", normalize_prefix(prefix))
+}
+
 fn normalize_prefix(prefix: &str) -> String {
     let p = prefix.trim_matches('/');
     if p.is_empty() {

@@ -146,11 +146,11 @@ fn main() {
         }
         Command::Bench(BenchCommand::Wal(args)) => bench::wal(args),
         Command::Offsets(OffsetsCommand::Show { data_dir, store }) => match store.table() {
-            Some(table) => tools::dynamo_offsets(&table, &store, None),
+            Some(table) => tools::dynamo_offsets(&table, &store, &data_dir, None),
             None => tools::offsets_show(&data_dir),
         },
         Command::Offsets(OffsetsCommand::Reset { data_dir, pipeline, yes, store }) => match store.table() {
-            Some(table) => tools::dynamo_offsets(&table, &store, Some((pipeline.as_deref(), yes))),
+            Some(table) => tools::dynamo_offsets(&table, &store, &data_dir, Some((pipeline.as_deref(), yes))),
             None => tools::offsets_reset(&data_dir, pipeline.as_deref(), yes),
         },
         Command::Offsets(OffsetsCommand::InitTable { dynamodb_table, aws_region, aws_endpoint }) => {

@@ -234,8 +234,12 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
         }
     };
     let sources = vec!["source".to_string()];
+    let identity = match &cfg.wal {
+        WalConfig::S3 { bucket, prefix } => skippr_io::dynamo::wal_identity(Some((bucket, prefix)), &cfg.data_dir),
+        WalConfig::Disk => skippr_io::dynamo::wal_identity(None, &cfg.data_dir.join(skippr_io::disk_wal::WAL_DIR)),
+    };
     let dynamo = |table: String| {
-        let (sdk, sources, location) = (sdk.clone(), sources.clone(), place.root());
+        let (sdk, sources, location) = (sdk.clone(), sources.clone(), identity.clone());
         async move {
             let sdk = sdk.expect("loaded");
             Dynamo::connect(&sdk, &table, &cfg.pipeline, sources, &location).await.map(Arc::new)

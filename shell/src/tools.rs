@@ -193,6 +193,11 @@ pub struct StoreArgs {
     wal_storage: Option<String>,
     #[arg(long, env = "SKIPPR_OFFSET_DYNAMODB_TABLE")]
     dynamodb_table: Option<String>,
+    /// The WAL whose offsets these are (S3 mode): its bucket and prefix.
+    #[arg(long, env = "SKIPPR_WAL_S3_BUCKET")]
+    s3_bucket: Option<String>,
+    #[arg(long, env = "SKIPPR_WAL_S3_PREFIX", default_value = "skipprd/wal/")]
+    s3_prefix: String,
     /// The pipeline whose DynamoDB offsets to show [default: main].
     #[arg(long = "of-pipeline", default_value = "main")]
     of_pipeline: String,
@@ -217,7 +222,16 @@ impl StoreArgs {
 /// `offsets show` (`reset: None`) or `offsets reset --yes` against DynamoDB:
 /// the daemon's one source, of `--of-pipeline` (or of the `--pipeline` given
 /// to reset).
-pub fn dynamo_offsets(table: &str, store: &StoreArgs, reset: Option<(Option<&str>, bool)>) -> i32 {
+pub fn dynamo_offsets(table: &str, store: &StoreArgs, data_dir: &Path, reset: Option<(Option<&str>, bool)>) -> i32 {
+    let s3 = store.wal_storage.as_deref() == Some("s3");
+    let identity = match (s3, &store.s3_bucket) {
+        (true, Some(bucket)) => skippr_io::dynamo::wal_identity(Some((bucket, &store.s3_prefix)), data_dir),
+        (true, None) => {
+            eprintln!("skipprd offsets: WAL_STORAGE=s3 needs the WAL's bucket: set SKIPPR_WAL_S3_BUCKET");
+            return exit::CONFIG;
+        }
+        (false, _) => skippr_io::dynamo::wal_identity(None, &data_dir.join(WAL_DIR)),
+    };
     let aws = skippr_io::aws::AwsSettings {
         region: store.aws_region.clone(),
         endpoint: store.aws_endpoint.clone(),
@@ -226,18 +240,21 @@ pub fn dynamo_offsets(table: &str, store: &StoreArgs, reset: Option<(Option<&str
     let pipeline = reset.and_then(|r| r.0).unwrap_or(&store.of_pipeline).to_string();
     if reset.is_some_and(|(_, yes)| !yes) {
         eprintln!(
-            "skipprd offsets reset: this forgets the offsets of pipeline '{pipeline}' in the DynamoDB table \
-             '{table}'; sources then resume from what the WAL holds. Add --yes to do it."
+            "skipprd offsets reset: this forgets the offsets of pipeline '{pipeline}' of the WAL {identity} in \
+             the DynamoDB table '{table}'; sources then resume from what the WAL holds. Add --yes to do it."
         );
         return exit::USAGE;
     }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime starts");
     let done = runtime.block_on(async {
         let sdk = aws.load().await?;
-        let d = skippr_io::dynamo::Dynamo::connect(&sdk, table, &pipeline, vec!["source".into()], "").await?;
+        let d = skippr_io::dynamo::Dynamo::connect(&sdk, table, &pipeline, vec!["source".into()], &identity).await?;
         if reset.is_some() {
             let n = d.reset().await.map_err(|e| format!("cannot reset: {e:?}"))?;
-            println!("removed {n} offsets entries of pipeline '{pipeline}' from the DynamoDB table '{table}'");
+            println!(
+                "removed {n} offsets entries of pipeline '{pipeline}' of the WAL {identity} from the DynamoDB table \
+                 '{table}'"
+            );
             return Ok(());
         }
         let rows = d.show().await.map_err(|e| format!("cannot read: {e:?}"))?;

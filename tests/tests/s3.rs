@@ -288,3 +288,37 @@ fn a_frozen_writer_wakes_up_fenced_out_and_acknowledges_nothing_more() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_exactly_once(&sink, &["events"], 2, 3000);
 }
+
+#[test]
+fn two_wals_sharing_one_table_keep_their_own_offsets() {
+    let (bucket, table, tmp) = setup("shared");
+    let run = |prefix: &str, records: u64| {
+        let sink = tmp.path().join(prefix).join("sink");
+        let out =
+            daemon(&bucket, &table, &sink, records, 0, true).env("SKIPPR_WAL_S3_PREFIX", prefix).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{prefix}: {}", stderr(&out));
+        (stdout(&out), sink)
+    };
+    // Different WALs, the same default pipeline, one table.
+    let (first, _) = run("wal-a/", 500);
+    assert!(first.starts_with("records: 1000,"), "{first}");
+    let (second, _) = run("wal-b/", 300);
+    assert!(second.starts_with("records: 600,"), "{second}");
+    let (again, sink_a) = run("wal-a/", 500);
+    assert!(again.starts_with("records: 0,"), "wal-a resumes from its own offsets: {again}");
+    let (again, sink_b) = run("wal-b/", 300);
+    assert!(again.starts_with("records: 0,"), "wal-b resumes from its own offsets: {again}");
+    assert_exactly_once(&sink_a, &["events"], 2, 500);
+    assert_exactly_once(&sink_b, &["events"], 2, 300);
+    let show = Command::new(skipprd_bin())
+        .args(["offsets", "show"])
+        .env("WAL_STORAGE", "s3")
+        .env("SKIPPR_WAL_S3_BUCKET", &bucket)
+        .env("SKIPPR_WAL_S3_PREFIX", "wal-b/")
+        .env("SKIPPR_OFFSET_DYNAMODB_TABLE", &table)
+        .envs(aws::env())
+        .output()
+        .unwrap();
+    let text = stdout(&show);
+    assert!(text.contains("main source 0: position=300") && text.ends_with("2 entries\n"), "{text}");
+}
