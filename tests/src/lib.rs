@@ -285,3 +285,30 @@ pub mod aws {
         }
     }
 }
+
+/// Waits until `ready` holds, polling every 20 ms, and panics naming `what`
+/// after `limit`. Tests wait for the state they need (a log line, a file,
+/// a WAL holding records), never for a fixed time: a slow or busy machine
+/// then makes the suite slower, not red.
+pub fn wait_until(what: &str, limit: std::time::Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !ready() {
+        assert!(std::time::Instant::now() < deadline, "waited {limit:?} for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A generous deadline for a state a test waits for.
+pub const PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Has the disk WAL under `data` committed at least one record? (`skipprd
+/// wal verify` is safe beside a running daemon.)
+pub fn wal_holds_records(data: &Path) -> bool {
+    let out = skipprd(&["wal", "verify", data.to_str().unwrap()]);
+    stdout(&out).lines().any(|l| l.starts_with("ok: ") && !l.ends_with(", 0 records"))
+}
+
+/// Does the file at `path` (a daemon's log) contain `needle` yet?
+pub fn file_contains(path: &Path, needle: &str) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|text| text.contains(needle))
+}

@@ -189,7 +189,8 @@ fn a_drain_that_cannot_finish_exits_nine_after_the_drain_timeout() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // Committed records that the sink refuses: the drain cannot finish.
+    wait_until("records committed to the WAL", PATIENCE, || wal_holds_records(&data));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     let started = Instant::now();
     let out = child.wait_with_output().unwrap();

@@ -295,21 +295,24 @@ fn a_full_data_directory_stalls_with_a_clear_error_and_loses_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let disk = SmallDisk::mount(&tmp.path().join("small"), "3m");
     let data = tmp.path().join("small").join("data");
+    let log = tmp.path().join("daemon.log");
     let mut child = Command::new(skipprd_bin())
         .args(["run", "--once", "--data-dir", data.to_str().unwrap(), "--generator-records", "40000"])
         .args(["--wal-bytes-per-file", "1048576"])
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(3));
-    // Still running: it waits for space rather than dropping anything.
+    // The log says why it waits...
+    wait_until("the daemon to report the full disk", PATIENCE, || file_contains(&log, "No space left on device"));
+    // ...and it is still running: it waits for space rather than dropping
+    // anything.
     let still_running = child.try_wait().unwrap().is_none();
     disk.grow("256m");
     let out = child.wait_with_output().unwrap();
-    assert!(still_running, "it stopped on a full disk: {}", stderr(&out));
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(stderr(&out).contains("No space left on device"), "the log says why it waits: {}", stderr(&out));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(still_running, "it stopped on a full disk: {text}");
+    assert_eq!(out.status.code(), Some(0), "{text}");
     assert_exactly_once(&data.join("sink"), &["events"], 2, 40_000);
 }
 

@@ -237,21 +237,27 @@ fn a_second_daemon_waits_for_the_lease_and_takes_over_when_the_holder_dies() {
     let log = tmp.path().join("b.log");
     let mut a =
         daemon(&bucket, &table, &sink, 4000, 1000, false).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_until("the first daemon to deliver", PATIENCE, || !read_dir_sink(&sink).is_empty());
     let mut b = daemon(&bucket, &table, &sink, 4000, 0, true)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
+    let waiting = "another writer holds the WAL's lease";
+    wait_until("the second daemon to wait for the lease", PATIENCE, || file_contains(&log, waiting));
+    // Two lease spans of waiting: the holder keeps renewing.
     std::thread::sleep(Duration::from_millis(3000));
     assert!(b.try_wait().unwrap().is_none(), "the second daemon waits while the first renews its lease");
     let text = std::fs::read_to_string(&log).unwrap();
-    assert!(text.contains("another writer holds the WAL's lease"), "{text}");
     assert!(!text.contains("recovered"), "it has not recovered, let alone committed: {text}");
     // A waiting daemon stops at once on SIGTERM: it has nothing to drain.
-    let mut c =
-        daemon(&bucket, &table, &sink, 4000, 0, true).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(800));
+    let c_log = tmp.path().join("c.log");
+    let mut c = daemon(&bucket, &table, &sink, 4000, 0, true)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&c_log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the third daemon to wait for the lease", PATIENCE, || file_contains(&c_log, waiting));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = wait_for(&mut c, Duration::from_secs(5)).expect("a waiting daemon obeys SIGTERM");
     assert_eq!(status.code(), Some(0));
@@ -270,7 +276,7 @@ fn a_frozen_writer_wakes_up_fenced_out_and_acknowledges_nothing_more() {
     let sink = tmp.path().join("sink");
     let mut a =
         daemon(&bucket, &table, &sink, 3000, 1000, false).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_until("the first daemon to deliver", PATIENCE, || !read_dir_sink(&sink).is_empty());
     let pid = Pid::from_raw(a.id() as i32);
     kill(pid, Signal::SIGSTOP).unwrap();
     // The replacement waits out the lease, fences, and delivers the rest.
