@@ -73,6 +73,12 @@ pub struct Limits {
     pub retry_max: Duration,
     /// How long a clean shutdown may take before it counts as failed.
     pub drain_timeout: Duration,
+    /// WAL (or lease) requests failing this long without one success are
+    /// reported as a stall (`Output::Stalled`); `None` never reports.
+    pub stall_report_after: Option<Duration>,
+    /// ...and stop the engine (`StopReason::Stalled`) after this long;
+    /// `None` retries for ever (retrying is always safe).
+    pub stall_stop_after: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -90,6 +96,8 @@ impl Default for Limits {
             retry_min: Duration::from_millis(10),
             retry_max: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(30),
+            stall_report_after: Some(Duration::from_secs(60)),
+            stall_stop_after: None,
         }
     }
 }

@@ -69,6 +69,7 @@ pub struct Host {
     /// This configuration's names, written into every snapshot.
     names: Names,
     lease: lease::LeaseState,
+    stall: stall::StallWatch,
 }
 
 struct SchemaWait {
@@ -211,6 +212,7 @@ impl Host {
         config.validate()?;
         let mut host = Host {
             jitter: config.seed ^ 0x9e37_79b9_7f4a_7c15,
+            stall: stall::StallWatch::new(config.limits.stall_report_after, config.limits.stall_stop_after),
             sources: (0..config.sources.len()).map(|_| SourceSlot::default()).collect(),
             cfg: config,
             now,
@@ -312,6 +314,9 @@ impl Host {
         if let Some(at) = self.drain_deadline {
             consider(at, Timer::Drain);
         }
+        if let Some(at) = self.stall.deadline() {
+            consider(at, Timer::Stall);
+        }
         next
     }
 
@@ -376,6 +381,23 @@ impl Host {
     }
 
     /// Schedules `what` after an exponential, jittered backoff.
+    /// WAL and lease completions feed the stall watch.
+    fn watch_stall(&mut self, pending: &Pending, ok: bool) {
+        let lease = match pending {
+            Pending::WalSync
+            | Pending::WalList
+            | Pending::WalRead(_)
+            | Pending::WalCreate(_)
+            | Pending::WalAppend
+            | Pending::WalDelete(_) => false,
+            Pending::LeaseRead(_) | Pending::LeaseWrite(..) => true,
+            _ => return,
+        };
+        if self.stall.on_done(self.now, lease, ok) {
+            self.out.push_back(Output::Unstalled);
+        }
+    }
+
     fn retry_later(&mut self, what: Retry) {
         let attempt = self.attempts.entry(what).or_insert(0);
         *attempt = (*attempt + 1).min(20);
@@ -420,6 +442,11 @@ impl Host {
         }
         if self.drain_deadline.is_some_and(|at| at <= self.now) {
             self.stop(StopReason::DrainTimedOut);
+        }
+        match self.stall.on_timeout(self.now) {
+            stall::StallAction::None => {}
+            stall::StallAction::Report { what, for_ } => self.out.push_back(Output::Stalled { what, for_ }),
+            stall::StallAction::Stop { what, for_ } => self.stop(StopReason::Stalled { what, for_ }),
         }
     }
 
@@ -469,6 +496,7 @@ impl Host {
     }
 
     fn on_io(&mut self, id: IoId, pending: Pending, result: Result<IoReply, IoError>) {
+        self.watch_stall(&pending, result.is_ok());
         match pending {
             Pending::WalSync => match result {
                 Ok(_) => {
@@ -611,6 +639,7 @@ mod compact;
 mod lease;
 mod recover;
 mod sources;
+mod stall;
 
 #[cfg(test)]
 mod tests;

@@ -12,6 +12,7 @@
 use crate::ids::*;
 use crate::offsets::OffsetValue;
 use crate::recovery::Missing;
+use crate::time::Duration;
 use crate::wal::{Corruption, Record};
 use std::sync::Arc;
 
@@ -42,6 +43,15 @@ pub enum Output {
         holder: u64,
         generation: u64,
     },
+    /// WAL (or lease) requests have failed for `for_` without a single
+    /// success: retrying goes on, but the pipeline makes no progress.
+    /// Emitted once per stall.
+    Stalled {
+        what: &'static str,
+        for_: Duration,
+    },
+    /// A request of the reported stall succeeded again.
+    Unstalled,
     /// The engine stopped; no further output follows.
     Stopped(StopReason),
 }
@@ -232,6 +242,9 @@ pub enum StopReason {
     /// The configuration names a source, sink or stream differently from
     /// the WAL under the same id (renamed, reordered or removed).
     NamesChanged { kind: &'static str, index: usize, wal: String, config: String },
+    /// WAL (or lease) requests failed for the configured stall limit
+    /// without one success (`--once` only; nothing committed is lost).
+    Stalled { what: &'static str, for_: Duration },
     /// The schema plugin refused a stream's new schema.
     SchemaRejected { stream: StreamId, fingerprint: u64, reason: String },
 }
@@ -256,4 +269,6 @@ pub enum Timer {
     /// The writer lease is due for renewal, or another holder's row is due
     /// for another look.
     Lease,
+    /// WAL requests have been failing long enough to report, or to stop.
+    Stall,
 }

@@ -15,7 +15,7 @@ use skippr_core::{Host, IoError, IoId, SinkOutcome, StreamId};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub type SharedSource = Arc<Mutex<Box<dyn Source>>>;
 pub type SharedSink = Arc<Mutex<Box<dyn Sink>>>;
@@ -48,6 +48,9 @@ pub struct Backends {
     /// The schema plugin, if one is configured.
     pub schema: Option<SharedSchema>,
     pub metrics: Arc<Metrics>,
+    /// Where the WAL is, and which endpoints serve it, for the stall report.
+    pub place: String,
+    pub endpoints: String,
 }
 
 /// Counts for the run's summary line.
@@ -84,6 +87,22 @@ pub async fn drive(
                         open_compactions = s.open_compactions,
                         "recovered"
                     )
+                }
+                Output::Stalled { what, for_ } => {
+                    backends.metrics.stalled.set(1);
+                    let last = crate::health::last_warning().unwrap_or_else(|| "none logged".into());
+                    error!(
+                        wal = %backends.place,
+                        endpoints = %backends.endpoints,
+                        last_error = %last,
+                        "the {what} has made no progress for {:.0} s: every request failed (retrying, nothing \
+                         committed is lost); check that the endpoint is up and reachable",
+                        for_.as_micros() as f64 / 1e6
+                    );
+                }
+                Output::Unstalled => {
+                    backends.metrics.stalled.set(0);
+                    info!(wal = %backends.place, "the WAL makes progress again");
                 }
                 Output::Stopped(reason) => return reason,
                 Output::LeaseWait { holder, generation } => info!(
@@ -470,6 +489,13 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
             "the schema plugin refused schema {fingerprint:016x} of stream {}: {reason}. Nothing under it was \
              committed; fix the source or the schema plugin and start again",
             stream.0
+        ),
+        StopReason::Stalled { what, for_ } => format!(
+            "the {what} made no progress for {:.0} s (every request failed; the last warning above names the \
+             cause), and --once gives up after SKIPPR_STALL_EXIT_SECONDS. Nothing committed is lost: fix the \
+             endpoint or disk, then start again and recovery carries on from the WAL ({})",
+            for_.as_micros() as f64 / 1e6,
+            wal.root()
         ),
         StopReason::SegmentTooSmall { needed } => {
             format!("WAL_BYTES_PER_FILE is too small for the engine's snapshot: use at least {needed} bytes")

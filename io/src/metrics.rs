@@ -26,6 +26,9 @@ pub struct Metrics {
     pub recovery_seconds: Gauge<f64, AtomicU64>,
     pub compaction_lag: Family<Labels, Gauge>,
     wal_bytes: Gauge,
+    /// 1 while WAL (or lease) requests have failed past the stall report
+    /// time without one success, else 0.
+    pub stalled: Gauge,
     /// The disk WAL's directory; `None` in S3 mode, where the size is not
     /// measured.
     wal_dir: Option<PathBuf>,
@@ -42,6 +45,12 @@ impl Metrics {
         let recovery_seconds = Gauge::<f64, AtomicU64>::default();
         let compaction_lag = Family::<Labels, Gauge>::default();
         let wal_bytes = Gauge::default();
+        let stalled = Gauge::default();
+        registry.register(
+            "wal_stalled",
+            "1 while WAL or lease requests have failed for the stall time without one success",
+            stalled.clone(),
+        );
         registry.register("commits", "Commit groups made durable", commits.clone());
         registry.register("commit_seconds", "Time to make one commit group durable", commit_seconds.clone());
         registry.register("wal_written_bytes", "Bytes of commit groups written", wal_bytes_written.clone());
@@ -64,6 +73,7 @@ impl Metrics {
             recovery_seconds,
             compaction_lag,
             wal_bytes,
+            stalled,
             wal_dir,
         }
     }

@@ -57,6 +57,14 @@ pub struct RunArgs {
     /// How long a clean shutdown may drain, in seconds [default: 30].
     #[arg(long, value_name = "SECONDS")]
     pub drain_timeout: Option<f64>,
+    /// Log an ERROR (and set `skippr_wal_stalled`) once every WAL or lease
+    /// request has failed for this long, in seconds [default: 60].
+    #[arg(long, env = "SKIPPR_STALL_SECONDS", value_name = "SECONDS")]
+    pub stall_seconds: Option<f64>,
+    /// With --once: exit 15 once WAL or lease requests have failed for this
+    /// long without one success, in seconds [default: 300].
+    #[arg(long, env = "SKIPPR_STALL_EXIT_SECONDS", value_name = "SECONDS")]
+    pub stall_exit_seconds: Option<f64>,
     /// `text` or `json` logs on stderr [default: text].
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
@@ -137,6 +145,8 @@ struct FileConfig {
     wal_bytes_per_file: Option<u64>,
     wal_max_delay_seconds: Option<f64>,
     drain_timeout_seconds: Option<f64>,
+    stall_seconds: Option<f64>,
+    stall_exit_seconds: Option<f64>,
     log_format: Option<String>,
     pipeline: Option<String>,
     plugin_timeout_seconds: Option<f64>,
@@ -209,6 +219,9 @@ pub struct RunConfig {
     pub wal_bytes_per_file: u64,
     pub wal_max_delay_seconds: f64,
     pub drain_timeout_seconds: f64,
+    pub stall_seconds: f64,
+    /// Only under `--once`.
+    pub stall_exit_seconds: Option<f64>,
     pub once: bool,
     pub json_logs: bool,
     pub pipeline: String,
@@ -281,6 +294,10 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     positive("WAL_MAX_DELAY_SECONDS", wal_max_delay_seconds)?;
     let drain_timeout_seconds = args.drain_timeout.or(file.drain_timeout_seconds).unwrap_or(30.0);
     positive("--drain-timeout", drain_timeout_seconds)?;
+    let stall_seconds = args.stall_seconds.or(file.stall_seconds).unwrap_or(60.0);
+    positive("SKIPPR_STALL_SECONDS", stall_seconds)?;
+    let stall_exit_seconds = args.stall_exit_seconds.or(file.stall_exit_seconds).unwrap_or(300.0);
+    positive("SKIPPR_STALL_EXIT_SECONDS", stall_exit_seconds)?;
     let json_logs = match args.log_format.clone().or(file.log_format).as_deref().unwrap_or("text") {
         "text" => false,
         "json" => true,
@@ -355,6 +372,8 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         wal_bytes_per_file,
         wal_max_delay_seconds,
         drain_timeout_seconds,
+        stall_seconds,
+        stall_exit_seconds: args.once.then_some(stall_exit_seconds),
         once: args.once,
         json_logs,
         pipeline,

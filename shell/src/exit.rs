@@ -40,6 +40,9 @@ pub const REMOTE: i32 = 13;
 /// go, or it took the lease): this daemon stopped without acknowledging
 /// anything it had not committed.
 pub const FENCED: i32 = 14;
+/// Under `--once`: WAL (or lease) requests failed for the stall limit without
+/// one success; nothing committed is lost, the next start recovers.
+pub const STALLED: i32 = 15;
 
 pub fn for_stop(reason: &StopReason) -> i32 {
     match reason {
@@ -53,5 +56,6 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } => CONFIG,
         StopReason::SchemaRejected { .. } => SCHEMA_REJECTED,
         StopReason::Fenced { .. } | StopReason::LeaseLost { .. } => FENCED,
+        StopReason::Stalled { .. } => STALLED,
     }
 }

@@ -173,6 +173,8 @@ async fn run(cfg: RunConfig) -> i32 {
         sink_names: vec!["sink".into()],
         schema,
         metrics,
+        place: place.root(),
+        endpoints: endpoints.clone().unwrap_or_else(|| "none (local disk)".into()),
     };
     let shutdown = crate::signals::listen();
     let totals = Arc::new(RunTotals::default());
@@ -291,6 +293,8 @@ fn limits(cfg: &RunConfig) -> Limits {
         group_bytes_max: (segment_bytes / 8).clamp(1024, 1 << 20),
         segment_age_max: Duration::from_micros((cfg.wal_max_delay_seconds * 1e6) as u64),
         drain_timeout: Duration::from_micros((cfg.drain_timeout_seconds * 1e6) as u64),
+        stall_report_after: Some(Duration::from_micros((cfg.stall_seconds * 1e6) as u64)),
+        stall_stop_after: cfg.stall_exit_seconds.map(|s| Duration::from_micros((s * 1e6) as u64)),
         ..Limits::default()
     }
 }

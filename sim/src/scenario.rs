@@ -235,6 +235,10 @@ impl Scenario {
             retry_min: Duration::from_micros(r.range(200, 2_000)),
             retry_max: Duration::from_millis(r.range(10, 100)),
             drain_timeout: Duration::from_secs(20),
+            // The checker judges stalls itself (liveness): the engine
+            // neither reports nor stops on one in the simulator.
+            stall_report_after: None,
+            stall_stop_after: None,
         };
         let crashes = if r.chance(0.3) { 0 } else { r.range(1, 6) as u32 };
         let faults = Faults {

@@ -65,6 +65,11 @@ impl Trace {
                 self.u64(12);
                 self.hasher.update(format!("{r:?}").as_bytes());
             }
+            Output::Stalled { for_, .. } => {
+                self.u64(14);
+                self.u64(for_.as_micros());
+            }
+            Output::Unstalled => self.u64(15),
             Output::LeaseWait { holder, generation } => {
                 self.u64(13);
                 self.u64(*holder);
@@ -226,6 +231,8 @@ pub fn describe_output(output: &Output) -> String {
         Output::Recovered(s) => format!("recovered {s:?}"),
         Output::Stopped(r) => format!("stopped {r:?}"),
         Output::LeaseWait { holder, generation } => format!("lease held by {holder:x} (generation {generation})"),
+        Output::Stalled { what, for_ } => format!("stalled: {what} failing for {for_:?}"),
+        Output::Unstalled => "stall over".into(),
     }
 }
 

@@ -899,6 +899,7 @@ impl World {
                 Output::Io { id, op } => self.submit(who, id, op),
                 Output::Recovered(_) => self.stats.recoveries += 1,
                 Output::LeaseWait { .. } => self.stats.lease_waits += 1,
+                Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
                 Output::Stopped(reason) if who == Who::Zombie => self.on_zombie_stopped(reason),
                 Output::Stopped(reason) => self.on_stopped(reason),
             }
@@ -1057,6 +1058,7 @@ fn recover_alone(config: HostConfig, wal: &mut AloneWal, offsets: &mut SimOffset
                 }
                 Output::Stopped(reason) => return Err(reason),
                 Output::LeaseWait { .. } => unreachable!("recovering alone takes no lease"),
+                Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
             }
         }
         let Some((id, op)) = queue.pop_front() else {

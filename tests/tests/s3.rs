@@ -328,3 +328,50 @@ fn two_wals_sharing_one_table_keep_their_own_offsets() {
     let text = stdout(&show);
     assert!(text.contains("main source 0: position=300") && text.ends_with("2 entries\n"), "{text}");
 }
+
+fn metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut body = String::new();
+    let _ = conn.read_to_string(&mut body);
+    body
+}
+
+#[test]
+fn a_dead_endpoint_is_a_visible_stall_and_once_gives_up_with_exit_fifteen() {
+    let (bucket, table, tmp) = setup("stall");
+    let sink = tmp.path().join("sink");
+    let log = tmp.path().join("daemon.log");
+    let proxy = Proxy::start(&aws::endpoint());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = daemon(&bucket, &table, &sink, 20000, 4000, true)
+        .env("SKIPPR_AWS_ENDPOINT", proxy.endpoint())
+        .env("SKIPPR_LEASE_SECONDS", "2")
+        .args(["--stall-seconds", "2", "--stall-exit-seconds", "8", "--metrics-addr", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the daemon to deliver", PATIENCE, || !read_dir_sink(&sink).is_empty());
+    assert!(metrics(port).contains("skippr_wal_stalled 0"), "not stalled while it works");
+    // The endpoint stops answering: every request fails from here on.
+    proxy.drop_responses.store(true, Ordering::SeqCst);
+    let stalled = "has made no progress for";
+    wait_until("the stall to be reported", PATIENCE, || file_contains(&log, stalled));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text.lines().find(|l| l.contains(stalled)).unwrap();
+    assert!(line.contains("ERROR") && line.contains(&proxy.endpoint()), "names the endpoint: {line}");
+    assert!(line.contains("last_error="), "names the last error: {line}");
+    eprintln!("the stall report: {line}");
+    assert!(metrics(port).contains("skippr_wal_stalled 1"), "the metric shows the stall");
+    let status = wait_for(&mut child, PATIENCE).expect("--once gives up after the stall limit");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(15), "{text}");
+    assert!(text.contains("SKIPPR_STALL_EXIT_SECONDS"), "{text}");
+    // Retrying was safe: once the endpoint answers, a run finishes the job.
+    proxy.drop_responses.store(false, Ordering::SeqCst);
+    let out = daemon(&bucket, &table, &sink, 20000, 0, true).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&sink, &["events"], 2, 20000);
+}

@@ -50,7 +50,7 @@ impl Harness {
                 match out {
                     Output::Io { id, op } => self.held.push((id, op)),
                     Output::Stopped(reason) => self.stopped = Some(reason),
-                    Output::Recovered(_) | Output::LeaseWait { .. } => {}
+                    Output::Recovered(_) | Output::LeaseWait { .. } | Output::Stalled { .. } | Output::Unstalled => {}
                 }
             }
             let Some(i) = self.held.iter().position(|(_, op)| is_storage(op)) else {
@@ -562,7 +562,7 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
                 Output::Io { id, op } => pending.push((id, op)),
                 Output::Stopped(r) => stopped = Some(r),
                 Output::Recovered(_) => panic!("recovered without reading a segment"),
-                Output::LeaseWait { .. } => {}
+                Output::LeaseWait { .. } | Output::Stalled { .. } | Output::Unstalled => {}
             }
         }
         if stopped.is_some() {
