@@ -13,6 +13,7 @@ pub mod disk_wal;
 pub mod driver;
 pub mod dynamo;
 pub mod external;
+pub mod file_source;
 pub mod health;
 pub mod metrics;
 pub mod offsets_db;

@@ -12,6 +12,8 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+pub use crate::file_source::FileSource;
+
 /// A source or sink failed in a way that a retry may fix.
 #[derive(Debug)]
 pub struct PluginError(pub String);
@@ -269,126 +271,6 @@ impl Sink for StdoutSink {
     }
 }
 
-/// The built-in file source: tails the `*.jsonl` files of a directory. Each
-/// file is a partition; a record is one complete line (without its newline),
-/// at the position of the byte offset where it starts; a partition's position
-/// is the byte offset after its last complete line. A partition's id is a
-/// 31-bit hash of the file name, so it needs no state of its own (two names
-/// with the same hash are refused, naming both); the checkpoint carries the
-/// file name. With `follow` off it is exhausted once every file is read to
-/// its last complete line.
-pub struct FileSource {
-    dir: PathBuf,
-    stream: String,
-    follow: bool,
-    next: BTreeMap<u32, u64>,
-}
-
-/// Bytes read from one file per read request, at most.
-const FILE_READ_BYTES: usize = 4 << 20;
-
-impl FileSource {
-    pub fn new(dir: &Path, stream: &str, follow: bool) -> FileSource {
-        FileSource { dir: dir.to_path_buf(), stream: stream.to_string(), follow, next: BTreeMap::new() }
-    }
-
-    /// The partition id of a file name.
-    pub fn partition_of(name: &str) -> u32 {
-        let mut h: u32 = 0x811c_9dc5;
-        for b in name.bytes() {
-            h = (h ^ b as u32).wrapping_mul(0x0100_0193);
-        }
-        h & 0x7fff_ffff
-    }
-
-    /// The `*.jsonl` files, by partition id.
-    fn files(&self) -> Result<BTreeMap<u32, (String, PathBuf)>, PluginError> {
-        let entries = std::fs::read_dir(&self.dir)
-            .map_err(|e| PluginError(format!("cannot list {}: {e}", self.dir.display())))?;
-        let mut files = BTreeMap::new();
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if !name.ends_with(".jsonl") || !entry.path().is_file() {
-                continue;
-            }
-            let id = Self::partition_of(&name);
-            if let Some((other, _)) = files.insert(id, (name.clone(), entry.path())) {
-                return Err(PluginError(format!(
-                    "{} and {other} in {} map to the same partition; rename one of them",
-                    name,
-                    self.dir.display()
-                )));
-            }
-        }
-        Ok(files)
-    }
-}
-
-impl Source for FileSource {
-    fn streams(&self) -> Vec<String> {
-        vec![self.stream.clone()]
-    }
-
-    fn open(&mut self, resume: &[ResumePoint]) -> Result<(), PluginError> {
-        self.next = resume.iter().map(|r| (r.partition, r.position.0)).collect();
-        Ok(())
-    }
-
-    fn read(&mut self, records_max: u32) -> Result<(Vec<Batch>, bool), PluginError> {
-        let mut budget = records_max as usize;
-        let mut batches = Vec::new();
-        let mut all_read = true;
-        for (id, (name, path)) in self.files()? {
-            let from = self.next.get(&id).copied().unwrap_or(0);
-            let mut file =
-                File::open(&path).map_err(|e| PluginError(format!("cannot open {}: {e}", path.display())))?;
-            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-            if len < from {
-                return Err(PluginError(format!(
-                    "{} shrank below position {from}: files are append-only",
-                    path.display()
-                )));
-            }
-            if budget == 0 {
-                all_read &= len == from;
-                continue;
-            }
-            use std::io::{Read, Seek, SeekFrom};
-            let mut buf = vec![0u8; ((len - from) as usize).min(FILE_READ_BYTES)];
-            file.seek(SeekFrom::Start(from))
-                .and_then(|_| file.read_exact(&mut buf))
-                .map_err(|e| PluginError(format!("cannot read {}: {e}", path.display())))?;
-            let mut records = Vec::new();
-            let mut at = 0usize;
-            while budget > 0 {
-                let Some(nl) = buf[at..].iter().position(|&b| b == b'\n') else { break };
-                records.push(Record { position: Position(from + at as u64), bytes: buf[at..at + nl].to_vec() });
-                at += nl + 1;
-                budget -= 1;
-            }
-            let end = from + at as u64;
-            // A file is read once only its unterminated tail (if any) is left.
-            all_read &= !buf[at..].contains(&b'\n');
-            if !records.is_empty() {
-                self.next.insert(id, end);
-                batches.push(Batch {
-                    partition: id,
-                    stream: self.stream.clone(),
-                    records,
-                    end: Position(end),
-                    checkpoint: Some(name.into_bytes()),
-                    schema: None,
-                });
-            }
-        }
-        Ok((batches, !self.follow && all_read))
-    }
-
-    fn ack(&mut self, _acks: &[(u32, Position)]) -> Result<(), PluginError> {
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -415,33 +297,6 @@ mod tests {
         let p3: Vec<_> = batches.iter().filter(|b| b.partition == 3).flat_map(|b| &b.records).collect();
         assert_eq!(p3.len(), 1);
         assert_eq!(p3[0].bytes, g.record("b", 1, 4));
-    }
-
-    #[test]
-    fn the_file_source_reads_complete_lines_and_resumes_at_byte_offsets() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("a.jsonl"), b"{\"n\":1}\n{\"n\":2}\n{\"n\":3").unwrap();
-        std::fs::write(tmp.path().join("ignored.txt"), b"x\n").unwrap();
-        let mut src = FileSource::new(tmp.path(), "lines", false);
-        src.open(&[]).unwrap();
-        let (batches, done) = src.read(10).unwrap();
-        assert!(done, "only an unterminated tail is left");
-        assert_eq!(batches.len(), 1);
-        let b = &batches[0];
-        assert_eq!(b.partition, FileSource::partition_of("a.jsonl"));
-        assert_eq!(b.records.iter().map(|r| r.position.0).collect::<Vec<_>>(), vec![0, 8]);
-        assert_eq!(b.records[1].bytes, b"{\"n\":2}");
-        assert_eq!(b.end, Position(16));
-        assert_eq!(b.checkpoint.as_deref(), Some(b"a.jsonl".as_slice()));
-        // The line is completed later; a restarted source resumes at 16.
-        std::fs::write(tmp.path().join("a.jsonl"), b"{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n").unwrap();
-        let mut again = FileSource::new(tmp.path(), "lines", true);
-        again.open(&[ResumePoint { partition: b.partition, position: Position(16), checkpoint: None }]).unwrap();
-        let (batches, done) = again.read(10).unwrap();
-        assert!(!done, "following never ends");
-        assert_eq!(batches[0].records.len(), 1);
-        assert_eq!(batches[0].records[0].bytes, b"{\"n\":3}");
-        assert_eq!(batches[0].end, Position(24));
     }
 
     #[test]

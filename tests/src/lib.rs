@@ -312,3 +312,33 @@ pub fn wal_holds_records(data: &Path) -> bool {
 pub fn file_contains(path: &Path, needle: &str) -> bool {
     std::fs::read_to_string(path).is_ok_and(|text| text.contains(needle))
 }
+
+/// Runs `cmd` to completion, but kills it and fails the test after `limit`
+/// (a daemon that hangs must not hang the suite).
+pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
+    use std::process::Stdio;
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("skipprd starts");
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        std::io::Read::read_to_end(&mut out, &mut text).map(|_| text).unwrap_or_default()
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        std::io::Read::read_to_end(&mut err, &mut text).map(|_| text).unwrap_or_default()
+    });
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned();
+            panic!("{cmd:?} did not finish within {limit:?}:\n{err}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Output { status, stdout: reader.join().unwrap(), stderr: err_reader.join().unwrap() }
+}

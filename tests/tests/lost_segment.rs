@@ -94,6 +94,17 @@ impl Place {
     }
 }
 
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 async fn s3_client() -> aws_sdk_s3::Client {
     let sdk = aws::sdk(&aws::endpoint()).await;
     aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&sdk).force_path_style(true).build())
@@ -103,7 +114,9 @@ async fn s3_client() -> aws_sdk_s3::Client {
 /// holds every record (so nothing was compacted and every segment is still
 /// needed), then stops it. Returns the segments that hold data.
 fn fill_uncompacted_wal(place: &Place, data: &Path, out: &Path) -> Vec<u64> {
-    let mut child = place.daemon(data, out, true, false).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let child = place.daemon(data, out, true, false).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    // Killed if the test fails before it is stopped.
+    let mut child = KillOnDrop(Some(child));
     let deadline = Instant::now() + Duration::from_secs(120);
     let all = format!(" segments, {} records", 2 * RECORDS.parse::<u64>().unwrap());
     loop {
@@ -114,6 +127,7 @@ fn fill_uncompacted_wal(place: &Place, data: &Path, out: &Path) -> Vec<u64> {
         assert!(Instant::now() < deadline, "the WAL never held every record: {verify}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    let mut child = child.0.take().unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(9), "a sink that refuses everything cannot be drained");
     let segments = place.segments(data);
