@@ -69,6 +69,11 @@ struct FileId {
     ino: u64,
 }
 
+/// Every regular file of the directory, by identity.
+type ById = BTreeMap<FileId, Found>;
+/// The `*.jsonl` names, by partition.
+type Named = BTreeMap<u32, (String, FileId)>;
+
 /// A regular file found in the directory.
 struct Found {
     path: PathBuf,
@@ -107,7 +112,7 @@ impl FileSource {
 
     /// Every regular file of the directory by identity, and the `*.jsonl`
     /// ones by partition.
-    fn list(&self) -> Result<(BTreeMap<FileId, Found>, BTreeMap<u32, (String, FileId)>), PluginError> {
+    fn list(&self) -> Result<(ById, Named), PluginError> {
         let entries = std::fs::read_dir(&self.dir)
             .map_err(|e| PluginError(format!("cannot list {}: {e}", self.dir.display())))?;
         let (mut by_id, mut named) = (BTreeMap::new(), BTreeMap::<u32, (String, FileId)>::new());
@@ -134,7 +139,7 @@ impl FileSource {
 
     /// Decides which file each partition reads now: the one it was reading
     /// (under whatever name), a new generation behind its name, or none.
-    fn settle(&mut self, by_id: &BTreeMap<FileId, Found>, named: &BTreeMap<u32, (String, FileId)>) {
+    fn settle(&mut self, by_id: &ById, named: &Named) {
         let owned: Vec<FileId> = self.tracked.values().filter_map(|t| t.file).collect();
         for (&partition, (name, id)) in named {
             // A rotated copy that kept the pattern belongs to its partition.
