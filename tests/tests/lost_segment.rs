@@ -202,3 +202,50 @@ fn a_lost_oldest_segment_stops_recovery_in_s3_mode() {
 fn a_lost_middle_segment_stops_recovery_in_s3_mode() {
     lose_and_expect_stop(&s3_place("lost-middle"), middle, MIDDLE);
 }
+
+/// A run into the directory sink that finishes, for the tests below.
+fn run_dir(data: &Path, records: &str) -> std::process::Output {
+    let mut cmd = Command::new(skipprd_bin());
+    cmd.args(["run", "--once", "--data-dir", data.to_str().unwrap(), "--generator-records", records])
+        .args(["--wal-bytes-per-file", "1048576"]);
+    output_within(&mut cmd, PATIENCE)
+}
+
+#[test]
+fn an_older_copy_of_the_wal_restored_is_caught_by_the_offsets_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    assert_eq!(run_dir(&data, "5000").status.code(), Some(0));
+    let copy = tmp.path().join("wal-backup");
+    std::fs::create_dir_all(&copy).unwrap();
+    for e in std::fs::read_dir(data.join("wal")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+    }
+    // More records after the backup; then the backup is restored over the
+    // WAL, without the offsets store.
+    assert_eq!(run_dir(&data, "15000").status.code(), Some(0));
+    std::fs::remove_dir_all(data.join("wal")).unwrap();
+    std::fs::rename(&copy, data.join("wal")).unwrap();
+    let out = run_dir(&data, "15000");
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(stderr(&out).contains("committed WAL data is missing"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_lost_newest_segment_is_caught_by_the_offsets_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    assert_eq!(run_dir(&data, "20000").status.code(), Some(0));
+    let mut ids = Place::Disk.segments(&data);
+    // The newest segment with data, and the spare after it, if any.
+    let verify = stdout(&Place::Disk.verify(&data));
+    ids.retain(|id| verify.contains(&format!("{id:020}.seg: ")) && !verify.contains(&format!("{id:020}.seg: empty")));
+    let newest = *ids.last().unwrap();
+    for id in Place::Disk.segments(&data).into_iter().filter(|id| *id >= newest) {
+        Place::Disk.delete(&data, id);
+    }
+    let out = run_dir(&data, "20000");
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(stderr(&out).contains("committed WAL data is missing"), "{}", stderr(&out));
+}
