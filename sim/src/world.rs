@@ -920,6 +920,15 @@ impl World {
                 self.trace.note(self.now, "zombie stopped");
                 self.zombie = None;
             }
+            // A writer frozen before an operator deleted a segment wakes to
+            // a WAL that is not whole: stopping there is right.
+            StopReason::WalIncomplete(_) | StopReason::Corrupt(_) | StopReason::OffsetsAheadOfWal { .. }
+                if self.lost.is_some() =>
+            {
+                self.trace.note(self.now, "zombie stopped");
+                self.zombie = None;
+                self.fail_closed = Some(format!("a woken writer stopped after a segment was lost: {reason:?}"));
+            }
             other => self.checker.fail(invariant::UNEXPECTED_STOP, format!("woken writer: {other:?}")),
         }
     }
