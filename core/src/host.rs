@@ -103,6 +103,7 @@ enum Pending {
     SourceRead(SourceId),
     SourceAck(SourceId),
     SinkApply(SinkId, StreamId),
+    SinkProgress(SinkId),
     SchemaDecide(StreamId),
     /// With the time it was sent.
     LeaseRead(Instant),
@@ -145,6 +146,8 @@ struct Recovery {
     /// A stop recovery found, held until the lease is read again: if
     /// another writer took over, losing the lease is the real story.
     doubt: Option<(StopReason, Instant)>,
+    /// Sinks asked for their progress and not answered yet.
+    progress_pending: BTreeSet<SinkId>,
 }
 
 struct Wal {
@@ -536,6 +539,11 @@ impl Host {
                 Err(_) => self.retry_later(Retry::Create),
             },
             Pending::WalAppend => self.on_append(id, result),
+            Pending::SinkProgress(sink) => match result {
+                Ok(IoReply::SinkProgress(applied)) => self.on_sink_progress(sink, applied),
+                Ok(other) => panic!("SinkProgress answered with {other:?}"),
+                Err(_) => self.on_sink_progress(sink, Vec::new()),
+            },
             Pending::WalDelete(segment) => match result {
                 Ok(_) => {
                     self.succeeded(Retry::Delete);

@@ -96,6 +96,10 @@ pub enum IoOp {
     SourceAck { source: SourceId, acks: Vec<(u32, Position)> },
     /// Hand a destination batch to a sink. Answer: `Sink`.
     SinkApply(SinkApply),
+    /// Ask a sink, at recovery, for the highest sequence number it has
+    /// applied, per stream, where it can tell. Answer: `SinkProgress` (empty
+    /// when it cannot tell; an error counts as that too).
+    SinkProgress { sink: SinkId },
     /// Ask the schema plugin to accept a stream's new schema (identified by
     /// `fingerprint`) before its first batch. Answer: `Schema`.
     SchemaDecide { stream: StreamId, fingerprint: u64, schema: Arc<[u8]> },
@@ -168,6 +172,8 @@ pub enum IoReply {
         outcome: SinkOutcome,
         rows: u64,
     },
+    /// Per stream, the highest sequence number the sink has applied.
+    SinkProgress(Vec<(StreamId, CompactionSeq)>),
     /// The schema plugin's verdict; `reason` says why it refused.
     Schema {
         accept: bool,
@@ -218,6 +224,10 @@ pub enum StopReason {
     /// The offsets store holds a position the WAL does not: committed WAL data
     /// was lost, or the store belongs to another WAL.
     OffsetsAheadOfWal { key: PartitionKey, store: Position, wal: Position },
+    /// A sink has applied a batch whose sequence number the WAL never
+    /// planned: the WAL is older than the sink's destination (an older copy
+    /// restored, or a new WAL beside an old destination).
+    SinkAheadOfWal { sink: SinkId, stream: StreamId, applied: CompactionSeq, wal_next: CompactionSeq },
     /// An offsets entry is not the 24-byte value: the store was damaged or
     /// belongs to something else.
     OffsetsMalformed { key: PartitionKey, len: usize },

@@ -307,6 +307,18 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
                 Some(reason) => Ok(IoReply::Schema { accept: false, reason }),
             }
         }
+        IoOp::SinkProgress { sink } => {
+            let mut sink = b.sinks[sink.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let applied = sink.progress(&b.streams).map_err(|e| plugin_failed("asking a sink for its progress", e))?;
+            let by_id = applied
+                .into_iter()
+                .filter_map(|(name, seq)| {
+                    let stream = b.streams.iter().position(|s| *s == name)?;
+                    Some((skippr_core::StreamId(stream as u16), skippr_core::CompactionSeq(seq)))
+                })
+                .collect();
+            Ok(IoReply::SinkProgress(by_id))
+        }
         IoOp::SinkApply(a) => {
             let mut sink = b.sinks[a.sink.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let stream = &b.streams[a.stream.0 as usize];
@@ -353,6 +365,7 @@ fn op_name(op: &IoOp) -> &'static str {
         IoOp::SourceRead { .. } => "source-read",
         IoOp::SourceAck { .. } => "source-ack",
         IoOp::SinkApply(_) => "sink-apply",
+        IoOp::SinkProgress { .. } => "sink-progress",
         IoOp::SchemaDecide { .. } => "schema-decide",
         IoOp::LeaseRead => "lease-read",
         IoOp::LeaseWrite { .. } => "lease-write",
@@ -438,6 +451,13 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
              WAL data is missing (a wiped or wrong data directory?). If that is deliberate, run `skipprd offsets reset` \
              and sources will resume from what the WAL holds",
             store.0, key.source.0, key.partition, wal.0
+        ),
+        StopReason::SinkAheadOfWal { sink, stream, applied, wal_next } => format!(
+            "sink {} has applied batch {} of stream {}, but the WAL has planned batches only below {}: the WAL is \
+             older than what the sink holds (a data directory restored from an older backup, or a new WAL beside \
+             a destination an older one wrote). Nothing was delivered. Restore the newer WAL, or point the sink \
+             at a fresh destination to start over",
+            sink.0, applied.0, stream.0, wal_next.0
         ),
         StopReason::OffsetsMalformed { key, len } => format!(
             "the offsets store holds a {len}-byte value for source {} partition {} (expected 24): it is damaged or \

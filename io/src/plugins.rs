@@ -61,6 +61,12 @@ pub trait Sink: Send {
         id: CompactionId,
         records: &[Vec<u8>],
     ) -> Result<SinkOutcome, PluginError>;
+
+    /// The highest sequence number applied per stream of `streams`, where
+    /// the sink can tell (asked once, at recovery). The default cannot.
+    fn progress(&mut self, _streams: &[String]) -> Result<Vec<(String, u64)>, PluginError> {
+        Ok(Vec::new())
+    }
 }
 
 /// The built-in generator: `partitions` partitions per stream, each a run of
@@ -215,6 +221,16 @@ fn parse_name(name: &str) -> Option<(u64, CompactionId)> {
 }
 
 impl Sink for DirSink {
+    fn progress(&mut self, streams: &[String]) -> Result<Vec<(String, u64)>, PluginError> {
+        let mut out = Vec::new();
+        for stream in streams {
+            if let Some((&seq, _)) = self.load(stream)?.last_key_value() {
+                out.push((stream.clone(), seq));
+            }
+        }
+        Ok(out)
+    }
+
     fn apply(
         &mut self,
         stream: &str,

@@ -49,7 +49,9 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::Clean => OK,
         StopReason::DrainTimedOut => DRAIN_FAILED,
         StopReason::Corrupt(_) | StopReason::WalIncomplete(_) => WAL_CORRUPT,
-        StopReason::OffsetsAheadOfWal { .. } | StopReason::OffsetsMalformed { .. } => OFFSETS,
+        StopReason::OffsetsAheadOfWal { .. }
+        | StopReason::OffsetsMalformed { .. }
+        | StopReason::SinkAheadOfWal { .. } => OFFSETS,
         StopReason::WalWriteFailed { .. } | StopReason::WalReadFailed { .. } => WAL_WRITE,
         StopReason::SinkFatal { .. } => SINK_FATAL,
         StopReason::SourceProtocol { .. } => SOURCE_PROTOCOL,

@@ -10,7 +10,7 @@
 use crate::scenario::SourceSpec;
 use skippr_core::io::{ResumePoint, SourceBatchIn};
 use skippr_core::wal::Record;
-use skippr_core::{CompactionId, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, StreamId};
+use skippr_core::{CompactionId, CompactionSeq, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, StreamId};
 use std::collections::{BTreeMap, BTreeSet};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -160,12 +160,24 @@ impl SimSource {
 #[derive(Clone, Default)]
 pub struct SimSink {
     applied: BTreeSet<CompactionId>,
+    /// The highest sequence number applied, per stream.
+    highest: BTreeMap<StreamId, CompactionSeq>,
 }
 
 impl SimSink {
     /// Returns true when this apply took effect (the id was new).
-    pub fn apply(&mut self, id: CompactionId) -> bool {
-        self.applied.insert(id)
+    pub fn apply(&mut self, id: CompactionId, stream: StreamId, seq: CompactionSeq) -> bool {
+        let took_effect = self.applied.insert(id);
+        if took_effect {
+            let highest = self.highest.entry(stream).or_insert(seq);
+            *highest = (*highest).max(seq);
+        }
+        took_effect
+    }
+
+    /// What the sink can tell the host at recovery.
+    pub fn progress(&self) -> Vec<(StreamId, CompactionSeq)> {
+        self.highest.iter().map(|(s, q)| (*s, *q)).collect()
     }
 }
 

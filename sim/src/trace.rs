@@ -122,6 +122,12 @@ impl Trace {
                     self.lease(row);
                 }
             }
+            IoReply::SinkProgress(applied) => {
+                self.u64(46);
+                for (stream, seq) in applied {
+                    self.u64(stream.0 as u64 ^ seq.0 << 16);
+                }
+            }
         }
     }
 
@@ -179,6 +185,7 @@ impl Trace {
                 self.u64(*fingerprint);
             }
             IoOp::LeaseRead => self.u64(42),
+            IoOp::SinkProgress { sink } => self.u64(45 ^ (sink.0 as u64) << 8),
             IoOp::LeaseWrite { expected, row } => {
                 self.u64(43);
                 self.u64(expected.map_or(u64::MAX, |v| v));
@@ -209,6 +216,10 @@ fn describe_reply(reply: &IoReply) -> String {
         IoReply::Segments(s) => format!("segments {:?}", s.iter().map(|s| s.0).collect::<Vec<_>>()),
         IoReply::SegmentBytes(b) => format!("{} bytes", b.len()),
         IoReply::Offsets(e) => format!("{} offsets", e.len()),
+        IoReply::SinkProgress(applied) => {
+            let applied: Vec<String> = applied.iter().map(|(s, q)| format!("stream {}: {}", s.0, q.0)).collect();
+            format!("sink progress [{}]", applied.join(", "))
+        }
         IoReply::Batches { batches, exhausted } => {
             let mut s = String::from("batches");
             for b in batches {
@@ -273,6 +284,7 @@ pub fn describe_op(op: &IoOp) -> String {
             format!("schema-decide stream={} fingerprint={fingerprint:016x}", stream.0)
         }
         IoOp::LeaseRead => "lease-read".into(),
+        IoOp::SinkProgress { sink } => format!("sink-progress {}", sink.0),
         IoOp::LeaseWrite { expected, row } => format!(
             "lease-write if-version={expected:?} gen={} holder={:x} version={}",
             row.generation, row.holder, row.version

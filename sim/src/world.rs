@@ -445,6 +445,7 @@ impl World {
                 self.after(lat.disk_other, Event::Complete { gen, id, op });
             }
             IoOp::SinkApply(apply) => self.after(lat.sink, Event::SinkEffect { gen, id, apply }),
+            IoOp::SinkProgress { .. } => self.after(lat.sink, Event::Complete { gen, id, op }),
             IoOp::OffsetsRead | IoOp::OffsetsWrite { .. } => self.after(lat.offsets, Event::Complete { gen, id, op }),
             IoOp::SourceOpen { .. } | IoOp::SourceRead { .. } | IoOp::SourceAck { .. } | IoOp::SchemaDecide { .. } => {
                 self.after(lat.source, Event::Complete { gen, id, op })
@@ -746,6 +747,7 @@ impl World {
                 Ok(IoReply::Schema { accept: true, reason: String::new() })
             }
             IoOp::SinkApply(_) => unreachable!("sink applies go through SinkEffect"),
+            IoOp::SinkProgress { sink } => Ok(IoReply::SinkProgress(self.sinks[sink.0 as usize].progress())),
         }
     }
 
@@ -780,7 +782,7 @@ impl World {
             let result = Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, rows: 0 });
             return self.after((lat.0 / 2, lat.0), Event::Reply { gen, id, result });
         }
-        let took_effect = self.sinks[apply.sink.0 as usize].apply(apply.id);
+        let took_effect = self.sinks[apply.sink.0 as usize].apply(apply.id, apply.stream, apply.seq);
         self.checker.on_apply(&apply, took_effect);
         let outcome = if took_effect { SinkOutcome::Applied } else { SinkOutcome::AlreadyApplied };
         let result = if self.faulting && self.sched.chance(f.sink_lost_reply) {
@@ -922,7 +924,10 @@ impl World {
             }
             // A writer frozen before an operator deleted a segment wakes to
             // a WAL that is not whole: stopping there is right.
-            StopReason::WalIncomplete(_) | StopReason::Corrupt(_) | StopReason::OffsetsAheadOfWal { .. }
+            StopReason::WalIncomplete(_)
+            | StopReason::Corrupt(_)
+            | StopReason::OffsetsAheadOfWal { .. }
+            | StopReason::SinkAheadOfWal { .. }
                 if self.lost.is_some() =>
             {
                 self.trace.note(self.now, "zombie stopped");
@@ -971,6 +976,14 @@ impl World {
             StopReason::Corrupt(c) if self.stats.rot > 0 || self.disk.stats.rot > 0 => {
                 self.fail_closed =
                     Some(format!("stopped on corrupt segment {} at byte {}: {}", c.segment.0, c.offset, c.what));
+                self.host = None;
+            }
+            StopReason::SinkAheadOfWal { sink, stream, applied, wal_next } if self.lost.is_some() => {
+                let why = format!(
+                    "stopped on sink {sink} stream {stream} at batch {} ahead of the WAL's {} after a segment was lost",
+                    applied.0, wal_next.0
+                );
+                self.fail_closed = Some(why);
                 self.host = None;
             }
             StopReason::OffsetsAheadOfWal { key, store, wal } if self.lost.is_some() => {
@@ -1102,6 +1115,8 @@ fn recover_alone(config: HostConfig, wal: &mut AloneWal, offsets: &mut SimOffset
             (IoOp::WalRead { segment }, AloneWal::S3(s3)) => s3.read(segment).map(IoReply::SegmentBytes),
             (IoOp::WalCreate { .. } | IoOp::WalAppend { .. }, _) => Ok(IoReply::Done),
             (IoOp::OffsetsRead, _) => Ok(IoReply::Offsets(offsets.read())),
+            // The copies have no sinks: "cannot tell" is a valid answer.
+            (IoOp::SinkProgress { .. }, _) => Ok(IoReply::SinkProgress(Vec::new())),
             (IoOp::OffsetsWrite { entries }, _) => {
                 offsets.write(&entries);
                 Ok(IoReply::Done)

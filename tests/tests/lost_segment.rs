@@ -249,3 +249,27 @@ fn a_lost_newest_segment_is_caught_by_the_offsets_store() {
     assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
     assert!(stderr(&out).contains("committed WAL data is missing"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_whole_data_directory_restored_from_an_older_backup_is_caught_by_the_sink() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, sink, backup) = (tmp.path().join("data"), tmp.path().join("sink"), tmp.path().join("backup"));
+    let run = |records: &str| {
+        let mut cmd = Command::new(skipprd_bin());
+        cmd.args(["run", "--once", "--data-dir", data.to_str().unwrap(), "--generator-records", records])
+            .args(["--sink-dir", sink.to_str().unwrap()]);
+        output_within(&mut cmd, PATIENCE)
+    };
+    assert_eq!(run("5000").status.code(), Some(0));
+    assert!(Command::new("cp").arg("-a").arg(&data).arg(&backup).status().unwrap().success());
+    assert_eq!(run("15000").status.code(), Some(0));
+    // WAL and offsets store together, from before the second run; the sink
+    // (elsewhere) holds the batches of both runs.
+    std::fs::remove_dir_all(&data).unwrap();
+    std::fs::rename(&backup, &data).unwrap();
+    let out = run("15000");
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(6), "{log}");
+    assert!(log.contains("the WAL is older than what the sink holds"), "{log}");
+    assert_exactly_once(&sink, &["events"], 2, 15000);
+}

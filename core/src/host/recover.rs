@@ -98,7 +98,36 @@ impl Host {
                 self.offsets_dirty.insert(*key);
             }
         }
-        self.finish_recovery();
+        self.ask_sink_progress();
+    }
+
+    /// Step two, continued: like the offsets store, a sink may lag the WAL,
+    /// never lead it. A sink that applied a sequence number the WAL never
+    /// planned proves the WAL is older than the sink (a whole data
+    /// directory restored from an older backup, offsets store included).
+    fn ask_sink_progress(&mut self) {
+        let sinks: Vec<SinkId> = (0..self.cfg.sinks.len() as u16).map(SinkId).collect();
+        self.recovery.progress_pending = sinks.iter().copied().collect();
+        for sink in sinks {
+            self.io(Pending::SinkProgress(sink), IoOp::SinkProgress { sink });
+        }
+        if self.recovery.progress_pending.is_empty() {
+            self.finish_recovery();
+        }
+    }
+
+    pub(super) fn on_sink_progress(&mut self, sink: SinkId, applied: Vec<(StreamId, CompactionSeq)>) {
+        assert!(self.recovery.progress_pending.remove(&sink), "one progress answer per sink");
+        for (stream, applied) in applied {
+            let wal_next = self.committed.next_seq.get(&(sink, stream)).copied().unwrap_or_default();
+            if applied >= wal_next {
+                return self.stop_unless_lease_lost(StopReason::SinkAheadOfWal { sink, stream, applied, wal_next });
+            }
+        }
+        let doubted = self.recovery.doubt.is_some();
+        if self.recovery.progress_pending.is_empty() && self.phase == Phase::Recovering && !doubted {
+            self.finish_recovery();
+        }
     }
 
     /// Segments after the WAL's end whose creation never completed are

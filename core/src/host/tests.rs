@@ -33,12 +33,24 @@ struct Harness {
     offsets: BTreeMap<PartitionKey, Vec<u8>>,
     held: Vec<(IoId, IoOp)>,
     stopped: Option<StopReason>,
+    /// What the sink answers when recovery asks for its progress.
+    sink_progress: Vec<(StreamId, CompactionSeq)>,
 }
 
 impl Harness {
     fn start(disk: BTreeMap<SegmentId, Vec<u8>>, offsets: BTreeMap<PartitionKey, Vec<u8>>) -> Harness {
-        let host = Host::new(config(), Instant::ZERO).unwrap();
-        let mut h = Harness { host, now: Instant::ZERO, disk, offsets, held: Vec::new(), stopped: None };
+        Harness::start_full(config(), disk, offsets, Vec::new())
+    }
+
+    fn start_full(
+        cfg: HostConfig,
+        disk: BTreeMap<SegmentId, Vec<u8>>,
+        offsets: BTreeMap<PartitionKey, Vec<u8>>,
+        sink_progress: Vec<(StreamId, CompactionSeq)>,
+    ) -> Harness {
+        let host = Host::new(cfg, Instant::ZERO).unwrap();
+        let held = Vec::new();
+        let mut h = Harness { host, now: Instant::ZERO, disk, offsets, held, stopped: None, sink_progress };
         h.settle();
         h
     }
@@ -89,6 +101,9 @@ impl Harness {
                 }
                 IoReply::Done
             }
+            // The harness's sink keeps no progress of its own: it answers
+            // that it cannot tell; `sink_progress` tests set an answer.
+            IoOp::SinkProgress { .. } => IoReply::SinkProgress(self.sink_progress.clone()),
             other => unreachable!("not a storage request: {other:?}"),
         })
     }
@@ -188,6 +203,7 @@ fn is_storage(op: &IoOp) -> bool {
             | IoOp::WalDelete { .. }
             | IoOp::OffsetsRead
             | IoOp::OffsetsWrite { .. }
+            | IoOp::SinkProgress { .. }
     )
 }
 
@@ -425,11 +441,7 @@ fn batch_with_schema(from: u64, to: u64, schema: &str) -> SourceBatchIn {
 
 impl Harness {
     fn start_with(cfg: HostConfig, disk: BTreeMap<SegmentId, Vec<u8>>) -> Harness {
-        let host = Host::new(cfg, Instant::ZERO).unwrap();
-        let mut h =
-            Harness { host, now: Instant::ZERO, disk, offsets: BTreeMap::new(), held: Vec::new(), stopped: None };
-        h.settle();
-        h
+        Harness::start_full(cfg, disk, BTreeMap::new(), Vec::new())
     }
 
     fn read_with(&mut self, batch: SourceBatchIn) {
@@ -587,4 +599,23 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
     }
     assert_eq!(stopped, Some(StopReason::WalReadFailed { segment }));
     assert_eq!(failed_reads, WAL_READ_ATTEMPTS, "it retried before giving up");
+}
+
+#[test]
+fn a_sink_ahead_of_the_wal_stops_recovery_before_anything_is_delivered() {
+    // The sink has applied batches 0..=3 of stream 0; this WAL (empty: a
+    // new data directory beside an old destination) planned none of them.
+    let ahead = vec![(StreamId(0), CompactionSeq(3))];
+    let h = Harness::start_full(config(), BTreeMap::new(), BTreeMap::new(), ahead);
+    let stop = StopReason::SinkAheadOfWal {
+        sink: SinkId(0),
+        stream: StreamId(0),
+        applied: CompactionSeq(3),
+        wal_next: CompactionSeq(0),
+    };
+    assert_eq!(h.stopped, Some(stop));
+    assert!(!h.has(|op| matches!(op, IoOp::SourceOpen { .. } | IoOp::SinkApply(_))), "nothing resumed");
+    // A sink that lags, or cannot tell, is fine.
+    let behind = Harness::start_full(config(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    assert_eq!(behind.stopped, None);
 }
