@@ -184,6 +184,21 @@ pub mod aws {
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
     }
 
+    /// A fresh bucket and a fresh offsets table (created by
+    /// `skipprd offsets init-table`), named after `name` and this process.
+    pub fn bucket_and_table(name: &str) -> (String, String) {
+        let bucket = runtime().block_on(bucket(name));
+        let table = format!("{name}-{}", std::process::id());
+        let out = std::process::Command::new(crate::skipprd_bin())
+            .args(["offsets", "init-table"])
+            .env("SKIPPR_OFFSET_DYNAMODB_TABLE", &table)
+            .envs(env())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", crate::stderr(&out));
+        (bucket, table)
+    }
+
     /// A fresh bucket with a name no other test uses.
     pub async fn bucket(name: &str) -> String {
         set_env();

@@ -181,15 +181,7 @@ fn a_lost_middle_segment_stops_recovery_on_disk() {
 }
 
 fn s3_place(name: &str) -> Place {
-    let bucket = aws::runtime().block_on(aws::bucket(name));
-    let table = format!("{name}-{}", std::process::id());
-    let out = Command::new(skipprd_bin())
-        .args(["offsets", "init-table"])
-        .env("SKIPPR_OFFSET_DYNAMODB_TABLE", &table)
-        .envs(aws::env())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (bucket, table) = aws::bucket_and_table(name);
     Place::S3 { bucket, table }
 }
 

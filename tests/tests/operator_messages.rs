@@ -11,16 +11,7 @@ use std::process::{Command, Stdio};
 
 /// A table and a bucket on the local server.
 fn setup(name: &str) -> (String, String) {
-    let bucket = aws::runtime().block_on(aws::bucket(name));
-    let table = format!("{name}-{}", std::process::id());
-    let out = Command::new(skipprd_bin())
-        .args(["offsets", "init-table"])
-        .env("SKIPPR_OFFSET_DYNAMODB_TABLE", &table)
-        .envs(aws::env())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    (bucket, table)
+    aws::bucket_and_table(name)
 }
 
 fn s3_run(bucket: &str, table: &str, data: &std::path::Path) -> Command {

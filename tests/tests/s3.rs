@@ -153,15 +153,7 @@ fn daemon(bucket: &str, table: &str, sink: &std::path::Path, records: u64, rate:
 }
 
 fn setup(name: &str) -> (String, String, tempfile::TempDir) {
-    let bucket = aws::runtime().block_on(aws::bucket(name));
-    let table = format!("{name}-{}", std::process::id());
-    let out = Command::new(skipprd_bin())
-        .args(["offsets", "init-table"])
-        .env("SKIPPR_OFFSET_DYNAMODB_TABLE", &table)
-        .envs(aws::env())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (bucket, table) = aws::bucket_and_table(name);
     (bucket, table, tempfile::tempdir().unwrap())
 }
 
