@@ -445,7 +445,8 @@ impl World {
                 self.after(lat.disk_other, Event::Complete { gen, id, op });
             }
             IoOp::SinkApply(apply) => self.after(lat.sink, Event::SinkEffect { gen, id, apply }),
-            IoOp::SinkProgress { .. } => self.after(lat.sink, Event::Complete { gen, id, op }),
+            // A look at the destination, not a write: as quick as a source request.
+            IoOp::SinkProgress { .. } => self.after(lat.source, Event::Complete { gen, id, op }),
             IoOp::OffsetsRead | IoOp::OffsetsWrite { .. } => self.after(lat.offsets, Event::Complete { gen, id, op }),
             IoOp::SourceOpen { .. } | IoOp::SourceRead { .. } | IoOp::SourceAck { .. } | IoOp::SchemaDecide { .. } => {
                 self.after(lat.source, Event::Complete { gen, id, op })
