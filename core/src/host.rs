@@ -383,7 +383,6 @@ impl Host {
         self.out.push_back(Output::Stopped(reason));
     }
 
-    /// Schedules `what` after an exponential, jittered backoff.
     /// WAL and lease completions feed the stall watch.
     fn watch_stall(&mut self, pending: &Pending, ok: bool) {
         let lease = match pending {
@@ -401,6 +400,7 @@ impl Host {
         }
     }
 
+    /// Schedules `what` after an exponential, jittered backoff.
     fn retry_later(&mut self, what: Retry) {
         let attempt = self.attempts.entry(what).or_insert(0);
         *attempt = (*attempt + 1).min(20);

@@ -443,7 +443,8 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
         ),
         StopReason::WalIncomplete(m) => format!(
             "{}. Nothing was delivered from this WAL. Put the missing segments back (from the backup or copy they \
-             came from) and start again; starting over from an empty DATA_DIR (or WAL prefix) re-reads the sources",
+             came from) and start again; starting over from an empty DATA_DIR (or WAL prefix) re-reads the sources \
+             into a fresh sink destination",
             missing_message(m, |id| wal.segment(id))
         ),
         StopReason::OffsetsAheadOfWal { key, store, wal } => format!(

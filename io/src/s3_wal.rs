@@ -52,9 +52,9 @@ type Listed = BTreeMap<SegmentId, BTreeMap<u64, i64>>;
 impl S3Wal {
     /// Connects and checks that the bucket answers.
     pub async fn connect(sdk: &aws_config::SdkConfig, bucket: &str, prefix: &str) -> Result<S3Wal, String> {
-        let path_style = crate::aws::s3_endpoint(sdk).is_some();
-        let base = aws_sdk_s3::config::Builder::from(sdk).force_path_style(path_style);
-        let endpoint = crate::aws::endpoint_label(crate::aws::s3_endpoint(sdk), sdk);
+        let custom = crate::aws::s3_endpoint(sdk);
+        let base = aws_sdk_s3::config::Builder::from(sdk).force_path_style(custom.is_some());
+        let endpoint = crate::aws::endpoint_label(custom, sdk);
         let puts = Client::from_conf(base.clone().retry_config(aws_config::retry::RetryConfig::disabled()).build());
         let client = Client::from_conf(base.build());
         let prefix = normalize_prefix(prefix);
@@ -72,7 +72,7 @@ impl S3Wal {
 
     /// `s3://bucket/prefix`, for messages and the lease's name.
     pub fn location(&self) -> String {
-        format!("s3://{}/{}", self.bucket, self.prefix)
+        location(&self.bucket, &self.prefix)
     }
 
     pub fn key(&self, segment: SegmentId, offset: u64) -> String {

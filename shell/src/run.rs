@@ -150,6 +150,7 @@ async fn run(cfg: RunConfig) -> i32 {
         }
     };
     let (wal, offsets, lease, place, endpoints) = stores;
+    let endpoints = endpoints.unwrap_or_else(|| "none (local disk)".into());
     let metrics_dir = match &place {
         WalPlace::Dir(dir) => Some(dir.clone()),
         WalPlace::S3(_) => None,
@@ -174,11 +175,10 @@ async fn run(cfg: RunConfig) -> i32 {
         schema,
         metrics,
         place: place.root(),
-        endpoints: endpoints.clone().unwrap_or_else(|| "none (local disk)".into()),
+        endpoints: endpoints.clone(),
     };
     let shutdown = crate::signals::listen();
     let totals = Arc::new(RunTotals::default());
-    let endpoints = endpoints.unwrap_or_else(|| "none (local disk)".into());
     info!(wal = place.root(), endpoints = %endpoints, once = cfg.once, "starting");
     let reason = drive(host, backends, clock, shutdown, Arc::clone(&totals)).await;
     let code = exit::for_stop(&reason);

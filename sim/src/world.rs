@@ -208,6 +208,9 @@ impl World {
             trace: Trace::new(opts.trace),
             sched: Rng::new(seed, Stream::Scheduler),
             faults_rng: Rng::new(seed, Stream::Crashes),
+            // The scenario draws whether the fault is on from this stream's
+            // first value; the world's draws come from a sibling seed so the
+            // two never repeat each other.
             operator_rng: Rng::new(seed ^ 0x6f70_6572_6174_6f72, Stream::Operator),
             lost: None,
             disk: SimDisk::new(seed),
@@ -964,14 +967,17 @@ impl World {
                 self.exit_and_restart();
             }
             StopReason::WalWriteFailed { .. } => self.exit_and_restart(),
-            StopReason::WalIncomplete(m) if self.lost.is_some() => {
-                self.fail_closed = Some(format!("stopped on a missing segment: {m:?}"));
-                self.host = None;
-            }
-            // A late put of the dead writer can bring back part of a
-            // deleted segment; that, too, is refused.
-            StopReason::Corrupt(c) if self.lost.is_some() => {
-                self.fail_closed = Some(format!("stopped on corrupt segment {} after a segment was lost", c.segment.0));
+            // After an operator lost a segment, recovery stops on what it finds
+            // missing: the WAL's own checks, the offsets store or a sink ahead
+            // of it, or part of the segment brought back by a dead writer's
+            // late put.
+            reason @ (StopReason::WalIncomplete(_)
+            | StopReason::Corrupt(_)
+            | StopReason::SinkAheadOfWal { .. }
+            | StopReason::OffsetsAheadOfWal { .. })
+                if self.lost.is_some() =>
+            {
+                self.fail_closed = Some(format!("stopped after a segment was lost: {reason:?}"));
                 self.host = None;
             }
             StopReason::Corrupt(c) if self.stats.rot > 0 || self.disk.stats.rot > 0 => {

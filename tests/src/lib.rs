@@ -357,3 +357,16 @@ pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
     };
     Output { status, stdout: reader.join().unwrap(), stderr: err_reader.join().unwrap() }
 }
+
+/// The daemon's `/metrics` page on loopback `port`, or "" while nothing
+/// answers there yet.
+pub fn scrape_metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
+    if conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").is_err() {
+        return String::new();
+    }
+    let mut body = String::new();
+    let _ = conn.read_to_string(&mut body);
+    body
+}

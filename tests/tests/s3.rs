@@ -321,15 +321,6 @@ fn two_wals_sharing_one_table_keep_their_own_offsets() {
     assert!(text.contains("main source 0: position=300") && text.ends_with("2 entries\n"), "{text}");
 }
 
-fn metrics(port: u16) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
-    let mut body = String::new();
-    let _ = conn.read_to_string(&mut body);
-    body
-}
-
 #[test]
 fn a_dead_endpoint_is_a_visible_stall_and_once_gives_up_with_exit_fifteen() {
     let (bucket, table, tmp) = setup("stall");
@@ -346,7 +337,7 @@ fn a_dead_endpoint_is_a_visible_stall_and_once_gives_up_with_exit_fifteen() {
         .spawn()
         .unwrap();
     wait_until("the daemon to deliver", PATIENCE, || !read_dir_sink(&sink).is_empty());
-    assert!(metrics(port).contains("skippr_wal_stalled 0"), "not stalled while it works");
+    assert!(scrape_metrics(port).contains("skippr_wal_stalled 0"), "not stalled while it works");
     // The endpoint stops answering: every request fails from here on.
     proxy.drop_responses.store(true, Ordering::SeqCst);
     let stalled = "has made no progress for";
@@ -356,7 +347,7 @@ fn a_dead_endpoint_is_a_visible_stall_and_once_gives_up_with_exit_fifteen() {
     assert!(line.contains("ERROR") && line.contains(&proxy.endpoint()), "names the endpoint: {line}");
     assert!(line.contains("last_error="), "names the last error: {line}");
     eprintln!("the stall report: {line}");
-    assert!(metrics(port).contains("skippr_wal_stalled 1"), "the metric shows the stall");
+    assert!(scrape_metrics(port).contains("skippr_wal_stalled 1"), "the metric shows the stall");
     let status = wait_for(&mut child, PATIENCE).expect("--once gives up after the stall limit");
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(status.code(), Some(15), "{text}");
