@@ -44,6 +44,11 @@ pub struct SimArgs {
     /// Write each failing seed to DIR as a small text file.
     #[arg(long, value_name = "DIR")]
     save_failures: Option<PathBuf>,
+    /// With --seeds: write every seed's trace hash to FILE, one `seed hash`
+    /// a line in seed order, so two builds can be compared with `cmp` (a
+    /// refactor that only moves code must leave every line as it was).
+    #[arg(long, value_name = "FILE", requires = "seeds")]
+    hashes: Option<PathBuf>,
     /// Turn on a planted bug (repeatable); see --list-mutations.
     #[arg(long, value_name = "NAME", value_parser = parse_mutation)]
     mutation: Vec<Mutation>,
@@ -207,11 +212,15 @@ fn many(seeds: Range<u64>, args: &SimArgs, opts: &RunOptions) -> i32 {
     let mut totals = Totals::default();
     let mut by_invariant: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failures: Vec<SeedResult> = Vec::new();
+    let mut hashes: Vec<(u64, u64)> = Vec::new();
     let sweep_opts =
         SweepOptions { seeds, jobs: args.jobs, run: opts.clone(), check_determinism: args.check_determinism };
     sweep(&sweep_opts, |result| {
         totals.add(&result);
         bar.inc(1);
+        if args.hashes.is_some() {
+            hashes.push((result.seed, result.trace_hash));
+        }
         if let Some(v) = result.failed() {
             *by_invariant.entry(v.invariant).or_default() += 1;
             bar.set_message(format!("{} failed", totals.failed));
@@ -220,6 +229,14 @@ fn many(seeds: Range<u64>, args: &SimArgs, opts: &RunOptions) -> i32 {
     });
     bar.finish_and_clear();
     let elapsed = started.elapsed().as_secs_f64();
+    if let Some(path) = &args.hashes {
+        hashes.sort_unstable();
+        let text: String = hashes.iter().map(|(seed, hash)| format!("{seed} {hash:016x}\n")).collect();
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("skipprd sim: cannot write {}: {e}", path.display());
+            return exit::USAGE;
+        }
+    }
     failures.sort_by_key(|r| r.seed);
     for r in failures.iter().take(20) {
         bar.suspend(|| print_result(r, opts, false));
