@@ -1,24 +1,132 @@
-//! Compaction: planning destination batches with stable ids and dense
-//! sequence numbers, dispatching them once their plan is committed, and
-//! recording them done after the sink's answer.
+//! Compaction: one slot per (sink, stream), the planned-through position per
+//! (sink, partition) and the next sequence number per (sink, stream). It
+//! plans destination batches with stable ids from committed records, sends
+//! each to its sink once its plan is committed, and turns the sink's answer
+//! into a `CompactionDone` frame. It reads the committed state and the
+//! record store it is handed and talks only to [`Effects`].
 
-use super::*;
+use super::effects::{Effects, Pending, Retry};
+use crate::compaction::{compaction_id, NamedRanges};
+use crate::config::HostConfig;
+use crate::ids::*;
+use crate::io::{IoError, IoOp, IoReply, SinkApply, SinkOutcome, StopReason};
+use crate::state::{CommittedState, RecordStore};
+use crate::wal::{CompactionDone, CompactionPlan, Range};
+use std::collections::BTreeMap;
 
-impl Host {
-    pub(super) fn plan_compactions(&mut self) {
+#[derive(Default)]
+pub(super) struct Compaction {
+    slots: BTreeMap<(SinkId, StreamId), Slot>,
+    planned: BTreeMap<(SinkId, PartitionKey), Position>,
+    next_seq: BTreeMap<(SinkId, StreamId), CompactionSeq>,
+}
+
+enum Slot {
+    Idle,
+    /// Planned; `committed` once its frame is durable. `io` while a sink
+    /// apply is outstanding.
+    Planned {
+        plan: CompactionPlan,
+        committed: bool,
+        io: Option<IoId>,
+    },
+}
+
+/// What a sink's answer means.
+pub(super) enum SinkNews {
+    /// Nothing to record (a retry is scheduled, or the answer was stale).
+    Quiet,
+    /// Applied (or already applied): record it done.
+    Done(CompactionDone),
+    Fatal(StopReason),
+}
+
+impl Compaction {
+    /// At the end of recovery: planned-through positions and sequence
+    /// numbers from the committed state, every slot idle, and the open
+    /// plans (already committed) back in their slots to be sent again.
+    /// Returns the slots to dispatch.
+    pub(super) fn restore(
+        &mut self,
+        cfg: &HostConfig,
+        committed: &CommittedState,
+        replay: bool,
+    ) -> Vec<(SinkId, StreamId)> {
+        let sinks = cfg.sinks.len() as u16;
+        for &key in committed.partitions.keys() {
+            for sink in (0..sinks).map(SinkId) {
+                self.planned.insert((sink, key), committed.planned_through(sink, key));
+            }
+        }
+        self.next_seq = committed.next_seq.clone();
+        for sink in (0..sinks).map(SinkId) {
+            for stream in (0..cfg.streams.len() as u16).map(StreamId) {
+                self.slots.insert((sink, stream), Slot::Idle);
+            }
+        }
+        let mut open = Vec::new();
+        for plan in committed.open.values() {
+            let key = (plan.sink, plan.stream);
+            if replay {
+                self.slots.insert(key, Slot::Planned { plan: plan.clone(), committed: true, io: None });
+                open.push(key);
+            }
+        }
+        open
+    }
+
+    /// Plans every idle slot that has committed records past its planned
+    /// position; returns the plans, whose frames go into the next group.
+    pub(super) fn plan_idle(
+        &mut self,
+        cfg: &HostConfig,
+        committed: &CommittedState,
+        records: &RecordStore,
+    ) -> Vec<CompactionPlan> {
         let idle: Vec<(SinkId, StreamId)> =
             self.slots.iter().filter(|(_, s)| matches!(s, Slot::Idle)).map(|(k, _)| *k).collect();
-        for (sink, stream) in idle {
-            self.plan(sink, stream);
-        }
+        idle.into_iter().filter_map(|(sink, stream)| self.plan(cfg, committed, records, sink, stream)).collect()
     }
 
     /// Plans the next destination batch of (sink, stream) from committed
     /// records past the planned-through positions.
-    pub(super) fn plan(&mut self, sink: SinkId, stream: StreamId) {
-        let mut budget = self.cfg.limits.compaction_records_max as usize;
+    fn plan(
+        &mut self,
+        cfg: &HostConfig,
+        committed: &CommittedState,
+        records: &RecordStore,
+        sink: SinkId,
+        stream: StreamId,
+    ) -> Option<CompactionPlan> {
+        let ranges = self.ranges(cfg.limits.compaction_records_max as usize, committed, records, sink, stream);
+        if ranges.is_empty() {
+            return None;
+        }
+        let seq = self.next_seq.get(&(sink, stream)).copied().unwrap_or_default();
+        let schema = committed.schemas.get(&stream).copied().unwrap_or_default();
+        let names = NamedRanges { sources: &cfg.sources, ranges: &ranges };
+        let id = compaction_id(&cfg.sinks[sink.0 as usize], &cfg.streams[stream.0 as usize], schema, names);
+        for r in &ranges {
+            self.planned.insert((sink, r.key), r.to);
+        }
+        self.next_seq.insert((sink, stream), CompactionSeq(seq.0 + 1));
+        let plan = CompactionPlan { sink, stream, id, seq, schema, ranges };
+        self.slots.insert((sink, stream), Slot::Planned { plan: plan.clone(), committed: false, io: None });
+        Some(plan)
+    }
+
+    /// Up to `budget` committed records of `stream` past what `sink` has
+    /// planned, as one range per partition.
+    fn ranges(
+        &self,
+        mut budget: usize,
+        committed: &CommittedState,
+        records: &RecordStore,
+        sink: SinkId,
+        stream: StreamId,
+    ) -> Vec<Range> {
         let mut ranges = Vec::new();
-        for (&key, p) in &self.committed.partitions {
+        for (&key, p) in &committed.partitions {
             if p.stream != stream || budget == 0 {
                 continue;
             }
@@ -26,10 +134,9 @@ impl Host {
             if p.position <= from {
                 continue;
             }
-            let mut in_range = self.records.range(key, from, p.position);
             let mut to = p.position;
             let mut n = 0;
-            for r in in_range.by_ref() {
+            for r in records.range(key, from, p.position) {
                 if n == budget {
                     to = r.position;
                     break;
@@ -42,103 +149,90 @@ impl Host {
             budget -= n;
             ranges.push(Range { key, from, to });
         }
-        if ranges.is_empty() {
-            return;
-        }
-        let seq = self.next_seq.get(&(sink, stream)).copied().unwrap_or_default();
-        let schema = self.committed.schemas.get(&stream).copied().unwrap_or_default();
-        let names = NamedRanges { sources: &self.cfg.sources, ranges: &ranges };
-        let id = compaction_id(&self.cfg.sinks[sink.0 as usize], &self.cfg.streams[stream.0 as usize], schema, names);
-        for r in &ranges {
-            self.planned.insert((sink, r.key), r.to);
-        }
-        self.next_seq.insert((sink, stream), CompactionSeq(seq.0 + 1));
-        let plan = CompactionPlan { sink, stream, id, seq, schema, ranges };
-        self.push_frame(Frame::CompactionPlanned(plan.clone()));
-        self.slots.insert((sink, stream), Slot::Planned { plan, committed: false, io: None, dispatched: false });
+        ranges
     }
 
-    /// The planted bug `dispatch-before-plan-commit`: sends every plan in the
-    /// group that was just sent, before it is durable.
-    pub(super) fn dispatch_planned_in_flight(&mut self) {
-        let keys: Vec<(SinkId, StreamId)> = self
-            .wal
-            .commit
-            .as_ref()
-            .map(|c| {
-                c.frames
-                    .iter()
-                    .filter_map(|f| match f {
-                        Frame::CompactionPlanned(p) => Some((p.sink, p.stream)),
-                        _ => None,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        for (sink, stream) in keys {
-            if let Some(Slot::Planned { committed, .. }) = self.slots.get_mut(&(sink, stream)) {
+    /// The plan's frame committed. True when that is the slot's open plan,
+    /// now ready to send.
+    pub(super) fn plan_committed(&mut self, plan: &CompactionPlan) -> bool {
+        match self.slots.get_mut(&(plan.sink, plan.stream)) {
+            Some(Slot::Planned { plan: p, committed, .. }) if p.id == plan.id => {
                 *committed = true;
+                true
             }
-            self.dispatch(sink, stream);
+            _ => false,
+        }
+    }
+
+    /// The planted bug `dispatch-before-plan-commit`: counts the plan of
+    /// (sink, stream) as committed before it is.
+    pub(super) fn assume_committed(&mut self, sink: SinkId, stream: StreamId) {
+        if let Some(Slot::Planned { committed, .. }) = self.slots.get_mut(&(sink, stream)) {
+            *committed = true;
         }
     }
 
     /// Sends the open compaction of (sink, stream) to its sink, with its
-    /// original id and number; replays are harmless because the sink dedupes.
-    pub(super) fn dispatch(&mut self, sink: SinkId, stream: StreamId) {
-        let unstable = self.cfg.mutations.has(Mutation::UnstableCompactionId);
-        let epoch = self.wal.epoch;
-        let Some(Slot::Planned { plan, committed, io, dispatched }) = self.slots.get_mut(&(sink, stream)) else {
+    /// original id and number; replays are harmless because the sink
+    /// dedupes. `unstable_id` is the planted bug `unstable-compaction-id`.
+    pub(super) fn dispatch(
+        &mut self,
+        fx: &mut Effects,
+        records: &RecordStore,
+        sink: SinkId,
+        stream: StreamId,
+        unstable_id: Option<Epoch>,
+    ) {
+        let Some(Slot::Planned { plan, committed: true, io: io @ None }) = self.slots.get_mut(&(sink, stream)) else {
             return;
         };
-        if io.is_some() {
-            return;
-        }
-        if !*committed {
-            return;
-        }
-        if *dispatched && self.cfg.mutations.has(Mutation::DispatchBeforePlanCommit) {
-            // Already sent early; the commit does not send it again.
-            if self.ios.values().any(|p| matches!(p, Pending::SinkApply(s, t) if *s == sink && *t == stream)) {
-                return;
-            }
-        }
-        *dispatched = true;
-        let mut records = Vec::new();
+        let mut batch = Vec::new();
         for r in &plan.ranges {
-            records.extend(self.records.range(r.key, r.from, r.to).map(|rec| rec.bytes.clone()));
+            batch.extend(records.range(r.key, r.from, r.to).map(|rec| rec.bytes.clone()));
         }
-        let id = if unstable { CompactionId(plan.id.0 ^ epoch.0.wrapping_mul(0x9e37_79b9)) } else { plan.id };
-        let op = IoOp::SinkApply(SinkApply { sink, stream, id, seq: plan.seq, records });
-        let io_id = self.io(Pending::SinkApply(sink, stream), op);
-        if let Some(Slot::Planned { io, .. }) = self.slots.get_mut(&(sink, stream)) {
-            *io = Some(io_id);
-        }
+        let id = match unstable_id {
+            Some(epoch) => CompactionId(plan.id.0 ^ epoch.0.wrapping_mul(0x9e37_79b9)),
+            None => plan.id,
+        };
+        let op = IoOp::SinkApply(SinkApply { sink, stream, id, seq: plan.seq, records: batch });
+        *io = Some(fx.io(Pending::SinkApply(sink, stream), op));
     }
 
-    pub(super) fn on_sink_reply(&mut self, id: IoId, sink: SinkId, stream: StreamId, result: Result<IoReply, IoError>) {
+    pub(super) fn on_reply(
+        &mut self,
+        fx: &mut Effects,
+        id: IoId,
+        sink: SinkId,
+        stream: StreamId,
+        result: Result<IoReply, IoError>,
+    ) -> SinkNews {
         let Some(Slot::Planned { plan, io, .. }) = self.slots.get_mut(&(sink, stream)) else {
-            return; // a stale reply from an early dispatch
+            return SinkNews::Quiet; // a stale reply from an early dispatch
         };
         if *io != Some(id) {
-            return;
+            return SinkNews::Quiet;
         }
         *io = None;
-        let plan_id = plan.id;
-        let seq = plan.seq;
+        let (plan_id, seq) = (plan.id, plan.seq);
         match result {
             Ok(IoReply::Sink { outcome: SinkOutcome::Applied | SinkOutcome::AlreadyApplied, .. }) => {
-                self.succeeded(Retry::SinkApply(sink, stream));
+                fx.succeeded(Retry::SinkApply(sink, stream));
                 self.slots.insert((sink, stream), Slot::Idle);
-                self.push_frame(Frame::CompactionDone(CompactionDone { sink, stream, id: plan_id, seq }));
+                SinkNews::Done(CompactionDone { sink, stream, id: plan_id, seq })
             }
             Ok(IoReply::Sink { outcome: SinkOutcome::Fatal, .. }) => {
-                self.stop(StopReason::SinkFatal { sink, stream, id: plan_id });
+                SinkNews::Fatal(StopReason::SinkFatal { sink, stream, id: plan_id })
             }
             Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, .. }) | Err(_) => {
-                self.retry_later(Retry::SinkApply(sink, stream));
+                fx.retry_later(Retry::SinkApply(sink, stream));
+                SinkNews::Quiet
             }
             Ok(other) => panic!("SinkApply answered with {other:?}"),
         }
+    }
+
+    /// No batch planned or out.
+    pub(super) fn idle(&self) -> bool {
+        self.slots.values().all(|s| matches!(s, Slot::Idle))
     }
 }

@@ -1,6 +1,14 @@
-//! The writer lease (S3 mode). One writer per WAL: a new writer takes the
-//! lease with a conditional write that bumps its generation, then commits a
-//! fence group; the generation becomes the high half of its epoch.
+//! The writer authority, and the writer lease as a closed state machine.
+//!
+//! [`Authority`] is the one gate every part asks before it commits, acks,
+//! writes offsets, creates or deletes: on disk the driver's directory lock
+//! holds it for the process's life; in S3 mode the [`Lease`] does (and raft
+//! leadership will in clustered mode, as one more variant).
+//!
+//! The lease owns its row, its state and its timing, and talks only to
+//! [`Effects`] (it sends its own reads and writes and schedules its own
+//! renewals and polls). Each answer is a transition that returns
+//! [`LeaseNews`]: what the coordinator must tell the other parts.
 //!
 //! No clocks are compared across machines. A holder renews by changing the
 //! row's version; a waiting writer takes the lease over only after it has
@@ -10,11 +18,59 @@
 //! steal, the holder has stopped on its own (and the fence and conditional
 //! creates stop it even if it has not).
 
-use super::*;
+use super::effects::{Effects, Pending, Retry};
+use crate::config::LeaseConfig;
+use crate::io::{IoError, IoOp, IoReply, LeaseRow, Output, StopReason};
+use crate::time::Instant;
+
+/// Whatever makes this host the WAL's one writer.
+pub(super) enum Authority {
+    /// Disk mode: the driver holds the WAL directory's lock.
+    DirectoryLock,
+    /// S3 mode: the writer lease in the offsets table's service.
+    Lease(Lease),
+}
+
+impl Authority {
+    /// May this writer commit, acknowledge, write offsets, create or delete
+    /// now? Under a lease: only while nobody can have taken it over.
+    pub(super) fn may_write(&self, now: Instant) -> bool {
+        match self {
+            Authority::DirectoryLock => true,
+            Authority::Lease(lease) => lease.valid(now),
+        }
+    }
+
+    pub(super) fn lease(&mut self) -> Option<&mut Lease> {
+        match self {
+            Authority::DirectoryLock => None,
+            Authority::Lease(lease) => Some(lease),
+        }
+    }
+
+    /// The lease, where a lease request or answer implies there is one.
+    pub(super) fn held_lease(&mut self) -> &mut Lease {
+        self.lease().expect("a lease request implies a lease")
+    }
+
+    /// Still waiting for another writer's lease: nothing of ours to drain.
+    pub(super) fn waiting(&self) -> bool {
+        matches!(self, Authority::Lease(lease) if lease.holding().is_none())
+    }
+
+    /// The high half of this writer's epoch: the lease's generation, or one
+    /// past the WAL's highest where the directory lock is the authority.
+    pub(super) fn writer_generation(&self, wal_generation: u64) -> u64 {
+        match self {
+            Authority::Lease(lease) => lease.holding().map_or(wal_generation + 1, |row| row.generation),
+            Authority::DirectoryLock => wal_generation + 1,
+        }
+    }
+}
 
 /// Why a lease write was sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum LeaseIntent {
+pub(super) enum Intent {
     /// Take a free, released or abandoned lease.
     Acquire,
     /// Raise the generation above every epoch the WAL holds (a lease table
@@ -25,261 +81,343 @@ pub(super) enum LeaseIntent {
     Release,
 }
 
-#[derive(Default)]
-pub(super) struct LeaseState {
-    pub(super) held: Option<LeaseRow>,
-    /// Another holder's row and when this host first saw that version.
-    seen: Option<(LeaseRow, Instant)>,
+/// What a lease answer means for the rest of the engine.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum LeaseNews {
+    /// Nothing outside the lease: it sent a request or scheduled a poll.
+    Quiet,
+    /// This run holds the lease now; recovery may start. `renew_now`: when
+    /// the acquiring write landed is unknown, so a renewal goes out at once.
+    Acquired { renew_now: bool },
+    /// The row read back is ours. `commit_verified`: the read was sent after
+    /// the commit that waited for it landed.
+    Ours { sent_at: Instant, commit_verified: bool },
+    /// A renewal or bump landed.
+    Renewed,
+    /// Given up after a clean drain.
+    Released,
+    /// Another writer holds the row now (or nobody does).
+    Lost(StopReason),
+}
+
+/// Where bumping the generation stands, once the lease is settled.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Bump {
+    None,
+    /// The generation reached the target: recovery goes on.
+    Reached,
+    /// Still below it: send (another) bump.
+    Pending,
+}
+
+enum State {
+    /// Not ours yet: reading the row, or polling another holder's row.
+    /// `seen`: that holder's row and when this host first saw its version.
+    Waiting {
+        seen: Option<(LeaseRow, Instant)>,
+    },
+    /// An acquiring write is out.
+    Acquiring {
+        seen: Option<(LeaseRow, Instant)>,
+    },
+    Held(Holding),
+    /// A commit landed while the lease may have lapsed: its effects wait
+    /// for a read, sent at `since` or later, that shows the row is ours.
+    Verifying(Holding, Instant),
+    /// Giving it up: a release write, or a read to see what to release.
+    Releasing(LeaseRow),
+    Released(LeaseRow),
+}
+
+#[derive(Clone, Copy)]
+struct Holding {
+    row: LeaseRow,
     /// The send time of the last write known to have landed, plus
     /// `steal_after`: until then nobody can have taken the lease over.
     valid_until: Option<Instant>,
-    /// A lease read or write is outstanding.
-    busy: bool,
     /// Recovery waits for the generation to reach this.
     bump_to: Option<u64>,
-    /// A commit landed while the lease may have lapsed; its effects wait
-    /// for a read that shows the row is still ours.
-    verifying_commit: bool,
-    verify_since: Instant,
-    pub(super) releasing: bool,
-    pub(super) released: bool,
 }
 
-impl Host {
-    fn holder_id(&self) -> u64 {
-        // Never 0, which marks a released lease.
-        self.cfg.seed | 1 << 63
+pub(super) struct Lease {
+    cfg: LeaseConfig,
+    /// This run's holder id; never 0, which marks a released lease.
+    me: u64,
+    state: State,
+    /// A lease read or write is out; its answer schedules what follows.
+    busy: bool,
+}
+
+impl Lease {
+    pub(super) fn new(cfg: LeaseConfig, seed: u64) -> Lease {
+        Lease { cfg, me: seed | 1 << 63, state: State::Waiting { seen: None }, busy: false }
     }
 
-    /// The writer may commit and acknowledge: it holds a lease it renewed
-    /// recently enough that nobody can have taken it over.
-    pub(super) fn lease_ok(&self) -> bool {
-        self.cfg.lease.is_none()
-            || (!self.lease.releasing && self.lease.valid_until.is_some_and(|until| self.now < until))
-    }
-
-    /// The high half of this writer's epoch.
-    pub(super) fn writer_generation(&self, wal_generation: u64) -> u64 {
-        match self.lease.held {
-            Some(row) => row.generation,
-            None => wal_generation + 1,
+    fn valid(&self, now: Instant) -> bool {
+        match &self.state {
+            State::Held(h) | State::Verifying(h, _) => h.valid_until.is_some_and(|until| now < until),
+            _ => false,
         }
     }
 
-    pub(super) fn lease_read(&mut self) {
-        self.lease.busy = true;
-        self.io(Pending::LeaseRead(self.now), IoOp::LeaseRead);
+    /// The row this run holds (or held, while releasing).
+    fn holding(&self) -> Option<LeaseRow> {
+        match &self.state {
+            State::Waiting { .. } | State::Acquiring { .. } => None,
+            State::Held(h) | State::Verifying(h, _) => Some(h.row),
+            State::Releasing(row) | State::Released(row) => Some(*row),
+        }
     }
 
-    fn lease_write(&mut self, intent: LeaseIntent, expected: Option<u64>, row: LeaseRow) {
-        self.lease.busy = true;
-        self.io(Pending::LeaseWrite(intent, row, self.now), IoOp::LeaseWrite { expected, row });
+    fn holding_mut(&mut self) -> Option<&mut Holding> {
+        match &mut self.state {
+            State::Held(h) | State::Verifying(h, _) => Some(h),
+            _ => None,
+        }
     }
 
-    pub(super) fn on_lease_read(&mut self, sent_at: Instant, result: Result<IoReply, IoError>) {
-        self.lease.busy = false;
+    pub(super) fn read(&mut self, fx: &mut Effects) {
+        self.busy = true;
+        fx.io(Pending::LeaseRead(fx.now), IoOp::LeaseRead);
+    }
+
+    fn write(&mut self, fx: &mut Effects, intent: Intent, expected: Option<u64>, row: LeaseRow) {
+        self.busy = true;
+        fx.io(Pending::LeaseWrite(intent, row, fx.now), IoOp::LeaseWrite { expected, row });
+    }
+
+    pub(super) fn on_read(
+        &mut self,
+        fx: &mut Effects,
+        sent_at: Instant,
+        result: Result<IoReply, IoError>,
+    ) -> LeaseNews {
+        self.busy = false;
         let row = match result {
             Ok(IoReply::Lease(row)) => row,
             Ok(other) => panic!("LeaseRead answered with {other:?}"),
-            Err(_) => return self.retry_later(Retry::LeaseRead),
-        };
-        self.succeeded(Retry::LeaseRead);
-        let me = self.holder_id();
-        if self.lease.held.is_some() {
-            // Checking after a renewal that failed or whose outcome is unknown.
-            if self.lease.releasing {
-                return match row {
-                    Some(r) if r.holder == me => {
-                        self.lease.held = Some(r);
-                        let released = LeaseRow { holder: 0, version: r.version + 1, ..r };
-                        self.lease_write(LeaseIntent::Release, Some(r.version), released);
-                    }
-                    // Someone else's now, or gone: nothing left to give up.
-                    _ => self.lease.released = true,
-                };
+            Err(_) => {
+                fx.retry_later(Retry::LeaseRead);
+                return LeaseNews::Quiet;
             }
-            // Ours whatever its generation (a bump may have landed unseen):
-            // the holder id belongs to this run alone. Its validity is not
-            // extended: when that write landed is unknown.
-            return match row {
-                Some(r) if r.holder == me => {
-                    self.lease.held = Some(r);
-                    if self.lease.verifying_commit && sent_at >= self.lease.verify_since {
-                        self.lease.verifying_commit = false;
-                        self.commit_landed();
-                    } else if self.lease.verifying_commit {
-                        return self.lease_read();
-                    }
-                    if let Some((stop, since)) = self.recovery.doubt.take() {
-                        if sent_at >= since {
-                            return self.stop(stop);
-                        }
-                        // An answer from before the doubt: ask again.
-                        self.recovery.doubt = Some((stop, since));
-                        return self.lease_read();
-                    }
-                    self.lease_settled();
-                }
-                Some(r) => self.stop(StopReason::LeaseLost { holder: r.holder, generation: r.generation }),
-                None => self.stop(StopReason::LeaseLost { holder: 0, generation: 0 }),
-            };
+        };
+        fx.succeeded(Retry::LeaseRead);
+        match self.state {
+            State::Releasing(_) | State::Released(_) => self.read_while_releasing(fx, row),
+            State::Held(_) | State::Verifying(..) => self.read_while_holding(fx, sent_at, row),
+            State::Waiting { seen } | State::Acquiring { seen } => self.read_while_waiting(fx, seen, row),
         }
+    }
+
+    /// After a release whose outcome is unknown: release again from what is
+    /// there, or find nothing left to give up.
+    fn read_while_releasing(&mut self, fx: &mut Effects, row: Option<LeaseRow>) -> LeaseNews {
+        match row {
+            Some(r) if r.holder == self.me => {
+                self.state = State::Releasing(r);
+                let released = LeaseRow { holder: 0, version: r.version + 1, ..r };
+                self.write(fx, Intent::Release, Some(r.version), released);
+                LeaseNews::Quiet
+            }
+            // Someone else's now, or gone: nothing left to give up.
+            _ => {
+                let held = self.holding().expect("releasing a held lease");
+                self.state = State::Released(held);
+                LeaseNews::Released
+            }
+        }
+    }
+
+    /// Checking after a renewal that failed or whose outcome is unknown, or
+    /// for a commit that landed late. Ours whatever its generation (a bump
+    /// may have landed unseen): the holder id belongs to this run alone. Its
+    /// validity is not extended: when that write landed is unknown.
+    fn read_while_holding(&mut self, fx: &mut Effects, sent_at: Instant, row: Option<LeaseRow>) -> LeaseNews {
+        let r = match row {
+            Some(r) if r.holder == self.me => r,
+            Some(r) => return LeaseNews::Lost(StopReason::LeaseLost { holder: r.holder, generation: r.generation }),
+            None => return LeaseNews::Lost(StopReason::LeaseLost { holder: 0, generation: 0 }),
+        };
+        self.holding_mut().expect("holding").row = r;
+        let mut commit_verified = false;
+        if let State::Verifying(h, since) = self.state {
+            if sent_at < since {
+                // An answer from before the commit landed: ask again.
+                self.read(fx);
+                return LeaseNews::Quiet;
+            }
+            self.state = State::Held(h);
+            commit_verified = true;
+        }
+        LeaseNews::Ours { sent_at, commit_verified }
+    }
+
+    fn read_while_waiting(
+        &mut self,
+        fx: &mut Effects,
+        seen: Option<(LeaseRow, Instant)>,
+        row: Option<LeaseRow>,
+    ) -> LeaseNews {
+        let me = self.me;
         let take = |r: &LeaseRow| LeaseRow { generation: r.generation + 1, holder: me, version: r.version + 1 };
         match row {
-            None => {
-                let row = LeaseRow { generation: 1, holder: me, version: 1 };
-                self.lease_write(LeaseIntent::Acquire, None, row);
-            }
+            None => self.acquire(fx, seen, None, LeaseRow { generation: 1, holder: me, version: 1 }),
             // Our own write landed although its answer was lost. When it
             // landed is unknown, so the lease counts as valid only once a
             // renewal, sent now, succeeds.
             Some(r) if r.holder == me => {
-                self.lease.held = Some(r);
-                self.lease_acquired();
-                self.renew_lease();
+                self.state = State::Held(Holding { row: r, valid_until: None, bump_to: None });
+                self.schedule_renewal(fx);
+                return LeaseNews::Acquired { renew_now: true };
             }
-            Some(r) if r.holder == 0 => self.lease_write(LeaseIntent::Acquire, Some(r.version), take(&r)),
-            Some(r) => {
-                let steal_after = self.lease_cfg().steal_after;
-                match self.lease.seen {
-                    Some((seen, since)) if seen == r && self.now >= since + steal_after => {
-                        self.lease_write(LeaseIntent::Acquire, Some(r.version), take(&r));
-                    }
-                    Some((seen, _)) if seen == r => self.schedule(self.now + self.lease_cfg().poll, Retry::LeaseRead),
-                    seen => {
-                        if seen.is_none_or(|(s, _)| s.holder != r.holder || s.generation != r.generation) {
-                            self.out.push_back(Output::LeaseWait { holder: r.holder, generation: r.generation });
-                        }
-                        self.lease.seen = Some((r, self.now));
-                        self.schedule(self.now + self.lease_cfg().poll, Retry::LeaseRead);
-                    }
+            Some(r) if r.holder == 0 => self.acquire(fx, seen, Some(r.version), take(&r)),
+            Some(r) => match seen {
+                Some((s, since)) if s == r && fx.now >= since + self.cfg.steal_after => {
+                    self.acquire(fx, seen, Some(r.version), take(&r))
                 }
-            }
+                Some((s, _)) if s == r => fx.schedule(fx.now + self.cfg.poll, Retry::LeaseRead),
+                _ => {
+                    if seen.is_none_or(|(s, _)| s.holder != r.holder || s.generation != r.generation) {
+                        fx.emit(Output::LeaseWait { holder: r.holder, generation: r.generation });
+                    }
+                    self.state = State::Waiting { seen: Some((r, fx.now)) };
+                    fx.schedule(fx.now + self.cfg.poll, Retry::LeaseRead);
+                }
+            },
         }
+        LeaseNews::Quiet
     }
 
-    pub(super) fn on_lease_written(
+    fn acquire(&mut self, fx: &mut Effects, seen: Option<(LeaseRow, Instant)>, expected: Option<u64>, row: LeaseRow) {
+        self.state = State::Acquiring { seen };
+        self.write(fx, Intent::Acquire, expected, row);
+    }
+
+    pub(super) fn on_written(
         &mut self,
-        intent: LeaseIntent,
+        fx: &mut Effects,
+        intent: Intent,
         row: LeaseRow,
         sent_at: Instant,
         result: Result<IoReply, IoError>,
-    ) {
-        self.lease.busy = false;
-        if intent == LeaseIntent::Release {
-            if result.is_ok() {
-                self.lease.released = true;
-                return;
-            }
-            // A renewal whose answer was lost may have landed since: look,
-            // and release again from what is there.
-            return self.retry_later(Retry::LeaseRead);
-        }
+    ) -> LeaseNews {
+        self.busy = false;
         if result.is_err() {
-            // Lost, refused or unknown: look at the row to find out.
-            return self.retry_later(Retry::LeaseRead);
+            // Lost, refused or unknown: look at the row to find out (for a
+            // release: a renewal whose answer was lost may have landed since).
+            if let State::Acquiring { seen } = self.state {
+                self.state = State::Waiting { seen };
+            }
+            fx.retry_later(Retry::LeaseRead);
+            return LeaseNews::Quiet;
         }
-        self.lease.held = Some(row);
-        self.lease.valid_until = Some(sent_at + self.lease_cfg().steal_after);
+        let valid_until = Some(sent_at + self.cfg.steal_after);
         match intent {
-            LeaseIntent::Acquire => self.lease_acquired(),
-            LeaseIntent::Bump | LeaseIntent::Renew => self.lease_settled(),
-            LeaseIntent::Release => unreachable!("handled above"),
-        }
-    }
-
-    fn lease_acquired(&mut self) {
-        self.lease.seen = None;
-        self.schedule_renewal();
-        self.io(Pending::WalSync, IoOp::WalSync);
-    }
-
-    /// A bump or renewal is confirmed, or the row read back is ours: carry
-    /// on with what waited for it.
-    fn lease_settled(&mut self) {
-        self.schedule_renewal();
-        // Deleting junk during recovery waits for a valid lease.
-        if self.recovery.deleting_junk {
-            self.delete_next();
-        }
-        if let Some(target) = self.lease.bump_to {
-            if self.lease.held.is_some_and(|h| h.generation >= target) {
-                self.lease.bump_to = None;
-                self.after_rebuild();
-            } else {
-                self.try_bump();
+            Intent::Release => {
+                self.state = State::Released(self.holding().expect("releasing a held lease"));
+                LeaseNews::Released
+            }
+            Intent::Acquire => {
+                self.state = State::Held(Holding { row, valid_until, bump_to: None });
+                self.schedule_renewal(fx);
+                LeaseNews::Acquired { renew_now: false }
+            }
+            Intent::Bump | Intent::Renew => {
+                match &mut self.state {
+                    State::Held(h) | State::Verifying(h, _) => {
+                        h.row = row;
+                        h.valid_until = valid_until;
+                    }
+                    // A renewal that was out when the release went (a
+                    // verifying read cleared `busy` under it): the release
+                    // meets a conflict and is sent again from the row read
+                    // back.
+                    State::Releasing(held) => *held = row,
+                    State::Released(_) => {}
+                    State::Waiting { .. } | State::Acquiring { .. } => unreachable!("a renewal of a lease never held"),
+                }
+                LeaseNews::Renewed
             }
         }
     }
 
-    fn schedule_renewal(&mut self) {
-        let at = self.now + self.lease_cfg().renew_every;
-        if !self.retries.values().any(|r| *r == Retry::LeaseRenew) {
-            self.schedule(at, Retry::LeaseRenew);
+    /// The lease is confirmed (renewed, bumped or read back as ours): the
+    /// next renewal is scheduled; says whether recovery's bump is done.
+    pub(super) fn settle(&mut self, fx: &mut Effects) -> Bump {
+        self.schedule_renewal(fx);
+        let Some(h) = self.holding_mut() else { return Bump::None };
+        match h.bump_to {
+            None => Bump::None,
+            Some(target) if h.row.generation >= target => {
+                h.bump_to = None;
+                Bump::Reached
+            }
+            Some(_) => Bump::Pending,
+        }
+    }
+
+    fn schedule_renewal(&self, fx: &mut Effects) {
+        if !fx.is_scheduled(Retry::LeaseRenew) {
+            fx.schedule(fx.now + self.cfg.renew_every, Retry::LeaseRenew);
         }
     }
 
     /// A commit landed while the lease may have lapsed: read the row (sent
-    /// from now on) before applying it.
-    pub(super) fn verify_commit(&mut self) {
-        self.lease.verifying_commit = true;
-        self.lease.verify_since = self.now;
-        self.lease_read();
+    /// from now on) before its effects apply.
+    pub(super) fn verify_commit(&mut self, fx: &mut Effects) {
+        if let State::Held(h) | State::Verifying(h, _) = self.state {
+            self.state = State::Verifying(h, fx.now);
+        }
+        self.read(fx);
     }
 
-    /// Raises the generation to `bump_to` once no other lease request is
-    /// out (its answer comes back here through `lease_settled`).
-    fn try_bump(&mut self) {
-        let (Some(held), Some(target)) = (self.lease.held, self.lease.bump_to) else { return };
-        if self.lease.busy {
+    /// Raises the generation to the bump target once no other lease request
+    /// is out (its answer comes back through `settle`).
+    pub(super) fn try_bump(&mut self, fx: &mut Effects) {
+        let Some(&mut Holding { row, bump_to: Some(target), .. }) = self.holding_mut() else { return };
+        if self.busy {
             return;
         }
-        let row = LeaseRow { generation: target, version: held.version + 1, ..held };
-        self.lease_write(LeaseIntent::Bump, Some(held.version), row);
+        let bumped = LeaseRow { generation: target, version: row.version + 1, ..row };
+        self.write(fx, Intent::Bump, Some(row.version), bumped);
     }
 
-    pub(super) fn renew_lease(&mut self) {
-        let Some(held) = self.lease.held else { return };
+    pub(super) fn renew(&mut self, fx: &mut Effects) {
         // While a read or write is out, its answer schedules the next renewal.
-        if self.lease.releasing || self.lease.busy {
+        let Some(h) = self.holding_mut() else { return };
+        let row = h.row;
+        if self.busy {
             return;
         }
-        let row = LeaseRow { version: held.version + 1, ..held };
-        self.lease_write(LeaseIntent::Renew, Some(held.version), row);
+        self.write(fx, Intent::Renew, Some(row.version), LeaseRow { version: row.version + 1, ..row });
     }
 
     /// After the rebuild: the generation must exceed every epoch in the WAL.
-    /// Returns false when a bump was sent and recovery waits for it.
-    pub(super) fn lease_covers(&mut self, wal_generation: u64) -> bool {
-        let Some(held) = self.lease.held else { return true };
-        if held.generation > wal_generation {
+    /// False when a bump was sent and recovery waits for it.
+    pub(super) fn covers(&mut self, fx: &mut Effects, wal_generation: u64) -> bool {
+        let Some(h) = self.holding_mut() else { return true };
+        if h.row.generation > wal_generation {
             return true;
         }
-        self.lease.bump_to = Some(wal_generation + 1);
-        self.try_bump();
+        h.bump_to = Some(wal_generation + 1);
+        self.try_bump(fx);
         false
     }
 
-    /// Gives the lease up once a clean drain is complete. Returns true when
-    /// there is nothing (more) to release.
-    pub(super) fn release_lease(&mut self) -> bool {
-        let Some(held) = self.lease.held else { return true };
-        if self.lease.released {
-            return true;
-        }
-        // After any renewal in flight, so the release does not race it, and
-        // after any commit or delete in flight: once releasing, the writer
-        // starts nothing more.
-        let idle = self.wal.commit.is_none() && !self.wal.deleting && !self.wal.creating;
-        if !self.lease.releasing && idle && !self.lease.busy && !self.retries.values().any(|r| *r == Retry::LeaseRead) {
-            self.lease.releasing = true;
-            let row = LeaseRow { holder: 0, version: held.version + 1, ..held };
-            self.lease_write(LeaseIntent::Release, Some(held.version), row);
+    /// Gives the lease up once a clean drain is complete and `wal_idle` (no
+    /// commit, delete or creation in flight: once releasing, the writer
+    /// starts nothing more). True when there is nothing (more) to release.
+    pub(super) fn release(&mut self, fx: &mut Effects, wal_idle: bool) -> bool {
+        let row = match self.state {
+            State::Waiting { .. } | State::Acquiring { .. } | State::Released(_) => return true,
+            State::Releasing(_) => return false,
+            State::Held(h) | State::Verifying(h, _) => h.row,
+        };
+        // After any renewal in flight, so the release does not race it.
+        if wal_idle && !self.busy && !fx.is_scheduled(Retry::LeaseRead) {
+            self.state = State::Releasing(row);
+            self.write(fx, Intent::Release, Some(row.version), LeaseRow { holder: 0, version: row.version + 1, ..row });
         }
         false
-    }
-
-    fn lease_cfg(&self) -> &LeaseConfig {
-        self.cfg.lease.as_ref().expect("lease configured")
     }
 }

@@ -1,0 +1,78 @@
+//! The coordinator's side of a source batch on its way in: the sources part
+//! reads it, the schema part decides whether it may pass, the sources part
+//! turns it into frames, and the WAL writer queues them for the next group.
+//! Owns no state. The planted bugs `ack-before-commit` and
+//! `offsets-before-commit` hook in here.
+
+use super::*;
+use crate::offsets::OffsetValue;
+use schema::Decided;
+
+impl Host {
+    pub(super) fn on_source_read(&mut self, source: SourceId, result: Result<IoReply, IoError>) {
+        let Some((batches, exhausted)) = self.sources.on_read(&mut self.fx, source, result) else { return };
+        if self.cfg.stop_when_exhausted && self.sources.all_exhausted() {
+            self.on_shutdown();
+        }
+        let any = batches.iter().any(|b| !b.records.is_empty());
+        for batch in batches {
+            if let Err(stop) = self.accept(source, batch) {
+                return self.stop(stop);
+            }
+        }
+        if !any && !exhausted {
+            self.sources.poll_later(&mut self.fx, source, self.cfg.limits.source_poll);
+        }
+    }
+
+    /// Takes a source batch in, once its stream's schema is decided: a batch
+    /// under a schema the WAL has no decision for waits (with every later
+    /// batch of its stream) while the schema plugin is asked.
+    fn accept(&mut self, source: SourceId, batch: SourceBatchIn) -> Result<(), StopReason> {
+        if batch.stream.0 as usize >= self.cfg.streams.len() {
+            let what = "unknown stream";
+            return Err(StopReason::SourceProtocol { source, partition: batch.partition, what });
+        }
+        let Some((batch, decision)) = self.schemas.gate(&mut self.fx, source, batch, self.cfg.schema_plugin) else {
+            return Ok(()); // held until the schema plugin decides
+        };
+        if let Some(frame) = decision {
+            self.wal.push(frame);
+        }
+        let accept_resent = self.cfg.mutations.has(Mutation::AcceptResentRecords);
+        let Some(admitted) = self.sources.admit(&self.cfg, &self.committed, source, batch, accept_resent)? else {
+            return Ok(());
+        };
+        for frame in admitted.frames {
+            self.wal.push(frame);
+        }
+        if self.cfg.mutations.has(Mutation::AckBeforeCommit) {
+            self.sources.committed(admitted.key, admitted.end);
+        }
+        if self.cfg.mutations.has(Mutation::OffsetsBeforeCommit) {
+            let key = admitted.key;
+            let records = self.committed.partitions.get(&key).map_or(0, |p| p.records) + admitted.records;
+            let value = OffsetValue { position: admitted.end, lsn: self.wal.next_lsn(), records };
+            let entry = OffsetEntry { key, value, checkpoint: admitted.checkpoint };
+            self.offsets.write_early(&mut self.fx, entry);
+        }
+        Ok(())
+    }
+
+    /// The schema plugin answered: commit the decision, then let the waiting
+    /// batches in, in order (a later one may carry yet another schema).
+    pub(super) fn on_schema_decided(&mut self, stream: StreamId, result: Result<IoReply, IoError>) {
+        match self.schemas.on_decided(&mut self.fx, stream, result) {
+            Decided::Retry => {}
+            Decided::Rejected(stop) => self.stop(stop),
+            Decided::Accepted { decision, batches } => {
+                self.wal.push(decision);
+                for (source, batch) in batches {
+                    if let Err(stop) = self.accept(source, batch) {
+                        return self.stop(stop);
+                    }
+                }
+            }
+        }
+    }
+}

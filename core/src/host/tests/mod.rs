@@ -1,0 +1,230 @@
+//! Named scenarios: the engine stepped by hand against an in-memory disk and
+//! offsets store, one rule of the contract per test.
+
+use super::*;
+use crate::config::Limits;
+use crate::offsets::OffsetValue;
+use crate::wal::{scan, Frame, Record};
+use std::sync::Arc;
+
+fn config() -> HostConfig {
+    HostConfig {
+        seed: 1,
+        sources: vec!["src".into()],
+        sinks: vec!["sink".into()],
+        streams: vec!["orders".into()],
+        limits: Limits {
+            segment_bytes: 64 * 1024,
+            group_bytes_max: 4096,
+            pending_bytes_max: 8192,
+            ..Limits::default()
+        },
+        stop_when_exhausted: false,
+        schema_plugin: false,
+        lease: None,
+        mutations: crate::Mutations::NONE,
+    }
+}
+
+/// An engine with a disk and an offsets store that answer at once, and every
+/// other request held for the test to answer.
+struct Harness {
+    host: Host,
+    now: Instant,
+    disk: BTreeMap<SegmentId, Vec<u8>>,
+    offsets: BTreeMap<PartitionKey, Vec<u8>>,
+    held: Vec<(IoId, IoOp)>,
+    stopped: Option<StopReason>,
+    /// What the sink answers when recovery asks for its progress.
+    sink_progress: Vec<(StreamId, CompactionSeq)>,
+    /// The holders of every `LeaseWait` output, in order.
+    lease_waits: Vec<u64>,
+}
+
+impl Harness {
+    fn start(disk: BTreeMap<SegmentId, Vec<u8>>, offsets: BTreeMap<PartitionKey, Vec<u8>>) -> Harness {
+        Harness::start_full(config(), disk, offsets, Vec::new())
+    }
+
+    fn start_full(
+        cfg: HostConfig,
+        disk: BTreeMap<SegmentId, Vec<u8>>,
+        offsets: BTreeMap<PartitionKey, Vec<u8>>,
+        sink_progress: Vec<(StreamId, CompactionSeq)>,
+    ) -> Harness {
+        let host = Host::new(cfg, Instant::ZERO).unwrap();
+        let held = Vec::new();
+        let mut h = Harness {
+            host,
+            now: Instant::ZERO,
+            disk,
+            offsets,
+            held,
+            stopped: None,
+            sink_progress,
+            lease_waits: vec![],
+        };
+        h.settle();
+        h
+    }
+
+    /// Drains outputs, performing WAL and offsets requests until none is left.
+    fn settle(&mut self) {
+        loop {
+            while let Some(out) = self.host.poll_output() {
+                match out {
+                    Output::Io { id, op } => self.held.push((id, op)),
+                    Output::Stopped(reason) => self.stopped = Some(reason),
+                    Output::LeaseWait { holder, .. } => self.lease_waits.push(holder),
+                    Output::Recovered(_) | Output::Stalled { .. } | Output::Unstalled => {}
+                }
+            }
+            let Some(i) = self.held.iter().position(|(_, op)| is_storage(op)) else {
+                return;
+            };
+            let (id, op) = self.held.remove(i);
+            let result = self.perform(op);
+            self.host.handle(self.now, Input::IoDone { id, result });
+        }
+    }
+
+    fn perform(&mut self, op: IoOp) -> Result<IoReply, IoError> {
+        Ok(match op {
+            IoOp::WalSync => IoReply::Done,
+            IoOp::WalList => IoReply::Segments(self.disk.keys().copied().collect()),
+            IoOp::WalRead { segment } => IoReply::SegmentBytes(self.disk[&segment].clone()),
+            IoOp::WalCreate { segment, header } => {
+                let mut file = vec![0; config().limits.segment_bytes as usize];
+                file[..header.len()].copy_from_slice(&header);
+                self.disk.insert(segment, file);
+                IoReply::Done
+            }
+            IoOp::WalAppend { segment, offset, bytes, .. } => {
+                let file = self.disk.get_mut(&segment).unwrap();
+                file[offset as usize..offset as usize + bytes.len()].copy_from_slice(&bytes);
+                IoReply::Done
+            }
+            IoOp::WalDelete { segment } => {
+                self.disk.remove(&segment);
+                IoReply::Done
+            }
+            IoOp::OffsetsRead => IoReply::Offsets(self.offsets.iter().map(|(k, v)| (*k, v.clone(), None)).collect()),
+            IoOp::OffsetsWrite { entries } => {
+                for e in entries {
+                    self.offsets.insert(e.key, e.value.encode().to_vec());
+                }
+                IoReply::Done
+            }
+            // The harness's sink keeps no progress of its own: it answers
+            // that it cannot tell; `sink_progress` tests set an answer.
+            IoOp::SinkProgress { .. } => IoReply::SinkProgress(self.sink_progress.clone()),
+            other => unreachable!("not a storage request: {other:?}"),
+        })
+    }
+
+    /// Removes and returns the first held request that `pick` accepts.
+    fn take<T>(&mut self, pick: impl Fn(&IoOp) -> Option<T>) -> (IoId, T) {
+        let i = self.held.iter().position(|(_, op)| pick(op).is_some()).unwrap_or_else(|| {
+            panic!("no such request among {:?}", self.held.iter().map(|(_, op)| op).collect::<Vec<_>>())
+        });
+        let (id, op) = self.held.remove(i);
+        (id, pick(&op).unwrap())
+    }
+
+    fn has(&self, pick: impl Fn(&IoOp) -> bool) -> bool {
+        self.held.iter().any(|(_, op)| pick(op))
+    }
+
+    fn answer(&mut self, id: IoId, result: Result<IoReply, IoError>) {
+        self.host.handle(self.now, Input::IoDone { id, result });
+        self.settle();
+    }
+
+    fn open_source(&mut self) -> Vec<ResumePoint> {
+        let (id, resume) = self.take(|op| match op {
+            IoOp::SourceOpen { resume, .. } => Some(resume.clone()),
+            _ => None,
+        });
+        self.answer(id, Ok(IoReply::Done));
+        resume
+    }
+
+    /// Answers the source's read with records `from..to` of partition 0 and
+    /// returns the outputs that follow at once, without performing any.
+    fn feed_unsettled(&mut self, from: u64, to: u64) -> Vec<Output> {
+        let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+        let result = Ok(IoReply::Batches { batches: vec![batch(from, to)], exhausted: false });
+        self.host.handle(self.now, Input::IoDone { id, result });
+        std::iter::from_fn(|| self.host.poll_output()).collect()
+    }
+
+    /// Answers the source's read with records `from..to` of partition 0.
+    fn feed(&mut self, from: u64, to: u64) {
+        let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+        self.answer(id, Ok(IoReply::Batches { batches: vec![batch(from, to)], exhausted: false }));
+    }
+
+    /// Positions of the records each committed source-batch frame holds.
+    fn committed_positions(&self) -> Vec<u64> {
+        let files: Vec<(SegmentId, &[u8])> = self.disk.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+        let mut out = Vec::new();
+        for seg in scan(&files, false).unwrap() {
+            for g in seg.groups {
+                for f in g.frames {
+                    if let Frame::SourceBatch(b) = f {
+                        out.extend(b.records.iter().map(|r| r.position.0));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn sink_apply(&mut self) -> (IoId, CompactionId, CompactionSeq, usize) {
+        let (id, (cid, seq, n)) = self.take(|op| match op {
+            IoOp::SinkApply(a) => Some((a.id, a.seq, a.records.len())),
+            _ => None,
+        });
+        (id, cid, seq, n)
+    }
+}
+
+/// Records `from..to` of partition 0, three bytes each.
+fn batch(from: u64, to: u64) -> SourceBatchIn {
+    let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8; 3] }).collect();
+    SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(to), checkpoint: None, schema: None }
+}
+
+/// The append among `outputs`: its id, segment and bytes.
+fn the_append(outputs: Vec<Output>) -> (IoId, SegmentId, Arc<Vec<u8>>) {
+    outputs
+        .into_iter()
+        .find_map(|o| match o {
+            Output::Io { id, op: IoOp::WalAppend { segment, bytes, .. } } => Some((id, segment, bytes)),
+            _ => None,
+        })
+        .expect("an append")
+}
+
+fn is_storage(op: &IoOp) -> bool {
+    matches!(
+        op,
+        IoOp::WalSync
+            | IoOp::WalList
+            | IoOp::WalRead { .. }
+            | IoOp::WalCreate { .. }
+            | IoOp::WalAppend { .. }
+            | IoOp::WalDelete { .. }
+            | IoOp::OffsetsRead
+            | IoOp::OffsetsWrite { .. }
+            | IoOp::SinkProgress { .. }
+    )
+}
+
+fn key0() -> PartitionKey {
+    PartitionKey { source: SourceId(0), partition: 0 }
+}
+
+mod engine;
+mod lease;
+mod recovery;

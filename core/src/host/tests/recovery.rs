@@ -1,0 +1,194 @@
+//! Schemas, and what recovery refuses or repairs.
+
+use super::*;
+
+fn schema_config() -> HostConfig {
+    HostConfig { schema_plugin: true, ..config() }
+}
+
+fn batch_with_schema(from: u64, to: u64, schema: &str) -> SourceBatchIn {
+    let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8] }).collect();
+    let schema = Some(Arc::from(schema.as_bytes()));
+    SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(to), checkpoint: None, schema }
+}
+
+impl Harness {
+    fn start_with(cfg: HostConfig, disk: BTreeMap<SegmentId, Vec<u8>>) -> Harness {
+        Harness::start_full(cfg, disk, BTreeMap::new(), Vec::new())
+    }
+
+    fn read_with(&mut self, batch: SourceBatchIn) {
+        let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+        self.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
+    }
+}
+
+#[test]
+fn a_new_schema_is_decided_and_committed_before_its_records_and_never_asked_again() {
+    let mut h = Harness::start_with(schema_config(), BTreeMap::new());
+    h.open_source();
+    h.read_with(batch_with_schema(0, 3, r#"{"v":1}"#));
+    assert!(h.committed_positions().is_empty(), "nothing is committed before the decision");
+    let (ask, stream) = h.take(|op| match op {
+        IoOp::SchemaDecide { stream, .. } => Some(*stream),
+        _ => None,
+    });
+    assert_eq!(stream, StreamId(0));
+    assert!(!h.has(|op| matches!(op, IoOp::SourceRead { .. })), "the source waits for the decision");
+    h.answer(ask, Ok(IoReply::Schema { accept: true, reason: String::new() }));
+    assert_eq!(h.committed_positions(), vec![0, 1, 2]);
+    // Restarted, the source sends the same schema again: no new question.
+    let mut again = Harness::start_with(schema_config(), h.disk.clone());
+    again.open_source();
+    again.read_with(batch_with_schema(3, 5, r#"{"v":1}"#));
+    assert!(!again.has(|op| matches!(op, IoOp::SchemaDecide { .. })), "a committed decision is not asked again");
+    assert_eq!(again.committed_positions(), vec![0, 1, 2, 3, 4]);
+    // A new schema is asked about; a refusal stops the engine.
+    again.read_with(batch_with_schema(5, 6, r#"{"v":2}"#));
+    let (ask, ()) = again.take(|op| matches!(op, IoOp::SchemaDecide { .. }).then_some(()));
+    again.answer(ask, Ok(IoReply::Schema { accept: false, reason: "v2 drops a column".into() }));
+    assert!(matches!(&again.stopped, Some(StopReason::SchemaRejected { reason, .. }) if reason == "v2 drops a column"));
+    assert_eq!(again.committed_positions(), vec![0, 1, 2, 3, 4], "nothing under the refused schema");
+}
+
+#[test]
+fn a_checkpoint_larger_than_a_group_is_a_protocol_error_not_a_stuck_wal() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let records = vec![Record { position: Position(0), bytes: vec![1] }];
+    let checkpoint = Some(vec![b'c'; 5000]);
+    let batch =
+        SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(1), checkpoint, schema: None };
+    h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
+    assert!(
+        matches!(
+            h.stopped,
+            Some(StopReason::SourceProtocol { what: "a checkpoint is larger than a commit group allows", .. })
+        ),
+        "{:?}",
+        h.stopped
+    );
+}
+
+#[test]
+fn a_smaller_segment_size_after_a_restart_seals_the_old_segment_and_goes_on() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    let mut next = 0;
+    while h.host.wal_head().1.is_none_or(|(_, offset)| offset < 30_000) {
+        h.feed(next, next + 200);
+        next += 200;
+    }
+    let mut small = config();
+    small.limits.segment_bytes = 20_000;
+    let mut again = Harness::start_with(small, h.disk.clone());
+    again.open_source();
+    again.feed(next, next + 10);
+    let committed = again.committed_positions();
+    assert_eq!(committed.len() as u64, next + 10, "the new records are committed");
+    assert_eq!(again.stopped, None);
+    let files: Vec<(SegmentId, &[u8])> = again.disk.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    let segs = scan(&files, false).unwrap();
+    let with_data: Vec<_> = segs.iter().filter(|s| !s.groups.is_empty()).collect();
+    assert!(with_data[0].sealed, "the old segment was sealed");
+    assert!(with_data.len() >= 2, "the new records went to a new segment");
+}
+
+#[test]
+fn two_writers_that_saw_the_same_wal_take_different_epochs() {
+    let epoch_of = |seed: u64| {
+        let h = Harness::start_with(HostConfig { seed, ..config() }, BTreeMap::new());
+        let segment = *h.disk.keys().next().unwrap();
+        crate::wal::decode_header(segment, &h.disk[&segment]).unwrap()
+    };
+    let (a, b) = (epoch_of(1), epoch_of(2));
+    assert_ne!(a, b);
+    assert_eq!(a.0 >> 32, b.0 >> 32, "the same writer generation");
+}
+
+#[test]
+fn a_configuration_that_reorders_streams_is_refused() {
+    let mut cfg = config();
+    cfg.streams = vec!["orders".into(), "refunds".into()];
+    let mut h = Harness::start_with(cfg.clone(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 3);
+    // Adding a stream at the end is fine.
+    let mut grown = cfg.clone();
+    grown.streams.push("audits".into());
+    let again = Harness::start_with(grown, h.disk.clone());
+    assert_eq!(again.stopped, None);
+    // Swapping two is not.
+    let mut swapped = cfg;
+    swapped.streams.swap(0, 1);
+    let refused = Harness::start_with(swapped, h.disk.clone());
+    assert_eq!(
+        refused.stopped,
+        Some(StopReason::NamesChanged { kind: "stream", index: 0, wal: "orders".into(), config: "refunds".into() })
+    );
+}
+
+#[test]
+fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 3);
+    let disk = h.disk.clone();
+    let segment = *disk.keys().next().unwrap();
+    let mut host = Host::new(config(), Instant::ZERO).unwrap();
+    let mut now = Instant::ZERO;
+    let mut stopped = None;
+    let mut pending: Vec<(IoId, IoOp)> = Vec::new();
+    let mut failed_reads = 0;
+    for _ in 0..1000 {
+        while let Some(out) = host.poll_output() {
+            match out {
+                Output::Io { id, op } => pending.push((id, op)),
+                Output::Stopped(r) => stopped = Some(r),
+                Output::Recovered(_) => panic!("recovered without reading a segment"),
+                Output::LeaseWait { .. } | Output::Stalled { .. } | Output::Unstalled => {}
+            }
+        }
+        if stopped.is_some() {
+            break;
+        }
+        if let Some((id, op)) = pending.pop() {
+            let result = match op {
+                IoOp::WalSync => Ok(IoReply::Done),
+                IoOp::WalList => Ok(IoReply::Segments(disk.keys().copied().collect())),
+                IoOp::WalRead { segment: s } if s == segment => {
+                    failed_reads += 1;
+                    Err(IoError::Failed)
+                }
+                IoOp::WalRead { segment: s } => Ok(IoReply::SegmentBytes(disk[&s].clone())),
+                other => panic!("unexpected {other:?}"),
+            };
+            host.handle(now, Input::IoDone { id, result });
+        } else {
+            now = host.poll_timeout().expect("a retry is scheduled").0;
+            host.handle(now, Input::Timeout);
+        }
+    }
+    assert_eq!(stopped, Some(StopReason::WalReadFailed { segment }));
+    assert_eq!(failed_reads, WAL_READ_ATTEMPTS, "it retried before giving up");
+}
+
+#[test]
+fn a_sink_ahead_of_the_wal_stops_recovery_before_anything_is_delivered() {
+    // The sink has applied batches 0..=3 of stream 0; this WAL (empty: a
+    // new data directory beside an old destination) planned none of them.
+    let ahead = vec![(StreamId(0), CompactionSeq(3))];
+    let h = Harness::start_full(config(), BTreeMap::new(), BTreeMap::new(), ahead);
+    let stop = StopReason::SinkAheadOfWal {
+        sink: SinkId(0),
+        stream: StreamId(0),
+        applied: CompactionSeq(3),
+        wal_next: CompactionSeq(0),
+    };
+    assert_eq!(h.stopped, Some(stop));
+    assert!(!h.has(|op| matches!(op, IoOp::SourceOpen { .. } | IoOp::SinkApply(_))), "nothing resumed");
+    // A sink that lags, or cannot tell, is fine.
+    let behind = Harness::start_full(config(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    assert_eq!(behind.stopped, None);
+}

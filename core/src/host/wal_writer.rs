@@ -1,0 +1,445 @@
+//! The WAL writer: frames waiting for a commit, one commit group in flight,
+//! the active segment and its spares, the committed segments' summaries,
+//! and the deletion queue. It owns the WAL's write position (epoch, next
+//! LSN, next segment id) and talks only to [`Effects`]; the coordinator
+//! tells it whether the writer authority allows a write, hands it the
+//! committed state a snapshot is built from, and routes the frames of each
+//! group it lands to the parts that react to them.
+
+use super::effects::{Effects, Pending, Retry};
+use crate::config::{Limits, SEAL_RESERVE};
+use crate::ids::*;
+use crate::io::{IoError, IoOp, IoReply, StopReason};
+use crate::recovery::{RecoveredWal, SegmentSummary};
+use crate::state::CommittedState;
+use crate::time::Instant;
+use crate::wal::*;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+/// A (sink, partition) → acknowledged position map: the deletion rule's input.
+pub(super) type Acked = BTreeMap<(SinkId, PartitionKey), Position>;
+
+#[derive(Default)]
+pub(super) struct WalWriter {
+    epoch: Epoch,
+    next_lsn: Lsn,
+    active: Option<Active>,
+    spares: VecDeque<SegmentId>,
+    next_segment: SegmentId,
+    creating: bool,
+    segments: VecDeque<SegmentSummary>,
+    commit: Option<InflightCommit>,
+    deletes: VecDeque<SegmentId>,
+    deleting: bool,
+    /// Sealed segments became deletable since the last snapshot: the next
+    /// group carries a snapshot so they can go.
+    snapshot_wanted: bool,
+    /// Frames waiting for the next group, and their encoded size.
+    pending: VecDeque<Frame>,
+    pending_bytes: u64,
+}
+
+struct Active {
+    id: SegmentId,
+    offset: u64,
+    opened: Instant,
+    seal_requested: bool,
+}
+
+struct InflightCommit {
+    io: Option<IoId>,
+    segment: SegmentId,
+    offset: u64,
+    lsn: Lsn,
+    bytes: Arc<Vec<u8>>,
+    frames: Vec<Frame>,
+    /// The true acknowledged frontier when the snapshot in this group was
+    /// built; the deletion rule uses it once the group commits.
+    snapshot_acked: Option<Acked>,
+}
+
+/// A group that is durable and visible, handed back for its effects.
+pub(super) struct Landed {
+    pub(super) lsn: Lsn,
+    pub(super) frames: Vec<Frame>,
+    pub(super) snapshot_acked: Option<Acked>,
+}
+
+/// How an append ended.
+pub(super) enum Appended {
+    /// Durable and visible; the group waits in flight for `land`.
+    Durable,
+    /// The outcome is unknown: the identical bytes go again after a backoff.
+    Again,
+    Failed(StopReason),
+}
+
+/// What the snapshot of a new group is built from.
+pub(super) struct SnapshotSource<'a> {
+    pub(super) committed: &'a CommittedState,
+    pub(super) names: &'a Names,
+    /// The planted bug `snapshot-drops-frontier`.
+    pub(super) drop_frontier: bool,
+}
+
+/// How a group is laid out in its segment.
+struct Layout {
+    segment: SegmentId,
+    offset: u64,
+    fresh: bool,
+    /// What the group may fill before the seal reserve.
+    room: u64,
+}
+
+impl WalWriter {
+    /// Takes over the write position recovery found.
+    pub(super) fn restore(&mut self, wal: &mut RecoveredWal, now: Instant) {
+        self.segments = std::mem::take(&mut wal.segments);
+        self.spares = std::mem::take(&mut wal.spares);
+        self.next_lsn = wal.next_lsn;
+        self.next_segment = wal.next_segment;
+        self.active = wal.active.map(|(id, offset)| Active { id, offset, opened: now, seal_requested: false });
+    }
+
+    pub(super) fn set_epoch(&mut self, epoch: Epoch) {
+        self.epoch = epoch;
+    }
+
+    pub(super) fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    pub(super) fn next_lsn(&self) -> Lsn {
+        self.next_lsn
+    }
+
+    /// Where the next group goes: (LSN, segment, offset).
+    pub(super) fn head(&self) -> (Lsn, Option<(SegmentId, u64)>) {
+        (self.next_lsn, self.active.as_ref().map(|a| (a.id, a.offset)))
+    }
+
+    pub(super) fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    pub(super) fn pending_bytes(&self) -> u64 {
+        self.pending_bytes
+    }
+
+    /// Nothing waits for a commit and none is in flight.
+    pub(super) fn committed_all(&self) -> bool {
+        self.pending.is_empty() && self.commit.is_none()
+    }
+
+    /// No commit, deletion or creation in flight.
+    pub(super) fn idle(&self) -> bool {
+        self.commit.is_none() && !self.deleting && !self.creating
+    }
+
+    pub(super) fn push(&mut self, frame: Frame) {
+        self.pending_bytes += frame.encoded_len() as u64;
+        self.pending.push_back(frame);
+    }
+
+    /// The fence goes ahead of anything else waiting.
+    pub(super) fn push_front(&mut self, frame: Frame) {
+        self.pending_bytes += frame.encoded_len() as u64;
+        self.pending.push_front(frame);
+    }
+
+    pub(super) fn segment_age_deadline(&self, limits: &Limits) -> Option<Instant> {
+        let a = self.active.as_ref()?;
+        if a.seal_requested || a.offset == SEGMENT_HEADER_BYTES as u64 {
+            return None;
+        }
+        Some(a.opened + limits.segment_age_max)
+    }
+
+    pub(super) fn request_seal(&mut self) {
+        self.active.as_mut().expect("a segment-age deadline implies an active segment").seal_requested = true;
+    }
+
+    pub(super) fn ensure_spare(&mut self, fx: &mut Effects, limits: &Limits, may_write: bool) {
+        let enough = self.spares.len() >= limits.spare_segments as usize;
+        if self.creating || enough || !may_write {
+            return;
+        }
+        // The id advances only when the creation succeeds: a failed one is
+        // retried under the same id, so no half-created segment is ever left
+        // behind a newer one.
+        let segment = self.next_segment;
+        self.creating = true;
+        let header = encode_header(segment, self.epoch);
+        fx.io(Pending::WalCreate(segment), IoOp::WalCreate { segment, header });
+    }
+
+    /// A creation finished; a failure is tried again after a backoff.
+    pub(super) fn on_created(
+        &mut self,
+        fx: &mut Effects,
+        segment: SegmentId,
+        result: Result<IoReply, IoError>,
+    ) -> Result<(), StopReason> {
+        match result {
+            Ok(_) => {
+                fx.succeeded(Retry::Create);
+                self.creating = false;
+                self.spares.push_back(segment);
+                self.next_segment = SegmentId(segment.0 + 1);
+            }
+            Err(IoError::Conflict) => return Err(StopReason::Fenced { segment, offset: 0 }),
+            Err(_) => fx.retry_later(Retry::Create),
+        }
+        Ok(())
+    }
+
+    pub(super) fn retry_create(&mut self) {
+        self.creating = false;
+    }
+
+    /// Builds the next commit group from the pending frames and sends it.
+    /// One group is in flight at a time; frames arriving meanwhile ride the
+    /// next one. True when a group was sent.
+    pub(super) fn start_commit(
+        &mut self,
+        fx: &mut Effects,
+        limits: &Limits,
+        snap: SnapshotSource<'_>,
+    ) -> Result<bool, StopReason> {
+        if self.commit.is_some() {
+            return Ok(false);
+        }
+        let seal_due = self.active.as_ref().is_some_and(|a| a.seal_requested);
+        if self.pending.is_empty() && !seal_due && !self.snapshot_wanted {
+            return Ok(false);
+        }
+        let Some(at) = self.layout(fx.now, limits) else { return Ok(false) };
+        let mut frames = Vec::new();
+        let mut len = COMMIT_FRAME_BYTES as u64;
+        let mut snapshot_acked = None;
+        let mut seal_now = false;
+        if at.fresh || self.snapshot_wanted {
+            self.snapshot_wanted = false;
+            let snapshot = Frame::Snapshot(snap.committed.snapshot(snap.drop_frontier, snap.names));
+            let snapshot_len = snapshot.encoded_len() as u64;
+            if at.fresh || len + snapshot_len <= at.room {
+                len += snapshot_len;
+                frames.push(snapshot);
+                snapshot_acked = Some(snap.committed.acked.clone());
+            } else {
+                // No room here: seal, and the next segment opens with one.
+                seal_now = true;
+            }
+        }
+        len = self.fill(&mut frames, len, at.room.min(limits.group_bytes_max.max(len)));
+        seal_now |= self.must_seal(&at, &frames, len, limits)?;
+        let full = at.offset + len + limits.group_bytes_max + SEAL_RESERVE > limits.segment_bytes;
+        if seal_due || full || seal_now {
+            frames.push(Frame::Seal);
+        }
+        let lsn = self.next_lsn;
+        let refs: Vec<&Frame> = frames.iter().collect();
+        let bytes = Arc::new(encode_group(at.segment, self.epoch, lsn, &refs));
+        let (segment, offset) = (at.segment, at.offset);
+        self.commit = Some(InflightCommit { io: None, segment, offset, lsn, bytes, frames, snapshot_acked });
+        self.send_commit(fx);
+        Ok(true)
+    }
+
+    /// Where the next group goes, opening a spare if no segment is active.
+    fn layout(&mut self, now: Instant, limits: &Limits) -> Option<Layout> {
+        if self.active.is_none() {
+            let id = self.spares.pop_front()?;
+            let offset = SEGMENT_HEADER_BYTES as u64;
+            self.active = Some(Active { id, offset, opened: now, seal_requested: false });
+        }
+        let active = self.active.as_ref().expect("set above");
+        let offset = active.offset;
+        // Saturating: a segment recovered under a larger WAL_BYTES_PER_FILE
+        // may already be past this size; it still has room for a seal group,
+        // which its writer always kept free.
+        let room = limits.segment_bytes.saturating_sub(offset + SEAL_RESERVE);
+        Some(Layout { segment: active.id, offset, fresh: offset == SEGMENT_HEADER_BYTES as u64, room })
+    }
+
+    /// Moves pending frames into the group while they fit `budget`.
+    fn fill(&mut self, frames: &mut Vec<Frame>, mut len: u64, budget: u64) -> u64 {
+        while let Some(frame) = self.pending.front() {
+            let flen = frame.encoded_len() as u64;
+            if len + flen > budget {
+                break;
+            }
+            len += flen;
+            self.pending_bytes -= flen;
+            frames.push(self.pending.pop_front().expect("front exists"));
+        }
+        len
+    }
+
+    /// Whether the group must seal its segment because the next pending
+    /// frame does not fit after it, or an error if no segment of this size
+    /// could ever hold what the group needs.
+    fn must_seal(&self, at: &Layout, frames: &[Frame], len: u64, limits: &Limits) -> Result<bool, StopReason> {
+        if at.fresh && len > at.room {
+            return Err(StopReason::SegmentTooSmall { needed: len + at.offset + SEAL_RESERVE });
+        }
+        let next_len = self.pending.front().map(|f| f.encoded_len() as u64);
+        let took_data = frames.iter().any(|f| !matches!(f, Frame::Snapshot(_)));
+        let (false, Some(next_len)) = (took_data, next_len) else { return Ok(false) };
+        if at.fresh && at.offset + len + next_len + SEAL_RESERVE > limits.segment_bytes {
+            // Even an empty segment cannot hold its snapshot and the next
+            // frame: more segments would not help.
+            return Err(StopReason::SegmentTooSmall { needed: at.offset + len + next_len + SEAL_RESERVE });
+        }
+        // Not in what is left of this segment: seal, go on in the next.
+        Ok(frames.is_empty())
+    }
+
+    pub(super) fn send_commit(&mut self, fx: &mut Effects) {
+        let c = self.commit.as_mut().expect("a commit is in flight");
+        let op = IoOp::WalAppend { segment: c.segment, offset: c.offset, lsn: c.lsn, bytes: c.bytes.clone() };
+        c.io = Some(fx.io(Pending::WalAppend, op));
+    }
+
+    /// The plans in the group just sent (the planted bug
+    /// `dispatch-before-plan-commit` dispatches them early).
+    pub(super) fn plans_in_flight(&self) -> Vec<(SinkId, StreamId)> {
+        let Some(c) = &self.commit else { return Vec::new() };
+        c.frames
+            .iter()
+            .filter_map(|f| match f {
+                Frame::CompactionPlanned(p) => Some((p.sink, p.stream)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `stale_commits` is the planted bug `stale-writer-commits`.
+    pub(super) fn on_append(
+        &mut self,
+        fx: &mut Effects,
+        id: IoId,
+        result: Result<IoReply, IoError>,
+        stale_commits: bool,
+    ) -> Appended {
+        let c = self.commit.as_mut().expect("an append answers the commit in flight");
+        assert_eq!(c.io, Some(id), "one append in flight");
+        match result {
+            Ok(_) => {}
+            Err(IoError::Ambiguous) => {
+                // The group may or may not be there: send the identical bytes
+                // again until the outcome is known.
+                c.io = None;
+                fx.retry_later(Retry::Commit);
+                return Appended::Again;
+            }
+            Err(IoError::Conflict) if stale_commits => {}
+            Err(IoError::Conflict) => {
+                return Appended::Failed(StopReason::Fenced { segment: c.segment, offset: c.offset });
+            }
+            Err(error) => return Appended::Failed(StopReason::WalWriteFailed { segment: c.segment, error }),
+        }
+        c.io = None;
+        Appended::Durable
+    }
+
+    /// The group in flight is durable and visible: advance past it and hand
+    /// its frames back.
+    pub(super) fn land(&mut self, fx: &mut Effects) -> Landed {
+        fx.succeeded(Retry::Commit);
+        let c = self.commit.take().expect("in flight");
+        let active = self.active.as_mut().expect("a commit goes to the active segment");
+        active.offset += c.bytes.len() as u64;
+        if self.segments.back().is_none_or(|s| s.id != c.segment) {
+            self.segments.push_back(SegmentSummary::new(c.segment, c.lsn));
+        }
+        let summary = self.segments.back_mut().expect("pushed above");
+        for frame in &c.frames {
+            summary.note(c.lsn, frame);
+        }
+        self.next_lsn = Lsn(c.lsn.0 + 1);
+        if matches!(c.frames.last(), Some(Frame::Seal)) {
+            self.active = None;
+        }
+        Landed { lsn: c.lsn, frames: c.frames, snapshot_acked: c.snapshot_acked }
+    }
+
+    pub(super) fn want_snapshot(&mut self) {
+        self.snapshot_wanted = true;
+    }
+
+    /// Every record of the oldest sealed segment is below every sink's
+    /// acknowledged position in `acked`.
+    pub(super) fn oldest_segment_compacted(&self, acked: &Acked, sinks: u16) -> bool {
+        self.segments.front().is_some_and(|seg| {
+            seg.sealed
+                && seg
+                    .ends
+                    .iter()
+                    .all(|(key, end)| (0..sinks).all(|s| acked.get(&(SinkId(s), *key)).is_some_and(|a| a >= end)))
+        })
+    }
+
+    /// The deletion rule, evaluated when a snapshot commits at `lsn`.
+    /// `ignore_acks` is the planted bug `delete-before-compaction-ack`.
+    pub(super) fn plan_deletions(&mut self, lsn: Lsn, acked: &Acked, sinks: u16, ignore_acks: bool) {
+        while let Some(seg) = self.segments.front() {
+            if !seg.sealed || seg.last_lsn >= lsn {
+                break;
+            }
+            if !self.oldest_segment_compacted(acked, sinks) && !ignore_acks {
+                break;
+            }
+            let seg = self.segments.pop_front().expect("front exists");
+            self.deletes.push_back(seg.id);
+        }
+    }
+
+    /// Queues segments recovery found past the WAL's end.
+    pub(super) fn delete_junk(&mut self, junk: Vec<SegmentId>) {
+        self.deletes.extend(junk);
+    }
+
+    /// The planted bug `delete-during-recovery`: the oldest sealed segment
+    /// goes first, compacted or not.
+    pub(super) fn delete_oldest_now(&mut self) {
+        if let Some(seg) = self.segments.front().filter(|s| s.sealed) {
+            self.deletes.push_front(seg.id);
+            self.segments.pop_front();
+        }
+    }
+
+    pub(super) fn deletes_queued(&self) -> bool {
+        !self.deletes.is_empty()
+    }
+
+    /// Sends the oldest queued deletion, one at a time. A writer that may
+    /// have lost its authority deletes nothing: a newer writer may be
+    /// reading these segments.
+    pub(super) fn delete_next(&mut self, fx: &mut Effects, may_write: bool) {
+        if self.deleting || !may_write {
+            return;
+        }
+        if let Some(&segment) = self.deletes.front() {
+            self.deleting = true;
+            fx.io(Pending::WalDelete(segment), IoOp::WalDelete { segment });
+        }
+    }
+
+    /// A deletion finished. True when it succeeded.
+    pub(super) fn on_deleted(&mut self, fx: &mut Effects, segment: SegmentId, ok: bool) -> bool {
+        if !ok {
+            fx.retry_later(Retry::Delete);
+            return false;
+        }
+        fx.succeeded(Retry::Delete);
+        assert_eq!(self.deletes.pop_front(), Some(segment), "deletes go in order");
+        self.deleting = false;
+        true
+    }
+
+    pub(super) fn retry_delete(&mut self) {
+        self.deleting = false;
+    }
+}
