@@ -40,9 +40,10 @@ use crate::mutation::Mutation;
 use crate::state::{CommittedState, RecordStore};
 use crate::time::Instant;
 use crate::wal::Names;
+use authority::Authority;
 use compact::{Compaction, SinkNews};
 use effects::{Effects, Pending, Retry};
-use lease::{Authority, Bump, Lease, LeaseNews};
+use lease::{Bump, Lease, LeaseNews};
 use offsets_writer::OffsetsWriter;
 use schema::Schemas;
 use sources::Sources;
@@ -283,18 +284,6 @@ impl Host {
         }
     }
 
-    fn on_shutdown(&mut self) {
-        self.shutdown_requested = true;
-        if self.phase == Phase::Recovering && self.authority.waiting() {
-            // Still waiting for another writer's lease: nothing to drain.
-            return self.stop(StopReason::Clean);
-        }
-        if self.phase == Phase::Running {
-            self.phase = Phase::Draining;
-            self.drain_deadline = Some(self.fx.now + self.cfg.limits.drain_timeout);
-        }
-    }
-
     fn on_io(&mut self, id: IoId, pending: Pending, result: Result<IoReply, IoError>) {
         if let Some(lease) = pending.stall_side() {
             if self.stall.on_done(self.fx.now, lease, result.is_ok()) {
@@ -382,123 +371,17 @@ impl Host {
             Bump::Pending => self.authority.held_lease().try_bump(&mut self.fx),
         }
     }
-
-    // ---- the running engine ----
-
-    /// Starts whatever work the current state allows. Bounded: each step
-    /// issues at most one request per source, slot or queue.
-    fn pump(&mut self) {
-        if self.phase == Phase::Recovering && self.startup.fencing() {
-            self.ensure_spare();
-            self.start_commit();
-        }
-        if matches!(self.phase, Phase::Recovering | Phase::Stopped) {
-            return;
-        }
-        self.read_sources();
-        self.plan_compactions();
-        self.ensure_spare();
-        self.start_commit();
-        // Like acks: a writer that may have lost its authority
-        // materializes nothing more.
-        if self.may_write() {
-            self.offsets.write(&mut self.fx, &self.committed);
-            self.sources.send_acks(&mut self.fx);
-        }
-        self.delete_next();
-        if self.phase == Phase::Draining && self.drained() && self.release_authority() {
-            self.stop(StopReason::Clean);
-        }
-    }
-
-    fn ensure_spare(&mut self) {
-        let may_write = self.may_write();
-        self.wal.ensure_spare(&mut self.fx, &self.cfg.limits, may_write);
-    }
-
-    fn start_commit(&mut self) {
-        if !self.may_write() {
-            return;
-        }
-        let snap = SnapshotSource {
-            committed: &self.committed,
-            names: &self.names,
-            drop_frontier: self.cfg.mutations.has(Mutation::SnapshotDropsFrontier),
-        };
-        match self.wal.start_commit(&mut self.fx, &self.cfg.limits, snap) {
-            Ok(true) if self.cfg.mutations.has(Mutation::DispatchBeforePlanCommit) => {
-                for (sink, stream) in self.wal.plans_in_flight() {
-                    self.compaction.assume_committed(sink, stream);
-                    self.dispatch(sink, stream);
-                }
-            }
-            Ok(_) => {}
-            Err(stop) => self.stop(stop),
-        }
-    }
-
-    fn delete_next(&mut self) {
-        let may_write = self.may_write();
-        self.wal.delete_next(&mut self.fx, may_write);
-    }
-
-    fn read_sources(&mut self) {
-        let l = &self.cfg.limits;
-        if self.phase != Phase::Running || Sources::backpressured(l, self.wal.pending_bytes(), self.records.bytes()) {
-            return;
-        }
-        let schemas = &self.schemas;
-        self.sources.read(&mut self.fx, l.source_read_records_max, |source| schemas.holds(source));
-    }
-
-    fn plan_compactions(&mut self) {
-        for plan in self.compaction.plan_idle(&self.cfg, &self.committed, &self.records) {
-            self.wal.push(crate::wal::Frame::CompactionPlanned(plan));
-        }
-    }
-
-    fn dispatch(&mut self, sink: SinkId, stream: StreamId) {
-        let unstable = self.cfg.mutations.has(Mutation::UnstableCompactionId).then(|| self.wal.epoch());
-        self.compaction.dispatch(&mut self.fx, &self.records, sink, stream, unstable);
-    }
-
-    // ---- shutdown ----
-
-    /// Everything read is committed, compacted, acknowledged by every sink,
-    /// recorded as done, and materialized in the offsets store.
-    fn drained(&self) -> bool {
-        let sinks = self.cfg.sinks.len() as u16;
-        let compacted = self
-            .committed
-            .partitions
-            .iter()
-            .all(|(key, p)| (0..sinks).all(|s| self.committed.acked(SinkId(s), *key) >= p.position));
-        self.sources.idle()
-            && self.wal.committed_all()
-            && self.compaction.idle()
-            && self.committed.open.is_empty()
-            && compacted
-            && self.offsets.idle()
-            && self.schemas.idle()
-    }
-
-    /// Gives the writer authority up after a clean drain. True when there
-    /// is nothing (more) to give up.
-    fn release_authority(&mut self) -> bool {
-        let wal_idle = self.wal.idle();
-        match self.authority.lease() {
-            Some(lease) => lease.release(&mut self.fx, wal_idle),
-            None => true,
-        }
-    }
 }
 
+mod authority;
 mod commit;
 mod compact;
+mod drain;
 mod effects;
 mod intake;
 mod lease;
 mod offsets_writer;
+mod pump;
 mod recover;
 mod schema;
 mod sources;

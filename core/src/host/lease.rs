@@ -1,9 +1,5 @@
-//! The writer authority, and the writer lease as a closed state machine.
-//!
-//! [`Authority`] is the one gate every part asks before it commits, acks,
-//! writes offsets, creates or deletes: on disk the driver's directory lock
-//! holds it for the process's life; in S3 mode the [`Lease`] does (and raft
-//! leadership will in clustered mode, as one more variant).
+//! The writer lease (S3 mode) as a closed state machine, behind the
+//! writer-authority gate of `authority.rs`.
 //!
 //! The lease owns its row, its state and its timing, and talks only to
 //! [`Effects`] (it sends its own reads and writes and schedules its own
@@ -22,51 +18,6 @@ use super::effects::{Effects, Pending, Retry};
 use crate::config::LeaseConfig;
 use crate::io::{IoError, IoOp, IoReply, LeaseRow, Output, StopReason};
 use crate::time::Instant;
-
-/// Whatever makes this host the WAL's one writer.
-pub(super) enum Authority {
-    /// Disk mode: the driver holds the WAL directory's lock.
-    DirectoryLock,
-    /// S3 mode: the writer lease in the offsets table's service.
-    Lease(Lease),
-}
-
-impl Authority {
-    /// May this writer commit, acknowledge, write offsets, create or delete
-    /// now? Under a lease: only while nobody can have taken it over.
-    pub(super) fn may_write(&self, now: Instant) -> bool {
-        match self {
-            Authority::DirectoryLock => true,
-            Authority::Lease(lease) => lease.valid(now),
-        }
-    }
-
-    pub(super) fn lease(&mut self) -> Option<&mut Lease> {
-        match self {
-            Authority::DirectoryLock => None,
-            Authority::Lease(lease) => Some(lease),
-        }
-    }
-
-    /// The lease, where a lease request or answer implies there is one.
-    pub(super) fn held_lease(&mut self) -> &mut Lease {
-        self.lease().expect("a lease request implies a lease")
-    }
-
-    /// Still waiting for another writer's lease: nothing of ours to drain.
-    pub(super) fn waiting(&self) -> bool {
-        matches!(self, Authority::Lease(lease) if lease.holding().is_none())
-    }
-
-    /// The high half of this writer's epoch: the lease's generation, or one
-    /// past the WAL's highest where the directory lock is the authority.
-    pub(super) fn writer_generation(&self, wal_generation: u64) -> u64 {
-        match self {
-            Authority::Lease(lease) => lease.holding().map_or(wal_generation + 1, |row| row.generation),
-            Authority::DirectoryLock => wal_generation + 1,
-        }
-    }
-}
 
 /// Why a lease write was sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,7 +104,7 @@ impl Lease {
         Lease { cfg, me: seed | 1 << 63, state: State::Waiting { seen: None }, busy: false }
     }
 
-    fn valid(&self, now: Instant) -> bool {
+    pub(super) fn valid(&self, now: Instant) -> bool {
         match &self.state {
             State::Held(h) | State::Verifying(h, _) => h.valid_until.is_some_and(|until| now < until),
             _ => false,
@@ -161,7 +112,7 @@ impl Lease {
     }
 
     /// The row this run holds (or held, while releasing).
-    fn holding(&self) -> Option<LeaseRow> {
+    pub(super) fn holding(&self) -> Option<LeaseRow> {
         match &self.state {
             State::Waiting { .. } | State::Acquiring { .. } => None,
             State::Held(h) | State::Verifying(h, _) => Some(h.row),

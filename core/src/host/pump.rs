@@ -1,0 +1,86 @@
+//! The coordinator's pump: after every input, start whatever work the
+//! current state allows, asking each part in a fixed order (sources,
+//! compaction, the WAL writer, offsets, acks, deletions) and the writer
+//! authority before anything that writes. Owns no state.
+
+use super::*;
+use crate::wal::Frame;
+
+impl Host {
+    /// Starts whatever work the current state allows. Bounded: each step
+    /// issues at most one request per source, slot or queue.
+    pub(super) fn pump(&mut self) {
+        if self.phase == Phase::Recovering && self.startup.fencing() {
+            self.ensure_spare();
+            self.start_commit();
+        }
+        if matches!(self.phase, Phase::Recovering | Phase::Stopped) {
+            return;
+        }
+        self.read_sources();
+        self.plan_compactions();
+        self.ensure_spare();
+        self.start_commit();
+        // Like acks: a writer that may have lost its authority
+        // materializes nothing more.
+        if self.may_write() {
+            self.offsets.write(&mut self.fx, &self.committed);
+            self.sources.send_acks(&mut self.fx);
+        }
+        self.delete_next();
+        if self.phase == Phase::Draining && self.drained() && self.release_authority() {
+            self.stop(StopReason::Clean);
+        }
+    }
+
+    fn ensure_spare(&mut self) {
+        let may_write = self.may_write();
+        self.wal.ensure_spare(&mut self.fx, &self.cfg.limits, may_write);
+    }
+
+    fn start_commit(&mut self) {
+        if !self.may_write() {
+            return;
+        }
+        let snap = SnapshotSource {
+            committed: &self.committed,
+            names: &self.names,
+            drop_frontier: self.cfg.mutations.has(Mutation::SnapshotDropsFrontier),
+        };
+        match self.wal.start_commit(&mut self.fx, &self.cfg.limits, snap) {
+            Ok(true) if self.cfg.mutations.has(Mutation::DispatchBeforePlanCommit) => {
+                for (sink, stream) in self.wal.plans_in_flight() {
+                    self.compaction.assume_committed(sink, stream);
+                    self.dispatch(sink, stream);
+                }
+            }
+            Ok(_) => {}
+            Err(stop) => self.stop(stop),
+        }
+    }
+
+    pub(super) fn delete_next(&mut self) {
+        let may_write = self.may_write();
+        self.wal.delete_next(&mut self.fx, may_write);
+    }
+
+    fn read_sources(&mut self) {
+        let l = &self.cfg.limits;
+        if self.phase != Phase::Running || Sources::backpressured(l, self.wal.pending_bytes(), self.records.bytes()) {
+            return;
+        }
+        let schemas = &self.schemas;
+        self.sources.read(&mut self.fx, l.source_read_records_max, |source| schemas.holds(source));
+    }
+
+    fn plan_compactions(&mut self) {
+        for plan in self.compaction.plan_idle(&self.cfg, &self.committed, &self.records) {
+            self.wal.push(Frame::CompactionPlanned(plan));
+        }
+    }
+
+    pub(super) fn dispatch(&mut self, sink: SinkId, stream: StreamId) {
+        let unstable = self.cfg.mutations.has(Mutation::UnstableCompactionId).then(|| self.wal.epoch());
+        self.compaction.dispatch(&mut self.fx, &self.records, sink, stream, unstable);
+    }
+}
