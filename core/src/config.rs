@@ -36,13 +36,22 @@ pub struct LeaseConfig {
     pub poll: Duration,
 }
 
+impl LeaseConfig {
+    /// The lease's timing from its steal span: the holder renews five times
+    /// within it and a waiting writer looks ten times. Every driver (the
+    /// daemon, the simulator) derives it here.
+    pub fn from_span(steal_after: Duration) -> LeaseConfig {
+        LeaseConfig {
+            steal_after,
+            renew_every: Duration::from_micros(steal_after.as_micros() / 5),
+            poll: Duration::from_micros((steal_after.as_micros() / 10).max(1)),
+        }
+    }
+}
+
 impl Default for LeaseConfig {
     fn default() -> Self {
-        LeaseConfig {
-            steal_after: Duration::from_secs(10),
-            renew_every: Duration::from_secs(2),
-            poll: Duration::from_secs(1),
-        }
+        LeaseConfig::from_span(Duration::from_secs(10))
     }
 }
 
@@ -81,10 +90,21 @@ pub struct Limits {
     pub stall_stop_after: Option<Duration>,
 }
 
+impl Limits {
+    /// The limits for segments of `segment_bytes`: a commit group may fill
+    /// an eighth of one (between 1 KiB and 1 MiB), so a segment always holds
+    /// several; everything else at its default. Every driver derives the
+    /// group size here.
+    pub fn for_segment_bytes(segment_bytes: u64) -> Limits {
+        Limits { segment_bytes, group_bytes_max: (segment_bytes / 8).clamp(1024, 1 << 20), ..Limits::default() }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             segment_bytes: 64 << 20,
+            // What `for_segment_bytes` derives for 64 MiB segments.
             group_bytes_max: 1 << 20,
             segment_age_max: Duration::from_secs(60),
             spare_segments: 1,
@@ -162,5 +182,21 @@ impl HostConfig {
             return err("retry_min must be positive and at most retry_max".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_what_the_derivations_give() {
+        let derived = Limits::for_segment_bytes(Limits::default().segment_bytes);
+        assert_eq!(derived.group_bytes_max, Limits::default().group_bytes_max);
+        assert_eq!(Limits::for_segment_bytes(4096).group_bytes_max, 1024, "never below 1 KiB");
+        assert_eq!(Limits::for_segment_bytes(80 << 10).group_bytes_max, 10 << 10);
+        let lease = LeaseConfig::from_span(Duration::from_secs(10));
+        assert_eq!((lease.renew_every, lease.poll), (Duration::from_secs(2), Duration::from_secs(1)));
+        assert_eq!(LeaseConfig::from_span(Duration::from_micros(5)).poll, Duration::from_micros(1), "never zero");
     }
 }

@@ -14,6 +14,7 @@ use crate::offsets::OffsetValue;
 use crate::recovery::Missing;
 use crate::time::Duration;
 use crate::wal::{Corruption, Record};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 #[derive(Debug)]
@@ -64,12 +65,14 @@ pub enum IoOp {
     /// nothing recovery reads can vanish later. A no-op where writes are
     /// durable once visible (S3).
     WalSync,
-    /// List the WAL's segments. Answer: `Segments`.
+    /// List the WAL's segments, and nothing else: whatever a listing finds
+    /// stays where it is until the engine deletes it. Answer: `Segments`.
     WalList,
     /// Read a whole segment. Answer: `SegmentBytes`.
     WalRead { segment: SegmentId },
-    /// Create a segment ahead of need, durably, starting with `header`.
-    WalCreate { segment: SegmentId, header: Vec<u8> },
+    /// Create a segment of `size` bytes ahead of need, durably, starting
+    /// with `header` (on disk a preallocated file; on S3 the header object).
+    WalCreate { segment: SegmentId, header: Vec<u8>, size: u64 },
     /// Make one commit group durable and visible at `offset` of `segment`.
     /// A retry after `IoError::Ambiguous` carries the identical bytes.
     WalAppend { segment: SegmentId, offset: u64, lsn: Lsn, bytes: Arc<Vec<u8>> },
@@ -159,7 +162,7 @@ pub struct SourceBatchIn {
 #[derive(Debug)]
 pub enum IoReply {
     Done,
-    Segments(Vec<SegmentId>),
+    Segments(WalListing),
     SegmentBytes(Vec<u8>),
     Offsets(Vec<OffsetRow>),
     Lease(Option<LeaseRow>),
@@ -179,6 +182,17 @@ pub enum IoReply {
         accept: bool,
         reason: String,
     },
+}
+
+/// What a WAL listing found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WalListing {
+    /// Segment files (disk): one id per file.
+    Files(Vec<SegmentId>),
+    /// An object store (S3): per segment, the offsets of the objects it
+    /// holds (0 is the header). Which of them still belong to the WAL is the
+    /// engine's decision (`wal::oldest_to_keep`); it deletes the leftovers.
+    Objects(BTreeMap<SegmentId, Vec<u64>>),
 }
 
 /// One offsets entry as the store holds it: key, raw value (24 bytes when
@@ -262,6 +276,8 @@ pub enum StopReason {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecoverySummary {
     pub segments: usize,
+    /// Leftovers of deletions a crash interrupted (object stores), deleted.
+    pub leftovers: usize,
     pub next_lsn: Lsn,
     pub partitions: usize,
     pub open_compactions: usize,

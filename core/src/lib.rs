@@ -8,27 +8,39 @@
 //! crate's own integer [`Instant`], passed in. Collections iterate in a fixed
 //! order (`BTreeMap`, `Vec`), so the same inputs give the same outputs on
 //! every machine; the simulator depends on it.
-//!
-//! What it owns: WAL commit groups and their byte format ([`wal`]), offset
-//! materialization ([`offsets`]), compaction planning with stable ids
-//! ([`compaction`]), recovery ([`recovery`]) and the clean-shutdown drain.
 
+/// Compaction ids: stable across replays, derived from what a batch holds.
 pub mod compaction;
+/// `HostConfig`, `Limits`, `LeaseConfig`: validated once, policy derived once.
 pub mod config;
+/// The engine: `Host`, a coordinator over parts that own their state.
 pub mod host;
+/// Typed ids and positions.
 pub mod ids;
+/// The vocabulary: inputs, outputs, I/O requests and replies, stop reasons.
 pub mod io;
+/// Planted bugs, off by default, for the simulator's checker to catch.
 pub mod mutation;
+/// The 24-byte value the offsets store keeps per partition.
 pub mod offsets;
+/// Reading a WAL back: the scan, the proof that it is whole, the rebuild.
 pub mod recovery;
+/// What the committed WAL says, folded into maps; the records sinks still need.
 pub mod state;
+/// The engine's own integer time.
 pub mod time;
+/// The WAL's byte formats and the object-store layout rules.
 pub mod wal;
 
 pub use config::{ConfigError, HostConfig, LeaseConfig, Limits};
 pub use host::Host;
-pub use ids::*;
-pub use io::*;
+pub use ids::{
+    CompactionId, CompactionSeq, Epoch, IoId, Lsn, PartitionKey, Position, SegmentId, SinkId, SourceId, StreamId,
+};
+pub use io::{
+    Input, IoError, IoOp, IoReply, LeaseRow, OffsetEntry, OffsetRow, Output, RecoverySummary, ResumePoint, SinkApply,
+    SinkOutcome, SourceBatchIn, StopReason, Timer, WalListing,
+};
 pub use mutation::{Mutation, Mutations};
 pub use offsets::OffsetValue;
 pub use time::{Duration, Instant};

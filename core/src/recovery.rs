@@ -203,16 +203,16 @@ pub fn rebuild(scanned: Vec<ScannedSegment>, check_head: bool) -> Result<Recover
 fn head_missing(state: &CommittedState, first: SegmentId, first_lsn: Lsn, snapshot: &Snapshot) -> Option<Missing> {
     for (s, sink_name) in snapshot.names.sinks.iter().enumerate() {
         let sink = SinkId(s as u16);
-        for p in &snapshot.partitions {
-            let acked = state.acked(sink, p.key);
+        for (key, p) in &snapshot.partitions {
+            let acked = state.acked(sink, *key);
             if acked < p.position {
-                let source_name = snapshot.names.sources.get(p.key.source.0 as usize).cloned().unwrap_or_default();
+                let source_name = snapshot.names.sources.get(key.source.0 as usize).cloned().unwrap_or_default();
                 return Some(Missing::Head {
                     first,
                     first_lsn,
                     sink,
                     sink_name: sink_name.clone(),
-                    key: p.key,
+                    key: *key,
                     source_name,
                     acked,
                     needed_to: p.position,

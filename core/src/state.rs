@@ -3,19 +3,9 @@
 //! group), so the two can never disagree about what a frame means.
 
 use crate::ids::*;
-use crate::wal::{CompactionPlan, Frame, Names, PartitionSnapshot, Record, SchemaDecision, Snapshot};
+pub use crate::wal::PartitionState;
+use crate::wal::{CompactionPlan, Frame, Names, Record, SchemaDecision, Snapshot};
 use std::collections::{BTreeMap, VecDeque};
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PartitionState {
-    pub stream: StreamId,
-    /// The next position to read: everything below is committed.
-    pub position: Position,
-    /// The commit that moved `position` here.
-    pub lsn: Lsn,
-    pub records: u64,
-    pub checkpoint: Option<Vec<u8>>,
-}
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CommittedState {
@@ -74,18 +64,7 @@ impl CommittedState {
     pub fn snapshot(&self, drop_frontier: bool, names: &Names) -> Snapshot {
         Snapshot {
             names: names.clone(),
-            partitions: self
-                .partitions
-                .iter()
-                .map(|(key, p)| PartitionSnapshot {
-                    key: *key,
-                    stream: p.stream,
-                    position: p.position,
-                    lsn: p.lsn,
-                    records: p.records,
-                    checkpoint: p.checkpoint.clone(),
-                })
-                .collect(),
+            partitions: self.partitions.iter().map(|(key, p)| (*key, p.clone())).collect(),
             acked: if drop_frontier {
                 Vec::new()
             } else {
@@ -102,20 +81,7 @@ impl CommittedState {
     }
 
     fn restore(&mut self, s: &Snapshot) {
-        self.partitions = s
-            .partitions
-            .iter()
-            .map(|p| {
-                let state = PartitionState {
-                    stream: p.stream,
-                    position: p.position,
-                    lsn: p.lsn,
-                    records: p.records,
-                    checkpoint: p.checkpoint.clone(),
-                };
-                (p.key, state)
-            })
-            .collect();
+        self.partitions = s.partitions.iter().cloned().collect();
         self.acked = s.acked.iter().map(|&(sink, key, pos)| ((sink, key), pos)).collect();
         self.next_seq = s.next_seq.iter().map(|&(sink, stream, seq)| ((sink, stream), seq)).collect();
         self.schemas = s.schemas.iter().map(|d| (d.stream, d.fingerprint)).collect();

@@ -20,7 +20,6 @@ const SUFFIX: &str = ".seg";
 
 pub struct DiskWal {
     dir: PathBuf,
-    segment_bytes: u64,
     open: Mutex<Option<(SegmentId, File)>>,
     /// `fdatasync` calls made for appends: exactly one per commit group.
     pub append_syncs: AtomicU64,
@@ -28,11 +27,11 @@ pub struct DiskWal {
 
 impl DiskWal {
     /// Opens (creating if needed) `data_dir/wal`.
-    pub fn open(data_dir: &Path, segment_bytes: u64) -> io::Result<DiskWal> {
+    pub fn open(data_dir: &Path) -> io::Result<DiskWal> {
         let dir = data_dir.join(WAL_DIR);
         std::fs::create_dir_all(&dir)?;
         sync_dir(data_dir)?;
-        Ok(DiskWal { dir, segment_bytes, open: Mutex::new(None), append_syncs: AtomicU64::new(0) })
+        Ok(DiskWal { dir, open: Mutex::new(None), append_syncs: AtomicU64::new(0) })
     }
 
     pub fn dir(&self) -> &Path {
@@ -72,16 +71,16 @@ impl DiskWal {
         }
     }
 
-    /// Creates the segment: zero-filled to full size (so appends never grow
+    /// Creates the segment: zero-filled to `size` (so appends never grow
     /// the file and `fdatasync` has no size to update), header at offset 0,
     /// file and directory fsynced. An existing file of that name is replaced.
-    pub fn create(&self, segment: SegmentId, header: &[u8]) -> io::Result<()> {
+    pub fn create(&self, segment: SegmentId, header: &[u8], size: u64) -> io::Result<()> {
         let path = self.path(segment);
         let file = OpenOptions::new().create(true).write(true).truncate(true).mode(0o600).open(&path)?;
         let chunk = vec![0u8; 1 << 20];
         let mut at = 0;
-        while at < self.segment_bytes {
-            let n = chunk.len().min((self.segment_bytes - at) as usize);
+        while at < size {
+            let n = chunk.len().min((size - at) as usize);
             file.write_all_at(&chunk[..n], at)?;
             at += n as u64;
         }
@@ -183,8 +182,8 @@ mod tests {
     #[test]
     fn create_append_read_list_delete() {
         let tmp = tempfile::tempdir().unwrap();
-        let wal = DiskWal::open(tmp.path(), 8192).unwrap();
-        wal.create(SegmentId(3), b"header").unwrap();
+        let wal = DiskWal::open(tmp.path()).unwrap();
+        wal.create(SegmentId(3), b"header", 8192).unwrap();
         std::fs::write(wal.dir().join("notes.txt"), b"stray").unwrap();
         wal.append(SegmentId(3), 6, b"group").unwrap();
         wal.append(SegmentId(3), 11, b"next").unwrap();

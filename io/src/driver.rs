@@ -8,10 +8,10 @@ use crate::disk_wal::{to_io_error, DiskWal};
 use crate::dynamo::Dynamo;
 use crate::metrics::Metrics;
 use crate::offsets_db::OffsetsDb;
-use crate::plugins::{SchemaPlugin, Sink, Source};
+use crate::plugin::{SchemaPlugin, Sink, Source};
 use crate::s3_wal::S3Wal;
 use skippr_core::io::{Input, IoOp, IoReply, Output, SourceBatchIn, StopReason};
-use skippr_core::{Host, IoError, IoId, SinkOutcome, StreamId};
+use skippr_core::{Host, IoError, IoId, SinkOutcome, StreamId, WalListing};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -82,6 +82,7 @@ pub async fn drive(
                     backends.metrics.recovery_seconds.set(clock.now().as_micros() as f64 / 1e6);
                     info!(
                         segments = s.segments,
+                        leftovers_deleted = s.leftovers,
                         next_lsn = s.next_lsn.0,
                         partitions = s.partitions,
                         open_compactions = s.open_compactions,
@@ -187,7 +188,7 @@ async fn perform_remote(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<Io
         (IoOp::WalSync, WalBackend::S3(_), _) => Ok(IoReply::Done),
         (IoOp::WalList, WalBackend::S3(wal), _) => wal.list().await.map(IoReply::Segments),
         (IoOp::WalRead { segment }, WalBackend::S3(wal), _) => wal.read(segment).await.map(IoReply::SegmentBytes),
-        (IoOp::WalCreate { segment, header }, WalBackend::S3(wal), _) => {
+        (IoOp::WalCreate { segment, header, .. }, WalBackend::S3(wal), _) => {
             wal.put(segment, 0, &header).await.map(|()| IoReply::Done)
         }
         (IoOp::WalAppend { segment, offset, bytes, .. }, WalBackend::S3(wal), _) => {
@@ -233,13 +234,13 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
             for path in strays {
                 warn!(path = %path.display(), "ignoring a file in the WAL directory that is not a segment");
             }
-            Ok(IoReply::Segments(ids))
+            Ok(IoReply::Segments(WalListing::Files(ids)))
         }
         IoOp::WalRead { segment } => {
             wal().read(segment).map(IoReply::SegmentBytes).map_err(|e| io("reading a WAL segment", e))
         }
-        IoOp::WalCreate { segment, header } => {
-            wal().create(segment, &header).map(|_| IoReply::Done).map_err(|e| io("creating a WAL segment", e))
+        IoOp::WalCreate { segment, header, size } => {
+            wal().create(segment, &header, size).map(|_| IoReply::Done).map_err(|e| io("creating a WAL segment", e))
         }
         IoOp::WalAppend { segment, offset, bytes, .. } => {
             let started = std::time::Instant::now();
@@ -346,7 +347,7 @@ fn disk_offsets(b: &Backends) -> &OffsetsDb {
     }
 }
 
-fn plugin_failed(what: &str, e: crate::plugins::PluginError) -> IoError {
+fn plugin_failed(what: &str, e: crate::plugin::PluginError) -> IoError {
     warn!(error = %e, "{what} failed; retrying");
     IoError::Failed
 }
@@ -369,157 +370,5 @@ fn op_name(op: &IoOp) -> &'static str {
         IoOp::SchemaDecide { .. } => "schema-decide",
         IoOp::LeaseRead => "lease-read",
         IoOp::LeaseWrite { .. } => "lease-write",
-    }
-}
-
-/// Where the WAL is, for messages.
-#[derive(Clone, Debug)]
-pub enum WalPlace {
-    Dir(std::path::PathBuf),
-    /// `s3://bucket/prefix/`
-    S3(String),
-}
-
-impl WalPlace {
-    pub fn segment(&self, segment: skippr_core::SegmentId) -> String {
-        match self {
-            WalPlace::Dir(dir) => dir.join(format!("{:020}.seg", segment.0)).display().to_string(),
-            WalPlace::S3(location) => format!("{location}{:020}/", segment.0),
-        }
-    }
-
-    pub fn root(&self) -> String {
-        match self {
-            WalPlace::Dir(dir) => dir.display().to_string(),
-            WalPlace::S3(location) => location.clone(),
-        }
-    }
-}
-
-/// What an engine stop means to an operator: one line naming the cause and
-/// what to do.
-/// One sentence on committed WAL that is not there, for the daemon's stop
-/// and for `skipprd wal verify`; `name` says where a segment lives.
-pub fn missing_message(m: &skippr_core::recovery::Missing, name: impl Fn(skippr_core::SegmentId) -> String) -> String {
-    use skippr_core::recovery::Missing;
-    match m {
-        Missing::Gap { after, before, lsns } => {
-            let range = lsns.map(|(a, b)| format!(", which held LSNs {} to {},", a.0, b.0)).unwrap_or_default();
-            let what = if before.0 == after.0 + 2 {
-                format!("segment {}{range} is missing", name(skippr_core::SegmentId(after.0 + 1)))
-            } else {
-                format!("the segments between {} and {}{range} are missing", name(*after), name(*before))
-            };
-            format!("the WAL is not whole: {what}; every segment after it continues from those LSNs")
-        }
-        Missing::Head { first, first_lsn, sink_name, key, source_name, acked, needed_to, .. } => format!(
-            "the WAL is not whole: its oldest segment {} starts at LSN {}, but the segments before it were still \
-             needed: sink '{sink_name}' has acknowledged source '{source_name}' partition {} only below position {}, \
-             and the missing segments held its records up to position {}",
-            name(*first),
-            first_lsn.0,
-            key.partition,
-            acked.0,
-            needed_to.0
-        ),
-    }
-}
-
-pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
-    match reason {
-        StopReason::Clean => "stopped cleanly".into(),
-        StopReason::DrainTimedOut => {
-            "the shutdown drain timed out; the next start recovers from the WAL (raise --drain-timeout if sinks are slow)"
-                .into()
-        }
-        StopReason::Corrupt(c) => format!(
-            "committed WAL data is corrupt: {} at byte {}: {}. Nothing past it was delivered. Keep a copy of {} for \
-             diagnosis; `skipprd wal verify` shows the damage. Restoring the segment from a replica or backup is \
-             the only way to keep its records",
-            wal.segment(c.segment),
-            c.offset,
-            c.what,
-            wal.root()
-        ),
-        StopReason::WalIncomplete(m) => format!(
-            "{}. Nothing was delivered from this WAL. Put the missing segments back (from the backup or copy they \
-             came from) and start again; starting over from an empty DATA_DIR (or WAL prefix) re-reads the sources \
-             into a fresh sink destination",
-            missing_message(m, |id| wal.segment(id))
-        ),
-        StopReason::OffsetsAheadOfWal { key, store, wal } => format!(
-            "the offsets store holds position {} for source {} partition {}, but the WAL only reaches {}: committed \
-             WAL data is missing (a wiped or wrong data directory?). If that is deliberate, run `skipprd offsets reset` \
-             and sources will resume from what the WAL holds",
-            store.0, key.source.0, key.partition, wal.0
-        ),
-        StopReason::SinkAheadOfWal { sink, stream, applied, wal_next } => format!(
-            "sink {} has applied batch {} of stream {}, but the WAL has planned batches only below {}: the WAL is \
-             older than what the sink holds (a data directory restored from an older backup, or a new WAL beside \
-             a destination an older one wrote). Nothing was delivered. Restore the newer WAL, or point the sink \
-             at a fresh destination to start over",
-            sink.0, applied.0, stream.0, wal_next.0
-        ),
-        StopReason::OffsetsMalformed { key, len } => format!(
-            "the offsets store holds a {len}-byte value for source {} partition {} (expected 24): it is damaged or \
-             not ours; `skipprd offsets reset` rebuilds it from the WAL",
-            key.source.0, key.partition
-        ),
-        StopReason::WalReadFailed { segment } => format!(
-            "WAL segment {} could not be read, even after retries (see the warnings above): recovery cannot \
-             trust or skip it. Check the disk (or bucket) and its permissions, then start again",
-            wal.segment(*segment)
-        ),
-        StopReason::WalWriteFailed { segment, error } => format!(
-            "writing WAL segment {} failed ({error:?}); nothing unacknowledged was reported durable. Check the disk \
-             and start again: recovery decides what the WAL holds",
-            segment.0
-        ),
-        StopReason::Fenced { segment, offset } => format!(
-            "another writer committed at {} byte {offset}, where this one was about to: a newer writer took \
-             over this WAL (or raced this one). Nothing of this writer's that was not committed was acknowledged; \
-             run only one daemon per WAL, and start this one again only if the other is gone",
-            wal.segment(*segment)
-        ),
-        StopReason::LeaseLost { holder: 0, generation } => format!(
-            "the WAL's writer lease passed to another writer while this one ran (it was paused or cut off for \
-             longer than SKIPPR_LEASE_SECONDS), and that writer has since released it: no daemon holds the lease \
-             of {} now (generation {generation}). Stopped without acknowledging anything more; the next start \
-             takes the lease again",
-            wal.root()
-        ),
-        StopReason::LeaseLost { holder, generation } => format!(
-            "the WAL's writer lease was taken over (holder {holder:016x}, generation {generation}) while this \
-             writer ran: another daemon is writing {}. Stopped without acknowledging anything more",
-            wal.root()
-        ),
-        StopReason::SinkFatal { sink, stream, id } => format!(
-            "sink {} refused compaction {id} of stream {} as fatal; that stream is stopped. Fix the sink or its \
-             destination, then start again: the batch is replayed with the same id",
-            sink.0, stream.0
-        ),
-        StopReason::SourceProtocol { source, partition, what } => {
-            format!("source {} partition {partition} broke the protocol: {what}", source.0)
-        }
-        StopReason::NamesChanged { kind, index, wal, config } => format!(
-            "the WAL knows {kind} #{index} as '{wal}', but the configuration calls it '{config}': {kind}s are \
-             identified by their place in the configuration, so keep existing ones in order and add new ones at \
-             the end (or start a new DATA_DIR)"
-        ),
-        StopReason::SchemaRejected { stream, fingerprint, reason } => format!(
-            "the schema plugin refused schema {fingerprint:016x} of stream {}: {reason}. Nothing under it was \
-             committed; fix the source or the schema plugin and start again",
-            stream.0
-        ),
-        StopReason::Stalled { what, for_ } => format!(
-            "the {what} made no progress for {:.0} s (every request failed; the last warning above names the \
-             cause), and --once gives up after SKIPPR_STALL_EXIT_SECONDS. Nothing committed is lost: fix the \
-             endpoint or disk, then start again and recovery carries on from the WAL ({})",
-            for_.as_micros() as f64 / 1e6,
-            wal.root()
-        ),
-        StopReason::SegmentTooSmall { needed } => {
-            format!("WAL_BYTES_PER_FILE is too small for the engine's snapshot: use at least {needed} bytes")
-        }
     }
 }

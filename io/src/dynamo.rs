@@ -20,6 +20,7 @@
 //!   still what the writer last saw.
 
 use crate::aws::describe;
+use crate::offsets_db::StoredOffset;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
@@ -38,15 +39,6 @@ pub struct Dynamo {
     lease_pk: String,
     /// The WAL's identity, in every offsets key.
     wal: String,
-}
-
-/// An offsets item as `skipprd offsets show` prints it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DynamoOffset {
-    pub source: String,
-    pub partition: u32,
-    pub value: Vec<u8>,
-    pub checkpoint: Option<Vec<u8>>,
 }
 
 /// What names a WAL in the offsets and lease keys: `s3://bucket/prefix/` for
@@ -168,11 +160,12 @@ impl Dynamo {
     }
 
     /// Every offsets item, for `skipprd offsets show`.
-    pub async fn show(&self) -> Result<Vec<DynamoOffset>, IoError> {
+    pub async fn show(&self) -> Result<Vec<StoredOffset>, IoError> {
         let rows = self.read().await?;
         Ok(rows
             .into_iter()
-            .map(|(key, value, checkpoint)| DynamoOffset {
+            .map(|(key, value, checkpoint)| StoredOffset {
+                pipeline: self.pipeline.clone(),
                 source: self.sources[key.source.0 as usize].clone(),
                 partition: key.partition,
                 value,

@@ -4,7 +4,7 @@
 //! the disk WAL ([`disk_wal`]) and the S3 WAL ([`s3_wal`]), the embedded
 //! offsets store ([`offsets_db`]) and the DynamoDB one with the writer lease
 //! ([`dynamo`]),
-//! the built-in sources and sinks ([`plugins`]), and the one tokio event loop
+//! the sources and sinks, built-in and external ([`plugin`]), and the one tokio event loop
 //! that feeds the engine its inputs and performs its outputs ([`driver`]).
 
 pub mod aws;
@@ -12,16 +12,13 @@ pub mod clock;
 pub mod disk_wal;
 pub mod driver;
 pub mod dynamo;
-pub mod external;
-pub mod file_source;
 pub mod health;
 pub mod metrics;
 pub mod offsets_db;
-pub mod plugins;
+pub mod plugin;
 pub mod s3_wal;
-pub mod spawner;
 
 pub use clock::Clock;
 pub use disk_wal::DiskWal;
-pub use driver::{drive, Backends, OffsetsBackend, RunTotals, WalBackend, WalPlace};
+pub use driver::{drive, Backends, OffsetsBackend, RunTotals, WalBackend};
 pub use offsets_db::OffsetsDb;

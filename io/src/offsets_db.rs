@@ -26,7 +26,8 @@ pub struct OffsetsDb {
     sources: Vec<String>,
 }
 
-/// One stored entry, as `skipprd offsets show` prints it.
+/// One stored entry, as `skipprd offsets show` prints it, from either
+/// store (this one or DynamoDB).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredOffset {
     pub pipeline: String,
@@ -35,6 +36,18 @@ pub struct StoredOffset {
     /// The raw value: 24 bytes when healthy.
     pub value: Vec<u8>,
     pub checkpoint: Option<Vec<u8>>,
+}
+
+impl StoredOffset {
+    /// `pipeline source partition: position=… lsn=… records=…[ checkpoint=…]`.
+    pub fn line(&self) -> String {
+        let value = match OffsetValue::decode(&self.value) {
+            Ok(v) => format!("position={} lsn={} records={}", v.position.0, v.lsn.0, v.records),
+            Err(e) => format!("MALFORMED ({} bytes)", e.len),
+        };
+        let cp = self.checkpoint.as_ref().map(|c| format!(" checkpoint={}", String::from_utf8_lossy(c)));
+        format!("{} {} {}: {value}{}", self.pipeline, self.source, self.partition, cp.unwrap_or_default())
+    }
 }
 
 pub type DbResult<T> = Result<T, redb::Error>;

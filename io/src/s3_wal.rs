@@ -17,17 +17,19 @@
 //! there first). Nothing is ever overwritten.
 //!
 //! Deleting a segment removes its header first, then its groups. A listing
-//! deletes what lies below the oldest segment with a header and a first group (the
-//! groups of a delete a crash interrupted, a header that a late copy of a
-//! creation put brought back); a headerless segment anywhere else is
-//! reported as it is, and the engine's scan stops on it.
+//! only lists: it reports every segment with the offsets of its objects, and
+//! the engine decides what below the WAL is a leftover (the groups of a
+//! delete a crash interrupted, a header that a late copy of a creation put
+//! brought back) and deletes it under its writer-authority check. The
+//! layout rules (`skippr_core::wal::objects`) are shared with the simulator.
 
 use crate::aws::describe;
 use aws_sdk_s3::error::SdkError;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use aws_sdk_s3::Client;
-use skippr_core::wal::oldest_to_keep;
+use skippr_core::wal::{first_overlap, lay_out, oldest_to_keep, taken_key};
+use skippr_core::WalListing;
 use skippr_core::{IoError, SegmentId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -115,14 +117,8 @@ impl S3Wal {
     /// The key exists: is it our bytes, or another writer's? A read that
     /// fails leaves the question open, and the put is sent again.
     async fn compare(&self, key: &str, bytes: &[u8]) -> Result<(), IoError> {
-        match self.get(key).await {
-            Ok(found) if found == bytes => Ok(()),
-            Ok(_) => {
-                warn!(key, "another writer's object is at this key");
-                Err(IoError::Conflict)
-            }
-            Err(_) => Err(IoError::Ambiguous),
-        }
+        let found = self.get(key).await.map_err(|_| IoError::Ambiguous)?;
+        taken_key(&found, bytes).inspect_err(|_| warn!(key, "another writer's object is at this key"))
     }
 
     /// Checks that the store honours `If-None-Match: *`: a second create of
@@ -189,27 +185,15 @@ impl S3Wal {
         Some((SegmentId(segment.parse().ok()?), offset.parse().ok()?))
     }
 
-    /// The WAL's segments. Leftovers below the oldest segment that still
-    /// counts (`skippr_core::wal::oldest_to_keep`: the groups of a delete a
-    /// crash interrupted, a header a late creation put brought back) are
-    /// deleted first.
-    pub async fn list(&self) -> Result<Vec<SegmentId>, IoError> {
+    /// Every segment, with the offsets of its objects. Nothing is deleted
+    /// here: the engine decides which segments are leftovers.
+    pub async fn list(&self) -> Result<WalListing, IoError> {
         let listed = self.list_objects(&self.prefix).await?;
-        let keep = keep_from(&listed);
-        let mut segments = Vec::new();
-        for (segment, objects) in &listed {
-            if keep.is_some_and(|k| *segment < k) {
-                warn!(segment = segment.0, "finishing the delete of a segment the WAL no longer holds");
-                self.delete_objects(objects.keys().map(|o| self.key(*segment, *o)).collect()).await?;
-            } else {
-                segments.push(*segment);
-            }
-        }
-        Ok(segments)
+        Ok(WalListing::Objects(offsets(&listed)))
     }
 
-    /// The segments a listing keeps, without deleting leftovers: for tools
-    /// that only read.
+    /// The segments that still belong to the WAL (the engine's rule): for
+    /// tools that only read.
     pub async fn list_segments(&self) -> Result<Vec<SegmentId>, IoError> {
         let listed = self.list_objects(&self.prefix).await?;
         let keep = keep_from(&listed);
@@ -221,28 +205,18 @@ impl S3Wal {
     pub async fn read(&self, segment: SegmentId) -> Result<Vec<u8>, IoError> {
         let listed = self.list_objects(&format!("{}{:020}/", self.prefix, segment.0)).await?;
         let objects = listed.get(&segment).cloned().unwrap_or_default();
-        let mut end = 0u64;
-        for (&offset, &size) in &objects {
-            if offset < end {
-                warn!(
-                    key = self.key(segment, offset),
-                    "WAL objects overlap: two writers wrote this segment; it cannot be read"
-                );
-                return Err(IoError::Failed);
-            }
-            end = offset + size.max(0) as u64;
+        let overlap = |offset| {
+            let key = self.key(segment, offset);
+            warn!(key, "WAL objects overlap: two writers wrote this segment; it cannot be read");
+            IoError::Failed
+        };
+        if let Some(offset) = first_overlap(objects.iter().map(|(&o, &size)| (o, size.max(0) as u64))) {
+            return Err(overlap(offset));
         }
         let keys: Vec<(u64, String)> = objects.keys().map(|&o| (o, self.key(segment, o))).collect();
         let fetched = self.get_many(keys).await?;
-        let mut out = Vec::with_capacity(end as usize);
-        for (offset, bytes) in fetched {
-            if (offset as usize) < out.len() {
-                return Err(IoError::Failed);
-            }
-            out.resize(offset as usize, 0);
-            out.extend_from_slice(&bytes);
-        }
-        Ok(out)
+        // Sizes can change between the listing and the reads (a late put).
+        lay_out(fetched.iter().map(|(o, b)| (*o, b.as_slice()))).map_err(overlap)
     }
 
     async fn get_many(&self, keys: Vec<(u64, String)>) -> Result<Vec<(u64, Vec<u8>)>, IoError> {
@@ -301,10 +275,12 @@ impl S3Wal {
 }
 
 /// The oldest listed segment that still counts (`oldest_to_keep`).
+fn offsets(listed: &Listed) -> BTreeMap<SegmentId, Vec<u64>> {
+    listed.iter().map(|(s, objects)| (*s, objects.keys().copied().collect())).collect()
+}
+
 fn keep_from(listed: &Listed) -> Option<SegmentId> {
-    let offsets: BTreeMap<SegmentId, Vec<u64>> =
-        listed.iter().map(|(s, objects)| (*s, objects.keys().copied().collect())).collect();
-    oldest_to_keep(&offsets)
+    oldest_to_keep(&offsets(listed))
 }
 
 async fn fetch(client: &Client, bucket: &str, key: &str) -> Result<Vec<u8>, IoError> {

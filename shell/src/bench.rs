@@ -98,10 +98,10 @@ fn wal_round(dir: &Path, commits: u32) -> std::io::Result<f64> {
         .collect();
     let group_bytes = 16 * 1024;
     let segment_bytes = SEGMENT_HEADER_BYTES as u64 + commits as u64 * group_bytes;
-    let wal = DiskWal::open(&dir.join("wal-round"), segment_bytes)?;
+    let wal = DiskWal::open(&dir.join("wal-round"))?;
     let segment = SegmentId(0);
     // Created ahead of need, as the daemon does: not timed.
-    wal.create(segment, &encode_header(segment, Epoch(1)))?;
+    wal.create(segment, &encode_header(segment, Epoch(1)), segment_bytes)?;
     let mut offset = SEGMENT_HEADER_BYTES as u64;
     let started = Instant::now();
     for i in 0..commits {

@@ -9,6 +9,7 @@ mod bench;
 mod chaos;
 mod config;
 mod exit;
+mod explain;
 mod logging;
 mod run;
 mod signals;

@@ -6,15 +6,18 @@
 
 use crate::config::{resolve, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig, WalConfig};
 use crate::exit;
+use crate::explain::{explain, WalPlace};
 use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations};
-use skippr_io::driver::{explain, SharedSchema, SharedSink, SharedSource};
+use skippr_io::driver::{SharedSchema, SharedSink, SharedSource};
 use skippr_io::dynamo::Dynamo;
-use skippr_io::external::{ExternalSchema, ExternalSink, ExternalSource};
 use skippr_io::metrics::Metrics;
-use skippr_io::plugins::{DirSink, FileSource, Generator, SchemaPlugin, Sink, Source, StdoutSink};
+use skippr_io::plugin::{
+    DirSink, ExternalSchema, ExternalSink, ExternalSource, FileSource, Generator, SchemaPlugin, Sink, Source,
+    StdoutSink,
+};
 use skippr_io::s3_wal::S3Wal;
 use skippr_io::{drive, Backends, Clock, DiskWal, OffsetsDb, RunTotals};
-use skippr_io::{OffsetsBackend, WalBackend, WalPlace};
+use skippr_io::{OffsetsBackend, WalBackend};
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -223,7 +226,7 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
     });
     let (wal, place) = match &cfg.wal {
         WalConfig::Disk => {
-            let wal = DiskWal::open(&cfg.data_dir, cfg.wal_bytes_per_file)
+            let wal = DiskWal::open(&cfg.data_dir)
                 .map_err(|e| (exit::DATA_DIR, format!("cannot open the WAL under {}: {e}", cfg.data_dir.display())))?;
             let place = WalPlace::Dir(wal.dir().to_path_buf());
             (WalBackend::Disk(Arc::new(wal)), place)
@@ -266,15 +269,9 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
     Ok((wal, offsets, lease, place, endpoints))
 }
 
-/// The steal span from `SKIPPR_LEASE_SECONDS`; the holder renews five times
-/// within it, and a waiting writer looks ten times.
+/// The steal span from `SKIPPR_LEASE_SECONDS`; core derives the rest.
 fn lease_config(seconds: f64) -> LeaseConfig {
-    let span = Duration::from_micros((seconds * 1e6) as u64);
-    LeaseConfig {
-        steal_after: span,
-        renew_every: Duration::from_micros(span.as_micros() / 5),
-        poll: Duration::from_micros((span.as_micros() / 10).max(1)),
-    }
+    LeaseConfig::from_span(Duration::from_micros((seconds * 1e6) as u64))
 }
 
 /// A seed from the operating system's randomness (the shell may use it; the
@@ -287,14 +284,11 @@ fn run_seed() -> u64 {
 }
 
 fn limits(cfg: &RunConfig) -> Limits {
-    let segment_bytes = cfg.wal_bytes_per_file;
     Limits {
-        segment_bytes,
-        group_bytes_max: (segment_bytes / 8).clamp(1024, 1 << 20),
         segment_age_max: Duration::from_micros((cfg.wal_max_delay_seconds * 1e6) as u64),
         drain_timeout: Duration::from_micros((cfg.drain_timeout_seconds * 1e6) as u64),
         stall_report_after: Some(Duration::from_micros((cfg.stall_seconds * 1e6) as u64)),
         stall_stop_after: cfg.stall_exit_seconds.map(|s| Duration::from_micros((s * 1e6) as u64)),
-        ..Limits::default()
+        ..Limits::for_segment_bytes(cfg.wal_bytes_per_file)
     }
 }

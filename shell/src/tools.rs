@@ -3,7 +3,6 @@
 use crate::exit;
 use skippr_core::recovery::{recover, WalDamage};
 use skippr_core::wal::{scan, Frame};
-use skippr_core::OffsetValue;
 use skippr_io::disk_wal::{list_dir, WAL_DIR};
 use skippr_io::offsets_db::{read_all, reset, OFFSETS_FILE};
 use std::path::Path;
@@ -74,7 +73,7 @@ fn verify(files: &[(skippr_core::SegmentId, Vec<u8>)], name: impl Fn(skippr_core
             exit::WAL_CORRUPT
         }
         Err(WalDamage::Missing(m)) => {
-            println!("MISSING: {}", skippr_io::driver::missing_message(&m, &name));
+            println!("MISSING: {}", crate::explain::missing_message(&m, &name));
             exit::WAL_CORRUPT
         }
         Ok(segments) => {
@@ -116,12 +115,7 @@ pub fn offsets_show(data_dir: &Path) -> i32 {
     match read_all(&path) {
         Ok(rows) => {
             for r in &rows {
-                let value = match OffsetValue::decode(&r.value) {
-                    Ok(v) => format!("position={} lsn={} records={}", v.position.0, v.lsn.0, v.records),
-                    Err(e) => format!("MALFORMED ({} bytes)", e.len),
-                };
-                let cp = r.checkpoint.as_ref().map(|c| format!(" checkpoint={}", String::from_utf8_lossy(c)));
-                println!("{} {} {}: {value}{}", r.pipeline, r.source, r.partition, cp.unwrap_or_default());
+                println!("{}", r.line());
             }
             println!("{} entries", rows.len());
             exit::OK
@@ -259,12 +253,7 @@ pub fn dynamo_offsets(table: &str, store: &StoreArgs, data_dir: &Path, reset: Op
         }
         let rows = d.show().await.map_err(|e| format!("cannot read: {e:?}"))?;
         for r in &rows {
-            let value = match OffsetValue::decode(&r.value) {
-                Ok(v) => format!("position={} lsn={} records={}", v.position.0, v.lsn.0, v.records),
-                Err(e) => format!("MALFORMED ({} bytes)", e.len),
-            };
-            let cp = r.checkpoint.as_ref().map(|c| format!(" checkpoint={}", String::from_utf8_lossy(c)));
-            println!("{pipeline} {} {}: {value}{}", r.source, r.partition, cp.unwrap_or_default());
+            println!("{}", r.line());
         }
         println!("{} entries", rows.len());
         Ok::<_, String>(())

@@ -10,13 +10,12 @@
 //! a conflict.
 //!
 //! Deleting a segment removes its header first (the one atomic step), then
-//! its groups; a listing finishes deletions that a crash interrupted, but
-//! only for headerless segments older than every segment with a header, so a
-//! hole in the middle of the WAL is still read (and reported) rather than
-//! swept away.
+//! its groups. A listing only lists; the engine finishes deletions a crash
+//! interrupted. The layout rules are core's (`skippr_core::wal::objects`),
+//! the same the real driver uses.
 
-use skippr_core::wal::oldest_to_keep;
-use skippr_core::{IoError, LeaseRow, SegmentId};
+use skippr_core::wal::{lay_out, oldest_to_keep, taken_key};
+use skippr_core::{IoError, LeaseRow, SegmentId, WalListing};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -37,8 +36,8 @@ impl SimS3 {
         conditional: bool,
     ) -> Result<(), IoError> {
         match self.objects.get(&(segment, offset)) {
+            Some(existing) if conditional => taken_key(existing, bytes),
             Some(existing) if existing == bytes => Ok(()),
-            Some(_) if conditional => Err(IoError::Conflict),
             Some(_) => {
                 self.overwrites += 1;
                 self.objects.insert((segment, offset), bytes.clone());
@@ -51,34 +50,31 @@ impl SimS3 {
         }
     }
 
-    /// The WAL's segments, after sweeping leftovers below the oldest one
-    /// that still counts (`skippr_core::wal::oldest_to_keep`).
-    pub fn list(&mut self) -> Vec<SegmentId> {
+    /// Every segment with the offsets of its objects, as the driver lists.
+    pub fn list(&self) -> WalListing {
+        WalListing::Objects(self.offsets())
+    }
+
+    fn offsets(&self) -> BTreeMap<SegmentId, Vec<u64>> {
         let mut listed: BTreeMap<SegmentId, Vec<u64>> = BTreeMap::new();
         for (s, off) in self.objects.keys() {
             listed.entry(*s).or_default().push(*off);
         }
-        if let Some(keep) = oldest_to_keep(&listed) {
-            self.objects.retain(|(s, _), _| *s >= keep);
-        }
-        let mut all: Vec<SegmentId> = self.objects.keys().map(|(s, _)| *s).collect();
-        all.dedup();
-        all
+        listed
+    }
+
+    /// The segments that still belong to the WAL, by the engine's rule.
+    pub fn wal_segments(&self) -> Vec<SegmentId> {
+        let listed = self.offsets();
+        let keep = oldest_to_keep(&listed);
+        listed.into_keys().filter(|s| keep.is_none_or(|k| *s >= k)).collect()
     }
 
     /// The segment's bytes: each object at its offset, zeros in any gap.
     /// Overlapping objects cannot be laid out: the read fails.
     pub fn read(&self, segment: SegmentId) -> Result<Vec<u8>, IoError> {
-        let mut out = Vec::new();
-        for ((_, offset), bytes) in self.objects.range((segment, 0)..(SegmentId(segment.0 + 1), 0)) {
-            let at = *offset as usize;
-            if at < out.len() {
-                return Err(IoError::Failed);
-            }
-            out.resize(at, 0);
-            out.extend_from_slice(bytes);
-        }
-        Ok(out)
+        let objects = self.objects.range((segment, 0)..(SegmentId(segment.0 + 1), 0));
+        lay_out(objects.map(|((_, offset), bytes)| (*offset, bytes.as_slice()))).map_err(|_| IoError::Failed)
     }
 
     pub fn delete_header(&mut self, segment: SegmentId) {
@@ -140,7 +136,7 @@ mod tests {
     }
 
     #[test]
-    fn listing_sweeps_leftovers_below_the_oldest_data_segment() {
+    fn listing_lists_everything_and_deletes_nothing() {
         let mut s3 = SimS3::default();
         for seg in 1..=3 {
             s3.put(SegmentId(seg), 0, &b(b"h"), true).unwrap();
@@ -148,17 +144,10 @@ mod tests {
         }
         s3.delete_header(SegmentId(1));
         s3.delete_header(SegmentId(3));
-        assert_eq!(s3.list(), vec![SegmentId(2), SegmentId(3)], "1 was being deleted; 3 is a hole, kept");
-        assert_eq!(s3.objects(), 3);
-        // A creation put of a deleted segment that lands late brings back a
-        // header alone: a leftover below the data, not a spare.
-        s3.put(SegmentId(1), 0, &b(b"h"), true).unwrap();
-        s3.put(SegmentId(4), 0, &b(b"h"), true).unwrap();
-        assert_eq!(s3.list(), vec![SegmentId(2), SegmentId(3), SegmentId(4)], "4 is a spare");
-        // Nothing but headerless groups: all leftovers.
-        let mut empty = SimS3::default();
-        empty.put(SegmentId(7), 32, &b(b"g"), true).unwrap();
-        assert_eq!(empty.list(), vec![]);
+        let listed = [(SegmentId(1), vec![32]), (SegmentId(2), vec![0, 32]), (SegmentId(3), vec![32])];
+        assert_eq!(s3.list(), WalListing::Objects(listed.into_iter().collect()));
+        assert_eq!(s3.objects(), 4, "a listing sweeps nothing");
+        assert_eq!(s3.wal_segments(), vec![SegmentId(2), SegmentId(3)], "1 was being deleted; 3 is a hole, kept");
     }
 
     #[test]

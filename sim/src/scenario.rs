@@ -216,19 +216,20 @@ impl Scenario {
                 resends: r.chance(0.6),
             })
             .collect();
-        let group_bytes_max = r.range(1024, 1536);
+        // Small segments, so that seals, snapshots and deletions come often;
+        // core derives the group size from the segment's, as in the daemon.
+        let segment_bytes = r.range(4608, 9728);
+        let derived = Limits::for_segment_bytes(segment_bytes);
         let ingest_us = sources
             .iter()
             .map(|s| s.partitions.iter().map(|p| p.records).max().unwrap_or(0) * s.record_interval.as_micros())
             .max()
             .unwrap_or(0);
         let limits = Limits {
-            segment_bytes: 4 * (group_bytes_max + 128) + r.range(0, 3 * 1024),
-            group_bytes_max,
             segment_age_max: Duration::from_millis(r.range(5, 60)),
             spare_segments: r.range(1, 2) as u32,
             source_read_records_max: r.range(4, 48) as u32,
-            pending_bytes_max: group_bytes_max * r.range(1, 4),
+            pending_bytes_max: derived.group_bytes_max * r.range(1, 4),
             uncompacted_bytes_max: r.range(4, 64) * 1024,
             compaction_records_max: r.range(8, 200) as u32,
             source_poll: Duration::from_micros(r.range(500, 5_000)),
@@ -239,6 +240,7 @@ impl Scenario {
             // neither reports nor stops on one in the simulator.
             stall_report_after: None,
             stall_stop_after: None,
+            ..derived
         };
         let crashes = if r.chance(0.3) { 0 } else { r.range(1, 6) as u32 };
         let faults = Faults {
@@ -298,11 +300,7 @@ impl Scenario {
         // get fenced while faults are still on.
         // At least four lease round trips, so a healthy holder keeps it.
         let steal_us = (fault_phase_end.as_micros() / r.range(6, 30)).max(4 * scenario.latencies.offsets.1);
-        scenario.lease = LeaseConfig {
-            steal_after: Duration::from_micros(steal_us),
-            renew_every: Duration::from_micros(steal_us / 4),
-            poll: Duration::from_micros(steal_us / 8),
-        };
+        scenario.lease = LeaseConfig::from_span(Duration::from_micros(steal_us));
         scenario
     }
 

@@ -2,7 +2,7 @@
 //! simulated time, folded into one hash (and printed with `--trace`). Two runs
 //! of the same seed must give the same hash.
 
-use skippr_core::io::{Input, IoOp, IoReply, Output};
+use skippr_core::io::{Input, IoOp, IoReply, Output, WalListing};
 use skippr_core::Instant;
 use std::fmt::Write as _;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
@@ -88,9 +88,16 @@ impl Trace {
     fn reply(&mut self, reply: &IoReply) {
         match reply {
             IoReply::Done => self.u64(20),
-            IoReply::Segments(s) => {
+            IoReply::Segments(WalListing::Files(s)) => {
                 self.u64(21);
                 s.iter().for_each(|id| self.u64(id.0));
+            }
+            IoReply::Segments(WalListing::Objects(s)) => {
+                self.u64(47);
+                for (id, offsets) in s {
+                    self.u64(id.0);
+                    offsets.iter().for_each(|o| self.u64(*o));
+                }
             }
             IoReply::SegmentBytes(b) => {
                 self.u64(22);
@@ -153,8 +160,9 @@ impl Trace {
             IoOp::WalSync => self.u64(30),
             IoOp::WalList => self.u64(31),
             IoOp::WalRead { segment } => self.u64(32 ^ segment.0 << 8),
-            IoOp::WalCreate { segment, header } => {
+            IoOp::WalCreate { segment, header, size } => {
                 self.u64(33 ^ segment.0 << 8);
+                self.u64(*size);
                 self.hasher.update(header);
             }
             IoOp::WalDelete { segment } => self.u64(34 ^ segment.0 << 8),
@@ -213,7 +221,11 @@ pub fn describe_input(input: &Input) -> String {
 fn describe_reply(reply: &IoReply) -> String {
     match reply {
         IoReply::Done => "ok".into(),
-        IoReply::Segments(s) => format!("segments {:?}", s.iter().map(|s| s.0).collect::<Vec<_>>()),
+        IoReply::Segments(WalListing::Files(s)) => format!("segments {:?}", s.iter().map(|s| s.0).collect::<Vec<_>>()),
+        IoReply::Segments(WalListing::Objects(s)) => {
+            let s: Vec<String> = s.iter().map(|(id, o)| format!("{}{:?}", id.0, o)).collect();
+            format!("segments {}", s.join(" "))
+        }
         IoReply::SegmentBytes(b) => format!("{} bytes", b.len()),
         IoReply::Offsets(e) => format!("{} offsets", e.len()),
         IoReply::SinkProgress(applied) => {

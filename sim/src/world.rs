@@ -439,12 +439,12 @@ impl World {
                 }
                 self.after(lat.disk_write, Event::Complete { gen, id, op });
             }
-            IoOp::WalCreate { segment, ref header } => {
+            IoOp::WalCreate { segment, ref header, size } => {
                 if self.faulting && self.sched.chance(self.scenario.faults.no_space) {
                     self.stats.no_space += 1;
                     return self.after(lat.disk_other, Event::Reply { gen, id, result: Err(IoError::NoSpace) });
                 }
-                self.disk.create(segment, header, self.scenario.limits.segment_bytes as usize);
+                self.disk.create(segment, header, size as usize);
                 self.after(lat.disk_other, Event::Complete { gen, id, op });
             }
             IoOp::SinkApply(apply) => self.after(lat.sink, Event::SinkEffect { gen, id, apply }),
@@ -518,7 +518,7 @@ impl World {
                     let _ = self.s3_put(conditional, segment, offset, &bytes);
                 }
             }
-            Event::Complete { gen, op: IoOp::WalCreate { segment, header }, .. }
+            Event::Complete { gen, op: IoOp::WalCreate { segment, header, .. }, .. }
                 if self.scenario.wal == WalMode::S3 =>
             {
                 if self.sched.chance(0.5) {
@@ -637,7 +637,7 @@ impl World {
             }
             IoOp::WalList if s3 => Ok(IoReply::Segments(self.s3.list())),
             IoOp::WalRead { segment } if s3 => self.s3.read(segment).map(IoReply::SegmentBytes),
-            IoOp::WalCreate { segment, header } if s3 => self.complete_s3_put(gen, segment, 0, Arc::new(header)),
+            IoOp::WalCreate { segment, header, .. } if s3 => self.complete_s3_put(gen, segment, 0, Arc::new(header)),
             IoOp::WalAppend { segment, offset, bytes, .. } if s3 => {
                 if who == Who::Live {
                     self.append_in_flight = false;
@@ -666,7 +666,7 @@ impl World {
                     Err(IoError::Failed)
                 }
             }
-            IoOp::WalList => Ok(IoReply::Segments(self.disk.list())),
+            IoOp::WalList => Ok(IoReply::Segments(WalListing::Files(self.disk.list()))),
             IoOp::WalRead { segment } => self.disk.read(segment).map(IoReply::SegmentBytes).ok_or(IoError::Failed),
             IoOp::WalCreate { segment, .. } => {
                 let fail = self.faulting && self.sched.chance(f.fsync_fail);
@@ -852,7 +852,7 @@ impl World {
             return;
         }
         let s3 = self.scenario.wal == WalMode::S3;
-        let listed = if s3 { self.s3.clone().list() } else { self.disk.list() };
+        let listed = if s3 { self.s3.wal_segments() } else { self.disk.list() };
         let read = |id: SegmentId| if s3 { self.s3.read(id).ok() } else { self.disk.read_cached(id) };
         let segments: Vec<(SegmentId, Vec<u8>)> = listed.iter().filter_map(|&id| read(id).map(|b| (id, b))).collect();
         let draw = self.operator_rng.u64();
@@ -1114,7 +1114,7 @@ fn recover_alone(config: HostConfig, wal: &mut AloneWal, offsets: &mut SimOffset
                 s3.delete_rest(segment);
                 Ok(IoReply::Done)
             }
-            (IoOp::WalList, AloneWal::Disk(disk)) => Ok(IoReply::Segments(disk.list())),
+            (IoOp::WalList, AloneWal::Disk(disk)) => Ok(IoReply::Segments(WalListing::Files(disk.list()))),
             (IoOp::WalList, AloneWal::S3(s3)) => Ok(IoReply::Segments(s3.list())),
             (IoOp::WalRead { segment }, AloneWal::Disk(disk)) => {
                 disk.read(segment).map(IoReply::SegmentBytes).ok_or(IoError::Failed)

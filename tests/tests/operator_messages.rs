@@ -60,10 +60,15 @@ fn the_sdks_per_service_endpoint_variables_work_with_a_host_name() {
 fn a_refused_connection_is_named_as_such_with_its_endpoint() {
     let (bucket, table) = setup("refused");
     let tmp = tempfile::tempdir().unwrap();
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://127.0.0.1:{}", l.local_addr().unwrap().port())
-    };
+    // Bound but not listening: connections are refused, and no other test
+    // can start listening on the port meanwhile (a port freed again could
+    // be taken by a server that never answers, which reads as a timeout).
+    use nix::sys::socket::{bind, getsockname, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    let held = socket(AddressFamily::Inet, SockType::Stream, SockFlag::empty(), None).unwrap();
+    bind(held.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0)).unwrap();
+    let port = getsockname::<SockaddrIn>(held.as_raw_fd()).unwrap().port();
+    let dead = format!("http://127.0.0.1:{port}");
     let out = s3_run(&bucket, &table, tmp.path()).env("SKIPPR_AWS_ENDPOINT", &dead).output().unwrap();
     let line = one_line_error(&out, 13);
     assert!(line.contains("connection refused") && line.contains(&dead), "{line}");

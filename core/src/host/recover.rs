@@ -18,8 +18,8 @@ impl Host {
                 self.fx.io(Pending::WalList, IoOp::WalList);
             }
             (Pending::WalSync, Err(_)) => self.fx.retry_later(Retry::WalSync),
-            (Pending::WalList, Ok(IoReply::Segments(ids))) => {
-                if self.startup.on_listed(&mut self.fx, ids) {
+            (Pending::WalList, Ok(IoReply::Segments(listing))) => {
+                if self.startup.on_listed(&mut self.fx, listing) {
                     self.on_all_read();
                 }
             }
@@ -180,6 +180,7 @@ impl Host {
         }
         self.fx.emit(Output::Recovered(RecoverySummary {
             segments: self.wal.segment_count(),
+            leftovers: self.startup.leftovers(),
             next_lsn: self.wal.next_lsn(),
             partitions: self.committed.partitions.len(),
             open_compactions: self.committed.open.len(),

@@ -1,4 +1,5 @@
-//! Recovery's own progress: which segments were listed and read, the junk
+//! Recovery's own progress: which segments were listed and read, the
+//! leftovers of interrupted deletions below the WAL (object stores), the junk
 //! found past the WAL's end, the highest writer generation seen, whether the
 //! junk deletion or the fence is under way, a stop held in doubt until the
 //! lease is read again, and the sinks whose progress answer is awaited. The
@@ -7,13 +8,17 @@
 
 use super::effects::{Effects, Pending, Retry};
 use crate::ids::*;
-use crate::io::{IoOp, StopReason};
+use crate::io::{IoOp, StopReason, WalListing};
 use crate::time::Instant;
+use crate::wal::oldest_to_keep;
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Default)]
 pub(super) struct Startup {
     listed: Vec<SegmentId>,
+    /// Listed below the oldest segment that still counts: deleted with the
+    /// junk, under the same authority check, before the fence.
+    leftovers: Vec<SegmentId>,
     read: BTreeMap<SegmentId, Vec<u8>>,
     junk: Vec<SegmentId>,
     /// The highest writer generation in the WAL.
@@ -41,10 +46,20 @@ pub(super) enum Doubt {
 }
 
 impl Startup {
-    /// The listing came back: read every segment. True when there is
-    /// nothing to read.
-    pub(super) fn on_listed(&mut self, fx: &mut Effects, mut ids: Vec<SegmentId>) -> bool {
+    /// The listing came back: read every segment of the WAL, and set the
+    /// leftovers of an object store's interrupted deletions aside. True when
+    /// there is nothing to read.
+    pub(super) fn on_listed(&mut self, fx: &mut Effects, listing: WalListing) -> bool {
         fx.succeeded(Retry::WalList);
+        let mut ids = match listing {
+            WalListing::Files(ids) => ids,
+            WalListing::Objects(objects) => {
+                let keep = oldest_to_keep(&objects);
+                let (leftovers, kept) = objects.keys().copied().partition(|s| keep.is_some_and(|k| *s < k));
+                self.leftovers = leftovers;
+                kept
+            }
+        };
         ids.sort_unstable();
         ids.dedup();
         self.listed = ids.clone();
@@ -74,8 +89,16 @@ impl Startup {
         self.wal_generation
     }
 
+    /// Everything to delete before the fence, oldest first: the leftovers
+    /// below the WAL, then the junk past its end.
     pub(super) fn take_junk(&mut self) -> Vec<SegmentId> {
-        std::mem::take(&mut self.junk)
+        let mut all = self.leftovers.clone();
+        all.append(&mut self.junk);
+        all
+    }
+
+    pub(super) fn leftovers(&self) -> usize {
+        self.leftovers.len()
     }
 
     pub(super) fn set_deleting_junk(&mut self, deleting: bool) {

@@ -8,7 +8,8 @@
 //! file (another segment id), an earlier writer (another epoch) or an earlier
 //! group never pass as current ones.
 
-use super::codec::{DecodeError, Reader, Writer};
+use super::codec::{Reader, Writer};
+use super::payload::{decode_payload, get_key};
 use crate::ids::*;
 
 pub const FRAME_HEADER_BYTES: usize = 4 + 4 + 8 + 8 + 1;
@@ -101,12 +102,14 @@ pub struct CompactionDone {
     pub seq: CompactionSeq,
 }
 
-/// A partition's committed state.
+/// A partition's committed state: what the engine keeps per partition and
+/// what a snapshot carries, in one shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PartitionSnapshot {
-    pub key: PartitionKey,
+pub struct PartitionState {
     pub stream: StreamId,
+    /// The next position to read: everything below is committed.
     pub position: Position,
+    /// The commit that moved `position` here.
     pub lsn: Lsn,
     pub records: u64,
     pub checkpoint: Option<Vec<u8>>,
@@ -116,7 +119,7 @@ pub struct PartitionSnapshot {
 /// frame of every segment, so the segments before it can be deleted.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Snapshot {
-    pub partitions: Vec<PartitionSnapshot>,
+    pub partitions: Vec<(PartitionKey, PartitionState)>,
     /// Acknowledged compacted-through position per (sink, partition).
     pub acked: Vec<(SinkId, PartitionKey, Position)>,
     /// Next sequence number per (sink, stream).
@@ -137,7 +140,7 @@ pub struct Names {
 }
 
 impl Names {
-    fn encoded_len(&self) -> usize {
+    pub(super) fn encoded_len(&self) -> usize {
         [&self.sources, &self.sinks, &self.streams]
             .iter()
             .map(|l| 4 + l.iter().map(|n| 4 + n.len()).sum::<usize>())
@@ -187,31 +190,6 @@ impl Frame {
         FRAME_HEADER_BYTES + self.payload_len()
     }
 
-    fn payload_len(&self) -> usize {
-        match self {
-            Frame::SourceBatch(b) => {
-                2 + 4 + 2 + 8 + opt_len(&b.checkpoint) + 4 + b.records.iter().map(|r| 12 + r.bytes.len()).sum::<usize>()
-            }
-            Frame::SchemaDecision(_) => 2 + 8,
-            Frame::CompactionPlanned(p) => plan_len(p),
-            Frame::CompactionDone(_) => 2 + 2 + 8 + 8,
-            Frame::Snapshot(s) => {
-                4 + s.partitions.iter().map(|p| 2 + 4 + 2 + 8 + 8 + 8 + opt_len(&p.checkpoint)).sum::<usize>()
-                    + 4
-                    + s.acked.len() * (2 + 2 + 4 + 8)
-                    + 4
-                    + s.next_seq.len() * (2 + 2 + 8)
-                    + 4
-                    + s.schemas.len() * (2 + 8)
-                    + 4
-                    + s.open.iter().map(plan_len).sum::<usize>()
-                    + s.names.encoded_len()
-            }
-            Frame::Seal | Frame::Fence => 0,
-            Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
-        }
-    }
-
     /// Appends the encoded frame to `out`.
     pub fn encode(&self, segment: SegmentId, epoch: Epoch, lsn: Lsn, out: &mut Vec<u8>) {
         let start = out.len();
@@ -228,76 +206,6 @@ impl Frame {
         assert_eq!(body.len(), payload_len + 1, "payload_len matches the encoding");
         let crc = crc32c::crc32c_append(frame_seed(segment, epoch, lsn), body);
         out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-    }
-
-    fn encode_payload(&self, w: &mut Writer<'_>) {
-        match self {
-            Frame::SourceBatch(b) => {
-                put_key(w, b.key);
-                w.u16(b.stream.0);
-                w.u64(b.end.0);
-                w.opt_bytes(b.checkpoint.as_deref());
-                w.u32(b.records.len() as u32);
-                for r in &b.records {
-                    w.u64(r.position.0);
-                    w.bytes(&r.bytes);
-                }
-            }
-            Frame::SchemaDecision(d) => {
-                w.u16(d.stream.0);
-                w.u64(d.fingerprint);
-            }
-            Frame::CompactionPlanned(p) => put_plan(w, p),
-            Frame::CompactionDone(d) => {
-                w.u16(d.sink.0);
-                w.u16(d.stream.0);
-                w.u64(d.id.0);
-                w.u64(d.seq.0);
-            }
-            Frame::Snapshot(s) => {
-                w.u32(s.partitions.len() as u32);
-                for p in &s.partitions {
-                    put_key(w, p.key);
-                    w.u16(p.stream.0);
-                    w.u64(p.position.0);
-                    w.u64(p.lsn.0);
-                    w.u64(p.records);
-                    w.opt_bytes(p.checkpoint.as_deref());
-                }
-                w.u32(s.acked.len() as u32);
-                for (sink, key, pos) in &s.acked {
-                    w.u16(sink.0);
-                    put_key(w, *key);
-                    w.u64(pos.0);
-                }
-                w.u32(s.next_seq.len() as u32);
-                for (sink, stream, seq) in &s.next_seq {
-                    w.u16(sink.0);
-                    w.u16(stream.0);
-                    w.u64(seq.0);
-                }
-                w.u32(s.schemas.len() as u32);
-                for d in &s.schemas {
-                    w.u16(d.stream.0);
-                    w.u64(d.fingerprint);
-                }
-                w.u32(s.open.len() as u32);
-                for p in &s.open {
-                    put_plan(w, p);
-                }
-                for list in [&s.names.sources, &s.names.sinks, &s.names.streams] {
-                    w.u32(list.len() as u32);
-                    for name in list {
-                        w.bytes(name.as_bytes());
-                    }
-                }
-            }
-            Frame::Seal | Frame::Fence => {}
-            Frame::Commit(c) => {
-                w.u32(c.frames);
-                w.u32(c.bytes);
-            }
-        }
     }
 }
 
@@ -369,75 +277,6 @@ fn frame_seed(segment: SegmentId, epoch: Epoch, lsn: Lsn) -> u32 {
     crc32c::crc32c(&seed)
 }
 
-fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError> {
-    let mut r = Reader::new(payload);
-    let frame = match kind {
-        FrameKind::SourceBatch => {
-            let key = get_key(&mut r)?;
-            let stream = StreamId(r.u16()?);
-            let end = Position(r.u64()?);
-            let checkpoint = r.opt_bytes()?;
-            let n = r.count(12)?;
-            let mut records = Vec::with_capacity(n);
-            for _ in 0..n {
-                let position = Position(r.u64()?);
-                let bytes = r.bytes()?.to_vec();
-                records.push(Record { position, bytes });
-            }
-            Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records })
-        }
-        FrameKind::SchemaDecision => {
-            Frame::SchemaDecision(SchemaDecision { stream: StreamId(r.u16()?), fingerprint: r.u64()? })
-        }
-        FrameKind::CompactionPlanned => Frame::CompactionPlanned(get_plan(&mut r)?),
-        FrameKind::CompactionDone => Frame::CompactionDone(CompactionDone {
-            sink: SinkId(r.u16()?),
-            stream: StreamId(r.u16()?),
-            id: CompactionId(r.u64()?),
-            seq: CompactionSeq(r.u64()?),
-        }),
-        FrameKind::Snapshot => {
-            let mut s = Snapshot::default();
-            for _ in 0..r.count(33)? {
-                let key = get_key(&mut r)?;
-                s.partitions.push(PartitionSnapshot {
-                    key,
-                    stream: StreamId(r.u16()?),
-                    position: Position(r.u64()?),
-                    lsn: Lsn(r.u64()?),
-                    records: r.u64()?,
-                    checkpoint: r.opt_bytes()?,
-                });
-            }
-            for _ in 0..r.count(16)? {
-                s.acked.push((SinkId(r.u16()?), get_key(&mut r)?, Position(r.u64()?)));
-            }
-            for _ in 0..r.count(12)? {
-                s.next_seq.push((SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?)));
-            }
-            for _ in 0..r.count(10)? {
-                s.schemas.push(SchemaDecision { stream: StreamId(r.u16()?), fingerprint: r.u64()? });
-            }
-            for _ in 0..r.count(32)? {
-                s.open.push(get_plan(&mut r)?);
-            }
-            for list in [&mut s.names.sources, &mut s.names.sinks, &mut s.names.streams] {
-                for _ in 0..r.count(4)? {
-                    list.push(String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?);
-                }
-            }
-            Frame::Snapshot(s)
-        }
-        FrameKind::Seal => Frame::Seal,
-        FrameKind::Fence => Frame::Fence,
-        FrameKind::Commit => Frame::Commit(CommitRecord { frames: r.u32()?, bytes: r.u32()? }),
-    };
-    if !r.is_empty() {
-        return Err(DecodeError);
-    }
-    Ok(frame)
-}
-
 /// Part of the planted bug `admit-torn-segment`: decodes a batch payload
 /// that may be cut short, keeping every record it can, a truncated last one
 /// included.
@@ -456,49 +295,4 @@ pub(crate) fn decode_batch_lenient(payload: &[u8]) -> Option<Frame> {
         records.push(Record { position: Position(position), bytes });
     }
     Some(Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records }))
-}
-
-fn opt_len(v: &Option<Vec<u8>>) -> usize {
-    1 + v.as_ref().map_or(0, |b| 4 + b.len())
-}
-
-fn plan_len(p: &CompactionPlan) -> usize {
-    2 + 2 + 8 + 8 + 8 + 4 + p.ranges.len() * (2 + 4 + 8 + 8)
-}
-
-fn put_key(w: &mut Writer<'_>, key: PartitionKey) {
-    w.u16(key.source.0);
-    w.u32(key.partition);
-}
-
-fn get_key(r: &mut Reader<'_>) -> Result<PartitionKey, DecodeError> {
-    Ok(PartitionKey { source: SourceId(r.u16()?), partition: r.u32()? })
-}
-
-fn put_plan(w: &mut Writer<'_>, p: &CompactionPlan) {
-    w.u16(p.sink.0);
-    w.u16(p.stream.0);
-    w.u64(p.id.0);
-    w.u64(p.seq.0);
-    w.u64(p.schema);
-    w.u32(p.ranges.len() as u32);
-    for range in &p.ranges {
-        put_key(w, range.key);
-        w.u64(range.from.0);
-        w.u64(range.to.0);
-    }
-}
-
-fn get_plan(r: &mut Reader<'_>) -> Result<CompactionPlan, DecodeError> {
-    let sink = SinkId(r.u16()?);
-    let stream = StreamId(r.u16()?);
-    let id = CompactionId(r.u64()?);
-    let seq = CompactionSeq(r.u64()?);
-    let schema = r.u64()?;
-    let n = r.count(22)?;
-    let mut ranges = Vec::with_capacity(n);
-    for _ in 0..n {
-        ranges.push(Range { key: get_key(r)?, from: Position(r.u64()?), to: Position(r.u64()?) });
-    }
-    Ok(CompactionPlan { sink, stream, id, seq, schema, ranges })
 }

@@ -4,9 +4,10 @@
 pub(crate) mod codec;
 pub mod frame;
 pub mod objects;
+mod payload;
 pub mod segment;
 
 pub use codec::DecodeError;
 pub use frame::*;
-pub use objects::oldest_to_keep;
+pub use objects::{first_overlap, lay_out, oldest_to_keep, taken_key};
 pub use segment::*;

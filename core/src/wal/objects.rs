@@ -1,9 +1,12 @@
 //! The object layout of a WAL kept as objects (S3 mode): a segment is a
-//! header object at offset 0 and one object per commit group at its offset.
-//! Reading the objects back is the driver's job; which of them still belong
-//! to the WAL is decided here.
+//! header object at offset 0 and one object per commit group at its offset,
+//! each created only if absent. Fetching the objects is the driver's job;
+//! the rules are here, once, for the S3 driver and its simulated twin: how a
+//! segment's objects lay out as its bytes, what a put that found its key
+//! taken means, and which listed segments still belong to the WAL.
 
 use crate::ids::SegmentId;
+use crate::io::IoError;
 use crate::wal::SEGMENT_HEADER_BYTES;
 use std::collections::BTreeMap;
 
@@ -31,6 +34,47 @@ pub fn oldest_to_keep(listed: &BTreeMap<SegmentId, Vec<u64>>) -> Option<SegmentI
     }
 }
 
+/// The first object, by offset, that starts before the one ahead of it
+/// ends: two writers wrote the segment, and it cannot be laid out.
+/// `objects` are (offset, size) in offset order.
+pub fn first_overlap(objects: impl IntoIterator<Item = (u64, u64)>) -> Option<u64> {
+    let mut end = 0u64;
+    for (offset, size) in objects {
+        if offset < end {
+            return Some(offset);
+        }
+        end = offset + size;
+    }
+    None
+}
+
+/// A segment's bytes: each object at its offset, zeros in any gap (a group
+/// whose put has not landed yet reads as the end of the WAL). `objects` are
+/// (offset, bytes) in offset order; an overlap is refused, naming its offset.
+pub fn lay_out<'a>(objects: impl IntoIterator<Item = (u64, &'a [u8])>) -> Result<Vec<u8>, u64> {
+    let mut out = Vec::new();
+    for (offset, bytes) in objects {
+        let at = offset as usize;
+        if at < out.len() {
+            return Err(offset);
+        }
+        out.resize(at, 0);
+        out.extend_from_slice(bytes);
+    }
+    Ok(out)
+}
+
+/// A conditional put found its key taken (`412`): the same bytes are this
+/// writer's own earlier put that landed (a success); other bytes are another
+/// writer's (`Conflict`, never overwritten).
+pub fn taken_key(existing: &[u8], ours: &[u8]) -> Result<(), IoError> {
+    if existing == ours {
+        Ok(())
+    } else {
+        Err(IoError::Conflict)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,6 +89,16 @@ mod tests {
         assert_eq!(oldest_to_keep(&l), Some(SegmentId(3)), "1: groups of a delete, 2: a header brought back");
         let l = listed(&[(5, &[0, 900]), (7, &[0, 32, 500])]);
         assert_eq!(oldest_to_keep(&l), Some(SegmentId(7)), "5: a header and a later group brought back");
+    }
+
+    #[test]
+    fn objects_lay_out_with_zeros_in_gaps_and_overlaps_are_refused() {
+        assert_eq!(lay_out([(0, &b"hh"[..]), (4, &b"gg"[..])]), Ok(b"hh\0\0gg".to_vec()));
+        assert_eq!(lay_out([(0, &b"hh"[..]), (1, &b"gg"[..])]), Err(1));
+        assert_eq!(first_overlap([(0, 32), (32, 10), (40, 5)]), Some(40));
+        assert_eq!(first_overlap([(0, 32), (32, 10), (50, 5)]), None);
+        assert_eq!(taken_key(b"a", b"a"), Ok(()));
+        assert_eq!(taken_key(b"a", b"b"), Err(IoError::Conflict));
     }
 
     #[test]

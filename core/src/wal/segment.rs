@@ -127,35 +127,49 @@ pub const SEGMENTS_MISSING: &str = "its first LSN does not follow the sealed seg
 /// Scans `segments` (sorted by id) and admits the dense run of complete
 /// commit groups. `lenient_tail` is the planted bug `admit-torn-segment`.
 pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<ScannedSegment>, Corruption> {
-    let mut out = Vec::with_capacity(segments.len());
-    let mut expected: Option<Lsn> = None;
-    let mut newest = Epoch(0);
-    let mut ended = false;
-    for (i, &(id, bytes)) in segments.iter().enumerate() {
-        let mut seg = ScannedSegment {
-            id,
-            header_epoch: None,
-            groups: Vec::new(),
-            sealed: false,
-            end: SEGMENT_HEADER_BYTES as u64,
-            stale_groups: 0,
-        };
+    let mut scan = Scan { segments, lenient_tail, expected: None, newest: Epoch(0), ended: false };
+    (0..segments.len()).map(|i| scan.segment(i)).collect()
+}
+
+/// Where a scan stands between segments.
+struct Scan<'a> {
+    segments: &'a [(SegmentId, &'a [u8])],
+    lenient_tail: bool,
+    /// The LSN the next group must carry.
+    expected: Option<Lsn>,
+    /// The highest writer epoch admitted so far.
+    newest: Epoch,
+    /// The WAL has ended: what follows is read as nothing.
+    ended: bool,
+}
+
+impl Scan<'_> {
+    fn segment(&mut self, i: usize) -> Result<ScannedSegment, Corruption> {
+        let (id, bytes) = self.segments[i];
+        let end = SEGMENT_HEADER_BYTES as u64;
+        let mut seg =
+            ScannedSegment { id, header_epoch: None, groups: Vec::new(), sealed: false, end, stale_groups: 0 };
         match decode_header(id, bytes) {
             Ok(epoch) => seg.header_epoch = Some(epoch),
             Err(_) => {
                 // A torn creation holds zeros after its header, never a
                 // valid commit record of this segment: one means the header
                 // rotted under committed data.
-                if !ended && (holds_commit(id, bytes) || commit_follows(segments, i, 0, expected)) {
+                if !self.ended && (holds_commit(id, bytes) || commit_follows(self.segments, i, 0, self.expected)) {
                     return Err(Corruption { segment: id, offset: 0, what: "segment header is invalid" });
                 }
-                ended = true;
+                self.ended = true;
             }
         }
-        if ended {
-            out.push(seg);
-            continue;
+        if !self.ended {
+            seg.end = self.groups(i, &mut seg)? as u64;
         }
+        Ok(seg)
+    }
+
+    /// Admits the segment's groups; returns where the next would go.
+    fn groups(&mut self, i: usize, seg: &mut ScannedSegment) -> Result<usize, Corruption> {
+        let (id, bytes) = self.segments[i];
         let mut pos = SEGMENT_HEADER_BYTES;
         loop {
             let read = read_group(id, bytes, pos, None, true);
@@ -163,7 +177,7 @@ pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<S
             // by a writer that lost the lease and had not noticed: it is not
             // the WAL's, and the new writer continues after it.
             if let Ok((group, _)) = &read {
-                if group.epoch < newest {
+                if group.epoch < self.newest {
                     pos = group.end as usize;
                     seg.stale_groups += 1;
                     continue;
@@ -171,49 +185,46 @@ pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<S
             }
             // A valid first group whose LSN jumps past the sealed segment
             // before it: whole segments in between are gone.
-            if let (Ok((group, _)), Some(e)) = (&read, expected) {
+            if let (Ok((group, _)), Some(e)) = (&read, self.expected) {
                 if pos == SEGMENT_HEADER_BYTES && group.lsn > e {
                     return Err(Corruption { segment: id, offset: pos as u64, what: SEGMENTS_MISSING });
                 }
             }
-            let read = read.and_then(|(g, sealed)| match expected {
+            let read = read.and_then(|(g, sealed)| match self.expected {
                 Some(e) if e != g.lsn => Err(()),
                 _ => Ok((g, sealed)),
             });
-            match read {
-                Ok((group, sealed)) => {
-                    newest = newest.max(group.epoch);
-                    expected = Some(Lsn(group.lsn.0 + 1));
-                    pos = group.end as usize;
-                    seg.groups.push(group);
-                    if sealed {
-                        seg.sealed = true;
-                        break;
-                    }
-                }
-                Err(()) => {
-                    if commit_follows(segments, i, pos, expected) {
-                        return Err(Corruption {
-                            segment: id,
-                            offset: pos as u64,
-                            what: "a commit group fails validation and later groups are committed",
-                        });
-                    }
-                    if lenient_tail {
-                        if let Some(group) = read_torn_group(id, bytes, pos, expected) {
-                            pos = group.end as usize;
-                            seg.groups.push(group);
-                        }
-                    }
-                    ended = true;
-                    break;
-                }
+            let Ok((group, sealed)) = read else {
+                return self.torn(i, seg, pos);
+            };
+            self.newest = self.newest.max(group.epoch);
+            self.expected = Some(Lsn(group.lsn.0 + 1));
+            pos = group.end as usize;
+            seg.groups.push(group);
+            if sealed {
+                seg.sealed = true;
+                return Ok(pos);
             }
         }
-        seg.end = pos as u64;
-        out.push(seg);
     }
-    Ok(out)
+
+    /// The group at `pos` does not validate: the end of the WAL, unless a
+    /// committed group follows it (then it is corruption).
+    fn torn(&mut self, i: usize, seg: &mut ScannedSegment, mut pos: usize) -> Result<usize, Corruption> {
+        let (id, bytes) = self.segments[i];
+        if commit_follows(self.segments, i, pos, self.expected) {
+            let what = "a commit group fails validation and later groups are committed";
+            return Err(Corruption { segment: id, offset: pos as u64, what });
+        }
+        if self.lenient_tail {
+            if let Some(group) = read_torn_group(id, bytes, pos, self.expected) {
+                pos = group.end as usize;
+                seg.groups.push(group);
+            }
+        }
+        self.ended = true;
+        Ok(pos)
+    }
 }
 
 /// Reads the group at `pos`; the bool is true when the group seals its segment.

@@ -4,7 +4,7 @@
 use super::*;
 use crate::config::Limits;
 use crate::offsets::OffsetValue;
-use crate::wal::{scan, Frame, Record};
+use crate::wal::{encode_header, scan, Frame, Record, SEGMENT_HEADER_BYTES};
 use std::sync::Arc;
 
 fn config() -> HostConfig {
@@ -39,6 +39,10 @@ struct Harness {
     sink_progress: Vec<(StreamId, CompactionSeq)>,
     /// The holders of every `LeaseWait` output, in order.
     lease_waits: Vec<u64>,
+    /// Set: the WAL lists as an object store with these objects per segment.
+    objects: Option<BTreeMap<SegmentId, Vec<u64>>>,
+    /// Every deletion performed, in order.
+    deleted: Vec<SegmentId>,
 }
 
 impl Harness {
@@ -52,9 +56,28 @@ impl Harness {
         offsets: BTreeMap<PartitionKey, Vec<u8>>,
         sink_progress: Vec<(StreamId, CompactionSeq)>,
     ) -> Harness {
+        let mut h = Harness::unsettled(cfg, disk, offsets, sink_progress);
+        h.settle();
+        h
+    }
+
+    /// A harness whose WAL lists as an object store holding `objects`.
+    fn start_objects(disk: BTreeMap<SegmentId, Vec<u8>>, objects: BTreeMap<SegmentId, Vec<u64>>) -> Harness {
+        let mut h = Harness::unsettled(config(), disk, BTreeMap::new(), Vec::new());
+        h.objects = Some(objects);
+        h.settle();
+        h
+    }
+
+    fn unsettled(
+        cfg: HostConfig,
+        disk: BTreeMap<SegmentId, Vec<u8>>,
+        offsets: BTreeMap<PartitionKey, Vec<u8>>,
+        sink_progress: Vec<(StreamId, CompactionSeq)>,
+    ) -> Harness {
         let host = Host::new(cfg, Instant::ZERO).unwrap();
         let held = Vec::new();
-        let mut h = Harness {
+        Harness {
             host,
             now: Instant::ZERO,
             disk,
@@ -63,9 +86,9 @@ impl Harness {
             stopped: None,
             sink_progress,
             lease_waits: vec![],
-        };
-        h.settle();
-        h
+            objects: None,
+            deleted: vec![],
+        }
     }
 
     /// Drains outputs, performing WAL and offsets requests until none is left.
@@ -91,9 +114,12 @@ impl Harness {
     fn perform(&mut self, op: IoOp) -> Result<IoReply, IoError> {
         Ok(match op {
             IoOp::WalSync => IoReply::Done,
-            IoOp::WalList => IoReply::Segments(self.disk.keys().copied().collect()),
+            IoOp::WalList => match &self.objects {
+                Some(objects) => IoReply::Segments(WalListing::Objects(objects.clone())),
+                None => IoReply::Segments(WalListing::Files(self.disk.keys().copied().collect())),
+            },
             IoOp::WalRead { segment } => IoReply::SegmentBytes(self.disk[&segment].clone()),
-            IoOp::WalCreate { segment, header } => {
+            IoOp::WalCreate { segment, header, .. } => {
                 let mut file = vec![0; config().limits.segment_bytes as usize];
                 file[..header.len()].copy_from_slice(&header);
                 self.disk.insert(segment, file);
@@ -106,6 +132,10 @@ impl Harness {
             }
             IoOp::WalDelete { segment } => {
                 self.disk.remove(&segment);
+                self.deleted.push(segment);
+                if let Some(objects) = &mut self.objects {
+                    objects.remove(&segment);
+                }
                 IoReply::Done
             }
             IoOp::OffsetsRead => IoReply::Offsets(self.offsets.iter().map(|(k, v)| (*k, v.clone(), None)).collect()),

@@ -156,7 +156,7 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
         if let Some((id, op)) = pending.pop() {
             let result = match op {
                 IoOp::WalSync => Ok(IoReply::Done),
-                IoOp::WalList => Ok(IoReply::Segments(disk.keys().copied().collect())),
+                IoOp::WalList => Ok(IoReply::Segments(WalListing::Files(disk.keys().copied().collect()))),
                 IoOp::WalRead { segment: s } if s == segment => {
                     failed_reads += 1;
                     Err(IoError::Failed)
@@ -191,4 +191,23 @@ fn a_sink_ahead_of_the_wal_stops_recovery_before_anything_is_delivered() {
     // A sink that lags, or cannot tell, is fine.
     let behind = Harness::start_full(config(), BTreeMap::new(), BTreeMap::new(), Vec::new());
     assert_eq!(behind.stopped, None);
+}
+
+#[test]
+fn leftovers_below_an_object_store_wal_are_deleted_by_the_engine_before_the_fence_and_never_read() {
+    // Segment 5: the groups of a deletion a crash interrupted (its header
+    // went first). Segment 6: a spare, header only. Segment 5 is not on the
+    // harness's disk: reading it would panic.
+    let mut spare = vec![0; config().limits.segment_bytes as usize];
+    let header = encode_header(SegmentId(6), Epoch(1 << 32));
+    spare[..header.len()].copy_from_slice(&header);
+    let disk = BTreeMap::from([(SegmentId(6), spare)]);
+    let objects = BTreeMap::from([(SegmentId(5), vec![SEGMENT_HEADER_BYTES as u64]), (SegmentId(6), vec![0])]);
+    let mut h = Harness::start_objects(disk, objects);
+    assert_eq!(h.stopped, None);
+    assert_eq!(h.deleted, vec![SegmentId(5)], "the leftover is deleted, and only it");
+    assert!(!h.host.is_recovering(), "the fence went in after the deletion");
+    h.open_source();
+    h.feed(0, 3);
+    assert_eq!(h.committed_positions(), vec![0, 1, 2], "the WAL goes on in the spare");
 }

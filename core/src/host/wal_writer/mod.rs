@@ -157,7 +157,7 @@ impl WalWriter {
         let segment = self.next_segment;
         self.creating = true;
         let header = encode_header(segment, self.epoch);
-        fx.io(Pending::WalCreate(segment), IoOp::WalCreate { segment, header });
+        fx.io(Pending::WalCreate(segment), IoOp::WalCreate { segment, header, size: limits.segment_bytes });
     }
 
     /// A creation finished; a failure is tried again after a backoff.

@@ -26,7 +26,7 @@
 //! are plain byte offsets) is taken over as generation 0 of the file now
 //! behind the name.
 
-use crate::plugins::{Batch, PluginError, Source};
+use super::{Batch, PluginError, Source};
 use skippr_core::wal::Record;
 use skippr_core::{Position, ResumePoint};
 use std::collections::BTreeMap;

@@ -7,7 +7,7 @@
 //! request starts the plugin again and re-opens it from host-provided state:
 //! the positions the host acked, never anything the plugin kept itself.
 
-use crate::plugins::{Batch, PluginError, SchemaPlugin, Sink, Source};
+use super::{Batch, PluginError, SchemaPlugin, Sink, Source};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use skippr_core::wal::Record;
@@ -117,7 +117,7 @@ impl Process {
         let mut cmd = Command::new("sh");
         cmd.arg("-c").arg(&self.command).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child =
-            crate::spawner::spawn(cmd).map_err(|e| self.err(format!("cannot start `{}`: {e}", self.command)))?;
+            super::spawner::spawn(cmd).map_err(|e| self.err(format!("cannot start `{}`: {e}", self.command)))?;
         info!(plugin = %self.name, pid = child.id(), "plugin started");
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");

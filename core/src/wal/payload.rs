@@ -1,0 +1,218 @@
+//! The payload codec: how many bytes each kind of frame takes, and how it
+//! is written and read back. The frame header and its checksum are
+//! `frame.rs`'s.
+
+use super::codec::{DecodeError, Reader, Writer};
+use super::frame::*;
+use crate::ids::*;
+
+impl Frame {
+    pub(super) fn payload_len(&self) -> usize {
+        match self {
+            Frame::SourceBatch(b) => {
+                2 + 4 + 2 + 8 + opt_len(&b.checkpoint) + 4 + b.records.iter().map(|r| 12 + r.bytes.len()).sum::<usize>()
+            }
+            Frame::SchemaDecision(_) => 2 + 8,
+            Frame::CompactionPlanned(p) => plan_len(p),
+            Frame::CompactionDone(_) => 2 + 2 + 8 + 8,
+            Frame::Snapshot(s) => {
+                4 + s.partitions.iter().map(|(_, p)| 2 + 4 + 2 + 8 + 8 + 8 + opt_len(&p.checkpoint)).sum::<usize>()
+                    + 4
+                    + s.acked.len() * (2 + 2 + 4 + 8)
+                    + 4
+                    + s.next_seq.len() * (2 + 2 + 8)
+                    + 4
+                    + s.schemas.len() * (2 + 8)
+                    + 4
+                    + s.open.iter().map(plan_len).sum::<usize>()
+                    + s.names.encoded_len()
+            }
+            Frame::Seal | Frame::Fence => 0,
+            Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
+        }
+    }
+
+    pub(super) fn encode_payload(&self, w: &mut Writer<'_>) {
+        match self {
+            Frame::SourceBatch(b) => {
+                put_key(w, b.key);
+                w.u16(b.stream.0);
+                w.u64(b.end.0);
+                w.opt_bytes(b.checkpoint.as_deref());
+                w.u32(b.records.len() as u32);
+                for r in &b.records {
+                    w.u64(r.position.0);
+                    w.bytes(&r.bytes);
+                }
+            }
+            Frame::SchemaDecision(d) => {
+                w.u16(d.stream.0);
+                w.u64(d.fingerprint);
+            }
+            Frame::CompactionPlanned(p) => put_plan(w, p),
+            Frame::CompactionDone(d) => {
+                w.u16(d.sink.0);
+                w.u16(d.stream.0);
+                w.u64(d.id.0);
+                w.u64(d.seq.0);
+            }
+            Frame::Snapshot(s) => {
+                w.u32(s.partitions.len() as u32);
+                for (key, p) in &s.partitions {
+                    put_key(w, *key);
+                    w.u16(p.stream.0);
+                    w.u64(p.position.0);
+                    w.u64(p.lsn.0);
+                    w.u64(p.records);
+                    w.opt_bytes(p.checkpoint.as_deref());
+                }
+                w.u32(s.acked.len() as u32);
+                for (sink, key, pos) in &s.acked {
+                    w.u16(sink.0);
+                    put_key(w, *key);
+                    w.u64(pos.0);
+                }
+                w.u32(s.next_seq.len() as u32);
+                for (sink, stream, seq) in &s.next_seq {
+                    w.u16(sink.0);
+                    w.u16(stream.0);
+                    w.u64(seq.0);
+                }
+                w.u32(s.schemas.len() as u32);
+                for d in &s.schemas {
+                    w.u16(d.stream.0);
+                    w.u64(d.fingerprint);
+                }
+                w.u32(s.open.len() as u32);
+                for p in &s.open {
+                    put_plan(w, p);
+                }
+                for list in [&s.names.sources, &s.names.sinks, &s.names.streams] {
+                    w.u32(list.len() as u32);
+                    for name in list {
+                        w.bytes(name.as_bytes());
+                    }
+                }
+            }
+            Frame::Seal | Frame::Fence => {}
+            Frame::Commit(c) => {
+                w.u32(c.frames);
+                w.u32(c.bytes);
+            }
+        }
+    }
+}
+
+pub(super) fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError> {
+    let mut r = Reader::new(payload);
+    let frame = match kind {
+        FrameKind::SourceBatch => {
+            let key = get_key(&mut r)?;
+            let stream = StreamId(r.u16()?);
+            let end = Position(r.u64()?);
+            let checkpoint = r.opt_bytes()?;
+            let n = r.count(12)?;
+            let mut records = Vec::with_capacity(n);
+            for _ in 0..n {
+                let position = Position(r.u64()?);
+                let bytes = r.bytes()?.to_vec();
+                records.push(Record { position, bytes });
+            }
+            Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records })
+        }
+        FrameKind::SchemaDecision => {
+            Frame::SchemaDecision(SchemaDecision { stream: StreamId(r.u16()?), fingerprint: r.u64()? })
+        }
+        FrameKind::CompactionPlanned => Frame::CompactionPlanned(get_plan(&mut r)?),
+        FrameKind::CompactionDone => Frame::CompactionDone(CompactionDone {
+            sink: SinkId(r.u16()?),
+            stream: StreamId(r.u16()?),
+            id: CompactionId(r.u64()?),
+            seq: CompactionSeq(r.u64()?),
+        }),
+        FrameKind::Snapshot => {
+            let mut s = Snapshot::default();
+            for _ in 0..r.count(33)? {
+                let key = get_key(&mut r)?;
+                let p = PartitionState {
+                    stream: StreamId(r.u16()?),
+                    position: Position(r.u64()?),
+                    lsn: Lsn(r.u64()?),
+                    records: r.u64()?,
+                    checkpoint: r.opt_bytes()?,
+                };
+                s.partitions.push((key, p));
+            }
+            for _ in 0..r.count(16)? {
+                s.acked.push((SinkId(r.u16()?), get_key(&mut r)?, Position(r.u64()?)));
+            }
+            for _ in 0..r.count(12)? {
+                s.next_seq.push((SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?)));
+            }
+            for _ in 0..r.count(10)? {
+                s.schemas.push(SchemaDecision { stream: StreamId(r.u16()?), fingerprint: r.u64()? });
+            }
+            for _ in 0..r.count(32)? {
+                s.open.push(get_plan(&mut r)?);
+            }
+            for list in [&mut s.names.sources, &mut s.names.sinks, &mut s.names.streams] {
+                for _ in 0..r.count(4)? {
+                    list.push(String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?);
+                }
+            }
+            Frame::Snapshot(s)
+        }
+        FrameKind::Seal => Frame::Seal,
+        FrameKind::Fence => Frame::Fence,
+        FrameKind::Commit => Frame::Commit(CommitRecord { frames: r.u32()?, bytes: r.u32()? }),
+    };
+    if !r.is_empty() {
+        return Err(DecodeError);
+    }
+    Ok(frame)
+}
+
+fn opt_len(v: &Option<Vec<u8>>) -> usize {
+    1 + v.as_ref().map_or(0, |b| 4 + b.len())
+}
+
+fn plan_len(p: &CompactionPlan) -> usize {
+    2 + 2 + 8 + 8 + 8 + 4 + p.ranges.len() * (2 + 4 + 8 + 8)
+}
+
+fn put_key(w: &mut Writer<'_>, key: PartitionKey) {
+    w.u16(key.source.0);
+    w.u32(key.partition);
+}
+
+pub(super) fn get_key(r: &mut Reader<'_>) -> Result<PartitionKey, DecodeError> {
+    Ok(PartitionKey { source: SourceId(r.u16()?), partition: r.u32()? })
+}
+
+fn put_plan(w: &mut Writer<'_>, p: &CompactionPlan) {
+    w.u16(p.sink.0);
+    w.u16(p.stream.0);
+    w.u64(p.id.0);
+    w.u64(p.seq.0);
+    w.u64(p.schema);
+    w.u32(p.ranges.len() as u32);
+    for range in &p.ranges {
+        put_key(w, range.key);
+        w.u64(range.from.0);
+        w.u64(range.to.0);
+    }
+}
+
+fn get_plan(r: &mut Reader<'_>) -> Result<CompactionPlan, DecodeError> {
+    let sink = SinkId(r.u16()?);
+    let stream = StreamId(r.u16()?);
+    let id = CompactionId(r.u64()?);
+    let seq = CompactionSeq(r.u64()?);
+    let schema = r.u64()?;
+    let n = r.count(22)?;
+    let mut ranges = Vec::with_capacity(n);
+    for _ in 0..n {
+        ranges.push(Range { key: get_key(r)?, from: Position(r.u64()?), to: Position(r.u64()?) });
+    }
+    Ok(CompactionPlan { sink, stream, id, seq, schema, ranges })
+}

@@ -1,0 +1,129 @@
+//! The built-in `dir` sink.
+
+use super::{PluginError, Sink};
+use skippr_core::{CompactionId, SinkOutcome};
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// The built-in directory sink: each destination batch becomes
+/// `<dir>/<stream>/<seq, 20 digits>-<compaction_id>.jsonl`, one record per
+/// line as emitted, written to a temporary file, fsynced, renamed into place
+/// and the directory fsynced. A replay of an existing id with identical bytes
+/// is `already_applied`; different bytes, or another id under the same
+/// number, is `fatal`.
+pub struct DirSink {
+    dir: PathBuf,
+    /// Per stream, the ids already in place by sequence number.
+    seen: BTreeMap<String, BTreeMap<u64, CompactionId>>,
+}
+
+impl DirSink {
+    pub fn open(dir: &Path) -> Result<DirSink, PluginError> {
+        std::fs::create_dir_all(dir).map_err(|e| PluginError(format!("cannot create {}: {e}", dir.display())))?;
+        Ok(DirSink { dir: dir.to_path_buf(), seen: BTreeMap::new() })
+    }
+
+    fn load(&mut self, stream: &str) -> Result<&mut BTreeMap<u64, CompactionId>, PluginError> {
+        if !self.seen.contains_key(stream) {
+            let dir = self.dir.join(stream);
+            let mut seen = BTreeMap::new();
+            if dir.exists() {
+                let entries = std::fs::read_dir(&dir).map_err(|e| PluginError(format!("{}: {e}", dir.display())))?;
+                for entry in entries.flatten() {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if let Some((seq, id)) = parse_name(&name) {
+                        seen.insert(seq, id);
+                    }
+                }
+            }
+            self.seen.insert(stream.to_string(), seen);
+        }
+        Ok(self.seen.get_mut(stream).expect("inserted above"))
+    }
+}
+
+fn file_name(seq: u64, id: CompactionId) -> String {
+    format!("{seq:020}-{id}.jsonl")
+}
+
+fn parse_name(name: &str) -> Option<(u64, CompactionId)> {
+    let stem = name.strip_suffix(".jsonl")?;
+    let (seq, id) = stem.split_once('-')?;
+    Some((seq.parse().ok()?, CompactionId(u64::from_str_radix(id, 16).ok()?)))
+}
+
+impl Sink for DirSink {
+    fn progress(&mut self, streams: &[String]) -> Result<Vec<(String, u64)>, PluginError> {
+        let mut out = Vec::new();
+        for stream in streams {
+            if let Some((&seq, _)) = self.load(stream)?.last_key_value() {
+                out.push((stream.clone(), seq));
+            }
+        }
+        Ok(out)
+    }
+
+    fn apply(
+        &mut self,
+        stream: &str,
+        seq: u64,
+        id: CompactionId,
+        records: &[Vec<u8>],
+    ) -> Result<SinkOutcome, PluginError> {
+        let mut body = Vec::with_capacity(records.iter().map(|r| r.len() + 1).sum());
+        for r in records {
+            body.extend_from_slice(r);
+            body.push(b'\n');
+        }
+        let dir = self.dir.join(stream);
+        let path = dir.join(file_name(seq, id));
+        let err = |what: &str, e: std::io::Error| PluginError(format!("{what} {}: {e}", path.display()));
+        match self.load(stream)?.get(&seq) {
+            Some(existing) if *existing == id => {
+                let on_disk = std::fs::read(&path).map_err(|e| err("cannot read", e))?;
+                return Ok(if on_disk == body { SinkOutcome::AlreadyApplied } else { SinkOutcome::Fatal });
+            }
+            Some(_) => return Ok(SinkOutcome::Fatal),
+            None => {}
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| err("cannot create the directory of", e))?;
+        let tmp = dir.join(format!(".tmp-{}", file_name(seq, id)));
+        let mut f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&tmp)
+            .map_err(|e| err("cannot write", e))?;
+        f.write_all(&body).and_then(|_| f.sync_all()).map_err(|e| err("cannot write", e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| err("cannot rename into", e))?;
+        File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| err("cannot sync the directory of", e))?;
+        self.load(stream)?.insert(seq, id);
+        Ok(SinkOutcome::Applied)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dir_sink_is_idempotent_and_refuses_different_bytes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut sink = DirSink::open(tmp.path()).unwrap();
+        let recs = vec![b"{\"a\":1}".to_vec(), b"{\"a\":2}".to_vec()];
+        assert_eq!(sink.apply("s", 0, CompactionId(9), &recs).unwrap(), SinkOutcome::Applied);
+        assert_eq!(sink.apply("s", 0, CompactionId(9), &recs).unwrap(), SinkOutcome::AlreadyApplied);
+        let path = tmp.path().join("s").join("00000000000000000000-0000000000000009.jsonl");
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"a\":1}\n{\"a\":2}\n");
+        // A new process sees what is on disk.
+        let mut again = DirSink::open(tmp.path()).unwrap();
+        assert_eq!(again.apply("s", 0, CompactionId(9), &recs).unwrap(), SinkOutcome::AlreadyApplied);
+        assert_eq!(again.apply("s", 0, CompactionId(9), &recs[..1]).unwrap(), SinkOutcome::Fatal);
+        assert_eq!(again.apply("s", 0, CompactionId(8), &recs).unwrap(), SinkOutcome::Fatal);
+        assert_eq!(again.apply("s", 1, CompactionId(8), &recs).unwrap(), SinkOutcome::Applied);
+    }
+}

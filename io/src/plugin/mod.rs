@@ -1,0 +1,78 @@
+//! Sources, sinks and schema plugins as the driver sees them (the traits),
+//! and every implementation: the built-in `generator` and `file` sources,
+//! the `dir` and `stdout` sinks, and external plugins run as child
+//! processes over the runtime protocol (`process`, started by `spawner`).
+//!
+//! The traits are blocking; the driver runs each call on a blocking thread.
+//! The engine issues at most one read per source at a time.
+
+use skippr_core::wal::Record;
+use skippr_core::{CompactionId, Position, ResumePoint, SinkOutcome};
+
+pub mod dir_sink;
+pub mod file_source;
+pub mod generator;
+pub mod process;
+pub(crate) mod spawner;
+pub mod stdout;
+
+pub use dir_sink::DirSink;
+pub use file_source::FileSource;
+pub use generator::Generator;
+pub use process::{ExternalSchema, ExternalSink, ExternalSource};
+pub use stdout::StdoutSink;
+
+/// A source or sink failed in a way that a retry may fix.
+#[derive(Debug)]
+pub struct PluginError(pub String);
+
+impl std::fmt::Display for PluginError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Records of one partition, with the stream they belong to by name.
+pub struct Batch {
+    pub partition: u32,
+    pub stream: String,
+    pub records: Vec<Record>,
+    pub end: Position,
+    pub checkpoint: Option<Vec<u8>>,
+    /// The stream's schema (JSON), when the source sends one.
+    pub schema: Option<Vec<u8>>,
+}
+
+pub trait Source: Send {
+    /// The streams this source may emit, known before it starts.
+    fn streams(&self) -> Vec<String>;
+    /// Starts (or restarts) at the host's positions: a read-only snapshot.
+    fn open(&mut self, resume: &[ResumePoint]) -> Result<(), PluginError>;
+    /// Up to `records_max` records, promptly; `true` when a finite source
+    /// has nothing more, ever.
+    fn read(&mut self, records_max: u32) -> Result<(Vec<Batch>, bool), PluginError>;
+    /// Everything below these positions is committed.
+    fn ack(&mut self, acks: &[(u32, Position)]) -> Result<(), PluginError>;
+}
+
+/// Decides whether a stream may move to a new schema.
+pub trait SchemaPlugin: Send {
+    /// `Ok(None)` accepts; `Ok(Some(reason))` refuses.
+    fn decide(&mut self, stream: &str, fingerprint: u64, schema: &[u8]) -> Result<Option<String>, PluginError>;
+}
+
+pub trait Sink: Send {
+    fn apply(
+        &mut self,
+        stream: &str,
+        seq: u64,
+        id: CompactionId,
+        records: &[Vec<u8>],
+    ) -> Result<SinkOutcome, PluginError>;
+
+    /// The highest sequence number applied per stream of `streams`, where
+    /// the sink can tell (asked once, at recovery). The default cannot.
+    fn progress(&mut self, _streams: &[String]) -> Result<Vec<(String, u64)>, PluginError> {
+        Ok(Vec::new())
+    }
+}
