@@ -36,6 +36,7 @@
 use crate::config::{ConfigError, HostConfig};
 use crate::ids::*;
 use crate::io::*;
+use crate::io::{OffsetsOp, WalOp};
 use crate::mutation::Mutation;
 use crate::state::{CommittedState, RecordStore};
 use crate::time::Instant;
@@ -119,7 +120,7 @@ impl Host {
         match host.authority.lease() {
             Some(lease) => lease.read(&mut host.fx),
             None => {
-                host.fx.io(Pending::WalSync, IoOp::WalSync);
+                host.fx.io(Pending::WalSync, IoOp::Wal(WalOp::Sync));
             }
         }
         Ok(host)
@@ -254,16 +255,16 @@ impl Host {
         let fx = &mut self.fx;
         match what {
             Retry::WalSync => {
-                fx.io(Pending::WalSync, IoOp::WalSync);
+                fx.io(Pending::WalSync, IoOp::Wal(WalOp::Sync));
             }
             Retry::WalList => {
-                fx.io(Pending::WalList, IoOp::WalList);
+                fx.io(Pending::WalList, IoOp::Wal(WalOp::List));
             }
             Retry::WalRead(segment) => {
-                fx.io(Pending::WalRead(segment), IoOp::WalRead { segment });
+                fx.io(Pending::WalRead(segment), IoOp::Wal(WalOp::Read { segment }));
             }
             Retry::OffsetsRead => {
-                fx.io(Pending::OffsetsRead, IoOp::OffsetsRead);
+                fx.io(Pending::OffsetsRead, IoOp::Offsets(OffsetsOp::Read));
             }
             Retry::Commit => self.wal.send_commit(fx),
             Retry::Create => self.wal.retry_create(),
@@ -337,7 +338,7 @@ impl Host {
             LeaseNews::Quiet | LeaseNews::Released => {}
             LeaseNews::Lost(stop) => self.stop(stop),
             LeaseNews::Acquired { renew_now } => {
-                self.fx.io(Pending::WalSync, IoOp::WalSync);
+                self.fx.io(Pending::WalSync, IoOp::Wal(WalOp::Sync));
                 if renew_now {
                     self.authority.held_lease().renew(&mut self.fx);
                 }

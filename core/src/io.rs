@@ -57,37 +57,60 @@ pub enum Output {
     Stopped(StopReason),
 }
 
+/// A request, by what performs it: the WAL backend, the offsets store, the
+/// writer lease, or a plugin (sources, sinks, the schema plugin). A driver
+/// routes on the outer variant and hands each backend only its own kind.
 #[derive(Debug)]
 pub enum IoOp {
+    Wal(WalOp),
+    Offsets(OffsetsOp),
+    Lease(LeaseOp),
+    Plugin(PluginOp),
+}
+
+#[derive(Debug)]
+pub enum WalOp {
     /// Make everything the WAL holds durable: every segment file and the
     /// directory (data a crashed writer left in the page cache, files whose
     /// directory entry was never synced). The first step of recovery, so that
     /// nothing recovery reads can vanish later. A no-op where writes are
     /// durable once visible (S3).
-    WalSync,
+    Sync,
     /// List the WAL's segments, and nothing else: whatever a listing finds
     /// stays where it is until the engine deletes it. Answer: `Segments`.
-    WalList,
+    List,
     /// Read a whole segment. Answer: `SegmentBytes`.
-    WalRead { segment: SegmentId },
+    Read { segment: SegmentId },
     /// Create a segment of `size` bytes ahead of need, durably, starting
     /// with `header` (on disk a preallocated file; on S3 the header object).
-    WalCreate { segment: SegmentId, header: Vec<u8>, size: u64 },
+    Create { segment: SegmentId, header: Vec<u8>, size: u64 },
     /// Make one commit group durable and visible at `offset` of `segment`.
     /// A retry after `IoError::Ambiguous` carries the identical bytes.
-    WalAppend { segment: SegmentId, offset: u64, lsn: Lsn, bytes: Arc<Vec<u8>> },
+    Append { segment: SegmentId, offset: u64, lsn: Lsn, bytes: Arc<Vec<u8>> },
     /// Delete a segment that the deletion rule no longer needs.
-    WalDelete { segment: SegmentId },
+    Delete { segment: SegmentId },
+}
+
+#[derive(Debug)]
+pub enum OffsetsOp {
+    /// Read every offsets entry. Answer: `Offsets`.
+    Read,
+    /// Write offsets entries; the store keeps a value only if its LSN is higher.
+    Write { entries: Vec<OffsetEntry> },
+}
+
+#[derive(Debug)]
+pub enum LeaseOp {
     /// Read the writer lease row (a consistent read). Answer: `Lease`.
-    LeaseRead,
+    Read,
     /// Replace the lease row only if its version is still `expected` (`None`:
     /// only if there is no row). Answer: `Done`, or `IoError::Conflict` when
     /// the condition failed.
-    LeaseWrite { expected: Option<u64>, row: LeaseRow },
-    /// Read every offsets entry. Answer: `Offsets`.
-    OffsetsRead,
-    /// Write offsets entries; the store keeps a value only if its LSN is higher.
-    OffsetsWrite { entries: Vec<OffsetEntry> },
+    Write { expected: Option<u64>, row: LeaseRow },
+}
+
+#[derive(Debug)]
+pub enum PluginOp {
     /// Start a source with the recovered positions (a read-only snapshot).
     SourceOpen { source: SourceId, resume: Vec<ResumePoint> },
     /// Ask a source for up to `records_max` records. Answer: `Batches`,

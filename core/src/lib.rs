@@ -38,8 +38,8 @@ pub use ids::{
     CompactionId, CompactionSeq, Epoch, IoId, Lsn, PartitionKey, Position, SegmentId, SinkId, SourceId, StreamId,
 };
 pub use io::{
-    Input, IoError, IoOp, IoReply, LeaseRow, OffsetEntry, OffsetRow, Output, RecoverySummary, ResumePoint, SinkApply,
-    SinkOutcome, SourceBatchIn, StopReason, Timer, WalListing,
+    Input, IoError, IoOp, IoReply, LeaseOp, LeaseRow, OffsetEntry, OffsetRow, OffsetsOp, Output, PluginOp,
+    RecoverySummary, ResumePoint, SinkApply, SinkOutcome, SourceBatchIn, StopReason, Timer, WalListing, WalOp,
 };
 pub use mutation::{Mutation, Mutations};
 pub use offsets::OffsetValue;

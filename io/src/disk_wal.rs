@@ -7,13 +7,14 @@
 //! `fdatasync` (`fsyncs` counts them). Files that are not segments are left
 //! alone and reported.
 
-use skippr_core::{IoError, SegmentId};
+use skippr_core::{IoError, IoReply, SegmentId, WalListing, WalOp};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use tracing::warn;
 
 pub const WAL_DIR: &str = "wal";
 const SUFFIX: &str = ".seg";
@@ -68,6 +69,38 @@ impl DiskWal {
             Ok(file) => read_direct(&file),
             Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => std::fs::read(&path),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Performs one WAL request of the engine's.
+    pub fn perform(&self, op: WalOp) -> Result<IoReply, IoError> {
+        let failed = |what: &str, e: io::Error| {
+            warn!(error = %e, "{what} failed");
+            to_io_error(&e)
+        };
+        match op {
+            WalOp::Sync => self.sync_all().map(|_| IoReply::Done).map_err(|e| failed("syncing the WAL", e)),
+            WalOp::List => {
+                let (ids, strays) = self.list().map_err(|e| failed("listing the WAL", e))?;
+                for path in strays {
+                    warn!(path = %path.display(), "ignoring a file in the WAL directory that is not a segment");
+                }
+                Ok(IoReply::Segments(WalListing::Files(ids)))
+            }
+            WalOp::Read { segment } => {
+                self.read(segment).map(IoReply::SegmentBytes).map_err(|e| failed("reading a WAL segment", e))
+            }
+            WalOp::Create { segment, header, size } => self
+                .create(segment, &header, size)
+                .map(|_| IoReply::Done)
+                .map_err(|e| failed("creating a WAL segment", e)),
+            WalOp::Append { segment, offset, bytes, .. } => self
+                .append(segment, offset, &bytes)
+                .map(|_| IoReply::Done)
+                .map_err(|e| failed("appending to the WAL", e)),
+            WalOp::Delete { segment } => {
+                self.delete(segment).map(|_| IoReply::Done).map_err(|e| failed("deleting a WAL segment", e))
+            }
         }
     }
 

@@ -4,14 +4,14 @@
 //! completion back by `IoId`. It makes no decisions: every policy is in core.
 
 use crate::clock::Clock;
-use crate::disk_wal::{to_io_error, DiskWal};
+use crate::disk_wal::DiskWal;
 use crate::dynamo::Dynamo;
 use crate::metrics::Metrics;
 use crate::offsets_db::OffsetsDb;
 use crate::plugin::{SchemaPlugin, Sink, Source};
 use crate::s3_wal::S3Wal;
-use skippr_core::io::{Input, IoOp, IoReply, Output, SourceBatchIn, StopReason};
-use skippr_core::{Host, IoError, IoId, SinkOutcome, StreamId, WalListing};
+use skippr_core::io::{Input, IoOp, IoReply, LeaseOp, OffsetsOp, Output, PluginOp, SourceBatchIn, StopReason, WalOp};
+use skippr_core::{Host, IoError, IoId, SinkOutcome, StreamId};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -138,138 +138,115 @@ pub async fn drive(
     }
 }
 
-/// Starts one request, on a task for the AWS services and on a blocking
-/// thread for everything else; its completion comes back on `tx`.
+/// Starts one request on what performs it: S3 and DynamoDB on tasks, the
+/// disk WAL, the embedded offsets store and the plugins on blocking threads.
+/// Its completion comes back on `tx`.
 fn start(id: IoId, op: IoOp, b: &Arc<Backends>, tx: &mpsc::UnboundedSender<Completion>, totals: &Arc<RunTotals>) {
     debug!(io = id.0, op = op_name(&op), "start");
     let b = Arc::clone(b);
-    let tx = tx.clone();
     let totals = Arc::clone(totals);
-    if is_remote(&op, &b) {
-        tokio::spawn(async move {
-            let result = perform_remote(op, &b, &totals).await;
-            let _ = tx.send((id, result));
-        });
-        return;
+    let done = Done { id, tx: tx.clone() };
+    match op {
+        IoOp::Wal(op) => match &b.wal {
+            WalBackend::Disk(wal) => {
+                let wal = Arc::clone(wal);
+                done.blocking(move || {
+                    let (started, appended) = (std::time::Instant::now(), appended_bytes(&op));
+                    let result = wal.perform(op);
+                    count_append(&b, &totals, started, appended, &result);
+                    result
+                })
+            }
+            WalBackend::S3(wal) => {
+                let wal = Arc::clone(wal);
+                done.task(async move {
+                    let (started, appended) = (std::time::Instant::now(), appended_bytes(&op));
+                    let result = wal.perform(op).await;
+                    count_append(&b, &totals, started, appended, &result);
+                    result
+                })
+            }
+        },
+        IoOp::Offsets(op) => match &b.offsets {
+            OffsetsBackend::Disk(db) => {
+                let db = Arc::clone(db);
+                done.blocking(move || db.perform(op))
+            }
+            OffsetsBackend::Dynamo(d) => {
+                let d = Arc::clone(d);
+                done.task(async move { d.perform_offsets(op).await })
+            }
+        },
+        IoOp::Lease(op) => match b.lease.clone() {
+            Some(lease) => done.task(async move { lease.perform_lease(op).await }),
+            None => {
+                error!("the engine asked for the writer lease, but no lease table is configured");
+                done.send(Err(IoError::Failed));
+            }
+        },
+        IoOp::Plugin(op) => done.blocking(move || perform_plugin(op, &b, &totals)),
     }
-    tokio::task::spawn_blocking(move || {
-        // A panic in a plugin or a store must not leave the engine waiting
-        // forever for this completion: it becomes a failed request.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| perform(op, &b, &totals)))
-            .unwrap_or_else(|_| {
+}
+
+/// Where a request's completion goes.
+struct Done {
+    id: IoId,
+    tx: mpsc::UnboundedSender<Completion>,
+}
+
+impl Done {
+    fn send(self, result: Result<IoReply, IoError>) {
+        let _ = self.tx.send((self.id, result));
+    }
+
+    fn task(self, work: impl std::future::Future<Output = Result<IoReply, IoError>> + Send + 'static) {
+        tokio::spawn(async move { self.send(work.await) });
+    }
+
+    fn blocking(self, work: impl FnOnce() -> Result<IoReply, IoError> + Send + 'static) {
+        tokio::task::spawn_blocking(move || {
+            // A panic in a plugin or a store must not leave the engine
+            // waiting forever for this completion: it becomes a failed request.
+            let id = self.id;
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|_| {
                 tracing::error!(io = id.0, "an I/O request panicked; reporting it as failed");
                 Err(IoError::Failed)
             });
-        let _ = tx.send((id, result));
-    });
+            self.send(result);
+        });
+    }
 }
 
-fn is_remote(op: &IoOp, b: &Backends) -> bool {
+fn appended_bytes(op: &WalOp) -> Option<usize> {
     match op {
-        IoOp::WalSync
-        | IoOp::WalList
-        | IoOp::WalRead { .. }
-        | IoOp::WalCreate { .. }
-        | IoOp::WalAppend { .. }
-        | IoOp::WalDelete { .. } => matches!(b.wal, WalBackend::S3(_)),
-        IoOp::OffsetsRead | IoOp::OffsetsWrite { .. } => matches!(b.offsets, OffsetsBackend::Dynamo(_)),
-        IoOp::LeaseRead | IoOp::LeaseWrite { .. } => true,
-        _ => false,
+        WalOp::Append { bytes, .. } => Some(bytes.len()),
+        _ => None,
     }
 }
 
-/// Requests to S3 and DynamoDB.
-async fn perform_remote(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoError> {
-    let no_lease = || {
-        tracing::error!("the engine asked for the writer lease, but no lease table is configured");
-        IoError::Failed
-    };
-    match (op, &b.wal, &b.offsets) {
-        (IoOp::WalSync, WalBackend::S3(_), _) => Ok(IoReply::Done),
-        (IoOp::WalList, WalBackend::S3(wal), _) => wal.list().await.map(IoReply::Segments),
-        (IoOp::WalRead { segment }, WalBackend::S3(wal), _) => wal.read(segment).await.map(IoReply::SegmentBytes),
-        (IoOp::WalCreate { segment, header, .. }, WalBackend::S3(wal), _) => {
-            wal.put(segment, 0, &header).await.map(|()| IoReply::Done)
-        }
-        (IoOp::WalAppend { segment, offset, bytes, .. }, WalBackend::S3(wal), _) => {
-            let started = std::time::Instant::now();
-            wal.put(segment, offset, &bytes).await?;
-            committed(b, totals, started, bytes.len());
-            Ok(IoReply::Done)
-        }
-        (IoOp::WalDelete { segment }, WalBackend::S3(wal), _) => wal.delete(segment).await.map(|()| IoReply::Done),
-        (IoOp::OffsetsRead, _, OffsetsBackend::Dynamo(d)) => d.read().await.map(IoReply::Offsets),
-        (IoOp::OffsetsWrite { entries }, _, OffsetsBackend::Dynamo(d)) => {
-            d.write(&entries).await.map(|()| IoReply::Done)
-        }
-        (IoOp::LeaseRead, _, _) => b.lease.as_ref().ok_or_else(no_lease)?.lease_read().await.map(IoReply::Lease),
-        (IoOp::LeaseWrite { expected, row }, _, _) => {
-            b.lease.as_ref().ok_or_else(no_lease)?.lease_write(expected, row).await.map(|()| IoReply::Done)
-        }
-        (op, _, _) => unreachable!("{} is not a remote request here", op_name(&op)),
-    }
-}
-
-fn committed(b: &Backends, totals: &RunTotals, started: std::time::Instant, bytes: usize) {
+/// An append that succeeded is a commit: timed and counted.
+fn count_append(
+    b: &Backends,
+    totals: &RunTotals,
+    started: std::time::Instant,
+    appended: Option<usize>,
+    result: &Result<IoReply, IoError>,
+) {
+    let (Ok(_), Some(bytes)) = (result, appended) else { return };
     b.metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
     b.metrics.commits.inc();
     b.metrics.wal_bytes_written.inc_by(bytes as u64);
     totals.commits.fetch_add(1, Ordering::Relaxed);
 }
 
-fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoError> {
-    // WAL requests come here only for the disk backend (see `is_remote`).
-    let wal = || match &b.wal {
-        WalBackend::Disk(wal) => wal,
-        WalBackend::S3(_) => unreachable!("requests to S3 are performed on tasks"),
-    };
-    let io = |what: &str, e: std::io::Error| {
-        warn!(error = %e, "{what} failed");
-        to_io_error(&e)
-    };
+/// Requests to sources, sinks and the schema plugin.
+fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoError> {
     match op {
-        IoOp::WalSync => wal().sync_all().map(|_| IoReply::Done).map_err(|e| io("syncing the WAL", e)),
-        IoOp::WalList => {
-            let (ids, strays) = wal().list().map_err(|e| io("listing the WAL", e))?;
-            for path in strays {
-                warn!(path = %path.display(), "ignoring a file in the WAL directory that is not a segment");
-            }
-            Ok(IoReply::Segments(WalListing::Files(ids)))
-        }
-        IoOp::WalRead { segment } => {
-            wal().read(segment).map(IoReply::SegmentBytes).map_err(|e| io("reading a WAL segment", e))
-        }
-        IoOp::WalCreate { segment, header, size } => {
-            wal().create(segment, &header, size).map(|_| IoReply::Done).map_err(|e| io("creating a WAL segment", e))
-        }
-        IoOp::WalAppend { segment, offset, bytes, .. } => {
-            let started = std::time::Instant::now();
-            wal().append(segment, offset, &bytes).map_err(|e| io("appending to the WAL", e))?;
-            committed(b, totals, started, bytes.len());
-            Ok(IoReply::Done)
-        }
-        IoOp::WalDelete { segment } => {
-            wal().delete(segment).map(|_| IoReply::Done).map_err(|e| io("deleting a WAL segment", e))
-        }
-        IoOp::OffsetsRead | IoOp::OffsetsWrite { .. } | IoOp::LeaseRead | IoOp::LeaseWrite { .. }
-            if is_remote(&op, b) =>
-        {
-            unreachable!("remote requests are performed on tasks")
-        }
-        IoOp::OffsetsRead => disk_offsets(b).read().map(IoReply::Offsets).map_err(|e| {
-            warn!(error = %e, "reading offsets failed");
-            IoError::Failed
-        }),
-        IoOp::OffsetsWrite { entries } => disk_offsets(b).write(&entries).map(|_| IoReply::Done).map_err(|e| {
-            warn!(error = %e, "writing offsets failed");
-            IoError::Failed
-        }),
-        IoOp::LeaseRead | IoOp::LeaseWrite { .. } => unreachable!("lease requests are remote"),
-        IoOp::SourceOpen { source, resume } => {
+        PluginOp::SourceOpen { source, resume } => {
             let mut s = b.sources[source.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             s.open(&resume).map(|_| IoReply::Done).map_err(|e| plugin_failed("source open", e))
         }
-        IoOp::SourceRead { source, records_max } => {
+        PluginOp::SourceRead { source, records_max } => {
             let mut s = b.sources[source.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let (batches, exhausted) = s.read(records_max).map_err(|e| plugin_failed("source read", e))?;
             let batches: Vec<SourceBatchIn> = batches
@@ -292,11 +269,11 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
                 .collect();
             Ok(IoReply::Batches { batches, exhausted })
         }
-        IoOp::SourceAck { source, acks } => {
+        PluginOp::SourceAck { source, acks } => {
             let mut s = b.sources[source.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             s.ack(&acks).map(|_| IoReply::Done).map_err(|e| plugin_failed("source ack", e))
         }
-        IoOp::SchemaDecide { stream, fingerprint, schema } => {
+        PluginOp::SchemaDecide { stream, fingerprint, schema } => {
             let Some(plugin) = &b.schema else {
                 return Ok(IoReply::Schema { accept: true, reason: String::new() });
             };
@@ -308,7 +285,7 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
                 Some(reason) => Ok(IoReply::Schema { accept: false, reason }),
             }
         }
-        IoOp::SinkProgress { sink } => {
+        PluginOp::SinkProgress { sink } => {
             let mut sink = b.sinks[sink.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let applied = sink.progress(&b.streams).map_err(|e| plugin_failed("asking a sink for its progress", e))?;
             let by_id = applied
@@ -320,7 +297,7 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
                 .collect();
             Ok(IoReply::SinkProgress(by_id))
         }
-        IoOp::SinkApply(a) => {
+        PluginOp::SinkApply(a) => {
             let mut sink = b.sinks[a.sink.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let stream = &b.streams[a.stream.0 as usize];
             let outcome = sink.apply(stream, a.seq.0, a.id, &a.records).map_err(|e| {
@@ -340,13 +317,6 @@ fn perform(op: IoOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoErro
     }
 }
 
-fn disk_offsets(b: &Backends) -> &OffsetsDb {
-    match &b.offsets {
-        OffsetsBackend::Disk(db) => db,
-        OffsetsBackend::Dynamo(_) => unreachable!("DynamoDB requests are performed on tasks"),
-    }
-}
-
 fn plugin_failed(what: &str, e: crate::plugin::PluginError) -> IoError {
     warn!(error = %e, "{what} failed; retrying");
     IoError::Failed
@@ -354,21 +324,21 @@ fn plugin_failed(what: &str, e: crate::plugin::PluginError) -> IoError {
 
 fn op_name(op: &IoOp) -> &'static str {
     match op {
-        IoOp::WalSync => "wal-sync",
-        IoOp::WalList => "wal-list",
-        IoOp::WalRead { .. } => "wal-read",
-        IoOp::WalCreate { .. } => "wal-create",
-        IoOp::WalAppend { .. } => "wal-append",
-        IoOp::WalDelete { .. } => "wal-delete",
-        IoOp::OffsetsRead => "offsets-read",
-        IoOp::OffsetsWrite { .. } => "offsets-write",
-        IoOp::SourceOpen { .. } => "source-open",
-        IoOp::SourceRead { .. } => "source-read",
-        IoOp::SourceAck { .. } => "source-ack",
-        IoOp::SinkApply(_) => "sink-apply",
-        IoOp::SinkProgress { .. } => "sink-progress",
-        IoOp::SchemaDecide { .. } => "schema-decide",
-        IoOp::LeaseRead => "lease-read",
-        IoOp::LeaseWrite { .. } => "lease-write",
+        IoOp::Wal(WalOp::Sync) => "wal-sync",
+        IoOp::Wal(WalOp::List) => "wal-list",
+        IoOp::Wal(WalOp::Read { .. }) => "wal-read",
+        IoOp::Wal(WalOp::Create { .. }) => "wal-create",
+        IoOp::Wal(WalOp::Append { .. }) => "wal-append",
+        IoOp::Wal(WalOp::Delete { .. }) => "wal-delete",
+        IoOp::Offsets(OffsetsOp::Read) => "offsets-read",
+        IoOp::Offsets(OffsetsOp::Write { .. }) => "offsets-write",
+        IoOp::Plugin(PluginOp::SourceOpen { .. }) => "source-open",
+        IoOp::Plugin(PluginOp::SourceRead { .. }) => "source-read",
+        IoOp::Plugin(PluginOp::SourceAck { .. }) => "source-ack",
+        IoOp::Plugin(PluginOp::SinkApply(_)) => "sink-apply",
+        IoOp::Plugin(PluginOp::SinkProgress { .. }) => "sink-progress",
+        IoOp::Plugin(PluginOp::SchemaDecide { .. }) => "schema-decide",
+        IoOp::Lease(LeaseOp::Read) => "lease-read",
+        IoOp::Lease(LeaseOp::Write { .. }) => "lease-write",
     }
 }

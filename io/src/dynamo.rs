@@ -26,7 +26,7 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
 };
 use aws_sdk_dynamodb::Client;
-use skippr_core::{IoError, LeaseRow, OffsetEntry, OffsetRow, PartitionKey, SourceId};
+use skippr_core::{IoError, IoReply, LeaseOp, LeaseRow, OffsetEntry, OffsetRow, OffsetsOp, PartitionKey, SourceId};
 use std::collections::HashMap;
 use tracing::warn;
 
@@ -143,6 +143,22 @@ impl Dynamo {
 
     /// Every offsets item of this pipeline's configured sources, read
     /// consistently.
+    /// Performs one offsets request of the engine's.
+    pub async fn perform_offsets(&self, op: OffsetsOp) -> Result<IoReply, IoError> {
+        match op {
+            OffsetsOp::Read => self.read().await.map(IoReply::Offsets),
+            OffsetsOp::Write { entries } => self.write(&entries).await.map(|()| IoReply::Done),
+        }
+    }
+
+    /// Performs one lease request of the engine's.
+    pub async fn perform_lease(&self, op: LeaseOp) -> Result<IoReply, IoError> {
+        match op {
+            LeaseOp::Read => self.lease_read().await.map(IoReply::Lease),
+            LeaseOp::Write { expected, row } => self.lease_write(expected, row).await.map(|()| IoReply::Done),
+        }
+    }
+
     pub async fn read(&self) -> Result<Vec<OffsetRow>, IoError> {
         let mut rows = Vec::new();
         for (i, name) in self.sources.iter().enumerate() {

@@ -9,8 +9,9 @@
 //! The store is a cache of the WAL: deleting the file is harmless.
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use skippr_core::{OffsetEntry, OffsetRow, OffsetValue, PartitionKey, SourceId};
+use skippr_core::{IoError, IoReply, OffsetEntry, OffsetRow, OffsetValue, OffsetsOp, PartitionKey, SourceId};
 use std::path::Path;
+use tracing::warn;
 
 const OFFSETS: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("offsets");
 const CHECKPOINTS: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("checkpoints");
@@ -80,6 +81,20 @@ impl OffsetsDb {
     }
 
     /// Every entry of this pipeline's configured sources.
+    /// Performs one offsets request of the engine's.
+    pub fn perform(&self, op: OffsetsOp) -> Result<IoReply, IoError> {
+        let failed = |what: &str, e: redb::Error| {
+            warn!(error = %e, "{what} failed");
+            IoError::Failed
+        };
+        match op {
+            OffsetsOp::Read => self.read().map(IoReply::Offsets).map_err(|e| failed("reading offsets", e)),
+            OffsetsOp::Write { entries } => {
+                self.write(&entries).map(|()| IoReply::Done).map_err(|e| failed("writing offsets", e))
+            }
+        }
+    }
+
     pub fn read(&self) -> DbResult<Vec<OffsetRow>> {
         self.with_db(|db| self.read_from(db))
     }

@@ -29,8 +29,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use aws_sdk_s3::Client;
 use skippr_core::wal::{first_overlap, lay_out, oldest_to_keep, taken_key};
-use skippr_core::WalListing;
-use skippr_core::{IoError, SegmentId};
+use skippr_core::{IoError, IoReply, SegmentId, WalListing, WalOp};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tracing::warn;
@@ -83,6 +82,21 @@ impl S3Wal {
 
     /// Makes the object at `(segment, offset)` hold `bytes`: created, or
     /// found already holding exactly these bytes.
+    /// Performs one WAL request of the engine's. Writes are durable once
+    /// visible, so a sync is nothing to do; a creation is its header object.
+    pub async fn perform(&self, op: WalOp) -> Result<IoReply, IoError> {
+        match op {
+            WalOp::Sync => Ok(IoReply::Done),
+            WalOp::List => self.list().await.map(IoReply::Segments),
+            WalOp::Read { segment } => self.read(segment).await.map(IoReply::SegmentBytes),
+            WalOp::Create { segment, header, .. } => self.put(segment, 0, &header).await.map(|()| IoReply::Done),
+            WalOp::Append { segment, offset, bytes, .. } => {
+                self.put(segment, offset, &bytes).await.map(|()| IoReply::Done)
+            }
+            WalOp::Delete { segment } => self.delete(segment).await.map(|()| IoReply::Done),
+        }
+    }
+
     pub async fn put(&self, segment: SegmentId, offset: u64, bytes: &[u8]) -> Result<(), IoError> {
         let key = self.key(segment, offset);
         let sent = self

@@ -3,6 +3,7 @@
 //! of the same seed must give the same hash.
 
 use skippr_core::io::{Input, IoOp, IoReply, Output, WalListing};
+use skippr_core::io::{LeaseOp, OffsetsOp, PluginOp, WalOp};
 use skippr_core::Instant;
 use std::fmt::Write as _;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
@@ -140,13 +141,13 @@ impl Trace {
 
     fn op(&mut self, op: &IoOp) {
         match op {
-            IoOp::WalAppend { segment, offset, lsn, bytes } => {
+            IoOp::Wal(WalOp::Append { segment, offset, lsn, bytes }) => {
                 self.u64(segment.0);
                 self.u64(*offset);
                 self.u64(lsn.0);
                 self.u64(xxh3_64(bytes));
             }
-            IoOp::SinkApply(a) => {
+            IoOp::Plugin(PluginOp::SinkApply(a)) => {
                 self.u64(a.id.0);
                 self.u64(a.seq.0);
                 // One-shot hashes: many small updates would copy every
@@ -157,44 +158,44 @@ impl Trace {
                 }
                 self.u64(h);
             }
-            IoOp::WalSync => self.u64(30),
-            IoOp::WalList => self.u64(31),
-            IoOp::WalRead { segment } => self.u64(32 ^ segment.0 << 8),
-            IoOp::WalCreate { segment, header, size } => {
+            IoOp::Wal(WalOp::Sync) => self.u64(30),
+            IoOp::Wal(WalOp::List) => self.u64(31),
+            IoOp::Wal(WalOp::Read { segment }) => self.u64(32 ^ segment.0 << 8),
+            IoOp::Wal(WalOp::Create { segment, header, size }) => {
                 self.u64(33 ^ segment.0 << 8);
                 self.u64(*size);
                 self.hasher.update(header);
             }
-            IoOp::WalDelete { segment } => self.u64(34 ^ segment.0 << 8),
-            IoOp::OffsetsRead => self.u64(35),
-            IoOp::OffsetsWrite { entries } => {
+            IoOp::Wal(WalOp::Delete { segment }) => self.u64(34 ^ segment.0 << 8),
+            IoOp::Offsets(OffsetsOp::Read) => self.u64(35),
+            IoOp::Offsets(OffsetsOp::Write { entries }) => {
                 self.u64(36);
                 for e in entries {
                     self.hasher.update(&e.value.encode());
                 }
             }
-            IoOp::SourceOpen { source, resume } => {
+            IoOp::Plugin(PluginOp::SourceOpen { source, resume }) => {
                 self.u64(37 ^ (source.0 as u64) << 8);
                 for r in resume {
                     self.u64(r.position.0);
                 }
             }
-            IoOp::SourceRead { source, records_max } => {
+            IoOp::Plugin(PluginOp::SourceRead { source, records_max }) => {
                 self.u64(38 ^ (source.0 as u64) << 8 ^ (*records_max as u64) << 32)
             }
-            IoOp::SourceAck { source, acks } => {
+            IoOp::Plugin(PluginOp::SourceAck { source, acks }) => {
                 self.u64(39 ^ (source.0 as u64) << 8);
                 for (p, pos) in acks {
                     self.u64(*p as u64 ^ pos.0 << 16);
                 }
             }
-            IoOp::SchemaDecide { stream, fingerprint, .. } => {
+            IoOp::Plugin(PluginOp::SchemaDecide { stream, fingerprint, .. }) => {
                 self.u64(41 ^ (stream.0 as u64) << 8);
                 self.u64(*fingerprint);
             }
-            IoOp::LeaseRead => self.u64(42),
-            IoOp::SinkProgress { sink } => self.u64(45 ^ (sink.0 as u64) << 8),
-            IoOp::LeaseWrite { expected, row } => {
+            IoOp::Lease(LeaseOp::Read) => self.u64(42),
+            IoOp::Plugin(PluginOp::SinkProgress { sink }) => self.u64(45 ^ (sink.0 as u64) << 8),
+            IoOp::Lease(LeaseOp::Write { expected, row }) => {
                 self.u64(43);
                 self.u64(expected.map_or(u64::MAX, |v| v));
                 self.lease(row);
@@ -261,47 +262,49 @@ pub fn describe_output(output: &Output) -> String {
 
 pub fn describe_op(op: &IoOp) -> String {
     match op {
-        IoOp::WalSync => "wal-sync".into(),
-        IoOp::WalList => "wal-list".into(),
-        IoOp::WalRead { segment } => format!("wal-read {}", segment.0),
-        IoOp::WalCreate { segment, .. } => format!("wal-create {}", segment.0),
-        IoOp::WalAppend { segment, offset, lsn, bytes } => {
+        IoOp::Wal(WalOp::Sync) => "wal-sync".into(),
+        IoOp::Wal(WalOp::List) => "wal-list".into(),
+        IoOp::Wal(WalOp::Read { segment }) => format!("wal-read {}", segment.0),
+        IoOp::Wal(WalOp::Create { segment, .. }) => format!("wal-create {}", segment.0),
+        IoOp::Wal(WalOp::Append { segment, offset, lsn, bytes }) => {
             format!("wal-append seg={} off={} lsn={} {}B", segment.0, offset, lsn.0, bytes.len())
         }
-        IoOp::WalDelete { segment } => format!("wal-delete {}", segment.0),
-        IoOp::OffsetsRead => "offsets-read".into(),
-        IoOp::OffsetsWrite { entries } => {
+        IoOp::Wal(WalOp::Delete { segment }) => format!("wal-delete {}", segment.0),
+        IoOp::Offsets(OffsetsOp::Read) => "offsets-read".into(),
+        IoOp::Offsets(OffsetsOp::Write { entries }) => {
             let mut s = String::from("offsets-write");
             for e in entries {
                 let _ = write!(s, " {}={}@{}", e.key, e.value.position.0, e.value.lsn.0);
             }
             s
         }
-        IoOp::SourceOpen { source, resume } => {
+        IoOp::Plugin(PluginOp::SourceOpen { source, resume }) => {
             let mut s = format!("source-open {}", source.0);
             for r in resume {
                 let _ = write!(s, " p{}={}", r.partition, r.position.0);
             }
             s
         }
-        IoOp::SourceRead { source, records_max } => format!("source-read {} max={records_max}", source.0),
-        IoOp::SourceAck { source, acks } => {
+        IoOp::Plugin(PluginOp::SourceRead { source, records_max }) => {
+            format!("source-read {} max={records_max}", source.0)
+        }
+        IoOp::Plugin(PluginOp::SourceAck { source, acks }) => {
             let mut s = format!("source-ack {}", source.0);
             for (p, pos) in acks {
                 let _ = write!(s, " p{p}={}", pos.0);
             }
             s
         }
-        IoOp::SchemaDecide { stream, fingerprint, .. } => {
+        IoOp::Plugin(PluginOp::SchemaDecide { stream, fingerprint, .. }) => {
             format!("schema-decide stream={} fingerprint={fingerprint:016x}", stream.0)
         }
-        IoOp::LeaseRead => "lease-read".into(),
-        IoOp::SinkProgress { sink } => format!("sink-progress {}", sink.0),
-        IoOp::LeaseWrite { expected, row } => format!(
+        IoOp::Lease(LeaseOp::Read) => "lease-read".into(),
+        IoOp::Plugin(PluginOp::SinkProgress { sink }) => format!("sink-progress {}", sink.0),
+        IoOp::Lease(LeaseOp::Write { expected, row }) => format!(
             "lease-write if-version={expected:?} gen={} holder={:x} version={}",
             row.generation, row.holder, row.version
         ),
-        IoOp::SinkApply(a) => format!(
+        IoOp::Plugin(PluginOp::SinkApply(a)) => format!(
             "sink-apply sink={} stream={} id={} seq={} records={}",
             a.sink.0,
             a.stream.0,

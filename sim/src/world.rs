@@ -12,6 +12,7 @@ use crate::s3::{SimLease, SimS3};
 use crate::scenario::{Overrides, Scenario, WalMode};
 use crate::trace::Trace;
 use skippr_core::io::*;
+use skippr_core::io::{LeaseOp, OffsetsOp, PluginOp, WalOp};
 use skippr_core::state::CommittedState;
 use skippr_core::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -415,14 +416,14 @@ impl World {
         let lat = self.scenario.latencies.clone();
         let s3 = self.scenario.wal == WalMode::S3;
         match op {
-            IoOp::WalAppend { .. }
-            | IoOp::WalCreate { .. }
-            | IoOp::WalList
-            | IoOp::WalRead { .. }
-            | IoOp::WalDelete { .. }
+            IoOp::Wal(WalOp::Append { .. })
+            | IoOp::Wal(WalOp::Create { .. })
+            | IoOp::Wal(WalOp::List)
+            | IoOp::Wal(WalOp::Read { .. })
+            | IoOp::Wal(WalOp::Delete { .. })
                 if s3 =>
             {
-                if matches!(op, IoOp::WalAppend { .. }) && who == Who::Live {
+                if matches!(op, IoOp::Wal(WalOp::Append { .. })) && who == Who::Live {
                     self.append_in_flight = true;
                 }
                 let slow = self.faulting && self.sched.chance(self.scenario.faults.s3_slow);
@@ -430,16 +431,18 @@ impl World {
                 let (lo, hi) = if slow { (hi, hi * 20) } else { (lo, hi) };
                 self.after((lo, hi), Event::Complete { gen, id, op })
             }
-            IoOp::WalSync if s3 => self.after((10, 20), Event::Complete { gen, id, op }),
-            IoOp::LeaseRead | IoOp::LeaseWrite { .. } => self.after(lat.offsets, Event::Complete { gen, id, op }),
-            IoOp::WalAppend { segment, offset, ref bytes, .. } => {
+            IoOp::Wal(WalOp::Sync) if s3 => self.after((10, 20), Event::Complete { gen, id, op }),
+            IoOp::Lease(LeaseOp::Read) | IoOp::Lease(LeaseOp::Write { .. }) => {
+                self.after(lat.offsets, Event::Complete { gen, id, op })
+            }
+            IoOp::Wal(WalOp::Append { segment, offset, ref bytes, .. }) => {
                 self.append_in_flight = true;
                 if !self.disk.write(segment, offset as usize, bytes) {
                     panic!("append to segment {} at {offset} outside the file", segment.0);
                 }
                 self.after(lat.disk_write, Event::Complete { gen, id, op });
             }
-            IoOp::WalCreate { segment, ref header, size } => {
+            IoOp::Wal(WalOp::Create { segment, ref header, size }) => {
                 if self.faulting && self.sched.chance(self.scenario.faults.no_space) {
                     self.stats.no_space += 1;
                     return self.after(lat.disk_other, Event::Reply { gen, id, result: Err(IoError::NoSpace) });
@@ -447,16 +450,20 @@ impl World {
                 self.disk.create(segment, header, size as usize);
                 self.after(lat.disk_other, Event::Complete { gen, id, op });
             }
-            IoOp::SinkApply(apply) => self.after(lat.sink, Event::SinkEffect { gen, id, apply }),
+            IoOp::Plugin(PluginOp::SinkApply(apply)) => self.after(lat.sink, Event::SinkEffect { gen, id, apply }),
             // A look at the destination, not a write: as quick as a source request.
-            IoOp::SinkProgress { .. } => self.after(lat.source, Event::Complete { gen, id, op }),
-            IoOp::OffsetsRead | IoOp::OffsetsWrite { .. } => self.after(lat.offsets, Event::Complete { gen, id, op }),
-            IoOp::SourceOpen { .. } | IoOp::SourceRead { .. } | IoOp::SourceAck { .. } | IoOp::SchemaDecide { .. } => {
-                self.after(lat.source, Event::Complete { gen, id, op })
+            IoOp::Plugin(PluginOp::SinkProgress { .. }) => self.after(lat.source, Event::Complete { gen, id, op }),
+            IoOp::Offsets(OffsetsOp::Read) | IoOp::Offsets(OffsetsOp::Write { .. }) => {
+                self.after(lat.offsets, Event::Complete { gen, id, op })
             }
-            IoOp::WalSync | IoOp::WalList | IoOp::WalRead { .. } | IoOp::WalDelete { .. } => {
-                self.after(lat.disk_other, Event::Complete { gen, id, op })
-            }
+            IoOp::Plugin(PluginOp::SourceOpen { .. })
+            | IoOp::Plugin(PluginOp::SourceRead { .. })
+            | IoOp::Plugin(PluginOp::SourceAck { .. })
+            | IoOp::Plugin(PluginOp::SchemaDecide { .. }) => self.after(lat.source, Event::Complete { gen, id, op }),
+            IoOp::Wal(WalOp::Sync)
+            | IoOp::Wal(WalOp::List)
+            | IoOp::Wal(WalOp::Read { .. })
+            | IoOp::Wal(WalOp::Delete { .. }) => self.after(lat.disk_other, Event::Complete { gen, id, op }),
         }
     }
 
@@ -472,7 +479,7 @@ impl World {
             // comes back waits for it to wake.
             let delay = Duration::from_micros(self.sched.range(0, 1_000));
             match event {
-                Event::Complete { gen, id, op } if !matches!(op, IoOp::WalDelete { .. }) => {
+                Event::Complete { gen, id, op } if !matches!(op, IoOp::Wal(WalOp::Delete { .. })) => {
                     let who = owner.expect("frozen implies an owner");
                     let result = self.complete(who, gen, op);
                     return self.at(wake + delay, Event::Reply { gen, id, result });
@@ -482,7 +489,9 @@ impl World {
             }
         }
         match event {
-            Event::Complete { gen, id, op: IoOp::WalDelete { segment } } if self.scenario.wal == WalMode::S3 => {
+            Event::Complete { gen, id, op: IoOp::Wal(WalOp::Delete { segment }) }
+                if self.scenario.wal == WalMode::S3 =>
+            {
                 if owner.is_some() {
                     // The header goes first: from here on the segment is
                     // being deleted, whatever happens to the rest.
@@ -502,13 +511,13 @@ impl World {
                 let result = self.complete(who, gen, op);
                 self.feed_to(who, Input::IoDone { id, result });
             }
-            Event::Complete { op: IoOp::OffsetsWrite { entries }, .. } => {
+            Event::Complete { op: IoOp::Offsets(OffsetsOp::Write { entries }), .. } => {
                 // The database got the write before the host died, or not.
                 if self.sched.chance(0.5) {
                     self.write_offsets(&entries);
                 }
             }
-            Event::Complete { gen, op: IoOp::WalAppend { segment, offset, bytes, .. }, .. }
+            Event::Complete { gen, op: IoOp::Wal(WalOp::Append { segment, offset, bytes, .. }), .. }
                 if self.scenario.wal == WalMode::S3 =>
             {
                 // The request left before the process died: S3 may still
@@ -518,7 +527,7 @@ impl World {
                     let _ = self.s3_put(conditional, segment, offset, &bytes);
                 }
             }
-            Event::Complete { gen, op: IoOp::WalCreate { segment, header, .. }, .. }
+            Event::Complete { gen, op: IoOp::Wal(WalOp::Create { segment, header, .. }), .. }
                 if self.scenario.wal == WalMode::S3 =>
             {
                 if self.sched.chance(0.5) {
@@ -526,7 +535,7 @@ impl World {
                     let _ = self.s3_put(conditional, segment, 0, &Arc::new(header));
                 }
             }
-            Event::Complete { op: IoOp::LeaseWrite { expected, row }, .. } => {
+            Event::Complete { op: IoOp::Lease(LeaseOp::Write { expected, row }), .. } => {
                 if self.sched.chance(0.5) {
                     let _ = self.lease.write(expected, row);
                 }
@@ -628,24 +637,26 @@ impl World {
         let f = &self.scenario.faults;
         let s3 = self.scenario.wal == WalMode::S3;
         match op {
-            IoOp::WalSync if s3 => Ok(IoReply::Done),
-            IoOp::WalList | IoOp::WalRead { .. } | IoOp::LeaseRead
+            IoOp::Wal(WalOp::Sync) if s3 => Ok(IoReply::Done),
+            IoOp::Wal(WalOp::List) | IoOp::Wal(WalOp::Read { .. }) | IoOp::Lease(LeaseOp::Read)
                 if s3 && self.faulting && self.sched.chance(f.s3_throttle) =>
             {
                 self.stats.s3_throttled += 1;
                 Err(IoError::Failed)
             }
-            IoOp::WalList if s3 => Ok(IoReply::Segments(self.s3.list())),
-            IoOp::WalRead { segment } if s3 => self.s3.read(segment).map(IoReply::SegmentBytes),
-            IoOp::WalCreate { segment, header, .. } if s3 => self.complete_s3_put(gen, segment, 0, Arc::new(header)),
-            IoOp::WalAppend { segment, offset, bytes, .. } if s3 => {
+            IoOp::Wal(WalOp::List) if s3 => Ok(IoReply::Segments(self.s3.list())),
+            IoOp::Wal(WalOp::Read { segment }) if s3 => self.s3.read(segment).map(IoReply::SegmentBytes),
+            IoOp::Wal(WalOp::Create { segment, header, .. }) if s3 => {
+                self.complete_s3_put(gen, segment, 0, Arc::new(header))
+            }
+            IoOp::Wal(WalOp::Append { segment, offset, bytes, .. }) if s3 => {
                 if who == Who::Live {
                     self.append_in_flight = false;
                 }
                 self.complete_s3_put(gen, segment, offset, bytes)
             }
-            IoOp::LeaseRead => Ok(IoReply::Lease(self.lease.row)),
-            IoOp::LeaseWrite { expected, row } => {
+            IoOp::Lease(LeaseOp::Read) => Ok(IoReply::Lease(self.lease.row)),
+            IoOp::Lease(LeaseOp::Write { expected, row }) => {
                 if self.faulting && self.sched.chance(f.lease_ambiguous) {
                     let roll = self.sched.range(0, 99);
                     if roll < 40 {
@@ -658,7 +669,7 @@ impl World {
                 }
                 self.lease.write(expected, row).map(|()| IoReply::Done)
             }
-            IoOp::WalSync => {
+            IoOp::Wal(WalOp::Sync) => {
                 let fail = self.faulting && self.sched.chance(f.fsync_fail);
                 if self.disk.sync_all(fail) {
                     Ok(IoReply::Done)
@@ -666,9 +677,11 @@ impl World {
                     Err(IoError::Failed)
                 }
             }
-            IoOp::WalList => Ok(IoReply::Segments(WalListing::Files(self.disk.list()))),
-            IoOp::WalRead { segment } => self.disk.read(segment).map(IoReply::SegmentBytes).ok_or(IoError::Failed),
-            IoOp::WalCreate { segment, .. } => {
+            IoOp::Wal(WalOp::List) => Ok(IoReply::Segments(WalListing::Files(self.disk.list()))),
+            IoOp::Wal(WalOp::Read { segment }) => {
+                self.disk.read(segment).map(IoReply::SegmentBytes).ok_or(IoError::Failed)
+            }
+            IoOp::Wal(WalOp::Create { segment, .. }) => {
                 let fail = self.faulting && self.sched.chance(f.fsync_fail);
                 if self.disk.sync(segment, true, fail) {
                     Ok(IoReply::Done)
@@ -676,7 +689,7 @@ impl World {
                     Err(IoError::Failed)
                 }
             }
-            IoOp::WalAppend { segment, offset, bytes, .. } => {
+            IoOp::Wal(WalOp::Append { segment, offset, bytes, .. }) => {
                 self.append_in_flight = false;
                 let fail = self.faulting && self.sched.chance(f.fsync_fail);
                 if self.disk.sync(segment, false, fail) {
@@ -687,14 +700,14 @@ impl World {
                     Err(IoError::Failed)
                 }
             }
-            IoOp::WalDelete { segment } => {
+            IoOp::Wal(WalOp::Delete { segment }) => {
                 self.disk.delete(segment);
                 self.durable_ends.remove(&segment);
                 self.stats.segments_deleted += 1;
                 Ok(IoReply::Done)
             }
-            IoOp::OffsetsRead => Ok(IoReply::Offsets(self.offsets.read())),
-            IoOp::OffsetsWrite { entries } => {
+            IoOp::Offsets(OffsetsOp::Read) => Ok(IoReply::Offsets(self.offsets.read())),
+            IoOp::Offsets(OffsetsOp::Write { entries }) => {
                 if self.faulting && self.sched.chance(f.offsets_ambiguous) {
                     self.stats.offsets_ambiguous += 1;
                     if self.sched.chance(0.5) {
@@ -710,7 +723,7 @@ impl World {
                 self.write_offsets(&entries);
                 Ok(IoReply::Done)
             }
-            IoOp::SourceOpen { source, resume } => {
+            IoOp::Plugin(PluginOp::SourceOpen { source, resume }) => {
                 // A woken writer resumes from what it recovered before it
                 // froze: stale, and harmless while it cannot commit.
                 if who == Who::Live {
@@ -720,7 +733,7 @@ impl World {
                 self.sources_of(who)[source.0 as usize].open(&resume);
                 Ok(IoReply::Done)
             }
-            IoOp::SourceRead { source, records_max } => {
+            IoOp::Plugin(PluginOp::SourceRead { source, records_max }) => {
                 if self.faulting && self.sched.chance(f.source_fail) {
                     self.stats.source_failures += 1;
                     return Err(IoError::Failed);
@@ -729,7 +742,7 @@ impl World {
                 let (batches, exhausted) = self.sources_of(who)[source.0 as usize].read(records_max, now);
                 Ok(IoReply::Batches { batches, exhausted })
             }
-            IoOp::SourceAck { source, acks } => {
+            IoOp::Plugin(PluginOp::SourceAck { source, acks }) => {
                 if self.faulting && self.sched.chance(f.source_fail) {
                     self.stats.source_failures += 1;
                     return Err(IoError::Failed);
@@ -742,7 +755,7 @@ impl World {
                 self.sources_of(who)[source.0 as usize].ack(&acks);
                 Ok(IoReply::Done)
             }
-            IoOp::SchemaDecide { .. } => {
+            IoOp::Plugin(PluginOp::SchemaDecide { .. }) => {
                 if self.faulting && self.sched.chance(f.source_fail) {
                     self.stats.source_failures += 1;
                     return Err(IoError::Failed);
@@ -750,8 +763,10 @@ impl World {
                 self.stats.schema_decisions += 1;
                 Ok(IoReply::Schema { accept: true, reason: String::new() })
             }
-            IoOp::SinkApply(_) => unreachable!("sink applies go through SinkEffect"),
-            IoOp::SinkProgress { sink } => Ok(IoReply::SinkProgress(self.sinks[sink.0 as usize].progress())),
+            IoOp::Plugin(PluginOp::SinkApply(_)) => unreachable!("sink applies go through SinkEffect"),
+            IoOp::Plugin(PluginOp::SinkProgress { sink }) => {
+                Ok(IoReply::SinkProgress(self.sinks[sink.0 as usize].progress()))
+            }
         }
     }
 
@@ -1100,31 +1115,31 @@ fn recover_alone(config: HostConfig, wal: &mut AloneWal, offsets: &mut SimOffset
             continue;
         };
         let result = match (op, &mut *wal) {
-            (IoOp::WalSync, AloneWal::Disk(disk)) => {
+            (IoOp::Wal(WalOp::Sync), AloneWal::Disk(disk)) => {
                 disk.sync_all(false);
                 Ok(IoReply::Done)
             }
-            (IoOp::WalSync, AloneWal::S3(_)) => Ok(IoReply::Done),
-            (IoOp::WalDelete { segment }, AloneWal::Disk(disk)) => {
+            (IoOp::Wal(WalOp::Sync), AloneWal::S3(_)) => Ok(IoReply::Done),
+            (IoOp::Wal(WalOp::Delete { segment }), AloneWal::Disk(disk)) => {
                 disk.delete(segment);
                 Ok(IoReply::Done)
             }
-            (IoOp::WalDelete { segment }, AloneWal::S3(s3)) => {
+            (IoOp::Wal(WalOp::Delete { segment }), AloneWal::S3(s3)) => {
                 s3.delete_header(segment);
                 s3.delete_rest(segment);
                 Ok(IoReply::Done)
             }
-            (IoOp::WalList, AloneWal::Disk(disk)) => Ok(IoReply::Segments(WalListing::Files(disk.list()))),
-            (IoOp::WalList, AloneWal::S3(s3)) => Ok(IoReply::Segments(s3.list())),
-            (IoOp::WalRead { segment }, AloneWal::Disk(disk)) => {
+            (IoOp::Wal(WalOp::List), AloneWal::Disk(disk)) => Ok(IoReply::Segments(WalListing::Files(disk.list()))),
+            (IoOp::Wal(WalOp::List), AloneWal::S3(s3)) => Ok(IoReply::Segments(s3.list())),
+            (IoOp::Wal(WalOp::Read { segment }), AloneWal::Disk(disk)) => {
                 disk.read(segment).map(IoReply::SegmentBytes).ok_or(IoError::Failed)
             }
-            (IoOp::WalRead { segment }, AloneWal::S3(s3)) => s3.read(segment).map(IoReply::SegmentBytes),
-            (IoOp::WalCreate { .. } | IoOp::WalAppend { .. }, _) => Ok(IoReply::Done),
-            (IoOp::OffsetsRead, _) => Ok(IoReply::Offsets(offsets.read())),
+            (IoOp::Wal(WalOp::Read { segment }), AloneWal::S3(s3)) => s3.read(segment).map(IoReply::SegmentBytes),
+            (IoOp::Wal(WalOp::Create { .. }) | IoOp::Wal(WalOp::Append { .. }), _) => Ok(IoReply::Done),
+            (IoOp::Offsets(OffsetsOp::Read), _) => Ok(IoReply::Offsets(offsets.read())),
             // The copies have no sinks: "cannot tell" is a valid answer.
-            (IoOp::SinkProgress { .. }, _) => Ok(IoReply::SinkProgress(Vec::new())),
-            (IoOp::OffsetsWrite { entries }, _) => {
+            (IoOp::Plugin(PluginOp::SinkProgress { .. }), _) => Ok(IoReply::SinkProgress(Vec::new())),
+            (IoOp::Offsets(OffsetsOp::Write { entries }), _) => {
                 offsets.write(&entries);
                 Ok(IoReply::Done)
             }

@@ -9,6 +9,7 @@ use super::effects::{Effects, Pending, Retry};
 use crate::compaction::{compaction_id, NamedRanges};
 use crate::config::HostConfig;
 use crate::ids::*;
+use crate::io::PluginOp;
 use crate::io::{IoError, IoOp, IoReply, SinkApply, SinkOutcome, StopReason};
 use crate::state::{CommittedState, RecordStore};
 use crate::wal::{CompactionDone, CompactionPlan, Range};
@@ -194,7 +195,7 @@ impl Compaction {
             Some(epoch) => CompactionId(plan.id.0 ^ epoch.0.wrapping_mul(0x9e37_79b9)),
             None => plan.id,
         };
-        let op = IoOp::SinkApply(SinkApply { sink, stream, id, seq: plan.seq, records: batch });
+        let op = IoOp::Plugin(PluginOp::SinkApply(SinkApply { sink, stream, id, seq: plan.seq, records: batch }));
         *io = Some(fx.io(Pending::SinkApply(sink, stream), op));
     }
 

@@ -16,6 +16,7 @@
 
 use super::effects::{Effects, Pending, Retry};
 use crate::config::LeaseConfig;
+use crate::io::LeaseOp;
 use crate::io::{IoError, IoOp, IoReply, LeaseRow, Output, StopReason};
 use crate::time::Instant;
 
@@ -129,12 +130,12 @@ impl Lease {
 
     pub(super) fn read(&mut self, fx: &mut Effects) {
         self.busy = true;
-        fx.io(Pending::LeaseRead(fx.now), IoOp::LeaseRead);
+        fx.io(Pending::LeaseRead(fx.now), IoOp::Lease(LeaseOp::Read));
     }
 
     fn write(&mut self, fx: &mut Effects, intent: Intent, expected: Option<u64>, row: LeaseRow) {
         self.busy = true;
-        fx.io(Pending::LeaseWrite(intent, row, fx.now), IoOp::LeaseWrite { expected, row });
+        fx.io(Pending::LeaseWrite(intent, row, fx.now), IoOp::Lease(LeaseOp::Write { expected, row }));
     }
 
     pub(super) fn on_read(

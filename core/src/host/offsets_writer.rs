@@ -8,6 +8,7 @@
 
 use super::effects::{Effects, Pending, Retry};
 use crate::ids::*;
+use crate::io::OffsetsOp;
 use crate::io::{IoOp, OffsetEntry, OffsetRow, StopReason};
 use crate::offsets::OffsetValue;
 use crate::state::{CommittedState, PartitionState};
@@ -78,7 +79,7 @@ impl OffsetsWriter {
             .into_iter()
             .map(|(key, value)| OffsetEntry { key, value, checkpoint: committed.partitions[&key].checkpoint.clone() })
             .collect();
-        self.io = Some(fx.io(Pending::OffsetsWrite, IoOp::OffsetsWrite { entries }));
+        self.io = Some(fx.io(Pending::OffsetsWrite, IoOp::Offsets(OffsetsOp::Write { entries })));
     }
 
     pub(super) fn on_written(&mut self, fx: &mut Effects, id: IoId, ok: bool, committed: &CommittedState) {
@@ -102,7 +103,7 @@ impl OffsetsWriter {
     /// The planted bug `offsets-before-commit`: writes a position that is
     /// only pending.
     pub(super) fn write_early(&mut self, fx: &mut Effects, entry: OffsetEntry) {
-        fx.io(Pending::OffsetsWriteEarly, IoOp::OffsetsWrite { entries: vec![entry] });
+        fx.io(Pending::OffsetsWriteEarly, IoOp::Offsets(OffsetsOp::Write { entries: vec![entry] }));
     }
 
     pub(super) fn idle(&self) -> bool {

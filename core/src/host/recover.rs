@@ -6,6 +6,7 @@
 //! step asks the part it concerns.
 
 use super::*;
+use crate::io::{OffsetsOp, WalOp};
 use crate::recovery::{recover, WalDamage};
 use crate::wal::Frame;
 use offsets_writer::StoreCheck;
@@ -15,7 +16,7 @@ impl Host {
         match (pending, result) {
             (Pending::WalSync, Ok(_)) => {
                 self.fx.succeeded(Retry::WalSync);
-                self.fx.io(Pending::WalList, IoOp::WalList);
+                self.fx.io(Pending::WalList, IoOp::Wal(WalOp::List));
             }
             (Pending::WalSync, Err(_)) => self.fx.retry_later(Retry::WalSync),
             (Pending::WalList, Ok(IoReply::Segments(listing))) => {
@@ -111,7 +112,7 @@ impl Host {
     /// The fence committed: the listing was the whole WAL.
     pub(super) fn fenced(&mut self) {
         self.startup.set_fencing(false);
-        self.fx.io(Pending::OffsetsRead, IoOp::OffsetsRead);
+        self.fx.io(Pending::OffsetsRead, IoOp::Offsets(OffsetsOp::Read));
     }
 
     /// Step two, once the fence is in (so no group of an older writer can

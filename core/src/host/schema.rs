@@ -5,6 +5,7 @@
 
 use super::effects::{Effects, Pending, Retry};
 use crate::ids::*;
+use crate::io::PluginOp;
 use crate::io::{IoError, IoOp, IoReply, SourceBatchIn, StopReason};
 use crate::wal::{Frame, SchemaDecision};
 use std::collections::{BTreeMap, VecDeque};
@@ -70,7 +71,11 @@ impl Schemas {
 
     pub(super) fn ask(&mut self, fx: &mut Effects, stream: StreamId) {
         let Some(wait) = self.waits.get(&stream) else { return };
-        let op = IoOp::SchemaDecide { stream, fingerprint: wait.fingerprint, schema: Arc::clone(&wait.schema) };
+        let op = IoOp::Plugin(PluginOp::SchemaDecide {
+            stream,
+            fingerprint: wait.fingerprint,
+            schema: Arc::clone(&wait.schema),
+        });
         fx.io(Pending::SchemaDecide(stream), op);
     }
 

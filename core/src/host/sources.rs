@@ -9,6 +9,7 @@
 use super::effects::{Effects, Pending, Retry};
 use crate::config::{HostConfig, Limits, SEAL_RESERVE};
 use crate::ids::*;
+use crate::io::PluginOp;
 use crate::io::{IoError, IoOp, IoReply, ResumePoint, SourceBatchIn, StopReason};
 use crate::state::CommittedState;
 use crate::wal::{Frame, Record, SourceBatch, FRAME_HEADER_BYTES};
@@ -69,7 +70,7 @@ impl Sources {
                 checkpoint: p.checkpoint.clone(),
             })
             .collect();
-        fx.io(Pending::SourceOpen(source), IoOp::SourceOpen { source, resume });
+        fx.io(Pending::SourceOpen(source), IoOp::Plugin(PluginOp::SourceOpen { source, resume }));
     }
 
     pub(super) fn on_opened(&mut self, fx: &mut Effects, source: SourceId, ok: bool) {
@@ -87,7 +88,9 @@ impl Sources {
         for (i, s) in self.slots.iter_mut().enumerate() {
             let source = SourceId(i as u16);
             if s.opened && s.read.is_none() && !s.waiting && !s.exhausted && !held(source) {
-                s.read = Some(fx.io(Pending::SourceRead(source), IoOp::SourceRead { source, records_max }));
+                s.read = Some(
+                    fx.io(Pending::SourceRead(source), IoOp::Plugin(PluginOp::SourceRead { source, records_max })),
+                );
             }
         }
     }
@@ -183,7 +186,7 @@ impl Sources {
             let acks: Vec<(u32, Position)> = std::mem::take(&mut s.acks).into_iter().collect();
             s.acks_sent.clone_from(&acks);
             let source = SourceId(i as u16);
-            s.ack_io = Some(fx.io(Pending::SourceAck(source), IoOp::SourceAck { source, acks }));
+            s.ack_io = Some(fx.io(Pending::SourceAck(source), IoOp::Plugin(PluginOp::SourceAck { source, acks })));
         }
     }
 

@@ -9,6 +9,7 @@
 use super::effects::{Effects, Pending, Retry};
 use crate::ids::*;
 use crate::io::{IoOp, StopReason, WalListing};
+use crate::io::{PluginOp, WalOp};
 use crate::time::Instant;
 use crate::wal::oldest_to_keep;
 use std::collections::{BTreeMap, BTreeSet};
@@ -64,7 +65,7 @@ impl Startup {
         ids.dedup();
         self.listed = ids.clone();
         for &segment in &ids {
-            fx.io(Pending::WalRead(segment), IoOp::WalRead { segment });
+            fx.io(Pending::WalRead(segment), IoOp::Wal(WalOp::Read { segment }));
         }
         ids.is_empty()
     }
@@ -141,7 +142,7 @@ impl Startup {
     pub(super) fn ask_progress(&mut self, fx: &mut Effects, sinks: u16) -> bool {
         self.progress_pending = (0..sinks).map(SinkId).collect();
         for sink in (0..sinks).map(SinkId) {
-            fx.io(Pending::SinkProgress(sink), IoOp::SinkProgress { sink });
+            fx.io(Pending::SinkProgress(sink), IoOp::Plugin(PluginOp::SinkProgress { sink }));
         }
         self.progress_pending.is_empty()
     }

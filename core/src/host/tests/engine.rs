@@ -1,12 +1,13 @@
 //! The running engine: commits, acks, compactions, retries, shutdown.
 
 use super::*;
+use crate::io::{OffsetsOp, PluginOp, WalOp};
 
 #[test]
 fn a_fresh_wal_recovers_empty_and_opens_sources() {
     let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
     assert!(h.open_source().is_empty());
-    assert!(h.has(|op| matches!(op, IoOp::SourceRead { .. })));
+    assert!(h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. }))));
     assert_eq!(h.disk.len(), 2, "the fence opened one segment and a spare is created ahead of need");
 }
 
@@ -17,9 +18,12 @@ fn a_source_is_acked_only_after_its_group_commits() {
     let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
     h.open_source();
     let outputs = h.feed_unsettled(0, 5);
-    assert!(outputs.iter().any(|o| matches!(o, Output::Io { op: IoOp::WalAppend { .. }, .. })));
+    assert!(outputs.iter().any(|o| matches!(o, Output::Io { op: IoOp::Wal(WalOp::Append { .. }), .. })));
     assert!(
-        !outputs.iter().any(|o| matches!(o, Output::Io { op: IoOp::SourceAck { .. } | IoOp::OffsetsWrite { .. }, .. })),
+        !outputs.iter().any(|o| matches!(
+            o,
+            Output::Io { op: IoOp::Plugin(PluginOp::SourceAck { .. }) | IoOp::Offsets(OffsetsOp::Write { .. }), .. }
+        )),
         "nothing is acked or materialized before the commit completes"
     );
     // With the commit completed, the ack and the offsets write follow.
@@ -27,7 +31,7 @@ fn a_source_is_acked_only_after_its_group_commits() {
     h.open_source();
     h.feed(0, 5);
     let (_, acks) = h.take(|op| match op {
-        IoOp::SourceAck { acks, .. } => Some(acks.clone()),
+        IoOp::Plugin(PluginOp::SourceAck { acks, .. }) => Some(acks.clone()),
         _ => None,
     });
     assert_eq!(acks, vec![(0, Position(5))]);
@@ -58,7 +62,7 @@ fn compactions_dispatch_after_their_plan_commits_and_replay_with_the_same_id() {
     // Once done is committed, the next restart does not replay it.
     again.answer(replay, Ok(IoReply::Sink { outcome: SinkOutcome::Applied, rows: 4 }));
     let third = Harness::start(again.disk.clone(), again.offsets.clone());
-    assert!(!third.has(|op| matches!(op, IoOp::SinkApply(_))));
+    assert!(!third.has(|op| matches!(op, IoOp::Plugin(PluginOp::SinkApply(_)))));
 }
 
 #[test]
@@ -75,8 +79,8 @@ fn an_ambiguous_append_is_retried_with_identical_bytes() {
     h.open_source();
     let (id, _, bytes) = the_append(h.feed_unsettled(0, 1));
     h.host.handle(h.now, Input::IoDone { id, result: Err(IoError::Ambiguous) });
-    let appended_at_once =
-        std::iter::from_fn(|| h.host.poll_output()).any(|o| matches!(o, Output::Io { op: IoOp::WalAppend { .. }, .. }));
+    let appended_at_once = std::iter::from_fn(|| h.host.poll_output())
+        .any(|o| matches!(o, Output::Io { op: IoOp::Wal(WalOp::Append { .. }), .. }));
     assert!(!appended_at_once, "the retry waits for its backoff");
     let (at, timer) = h.host.poll_timeout().unwrap();
     assert_eq!(timer, Timer::Retry);
@@ -84,7 +88,7 @@ fn an_ambiguous_append_is_retried_with_identical_bytes() {
     h.host.handle(at, Input::Timeout);
     let retry = std::iter::from_fn(|| h.host.poll_output())
         .find_map(|o| match o {
-            Output::Io { op: IoOp::WalAppend { bytes, .. }, .. } => Some(bytes),
+            Output::Io { op: IoOp::Wal(WalOp::Append { bytes, .. }), .. } => Some(bytes),
             _ => None,
         })
         .expect("the append is sent again");
@@ -106,14 +110,14 @@ fn a_failed_ack_is_sent_again() {
     let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
     h.open_source();
     h.feed(0, 3);
-    let (id, _) = h.take(|op| matches!(op, IoOp::SourceAck { .. }).then_some(()));
+    let (id, _) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceAck { .. })).then_some(()));
     h.answer(id, Err(IoError::Failed));
     let (at, _) = h.host.poll_timeout().unwrap();
     h.now = at;
     h.host.handle(at, Input::Timeout);
     h.settle();
     let (_, acks) = h.take(|op| match op {
-        IoOp::SourceAck { acks, .. } => Some(acks.clone()),
+        IoOp::Plugin(PluginOp::SourceAck { acks, .. }) => Some(acks.clone()),
         _ => None,
     });
     assert_eq!(acks, vec![(0, Position(3))]);
@@ -127,15 +131,15 @@ fn shutdown_drains_then_stops_clean() {
     h.host.handle(h.now, Input::Shutdown);
     h.settle();
     assert_eq!(h.stopped, None, "a compaction is still out");
-    let (ack, ()) = h.take(|op| matches!(op, IoOp::SourceAck { .. }).then_some(()));
+    let (ack, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceAck { .. })).then_some(()));
     h.answer(ack, Ok(IoReply::Done));
     let (apply, ..) = h.sink_apply();
     h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::Applied, rows: 4 }));
     assert_eq!(h.stopped, None, "the read issued before the shutdown is still out");
-    let (read, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let (read, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
     h.answer(read, Ok(IoReply::Batches { batches: vec![], exhausted: false }));
     assert_eq!(h.stopped, Some(StopReason::Clean));
-    assert!(!h.has(|op| matches!(op, IoOp::SourceRead { .. })), "no new source read while draining");
+    assert!(!h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. }))), "no new source read while draining");
 }
 
 #[test]
@@ -182,7 +186,7 @@ fn a_retryable_sink_answer_retries_the_same_batch() {
 fn a_source_breaking_position_order_stops_with_a_protocol_error() {
     let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
     h.open_source();
-    let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let (id, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
     let records =
         vec![Record { position: Position(5), bytes: vec![1] }, Record { position: Position(4), bytes: vec![2] }];
     let batch =
@@ -207,12 +211,12 @@ fn with_stop_when_exhausted_the_engine_drains_once_every_source_is_done() {
     h.held.clear();
     h.settle();
     h.open_source();
-    let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let (id, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
     let records = vec![Record { position: Position(0), bytes: b"only".to_vec() }];
     let batch =
         SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(1), checkpoint: None, schema: None };
     h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: true }));
-    let (ack, ()) = h.take(|op| matches!(op, IoOp::SourceAck { .. }).then_some(()));
+    let (ack, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceAck { .. })).then_some(()));
     h.answer(ack, Ok(IoReply::Done));
     assert_eq!(h.stopped, None);
     let (apply, ..) = h.sink_apply();

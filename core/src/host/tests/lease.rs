@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::config::LeaseConfig;
+use crate::io::{LeaseOp, PluginOp, WalOp};
 use crate::time::Duration;
 
 /// The test host's holder id (seed 1).
@@ -32,21 +33,21 @@ impl Harness {
 
     /// The held lease read; answers it with `row`.
     fn answer_read(&mut self, row: Option<LeaseRow>) {
-        let (id, ()) = self.take(|op| matches!(op, IoOp::LeaseRead).then_some(()));
+        let (id, ()) = self.take(|op| matches!(op, IoOp::Lease(LeaseOp::Read)).then_some(()));
         self.answer(id, Ok(IoReply::Lease(row)));
     }
 
     /// The held lease write: its id, expected version and row.
     fn lease_write(&mut self) -> (IoId, Option<u64>, LeaseRow) {
         let (id, (expected, row)) = self.take(|op| match op {
-            IoOp::LeaseWrite { expected, row } => Some((*expected, *row)),
+            IoOp::Lease(LeaseOp::Write { expected, row }) => Some((*expected, *row)),
             _ => None,
         });
         (id, expected, row)
     }
 
     fn has_lease_write(&self) -> bool {
-        self.has(|op| matches!(op, IoOp::LeaseWrite { .. }))
+        self.has(|op| matches!(op, IoOp::Lease(LeaseOp::Write { .. })))
     }
 
     /// Moves the clock to `at` and fires whatever is due.
@@ -70,8 +71,8 @@ impl Harness {
 #[test]
 fn a_free_lease_is_acquired_at_generation_one_then_the_wal_is_recovered() {
     let mut h = Harness::start_leased();
-    assert!(h.has(|op| matches!(op, IoOp::LeaseRead)), "the lease is read before anything else");
-    assert!(!h.has(|op| matches!(op, IoOp::WalList)), "the WAL is not touched before the lease is ours");
+    assert!(h.has(|op| matches!(op, IoOp::Lease(LeaseOp::Read))), "the lease is read before anything else");
+    assert!(!h.has(|op| matches!(op, IoOp::Wal(WalOp::List))), "the WAL is not touched before the lease is ours");
     h.answer_read(None);
     let (id, expected, written) = h.lease_write();
     assert_eq!((expected, written), (None, row(1, ME, 1)), "created only where there is no row");
@@ -167,15 +168,18 @@ fn a_commit_that_lands_after_the_lease_may_have_lapsed_waits_for_a_read_of_the_r
     h.now = secs(11);
     h.answer(append, Ok(IoReply::Done));
     assert!(h.host.committed().partitions.is_empty(), "not applied before the row is read");
-    assert!(!h.has(|op| matches!(op, IoOp::SourceAck { .. })));
+    assert!(!h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SourceAck { .. }))));
     h.answer_read(Some(row(1, ME, 1)));
     assert_eq!(h.host.committed().partitions[&key0()].position, Position(3), "applied once the row is ours");
-    assert!(!h.has(|op| matches!(op, IoOp::SourceAck { .. })), "acks still wait for a renewal that lands");
+    assert!(
+        !h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SourceAck { .. }))),
+        "acks still wait for a renewal that lands"
+    );
     let (at, _) = h.host.poll_timeout().unwrap();
     h.tick_to(at);
     let (id, ..) = h.lease_write();
     h.answer(id, Ok(IoReply::Done));
-    assert!(h.has(|op| matches!(op, IoOp::SourceAck { .. })), "acked under a renewed lease");
+    assert!(h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SourceAck { .. }))), "acked under a renewed lease");
 }
 
 #[test]
@@ -189,7 +193,7 @@ fn a_late_commit_under_a_lease_taken_over_is_never_applied() {
     h.answer_read(Some(row(2, 42, 1)));
     assert_eq!(h.stopped, Some(StopReason::LeaseLost { holder: 42, generation: 2 }));
     assert!(h.host.committed().partitions.is_empty());
-    assert!(!h.has(|op| matches!(op, IoOp::SourceAck { .. })));
+    assert!(!h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SourceAck { .. }))));
 }
 
 #[test]
@@ -200,7 +204,7 @@ fn a_clean_shutdown_releases_the_lease_after_the_renewal_in_flight() {
     let (renewal, _, renewed) = h.lease_write();
     h.host.handle(h.now, Input::Shutdown);
     h.settle();
-    let (read, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let (read, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
     h.answer(read, Ok(IoReply::Batches { batches: vec![], exhausted: false }));
     assert!(!h.has_lease_write(), "no release races the renewal in flight");
     assert_eq!(h.stopped, None);
@@ -222,7 +226,7 @@ fn a_release_refused_is_sent_again_from_the_row_read_back() {
     h.acquire_and_recover();
     h.host.handle(h.now, Input::Shutdown);
     h.settle();
-    let (read, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let (read, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
     h.answer(read, Ok(IoReply::Batches { batches: vec![], exhausted: false }));
     let (release, ..) = h.lease_write();
     h.answer(release, Err(IoError::Conflict));

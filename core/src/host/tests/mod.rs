@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::config::Limits;
+use crate::io::{OffsetsOp, PluginOp, WalOp};
 use crate::offsets::OffsetValue;
 use crate::wal::{encode_header, scan, Frame, Record, SEGMENT_HEADER_BYTES};
 use std::sync::Arc;
@@ -113,24 +114,24 @@ impl Harness {
 
     fn perform(&mut self, op: IoOp) -> Result<IoReply, IoError> {
         Ok(match op {
-            IoOp::WalSync => IoReply::Done,
-            IoOp::WalList => match &self.objects {
+            IoOp::Wal(WalOp::Sync) => IoReply::Done,
+            IoOp::Wal(WalOp::List) => match &self.objects {
                 Some(objects) => IoReply::Segments(WalListing::Objects(objects.clone())),
                 None => IoReply::Segments(WalListing::Files(self.disk.keys().copied().collect())),
             },
-            IoOp::WalRead { segment } => IoReply::SegmentBytes(self.disk[&segment].clone()),
-            IoOp::WalCreate { segment, header, .. } => {
+            IoOp::Wal(WalOp::Read { segment }) => IoReply::SegmentBytes(self.disk[&segment].clone()),
+            IoOp::Wal(WalOp::Create { segment, header, .. }) => {
                 let mut file = vec![0; config().limits.segment_bytes as usize];
                 file[..header.len()].copy_from_slice(&header);
                 self.disk.insert(segment, file);
                 IoReply::Done
             }
-            IoOp::WalAppend { segment, offset, bytes, .. } => {
+            IoOp::Wal(WalOp::Append { segment, offset, bytes, .. }) => {
                 let file = self.disk.get_mut(&segment).unwrap();
                 file[offset as usize..offset as usize + bytes.len()].copy_from_slice(&bytes);
                 IoReply::Done
             }
-            IoOp::WalDelete { segment } => {
+            IoOp::Wal(WalOp::Delete { segment }) => {
                 self.disk.remove(&segment);
                 self.deleted.push(segment);
                 if let Some(objects) = &mut self.objects {
@@ -138,8 +139,10 @@ impl Harness {
                 }
                 IoReply::Done
             }
-            IoOp::OffsetsRead => IoReply::Offsets(self.offsets.iter().map(|(k, v)| (*k, v.clone(), None)).collect()),
-            IoOp::OffsetsWrite { entries } => {
+            IoOp::Offsets(OffsetsOp::Read) => {
+                IoReply::Offsets(self.offsets.iter().map(|(k, v)| (*k, v.clone(), None)).collect())
+            }
+            IoOp::Offsets(OffsetsOp::Write { entries }) => {
                 for e in entries {
                     self.offsets.insert(e.key, e.value.encode().to_vec());
                 }
@@ -147,7 +150,7 @@ impl Harness {
             }
             // The harness's sink keeps no progress of its own: it answers
             // that it cannot tell; `sink_progress` tests set an answer.
-            IoOp::SinkProgress { .. } => IoReply::SinkProgress(self.sink_progress.clone()),
+            IoOp::Plugin(PluginOp::SinkProgress { .. }) => IoReply::SinkProgress(self.sink_progress.clone()),
             other => unreachable!("not a storage request: {other:?}"),
         })
     }
@@ -172,7 +175,7 @@ impl Harness {
 
     fn open_source(&mut self) -> Vec<ResumePoint> {
         let (id, resume) = self.take(|op| match op {
-            IoOp::SourceOpen { resume, .. } => Some(resume.clone()),
+            IoOp::Plugin(PluginOp::SourceOpen { resume, .. }) => Some(resume.clone()),
             _ => None,
         });
         self.answer(id, Ok(IoReply::Done));
@@ -182,7 +185,7 @@ impl Harness {
     /// Answers the source's read with records `from..to` of partition 0 and
     /// returns the outputs that follow at once, without performing any.
     fn feed_unsettled(&mut self, from: u64, to: u64) -> Vec<Output> {
-        let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+        let (id, ()) = self.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
         let result = Ok(IoReply::Batches { batches: vec![batch(from, to)], exhausted: false });
         self.host.handle(self.now, Input::IoDone { id, result });
         std::iter::from_fn(|| self.host.poll_output()).collect()
@@ -190,7 +193,7 @@ impl Harness {
 
     /// Answers the source's read with records `from..to` of partition 0.
     fn feed(&mut self, from: u64, to: u64) {
-        let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+        let (id, ()) = self.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
         self.answer(id, Ok(IoReply::Batches { batches: vec![batch(from, to)], exhausted: false }));
     }
 
@@ -212,7 +215,7 @@ impl Harness {
 
     fn sink_apply(&mut self) -> (IoId, CompactionId, CompactionSeq, usize) {
         let (id, (cid, seq, n)) = self.take(|op| match op {
-            IoOp::SinkApply(a) => Some((a.id, a.seq, a.records.len())),
+            IoOp::Plugin(PluginOp::SinkApply(a)) => Some((a.id, a.seq, a.records.len())),
             _ => None,
         });
         (id, cid, seq, n)
@@ -230,7 +233,7 @@ fn the_append(outputs: Vec<Output>) -> (IoId, SegmentId, Arc<Vec<u8>>) {
     outputs
         .into_iter()
         .find_map(|o| match o {
-            Output::Io { id, op: IoOp::WalAppend { segment, bytes, .. } } => Some((id, segment, bytes)),
+            Output::Io { id, op: IoOp::Wal(WalOp::Append { segment, bytes, .. }) } => Some((id, segment, bytes)),
             _ => None,
         })
         .expect("an append")
@@ -239,15 +242,15 @@ fn the_append(outputs: Vec<Output>) -> (IoId, SegmentId, Arc<Vec<u8>>) {
 fn is_storage(op: &IoOp) -> bool {
     matches!(
         op,
-        IoOp::WalSync
-            | IoOp::WalList
-            | IoOp::WalRead { .. }
-            | IoOp::WalCreate { .. }
-            | IoOp::WalAppend { .. }
-            | IoOp::WalDelete { .. }
-            | IoOp::OffsetsRead
-            | IoOp::OffsetsWrite { .. }
-            | IoOp::SinkProgress { .. }
+        IoOp::Wal(WalOp::Sync)
+            | IoOp::Wal(WalOp::List)
+            | IoOp::Wal(WalOp::Read { .. })
+            | IoOp::Wal(WalOp::Create { .. })
+            | IoOp::Wal(WalOp::Append { .. })
+            | IoOp::Wal(WalOp::Delete { .. })
+            | IoOp::Offsets(OffsetsOp::Read)
+            | IoOp::Offsets(OffsetsOp::Write { .. })
+            | IoOp::Plugin(PluginOp::SinkProgress { .. })
     )
 }
 

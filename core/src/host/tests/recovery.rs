@@ -1,6 +1,7 @@
 //! Schemas, and what recovery refuses or repairs.
 
 use super::*;
+use crate::io::{PluginOp, WalOp};
 
 fn schema_config() -> HostConfig {
     HostConfig { schema_plugin: true, ..config() }
@@ -18,7 +19,7 @@ impl Harness {
     }
 
     fn read_with(&mut self, batch: SourceBatchIn) {
-        let (id, ()) = self.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+        let (id, ()) = self.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
         self.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
     }
 }
@@ -30,22 +31,25 @@ fn a_new_schema_is_decided_and_committed_before_its_records_and_never_asked_agai
     h.read_with(batch_with_schema(0, 3, r#"{"v":1}"#));
     assert!(h.committed_positions().is_empty(), "nothing is committed before the decision");
     let (ask, stream) = h.take(|op| match op {
-        IoOp::SchemaDecide { stream, .. } => Some(*stream),
+        IoOp::Plugin(PluginOp::SchemaDecide { stream, .. }) => Some(*stream),
         _ => None,
     });
     assert_eq!(stream, StreamId(0));
-    assert!(!h.has(|op| matches!(op, IoOp::SourceRead { .. })), "the source waits for the decision");
+    assert!(!h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. }))), "the source waits for the decision");
     h.answer(ask, Ok(IoReply::Schema { accept: true, reason: String::new() }));
     assert_eq!(h.committed_positions(), vec![0, 1, 2]);
     // Restarted, the source sends the same schema again: no new question.
     let mut again = Harness::start_with(schema_config(), h.disk.clone());
     again.open_source();
     again.read_with(batch_with_schema(3, 5, r#"{"v":1}"#));
-    assert!(!again.has(|op| matches!(op, IoOp::SchemaDecide { .. })), "a committed decision is not asked again");
+    assert!(
+        !again.has(|op| matches!(op, IoOp::Plugin(PluginOp::SchemaDecide { .. }))),
+        "a committed decision is not asked again"
+    );
     assert_eq!(again.committed_positions(), vec![0, 1, 2, 3, 4]);
     // A new schema is asked about; a refusal stops the engine.
     again.read_with(batch_with_schema(5, 6, r#"{"v":2}"#));
-    let (ask, ()) = again.take(|op| matches!(op, IoOp::SchemaDecide { .. }).then_some(()));
+    let (ask, ()) = again.take(|op| matches!(op, IoOp::Plugin(PluginOp::SchemaDecide { .. })).then_some(()));
     again.answer(ask, Ok(IoReply::Schema { accept: false, reason: "v2 drops a column".into() }));
     assert!(matches!(&again.stopped, Some(StopReason::SchemaRejected { reason, .. }) if reason == "v2 drops a column"));
     assert_eq!(again.committed_positions(), vec![0, 1, 2, 3, 4], "nothing under the refused schema");
@@ -55,7 +59,7 @@ fn a_new_schema_is_decided_and_committed_before_its_records_and_never_asked_agai
 fn a_checkpoint_larger_than_a_group_is_a_protocol_error_not_a_stuck_wal() {
     let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
     h.open_source();
-    let (id, ()) = h.take(|op| matches!(op, IoOp::SourceRead { .. }).then_some(()));
+    let (id, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
     let records = vec![Record { position: Position(0), bytes: vec![1] }];
     let checkpoint = Some(vec![b'c'; 5000]);
     let batch =
@@ -155,13 +159,13 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
         }
         if let Some((id, op)) = pending.pop() {
             let result = match op {
-                IoOp::WalSync => Ok(IoReply::Done),
-                IoOp::WalList => Ok(IoReply::Segments(WalListing::Files(disk.keys().copied().collect()))),
-                IoOp::WalRead { segment: s } if s == segment => {
+                IoOp::Wal(WalOp::Sync) => Ok(IoReply::Done),
+                IoOp::Wal(WalOp::List) => Ok(IoReply::Segments(WalListing::Files(disk.keys().copied().collect()))),
+                IoOp::Wal(WalOp::Read { segment: s }) if s == segment => {
                     failed_reads += 1;
                     Err(IoError::Failed)
                 }
-                IoOp::WalRead { segment: s } => Ok(IoReply::SegmentBytes(disk[&s].clone())),
+                IoOp::Wal(WalOp::Read { segment: s }) => Ok(IoReply::SegmentBytes(disk[&s].clone())),
                 other => panic!("unexpected {other:?}"),
             };
             host.handle(now, Input::IoDone { id, result });
@@ -187,7 +191,10 @@ fn a_sink_ahead_of_the_wal_stops_recovery_before_anything_is_delivered() {
         wal_next: CompactionSeq(0),
     };
     assert_eq!(h.stopped, Some(stop));
-    assert!(!h.has(|op| matches!(op, IoOp::SourceOpen { .. } | IoOp::SinkApply(_))), "nothing resumed");
+    assert!(
+        !h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SourceOpen { .. }) | IoOp::Plugin(PluginOp::SinkApply(_)))),
+        "nothing resumed"
+    );
     // A sink that lags, or cannot tell, is fine.
     let behind = Harness::start_full(config(), BTreeMap::new(), BTreeMap::new(), Vec::new());
     assert_eq!(behind.stopped, None);

@@ -9,6 +9,7 @@
 use super::effects::{Effects, Pending, Retry};
 use crate::config::{Limits, SEAL_RESERVE};
 use crate::ids::*;
+use crate::io::WalOp;
 use crate::io::{IoError, IoOp, IoReply, StopReason};
 use crate::recovery::{RecoveredWal, SegmentSummary};
 use crate::state::CommittedState;
@@ -157,7 +158,7 @@ impl WalWriter {
         let segment = self.next_segment;
         self.creating = true;
         let header = encode_header(segment, self.epoch);
-        fx.io(Pending::WalCreate(segment), IoOp::WalCreate { segment, header, size: limits.segment_bytes });
+        fx.io(Pending::WalCreate(segment), IoOp::Wal(WalOp::Create { segment, header, size: limits.segment_bytes }));
     }
 
     /// A creation finished; a failure is tried again after a backoff.
@@ -186,7 +187,7 @@ impl WalWriter {
 
     pub(super) fn send_commit(&mut self, fx: &mut Effects) {
         let c = self.commit.as_mut().expect("a commit is in flight");
-        let op = IoOp::WalAppend { segment: c.segment, offset: c.offset, lsn: c.lsn, bytes: c.bytes.clone() };
+        let op = IoOp::Wal(WalOp::Append { segment: c.segment, offset: c.offset, lsn: c.lsn, bytes: c.bytes.clone() });
         c.io = Some(fx.io(Pending::WalAppend, op));
     }
 
@@ -311,7 +312,7 @@ impl WalWriter {
         }
         if let Some(&segment) = self.deletes.front() {
             self.deleting = true;
-            fx.io(Pending::WalDelete(segment), IoOp::WalDelete { segment });
+            fx.io(Pending::WalDelete(segment), IoOp::Wal(WalOp::Delete { segment }));
         }
     }
 
