@@ -4,17 +4,14 @@
 
 use clap::Args;
 use serde::Deserialize;
+use skippr_core::{LeaseConfig, Limits};
 use skippr_io::aws::AwsSettings;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-#[derive(Args, Debug, Default)]
-pub struct RunArgs {
-    /// A TOML file with any of the settings below (flags and environment win).
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Where the WAL, the offsets store and the lock live [default: ./data].
-    #[arg(long, env = "DATA_DIR", value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
+/// Where the WAL lives. `run`, `wal verify` and `offsets` share these.
+#[derive(Args, Deserialize, Debug, Default, Clone)]
+pub struct WalArgs {
     /// Where the WAL lives: `disk` (segment files under DATA_DIR/wal) or
     /// `s3` (objects in a bucket, with a writer lease in DynamoDB)
     /// [default: disk].
@@ -26,14 +23,48 @@ pub struct RunArgs {
     /// S3 mode: the key prefix of the WAL's objects [default: skipprd/wal/].
     #[arg(long, env = "SKIPPR_WAL_S3_PREFIX", value_name = "PREFIX")]
     pub s3_prefix: Option<String>,
-    /// Where offsets are materialized: `disk` (DATA_DIR/offsets.redb) or
-    /// `dynamodb` [default: dynamodb in S3 mode, disk otherwise].
-    #[arg(long, env = "SKIPPR_OFFSET_STORE", value_name = "KIND")]
-    pub offset_store: Option<String>,
+}
+
+impl WalArgs {
+    pub fn storage(&self) -> &str {
+        self.wal_storage.as_deref().unwrap_or("disk")
+    }
+
+    pub fn prefix(&self) -> String {
+        self.s3_prefix.clone().unwrap_or_else(|| "skipprd/wal/".into())
+    }
+
+    /// Each value set here, else the one in `file`.
+    fn or(&self, file: WalArgs) -> WalArgs {
+        WalArgs {
+            wal_storage: self.wal_storage.clone().or(file.wal_storage),
+            s3_bucket: self.s3_bucket.clone().or(file.s3_bucket),
+            s3_prefix: self.s3_prefix.clone().or(file.s3_prefix),
+        }
+    }
+}
+
+/// The DynamoDB table of offsets and the writer lease.
+#[derive(Args, Deserialize, Debug, Default, Clone)]
+pub struct TableArgs {
     /// The DynamoDB table for offsets and the writer lease (required in S3
     /// mode); create it with `skipprd offsets init-table`.
     #[arg(long, env = "SKIPPR_OFFSET_DYNAMODB_TABLE", value_name = "TABLE")]
     pub dynamodb_table: Option<String>,
+}
+
+/// Where offsets are materialized.
+#[derive(Args, Deserialize, Debug, Default, Clone)]
+pub struct OffsetsArgs {
+    /// Where offsets are materialized: `disk` (DATA_DIR/offsets.redb) or
+    /// `dynamodb` [default: dynamodb in S3 mode, disk otherwise].
+    #[arg(long, env = "SKIPPR_OFFSET_STORE", value_name = "KIND")]
+    pub offset_store: Option<String>,
+}
+
+/// How the AWS services are reached.
+#[derive(Args, Deserialize, Debug, Default, Clone)]
+pub struct AwsArgs {
     /// The AWS region [default: the SDK's chain, such as AWS_REGION].
     #[arg(long, env = "SKIPPR_AWS_REGION", value_name = "REGION")]
     pub aws_region: Option<String>,
@@ -41,6 +72,43 @@ pub struct RunArgs {
     /// (`http://127.0.0.1:5000`) [default: AWS's own].
     #[arg(long, env = "SKIPPR_AWS_ENDPOINT", value_name = "URL")]
     pub aws_endpoint: Option<String>,
+}
+
+impl AwsArgs {
+    /// SDK settings for a tool: no lease, so the SDK's own timeouts.
+    pub fn settings(&self) -> AwsSettings {
+        AwsSettings { region: self.aws_region.clone(), endpoint: self.aws_endpoint.clone(), operation_timeout: None }
+    }
+}
+
+/// Every setting of `skipprd run`, declared once: the flag and environment
+/// variable (clap) and the TOML key (serde, snake_case; sources and sinks in
+/// their own tables). Defaults are applied in `resolve`, from core's where
+/// core has one. Precedence: flag, then environment, then the file, then
+/// the default.
+#[derive(Args, Deserialize, Debug, Default)]
+pub struct RunArgs {
+    /// A TOML file with any of the settings below (flags and environment win).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Where the WAL, the offsets store and the lock live [default: ./data].
+    #[arg(long, env = "DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub wal: WalArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub offsets: OffsetsArgs,
+    // Not inside `offsets`: serde does not mark the keys of a flattened
+    // struct nested in another as taken, so they would count as unknown.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub table: TableArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub aws: AwsArgs,
     /// S3 mode: another writer may take the lease over once its holder has
     /// not renewed it for this long, in seconds [default: 10].
     #[arg(long, env = "SKIPPR_LEASE_SECONDS", value_name = "SECONDS", allow_negative_numbers = true)]
@@ -53,9 +121,11 @@ pub struct RunArgs {
     pub wal_max_delay_seconds: Option<f64>,
     /// Exit 0 once every finite source is exhausted, committed and delivered.
     #[arg(long)]
+    #[serde(skip)]
     pub once: bool,
     /// How long a clean shutdown may drain, in seconds [default: 30].
     #[arg(long, value_name = "SECONDS")]
+    #[serde(rename = "drain_timeout_seconds")]
     pub drain_timeout: Option<f64>,
     /// Log an ERROR (and set `skippr_wal_stalled`) once every WAL or lease
     /// request has failed for this long, in seconds [default: 60].
@@ -71,49 +141,12 @@ pub struct RunArgs {
     /// The pipeline's name, part of every offsets key [default: main].
     #[arg(long, value_name = "NAME")]
     pub pipeline: Option<String>,
-    /// The source: `generator`, `file`, or `command` for an external plugin
-    /// [default: generator].
-    #[arg(long, value_name = "KIND")]
-    pub source: Option<String>,
-    /// Generator: stream names, comma-separated [default: events].
-    #[arg(long, value_name = "LIST", value_delimiter = ',')]
-    pub generator_streams: Option<Vec<String>>,
-    /// Generator: partitions per stream [default: 2].
-    #[arg(long, value_name = "N")]
-    pub generator_partitions: Option<u32>,
-    /// Generator: records per partition, 0 for endless [default: 10000].
-    #[arg(long, value_name = "N")]
-    pub generator_records: Option<u64>,
-    /// Generator: seed of the record contents [default: 1].
-    #[arg(long, value_name = "N")]
-    pub generator_seed: Option<u64>,
-    /// Generator: records per second over all partitions, 0 for no limit
-    /// [default: 0].
-    #[arg(long, value_name = "N")]
-    pub generator_rate: Option<u64>,
-    /// File source: the directory whose `*.jsonl` files are read.
-    #[arg(long, value_name = "DIR")]
-    pub file_dir: Option<PathBuf>,
-    /// File source: the stream its records go to [default: lines].
-    #[arg(long, value_name = "NAME")]
-    pub file_stream: Option<String>,
-    /// File source: keep tailing the files (`true`), or be exhausted once
-    /// every file is read (`false`, for --once) [default: true].
-    #[arg(long, value_name = "BOOL")]
-    pub file_follow: Option<bool>,
-    /// External source: the command that starts the plugin (run by `sh -c`).
-    #[arg(long, value_name = "CMD")]
-    pub source_command: Option<String>,
-    /// The sink: `dir`, `stdout`, or `command` for an external plugin
-    /// [default: dir].
-    #[arg(long, value_name = "KIND")]
-    pub sink: Option<String>,
-    /// Directory sink: where batches are written [default: DATA_DIR/sink].
-    #[arg(long, value_name = "DIR")]
-    pub sink_dir: Option<PathBuf>,
-    /// External sink: the command that starts the plugin (run by `sh -c`).
-    #[arg(long, value_name = "CMD")]
-    pub sink_command: Option<String>,
+    #[command(flatten)]
+    #[serde(default)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    #[serde(default)]
+    pub sink: SinkArgs,
     /// A schema plugin, asked to accept each new schema a source sends
     /// before records under it are committed (run by `sh -c`) [default:
     /// none: every schema is accepted].
@@ -126,59 +159,67 @@ pub struct RunArgs {
     /// How long an external plugin may take to answer, in seconds, before it
     /// is killed and restarted [default: 30].
     #[arg(long, value_name = "SECONDS")]
+    #[serde(rename = "plugin_timeout_seconds")]
     pub plugin_timeout: Option<f64>,
+    /// Keys of the file that name no setting (an error).
+    #[arg(skip)]
+    #[serde(flatten)]
+    unknown: BTreeMap<String, toml::Value>,
 }
 
-/// The TOML file: the same settings, snake_case, sources and sinks in tables.
-#[derive(Deserialize, Default, Debug)]
+/// The source, in the file's `[source]` table.
+#[derive(Args, Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
-struct FileConfig {
-    data_dir: Option<PathBuf>,
-    wal_storage: Option<String>,
-    s3_bucket: Option<String>,
-    s3_prefix: Option<String>,
-    offset_store: Option<String>,
-    dynamodb_table: Option<String>,
-    aws_region: Option<String>,
-    aws_endpoint: Option<String>,
-    lease_seconds: Option<f64>,
-    wal_bytes_per_file: Option<u64>,
-    wal_max_delay_seconds: Option<f64>,
-    drain_timeout_seconds: Option<f64>,
-    stall_seconds: Option<f64>,
-    stall_exit_seconds: Option<f64>,
-    log_format: Option<String>,
-    pipeline: Option<String>,
-    plugin_timeout_seconds: Option<f64>,
-    metrics_addr: Option<String>,
-    schema_command: Option<String>,
-    #[serde(default)]
-    source: SourceFile,
-    #[serde(default)]
-    sink: SinkFile,
+pub struct SourceArgs {
+    /// The source: `generator`, `file`, or `command` for an external plugin
+    /// [default: generator].
+    #[arg(long = "source", id = "source", value_name = "KIND")]
+    pub kind: Option<String>,
+    /// Generator: stream names, comma-separated [default: events].
+    #[arg(long = "generator-streams", value_name = "LIST", value_delimiter = ',')]
+    pub streams: Option<Vec<String>>,
+    /// Generator: partitions per stream [default: 2].
+    #[arg(long = "generator-partitions", value_name = "N")]
+    pub partitions: Option<u32>,
+    /// Generator: records per partition, 0 for endless [default: 10000].
+    #[arg(long = "generator-records", value_name = "N")]
+    pub records: Option<u64>,
+    /// Generator: seed of the record contents [default: 1].
+    #[arg(long = "generator-seed", value_name = "N")]
+    pub seed: Option<u64>,
+    /// Generator: records per second over all partitions, 0 for no limit
+    /// [default: 0].
+    #[arg(long = "generator-rate", value_name = "N")]
+    pub rate: Option<u64>,
+    /// File source: the directory whose `*.jsonl` files are read.
+    #[arg(long = "file-dir", id = "file_dir", value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// File source: the stream its records go to [default: lines].
+    #[arg(long = "file-stream", value_name = "NAME")]
+    pub stream: Option<String>,
+    /// File source: keep tailing the files (`true`), or be exhausted once
+    /// every file is read (`false`, for --once) [default: true].
+    #[arg(long = "file-follow", value_name = "BOOL")]
+    pub follow: Option<bool>,
+    /// External source: the command that starts the plugin (run by `sh -c`).
+    #[arg(long = "source-command", id = "source_command", value_name = "CMD")]
+    pub command: Option<String>,
 }
 
-#[derive(Deserialize, Default, Debug)]
+/// The sink, in the file's `[sink]` table.
+#[derive(Args, Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
-struct SourceFile {
-    kind: Option<String>,
-    streams: Option<Vec<String>>,
-    partitions: Option<u32>,
-    records: Option<u64>,
-    seed: Option<u64>,
-    rate: Option<u64>,
-    command: Option<String>,
-    dir: Option<PathBuf>,
-    stream: Option<String>,
-    follow: Option<bool>,
-}
-
-#[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
-struct SinkFile {
-    kind: Option<String>,
-    dir: Option<PathBuf>,
-    command: Option<String>,
+pub struct SinkArgs {
+    /// The sink: `dir`, `stdout`, or `command` for an external plugin
+    /// [default: dir].
+    #[arg(long = "sink", id = "sink", value_name = "KIND")]
+    pub kind: Option<String>,
+    /// Directory sink: where batches are written [default: DATA_DIR/sink].
+    #[arg(long = "sink-dir", id = "sink_dir", value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// External sink: the command that starts the plugin (run by `sh -c`).
+    #[arg(long = "sink-command", id = "sink_command", value_name = "CMD")]
+    pub command: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -232,29 +273,24 @@ pub struct RunConfig {
     pub sink: SinkConfig,
 }
 
+/// A core duration as the seconds a setting is given in.
+fn secs(d: skippr_core::Duration) -> f64 {
+    d.as_micros() as f64 / 1e6
+}
+
 /// Resolves flags, environment, file and defaults into one configuration,
 /// or says which value is wrong and what would be right.
 pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     let file = match &args.config {
         Some(path) => load(path)?,
-        None => FileConfig::default(),
+        None => RunArgs::default(),
     };
-    let wal_storage = args.wal_storage.clone().or(file.wal_storage).unwrap_or_else(|| "disk".into());
-    let table = args.dynamodb_table.clone().or(file.dynamodb_table);
+    let limits = Limits::default();
+    let table = args.table.dynamodb_table.clone().or(file.table.dynamodb_table);
     if let Some(t) = &table {
         skippr_io::dynamo::check_table_name(t)?;
     }
-    let wal = match wal_storage.as_str() {
-        "disk" => WalConfig::Disk,
-        "s3" => WalConfig::S3 {
-            bucket: args.s3_bucket.clone().or(file.s3_bucket).ok_or(
-                "WAL_STORAGE=s3 needs a bucket: set SKIPPR_WAL_S3_BUCKET (or --s3-bucket, or s3_bucket in the file)",
-            )?,
-            prefix: args.s3_prefix.clone().or(file.s3_prefix).unwrap_or_else(|| "skipprd/wal/".into()),
-        },
-        "clustered" => return Err("WAL_STORAGE=clustered is not built yet; use disk or s3".into()),
-        other => return Err(format!("unknown WAL_STORAGE '{other}': use one of disk, s3, clustered")),
-    };
+    let wal = wal_config(&args.wal.or(file.wal))?;
     let lease_table = match (&wal, &table) {
         (WalConfig::Disk, _) => None,
         (WalConfig::S3 { .. }, Some(t)) => Some(t.clone()),
@@ -265,7 +301,8 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         }
     };
     let default_store = if matches!(wal, WalConfig::S3 { .. }) { "dynamodb" } else { "disk" };
-    let offsets = match args.offset_store.clone().or(file.offset_store).as_deref().unwrap_or(default_store) {
+    let store = args.offsets.offset_store.clone().or(file.offsets.offset_store);
+    let offsets = match store.as_deref().unwrap_or(default_store) {
         "disk" => OffsetsConfig::Disk,
         "dynamodb" => OffsetsConfig::Dynamodb {
             table: table.clone().ok_or(
@@ -275,7 +312,7 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         },
         other => return Err(format!("unknown SKIPPR_OFFSET_STORE '{other}': use disk or dynamodb")),
     };
-    let lease_seconds = args.lease_seconds.or(file.lease_seconds).unwrap_or(10.0);
+    let lease_seconds = args.lease_seconds.or(file.lease_seconds).unwrap_or(secs(LeaseConfig::default().steal_after));
     positive("SKIPPR_LEASE_SECONDS", lease_seconds)?;
     if lease_seconds < LEASE_SECONDS_MIN {
         return Err(format!(
@@ -284,48 +321,99 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         ));
     }
     let aws = AwsSettings {
-        region: args.aws_region.clone().or(file.aws_region),
-        endpoint: args.aws_endpoint.clone().or(file.aws_endpoint),
+        region: args.aws.aws_region.clone().or(file.aws.aws_region),
+        endpoint: args.aws.aws_endpoint.clone().or(file.aws.aws_endpoint),
         operation_timeout: lease_table.as_ref().map(|_| operation_timeout(lease_seconds)),
     };
     let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from("./data"));
-    let wal_bytes_per_file = args.wal_bytes_per_file.or(file.wal_bytes_per_file).unwrap_or(64 << 20);
-    let wal_max_delay_seconds = args.wal_max_delay_seconds.or(file.wal_max_delay_seconds).unwrap_or(60.0);
+    let wal_bytes_per_file = args.wal_bytes_per_file.or(file.wal_bytes_per_file).unwrap_or(limits.segment_bytes);
+    let wal_max_delay_seconds =
+        args.wal_max_delay_seconds.or(file.wal_max_delay_seconds).unwrap_or(secs(limits.segment_age_max));
     positive("WAL_MAX_DELAY_SECONDS", wal_max_delay_seconds)?;
-    let drain_timeout_seconds = args.drain_timeout.or(file.drain_timeout_seconds).unwrap_or(30.0);
+    let drain_timeout_seconds = args.drain_timeout.or(file.drain_timeout).unwrap_or(secs(limits.drain_timeout));
     positive("--drain-timeout", drain_timeout_seconds)?;
-    let stall_seconds = args.stall_seconds.or(file.stall_seconds).unwrap_or(60.0);
+    let stall_default = limits.stall_report_after.map(secs).expect("core reports stalls by default");
+    let stall_seconds = args.stall_seconds.or(file.stall_seconds).unwrap_or(stall_default);
     positive("SKIPPR_STALL_SECONDS", stall_seconds)?;
-    let stall_exit_seconds = args.stall_exit_seconds.or(file.stall_exit_seconds).unwrap_or(300.0);
+    let stall_exit_seconds = args.stall_exit_seconds.or(file.stall_exit_seconds).unwrap_or(STALL_EXIT_SECONDS);
     positive("SKIPPR_STALL_EXIT_SECONDS", stall_exit_seconds)?;
     let json_logs = match args.log_format.clone().or(file.log_format).as_deref().unwrap_or("text") {
         "text" => false,
         "json" => true,
         other => return Err(format!("unknown log format '{other}': use text or json")),
     };
-    let pipeline = args.pipeline.clone().or(file.pipeline).unwrap_or_else(|| "main".into());
-    let source = match args.source.clone().or(file.source.kind).as_deref().unwrap_or("generator") {
+    let metrics_addr = match args.metrics_addr.clone().or(file.metrics_addr) {
+        None => None,
+        Some(a) => Some(metrics_addr(&a)?),
+    };
+    let plugin_timeout_seconds = args.plugin_timeout.or(file.plugin_timeout).unwrap_or(PLUGIN_TIMEOUT_SECONDS);
+    positive("--plugin-timeout", plugin_timeout_seconds)?;
+    Ok(RunConfig {
+        sink: sink_config(&args.sink, file.sink, &data_dir)?,
+        source: source_config(&args.source, file.source)?,
+        data_dir,
+        wal,
+        offsets,
+        lease_table,
+        lease_seconds,
+        aws,
+        wal_bytes_per_file,
+        wal_max_delay_seconds,
+        drain_timeout_seconds,
+        stall_seconds,
+        stall_exit_seconds: args.once.then_some(stall_exit_seconds),
+        once: args.once,
+        json_logs,
+        pipeline: args.pipeline.clone().or(file.pipeline).unwrap_or_else(|| "main".into()),
+        plugin_timeout_seconds,
+        metrics_addr,
+        schema_command: args.schema_command.clone().or(file.schema_command),
+    })
+}
+
+/// Under `--once`, how long WAL or lease requests may fail before exit 15.
+const STALL_EXIT_SECONDS: f64 = 300.0;
+
+/// How long an external plugin may take to answer.
+const PLUGIN_TIMEOUT_SECONDS: f64 = 30.0;
+
+fn wal_config(wal: &WalArgs) -> Result<WalConfig, String> {
+    match wal.storage() {
+        "disk" => Ok(WalConfig::Disk),
+        "s3" => Ok(WalConfig::S3 {
+            bucket: wal.s3_bucket.clone().ok_or(
+                "WAL_STORAGE=s3 needs a bucket: set SKIPPR_WAL_S3_BUCKET (or --s3-bucket, or s3_bucket in the file)",
+            )?,
+            prefix: wal.prefix(),
+        }),
+        "clustered" => Err("WAL_STORAGE=clustered is not built yet; use disk or s3".into()),
+        other => Err(format!("unknown WAL_STORAGE '{other}': use one of disk, s3, clustered")),
+    }
+}
+
+fn source_config(args: &SourceArgs, file: SourceArgs) -> Result<SourceConfig, String> {
+    let source = match args.kind.clone().or(file.kind).as_deref().unwrap_or("generator") {
         "generator" => SourceConfig::Generator {
-            streams: args.generator_streams.clone().or(file.source.streams).unwrap_or_else(|| vec!["events".into()]),
-            partitions: args.generator_partitions.or(file.source.partitions).unwrap_or(2),
-            records: args.generator_records.or(file.source.records).unwrap_or(10_000),
-            seed: args.generator_seed.or(file.source.seed).unwrap_or(1),
-            rate: args.generator_rate.or(file.source.rate).unwrap_or(0),
+            streams: args.streams.clone().or(file.streams).unwrap_or_else(|| vec!["events".into()]),
+            partitions: args.partitions.or(file.partitions).unwrap_or(2),
+            records: args.records.or(file.records).unwrap_or(10_000),
+            seed: args.seed.or(file.seed).unwrap_or(1),
+            rate: args.rate.or(file.rate).unwrap_or(0),
         },
         "file" => SourceConfig::File {
             dir: args
-                .file_dir
+                .dir
                 .clone()
-                .or(file.source.dir)
+                .or(file.dir)
                 .ok_or("the file source needs its directory: --file-dir DIR, or `dir` in [source]")?,
-            stream: args.file_stream.clone().or(file.source.stream).unwrap_or_else(|| "lines".into()),
-            follow: args.file_follow.or(file.source.follow).unwrap_or(true),
+            stream: args.stream.clone().or(file.stream).unwrap_or_else(|| "lines".into()),
+            follow: args.follow.or(file.follow).unwrap_or(true),
         },
         "command" => SourceConfig::Command {
             command: args
-                .source_command
+                .command
                 .clone()
-                .or(file.source.command)
+                .or(file.command)
                 .ok_or("the command source needs its command: --source-command CMD, or `command` in [source]")?,
         },
         other => return Err(format!("unknown source '{other}': use generator, file or command")),
@@ -342,53 +430,37 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
             );
         }
     }
-    let sink = match args.sink.clone().or(file.sink.kind).as_deref().unwrap_or("dir") {
-        "dir" => {
-            SinkConfig::Dir { dir: args.sink_dir.clone().or(file.sink.dir).unwrap_or_else(|| data_dir.join("sink")) }
-        }
-        "stdout" => SinkConfig::Stdout,
-        "command" => SinkConfig::Command {
-            command: args
-                .sink_command
-                .clone()
-                .or(file.sink.command)
-                .ok_or("the command sink needs its command: --sink-command CMD, or `command` in [sink]")?,
-        },
-        other => return Err(format!("unknown sink '{other}': use dir, stdout or command")),
-    };
-    let metrics_addr = match args.metrics_addr.clone().or(file.metrics_addr) {
-        None => None,
-        Some(a) => Some(metrics_addr(&a)?),
-    };
-    let plugin_timeout_seconds = args.plugin_timeout.or(file.plugin_timeout_seconds).unwrap_or(30.0);
-    positive("--plugin-timeout", plugin_timeout_seconds)?;
-    Ok(RunConfig {
-        data_dir,
-        wal,
-        offsets,
-        lease_table,
-        lease_seconds,
-        aws,
-        wal_bytes_per_file,
-        wal_max_delay_seconds,
-        drain_timeout_seconds,
-        stall_seconds,
-        stall_exit_seconds: args.once.then_some(stall_exit_seconds),
-        once: args.once,
-        json_logs,
-        pipeline,
-        plugin_timeout_seconds,
-        metrics_addr,
-        schema_command: args.schema_command.clone().or(file.schema_command),
-        source,
-        sink,
-    })
+    Ok(source)
 }
 
-fn load(path: &Path) -> Result<FileConfig, String> {
+fn sink_config(args: &SinkArgs, file: SinkArgs, data_dir: &Path) -> Result<SinkConfig, String> {
+    match args.kind.clone().or(file.kind).as_deref().unwrap_or("dir") {
+        "dir" => Ok(SinkConfig::Dir { dir: args.dir.clone().or(file.dir).unwrap_or_else(|| data_dir.join("sink")) }),
+        "stdout" => Ok(SinkConfig::Stdout),
+        "command" => Ok(SinkConfig::Command {
+            command: args
+                .command
+                .clone()
+                .or(file.command)
+                .ok_or("the command sink needs its command: --sink-command CMD, or `command` in [sink]")?,
+        }),
+        other => Err(format!("unknown sink '{other}': use dir, stdout or command")),
+    }
+}
+
+fn load(path: &Path) -> Result<RunArgs, String> {
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
-    toml::from_str(&text).map_err(|e| format!("the config file {} is not valid: {e}", path.display()))
+    let file: RunArgs =
+        toml::from_str(&text).map_err(|e| format!("the config file {} is not valid: {e}", path.display()))?;
+    if let Some(key) = file.unknown.keys().next() {
+        return Err(format!(
+            "the config file {} is not valid: unknown field `{key}`; the settings are the flags of `skipprd run \
+             --help` in snake_case, with [source] and [sink] tables",
+            path.display()
+        ));
+    }
+    Ok(file)
 }
 
 /// `PORT` (on 127.0.0.1) or `HOST:PORT`.
@@ -427,6 +499,21 @@ fn valid_name(s: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn s3(bucket: Option<&str>, table: Option<&str>) -> RunArgs {
+        RunArgs {
+            wal: WalArgs { wal_storage: Some("s3".into()), s3_bucket: bucket.map(Into::into), s3_prefix: None },
+            table: TableArgs { dynamodb_table: table.map(Into::into) },
+            ..RunArgs::default()
+        }
+    }
+
+    fn with_file(text: &str) -> (tempfile::NamedTempFile, RunArgs) {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(tmp.path(), text).unwrap();
+        let args = RunArgs { config: Some(tmp.path().to_path_buf()), ..RunArgs::default() };
+        (tmp, args)
+    }
+
     #[test]
     fn defaults_serve_a_first_run() {
         let c = resolve(&RunArgs::default()).unwrap();
@@ -434,6 +521,30 @@ mod tests {
         assert_eq!(c.sink, SinkConfig::Dir { dir: PathBuf::from("./data/sink") });
         assert!(matches!(c.source, SourceConfig::Generator { records: 10_000, partitions: 2, .. }));
         assert_eq!((c.wal, c.offsets), (WalConfig::Disk, OffsetsConfig::Disk));
+        assert_eq!(c.wal_bytes_per_file, Limits::default().segment_bytes, "core's default");
+        assert_eq!((c.lease_seconds, c.drain_timeout_seconds, c.stall_seconds), (10.0, 30.0, 60.0));
+    }
+
+    #[test]
+    fn the_help_states_the_defaults_core_gives() {
+        let cmd = <RunArgs as Args>::augment_args(clap::Command::new("run"));
+        let help = |id: &str| {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap_or_else(|| panic!("no argument {id}"));
+            arg.get_help().map(|h| h.to_string()).unwrap_or_default()
+        };
+        let limits = Limits::default();
+        let cases = [
+            ("wal_bytes_per_file", limits.segment_bytes.to_string()),
+            ("wal_max_delay_seconds", secs(limits.segment_age_max).to_string()),
+            ("drain_timeout", secs(limits.drain_timeout).to_string()),
+            ("stall_seconds", secs(limits.stall_report_after.unwrap()).to_string()),
+            ("lease_seconds", secs(LeaseConfig::default().steal_after).to_string()),
+            ("stall_exit_seconds", STALL_EXIT_SECONDS.to_string()),
+            ("plugin_timeout", PLUGIN_TIMEOUT_SECONDS.to_string()),
+        ];
+        for (id, default) in cases {
+            assert!(help(id).contains(&format!("[default: {default}]")), "--{id}: {}", help(id));
+        }
     }
 
     #[test]
@@ -442,13 +553,7 @@ mod tests {
             let timeout = operation_timeout(span).as_secs_f64();
             assert!(timeout > 0.0 && timeout < span / 2.0, "span {span} s: timeout {timeout} s");
         }
-        let args = |lease: f64| RunArgs {
-            wal_storage: Some("s3".into()),
-            s3_bucket: Some("b".into()),
-            dynamodb_table: Some("skipprd".into()),
-            lease_seconds: Some(lease),
-            ..RunArgs::default()
-        };
+        let args = |lease: f64| RunArgs { lease_seconds: Some(lease), ..s3(Some("b"), Some("skipprd")) };
         let c = resolve(&args(3.0)).unwrap();
         assert!(c.aws.operation_timeout.unwrap().as_secs_f64() < 1.5);
         let e = resolve(&args(0.1)).unwrap_err();
@@ -458,29 +563,19 @@ mod tests {
 
     #[test]
     fn s3_mode_keeps_offsets_in_dynamodb_unless_told() {
-        let mut args = RunArgs {
-            wal_storage: Some("s3".into()),
-            s3_bucket: Some("wal-bucket".into()),
-            dynamodb_table: Some("skipprd".into()),
-            ..RunArgs::default()
-        };
+        let mut args = s3(Some("wal-bucket"), Some("skipprd"));
         let c = resolve(&args).unwrap();
         assert_eq!(c.wal, WalConfig::S3 { bucket: "wal-bucket".into(), prefix: "skipprd/wal/".into() });
         assert_eq!(c.offsets, OffsetsConfig::Dynamodb { table: "skipprd".into() });
         assert_eq!(c.lease_table.as_deref(), Some("skipprd"));
-        args.offset_store = Some("disk".into());
+        args.offsets.offset_store = Some("disk".into());
         assert_eq!(resolve(&args).unwrap().offsets, OffsetsConfig::Disk);
     }
 
     #[test]
     fn flags_win_over_the_file() {
-        let tmp = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(tmp.path(), "data_dir = \"/from-file\"\npipeline = \"p\"\n[source]\nrecords = 7\n").unwrap();
-        let args = RunArgs {
-            config: Some(tmp.path().to_path_buf()),
-            data_dir: Some("/from-flag".into()),
-            ..RunArgs::default()
-        };
+        let (_tmp, mut args) = with_file("data_dir = \"/from-file\"\npipeline = \"p\"\n[source]\nrecords = 7\n");
+        args.data_dir = Some("/from-flag".into());
         let c = resolve(&args).unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/from-flag"));
         assert_eq!(c.pipeline, "p");
@@ -488,18 +583,37 @@ mod tests {
     }
 
     #[test]
+    fn every_group_of_settings_is_read_from_the_file() {
+        let text = "wal_storage = \"s3\"\ns3_bucket = \"b\"\ns3_prefix = \"p/\"\ndynamodb_table = \"tbl\"\n\
+                    aws_endpoint = \"http://127.0.0.1:1\"\ndrain_timeout_seconds = 5.0\n\
+                    plugin_timeout_seconds = 2.0\n[sink]\nkind = \"stdout\"\n";
+        let (_tmp, args) = with_file(text);
+        let c = resolve(&args).unwrap();
+        assert_eq!(c.wal, WalConfig::S3 { bucket: "b".into(), prefix: "p/".into() });
+        assert_eq!(c.offsets, OffsetsConfig::Dynamodb { table: "tbl".into() });
+        assert_eq!(c.aws.endpoint.as_deref(), Some("http://127.0.0.1:1"));
+        assert_eq!((c.drain_timeout_seconds, c.plugin_timeout_seconds), (5.0, 2.0));
+        assert_eq!(c.sink, SinkConfig::Stdout);
+        let (_tmp, mut args) = with_file(text);
+        args.wal.s3_prefix = Some("flag/".into());
+        assert_eq!(resolve(&args).unwrap().wal, WalConfig::S3 { bucket: "b".into(), prefix: "flag/".into() });
+    }
+
+    #[test]
     fn bad_values_say_what_is_wrong() {
-        let args = RunArgs { wal_storage: Some("tape".into()), ..RunArgs::default() };
+        let args =
+            RunArgs { wal: WalArgs { wal_storage: Some("tape".into()), ..WalArgs::default() }, ..RunArgs::default() };
         assert_eq!(resolve(&args).unwrap_err(), "unknown WAL_STORAGE 'tape': use one of disk, s3, clustered");
-        let args = RunArgs { wal_storage: Some("s3".into()), ..RunArgs::default() };
-        assert!(resolve(&args).unwrap_err().contains("SKIPPR_WAL_S3_BUCKET"));
-        let args = RunArgs { wal_storage: Some("s3".into()), s3_bucket: Some("b".into()), ..RunArgs::default() };
-        assert!(resolve(&args).unwrap_err().contains("skipprd offsets init-table"));
-        let args = RunArgs { offset_store: Some("dynamodb".into()), ..RunArgs::default() };
+        assert!(resolve(&s3(None, None)).unwrap_err().contains("SKIPPR_WAL_S3_BUCKET"));
+        assert!(resolve(&s3(Some("b"), None)).unwrap_err().contains("skipprd offsets init-table"));
+        let offsets = OffsetsArgs { offset_store: Some("dynamodb".into()) };
+        let args = RunArgs { offsets, ..RunArgs::default() };
         assert!(resolve(&args).unwrap_err().contains("SKIPPR_OFFSET_DYNAMODB_TABLE"));
-        let tmp = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(tmp.path(), "data_dirr = 1\n").unwrap();
-        let args = RunArgs { config: Some(tmp.path().to_path_buf()), ..RunArgs::default() };
+        let (_tmp, args) = with_file("data_dirr = 1\n");
         assert!(resolve(&args).unwrap_err().contains("unknown field `data_dirr`"));
+        let (_tmp, args) = with_file("[source]\nrecordz = 1\n");
+        assert!(resolve(&args).unwrap_err().contains("unknown field `recordz`"));
+        let (_tmp, args) = with_file("once = true\n");
+        assert!(resolve(&args).unwrap_err().contains("unknown field `once`"), "a flag only");
     }
 }

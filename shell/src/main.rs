@@ -64,17 +64,10 @@ enum WalCommand {
         /// The daemon's DATA_DIR.
         #[arg(env = "DATA_DIR", default_value = "./data")]
         data_dir: PathBuf,
-        /// `disk` or `s3`.
-        #[arg(long, env = "WAL_STORAGE", default_value = "disk")]
-        wal_storage: String,
-        #[arg(long, env = "SKIPPR_WAL_S3_BUCKET")]
-        s3_bucket: Option<String>,
-        #[arg(long, env = "SKIPPR_WAL_S3_PREFIX", default_value = "skipprd/wal/")]
-        s3_prefix: String,
-        #[arg(long, env = "SKIPPR_AWS_REGION")]
-        aws_region: Option<String>,
-        #[arg(long, env = "SKIPPR_AWS_ENDPOINT")]
-        aws_endpoint: Option<String>,
+        #[command(flatten)]
+        wal: config::WalArgs,
+        #[command(flatten)]
+        aws: config::AwsArgs,
     },
 }
 
@@ -105,14 +98,10 @@ enum OffsetsCommand {
     /// lease (string keys `pk` and `sk`, billed per request), and wait until
     /// it is active. An existing table is left alone.
     InitTable {
-        /// The table's name.
-        #[arg(long, env = "SKIPPR_OFFSET_DYNAMODB_TABLE", value_name = "TABLE")]
-        dynamodb_table: String,
-        #[arg(long, env = "SKIPPR_AWS_REGION", value_name = "REGION")]
-        aws_region: Option<String>,
-        /// An endpoint such as a local server's.
-        #[arg(long, env = "SKIPPR_AWS_ENDPOINT", value_name = "URL")]
-        aws_endpoint: Option<String>,
+        #[command(flatten)]
+        table: config::TableArgs,
+        #[command(flatten)]
+        aws: config::AwsArgs,
     },
 }
 
@@ -124,27 +113,18 @@ fn main() {
     let code = match cli.command {
         Command::Run(args) => run::main(*args),
         Command::Sim(args) => sim::main(args),
-        Command::Wal(WalCommand::Verify { data_dir, wal_storage, s3_bucket, s3_prefix, aws_region, aws_endpoint }) => {
-            match (wal_storage.as_str(), s3_bucket) {
-                ("disk", _) => tools::wal_verify(&data_dir),
-                ("s3", Some(bucket)) => {
-                    let aws = skippr_io::aws::AwsSettings {
-                        region: aws_region,
-                        endpoint: aws_endpoint,
-                        operation_timeout: None,
-                    };
-                    tools::wal_verify_s3(&bucket, &s3_prefix, &aws)
-                }
-                ("s3", None) => {
-                    eprintln!("skipprd wal verify: WAL_STORAGE=s3 needs the bucket: set SKIPPR_WAL_S3_BUCKET");
-                    exit::CONFIG
-                }
-                (other, _) => {
-                    eprintln!("skipprd wal verify: unknown WAL_STORAGE '{other}': use disk or s3");
-                    exit::CONFIG
-                }
+        Command::Wal(WalCommand::Verify { data_dir, wal, aws }) => match (wal.storage(), &wal.s3_bucket) {
+            ("disk", _) => tools::wal_verify(&data_dir),
+            ("s3", Some(bucket)) => tools::wal_verify_s3(bucket, &wal.prefix(), &aws.settings()),
+            ("s3", None) => {
+                eprintln!("skipprd wal verify: WAL_STORAGE=s3 needs the bucket: set SKIPPR_WAL_S3_BUCKET");
+                exit::CONFIG
             }
-        }
+            (other, _) => {
+                eprintln!("skipprd wal verify: unknown WAL_STORAGE '{other}': use disk or s3");
+                exit::CONFIG
+            }
+        },
         Command::Bench(BenchCommand::Wal(args)) => bench::wal(args),
         Command::Offsets(OffsetsCommand::Show { data_dir, store }) => match store.table() {
             Some(table) => tools::dynamo_offsets(&table, &store, &data_dir, None),
@@ -154,11 +134,13 @@ fn main() {
             Some(table) => tools::dynamo_offsets(&table, &store, &data_dir, Some((pipeline.as_deref(), yes))),
             None => tools::offsets_reset(&data_dir, pipeline.as_deref(), yes),
         },
-        Command::Offsets(OffsetsCommand::InitTable { dynamodb_table, aws_region, aws_endpoint }) => {
-            let aws =
-                skippr_io::aws::AwsSettings { region: aws_region, endpoint: aws_endpoint, operation_timeout: None };
-            tools::init_table(&dynamodb_table, &aws)
-        }
+        Command::Offsets(OffsetsCommand::InitTable { table, aws }) => match table.dynamodb_table {
+            Some(name) => tools::init_table(&name, &aws.settings()),
+            None => {
+                eprintln!("skipprd offsets init-table: say which table: set SKIPPR_OFFSET_DYNAMODB_TABLE");
+                exit::USAGE
+            }
+        },
     };
     std::process::exit(code);
 }
@@ -173,4 +155,31 @@ fn end_quietly_on_a_closed_pipe() {
     // SAFETY: this runs first thing in main, before any other thread exists,
     // and installs the default disposition, which runs no handler code.
     unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) }.expect("SIGPIPE's default disposition can be restored");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// clap checks its definitions (ids unique, flags not declared twice)
+    /// only in debug builds, and the suite runs optimized: check the two
+    /// rules that flattened groups of settings can break, on every command.
+    #[test]
+    fn no_command_declares_an_id_or_a_flag_twice() {
+        fn check(cmd: &clap::Command, path: &str) {
+            let mut ids = std::collections::BTreeSet::new();
+            let mut longs = std::collections::BTreeSet::new();
+            for arg in cmd.get_arguments() {
+                assert!(ids.insert(arg.get_id().to_string()), "{path}: the id {} twice", arg.get_id());
+                if let Some(long) = arg.get_long() {
+                    assert!(longs.insert(long.to_string()), "{path}: --{long} twice");
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                check(sub, &format!("{path} {}", sub.get_name()));
+            }
+        }
+        check(&Cli::command(), "skipprd");
+    }
 }

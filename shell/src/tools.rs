@@ -1,5 +1,6 @@
 //! Operator tools: `skipprd wal verify` and `skipprd offsets show|reset|init-table`.
 
+use crate::config::{AwsArgs, OffsetsArgs, TableArgs, WalArgs};
 use crate::exit;
 use skippr_core::recovery::{recover, WalDamage};
 use skippr_core::wal::{scan, Frame};
@@ -179,35 +180,29 @@ pub fn init_table(table: &str, aws: &skippr_io::aws::AwsSettings) -> i32 {
 
 /// Where `offsets show|reset` look when the offsets are in DynamoDB.
 #[derive(clap::Args, Debug)]
+/// The settings of `run` that say where offsets are (the WAL they belong
+/// to, the store, the AWS endpoints), and the pipeline.
 pub struct StoreArgs {
-    /// `disk` or `dynamodb` [default: dynamodb when WAL_STORAGE=s3, else disk].
-    #[arg(long, env = "SKIPPR_OFFSET_STORE")]
-    offset_store: Option<String>,
-    #[arg(long, env = "WAL_STORAGE", hide = true)]
-    wal_storage: Option<String>,
-    #[arg(long, env = "SKIPPR_OFFSET_DYNAMODB_TABLE")]
-    dynamodb_table: Option<String>,
-    /// The WAL whose offsets these are (S3 mode): its bucket and prefix.
-    #[arg(long, env = "SKIPPR_WAL_S3_BUCKET")]
-    s3_bucket: Option<String>,
-    #[arg(long, env = "SKIPPR_WAL_S3_PREFIX", default_value = "skipprd/wal/")]
-    s3_prefix: String,
-    /// The pipeline whose DynamoDB offsets to show [default: main].
+    #[command(flatten)]
+    offsets: OffsetsArgs,
+    #[command(flatten)]
+    table: TableArgs,
+    #[command(flatten)]
+    wal: WalArgs,
+    /// The pipeline whose DynamoDB offsets to show.
     #[arg(long = "of-pipeline", default_value = "main")]
     of_pipeline: String,
-    #[arg(long, env = "SKIPPR_AWS_REGION")]
-    aws_region: Option<String>,
-    #[arg(long, env = "SKIPPR_AWS_ENDPOINT")]
-    aws_endpoint: Option<String>,
+    #[command(flatten)]
+    aws: AwsArgs,
 }
 
 impl StoreArgs {
     /// The DynamoDB table, when that is where the offsets are.
     pub fn table(&self) -> Option<String> {
-        let s3 = self.wal_storage.as_deref() == Some("s3");
-        match self.offset_store.as_deref() {
-            Some("dynamodb") => self.dynamodb_table.clone(),
-            None if s3 => self.dynamodb_table.clone(),
+        let s3 = self.wal.storage() == "s3";
+        match self.offsets.offset_store.as_deref() {
+            Some("dynamodb") => self.table.dynamodb_table.clone(),
+            None if s3 => self.table.dynamodb_table.clone(),
             _ => None,
         }
     }
@@ -217,20 +212,16 @@ impl StoreArgs {
 /// the daemon's one source, of `--of-pipeline` (or of the `--pipeline` given
 /// to reset).
 pub fn dynamo_offsets(table: &str, store: &StoreArgs, data_dir: &Path, reset: Option<(Option<&str>, bool)>) -> i32 {
-    let s3 = store.wal_storage.as_deref() == Some("s3");
-    let identity = match (s3, &store.s3_bucket) {
-        (true, Some(bucket)) => skippr_io::dynamo::wal_identity(Some((bucket, &store.s3_prefix)), data_dir),
+    let s3 = store.wal.storage() == "s3";
+    let identity = match (s3, &store.wal.s3_bucket) {
+        (true, Some(bucket)) => skippr_io::dynamo::wal_identity(Some((bucket, &store.wal.prefix())), data_dir),
         (true, None) => {
             eprintln!("skipprd offsets: WAL_STORAGE=s3 needs the WAL's bucket: set SKIPPR_WAL_S3_BUCKET");
             return exit::CONFIG;
         }
         (false, _) => skippr_io::dynamo::wal_identity(None, &data_dir.join(WAL_DIR)),
     };
-    let aws = skippr_io::aws::AwsSettings {
-        region: store.aws_region.clone(),
-        endpoint: store.aws_endpoint.clone(),
-        operation_timeout: None,
-    };
+    let aws = store.aws.settings();
     let pipeline = reset.and_then(|r| r.0).unwrap_or(&store.of_pipeline).to_string();
     if reset.is_some_and(|(_, yes)| !yes) {
         eprintln!(
