@@ -291,18 +291,33 @@ impl Host {
                 self.fx.emit(Output::Unstalled);
             }
         }
+        // Each completion is checked against its request here, once: the
+        // parts get the typed answer they asked for.
+        macro_rules! answer {
+            ($pat:pat => $value:expr) => {
+                result.map(|reply| match reply {
+                    $pat => $value,
+                    other => panic!("{pending:?} answered with {other:?}"),
+                })
+            };
+        }
+        let done = |result: Result<IoReply, IoError>| result.map(drop);
         match pending {
-            Pending::WalSync
-            | Pending::WalList
-            | Pending::WalRead(_)
-            | Pending::OffsetsRead
-            | Pending::SinkProgress(_) => self.on_recovery_io(pending, result),
+            Pending::WalSync => self.on_synced(done(result)),
+            Pending::WalList => self.on_listed(answer!(IoReply::Segments(listing) => listing)),
+            Pending::WalRead(segment) => self.on_segment_read(segment, answer!(IoReply::SegmentBytes(b) => b)),
+            Pending::OffsetsRead => self.on_offsets_read(answer!(IoReply::Offsets(entries) => entries)),
+            Pending::SinkProgress(sink) => {
+                // A sink that cannot answer cannot tell: nothing to check.
+                let applied = answer!(IoReply::SinkProgress(applied) => applied).unwrap_or_default();
+                self.on_sink_progress(sink, applied)
+            }
             Pending::WalCreate(segment) => {
-                if let Err(stop) = self.wal.on_created(&mut self.fx, segment, result) {
+                if let Err(stop) = self.wal.on_created(&mut self.fx, segment, done(result)) {
                     self.stop(stop);
                 }
             }
-            Pending::WalAppend => self.on_append(id, result),
+            Pending::WalAppend => self.on_append(id, done(result)),
             Pending::WalDelete(segment) => {
                 if self.wal.on_deleted(&mut self.fx, segment, result.is_ok()) && self.startup.deleting_junk() {
                     self.delete_junk();
@@ -311,22 +326,29 @@ impl Host {
             Pending::OffsetsWrite => self.offsets.on_written(&mut self.fx, id, result.is_ok(), &self.committed),
             Pending::OffsetsWriteEarly => {}
             Pending::SourceOpen(source) => self.sources.on_opened(&mut self.fx, source, result.is_ok()),
-            Pending::SourceRead(source) => self.on_source_read(source, result),
+            Pending::SourceRead(source) => {
+                let read = answer!(IoReply::Batches { batches, exhausted } => (batches, exhausted));
+                self.on_source_read(source, read)
+            }
             Pending::SourceAck(source) => self.sources.on_acked(&mut self.fx, id, source, result.is_ok()),
             Pending::SinkApply(sink, stream) => {
-                match self.compaction.on_reply(&mut self.fx, id, sink, stream, result) {
+                let outcome = answer!(IoReply::Sink { outcome, .. } => outcome);
+                match self.compaction.on_reply(&mut self.fx, id, sink, stream, outcome) {
                     SinkNews::Quiet => {}
                     SinkNews::Done(done) => self.wal.push(crate::wal::Frame::CompactionDone(done)),
                     SinkNews::Fatal(stop) => self.stop(stop),
                 }
             }
-            Pending::SchemaDecide(stream) => self.on_schema_decided(stream, result),
+            Pending::SchemaDecide(stream) => {
+                self.on_schema_decided(stream, answer!(IoReply::Schema { accept, reason } => (accept, reason)))
+            }
             Pending::LeaseRead(sent_at) => {
-                let news = self.authority.held_lease().on_read(&mut self.fx, sent_at, result);
+                let row = answer!(IoReply::Lease(row) => row);
+                let news = self.authority.held_lease().on_read(&mut self.fx, sent_at, row);
                 self.on_lease_news(news);
             }
             Pending::LeaseWrite(intent, row, sent_at) => {
-                let news = self.authority.held_lease().on_written(&mut self.fx, intent, row, sent_at, result);
+                let news = self.authority.held_lease().on_written(&mut self.fx, intent, row, sent_at, done(result));
                 self.on_lease_news(news);
             }
         }

@@ -9,7 +9,7 @@ use crate::wal::Frame;
 use wal_writer::Appended;
 
 impl Host {
-    pub(super) fn on_append(&mut self, id: IoId, result: Result<IoReply, IoError>) {
+    pub(super) fn on_append(&mut self, id: IoId, result: Result<(), IoError>) {
         let stale_commits = self.cfg.mutations.has(Mutation::StaleWriterCommits);
         match self.wal.on_append(&mut self.fx, id, result, stale_commits) {
             Appended::Durable => {}

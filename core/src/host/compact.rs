@@ -10,7 +10,7 @@ use crate::compaction::{compaction_id, NamedRanges};
 use crate::config::HostConfig;
 use crate::ids::*;
 use crate::io::PluginOp;
-use crate::io::{IoError, IoOp, IoReply, SinkApply, SinkOutcome, StopReason};
+use crate::io::{IoError, IoOp, SinkApply, SinkOutcome, StopReason};
 use crate::state::{CommittedState, RecordStore};
 use crate::wal::{CompactionDone, CompactionPlan, Range};
 use std::collections::BTreeMap;
@@ -205,7 +205,7 @@ impl Compaction {
         id: IoId,
         sink: SinkId,
         stream: StreamId,
-        result: Result<IoReply, IoError>,
+        result: Result<SinkOutcome, IoError>,
     ) -> SinkNews {
         let Some(Slot::Planned { plan, io, .. }) = self.slots.get_mut(&(sink, stream)) else {
             return SinkNews::Quiet; // a stale reply from an early dispatch
@@ -216,19 +216,16 @@ impl Compaction {
         *io = None;
         let (plan_id, seq) = (plan.id, plan.seq);
         match result {
-            Ok(IoReply::Sink { outcome: SinkOutcome::Applied | SinkOutcome::AlreadyApplied, .. }) => {
+            Ok(SinkOutcome::Applied | SinkOutcome::AlreadyApplied) => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
                 self.slots.insert((sink, stream), Slot::Idle);
                 SinkNews::Done(CompactionDone { sink, stream, id: plan_id, seq })
             }
-            Ok(IoReply::Sink { outcome: SinkOutcome::Fatal, .. }) => {
-                SinkNews::Fatal(StopReason::SinkFatal { sink, stream, id: plan_id })
-            }
-            Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, .. }) | Err(_) => {
+            Ok(SinkOutcome::Fatal) => SinkNews::Fatal(StopReason::SinkFatal { sink, stream, id: plan_id }),
+            Ok(SinkOutcome::Retryable) | Err(_) => {
                 fx.retry_later(Retry::SinkApply(sink, stream));
                 SinkNews::Quiet
             }
-            Ok(other) => panic!("SinkApply answered with {other:?}"),
         }
     }
 

@@ -9,7 +9,7 @@ use crate::offsets::OffsetValue;
 use schema::Decided;
 
 impl Host {
-    pub(super) fn on_source_read(&mut self, source: SourceId, result: Result<IoReply, IoError>) {
+    pub(super) fn on_source_read(&mut self, source: SourceId, result: Result<(Vec<SourceBatchIn>, bool), IoError>) {
         let Some((batches, exhausted)) = self.sources.on_read(&mut self.fx, source, result) else { return };
         if self.cfg.stop_when_exhausted && self.sources.all_exhausted() {
             self.on_shutdown();
@@ -61,7 +61,7 @@ impl Host {
 
     /// The schema plugin answered: commit the decision, then let the waiting
     /// batches in, in order (a later one may carry yet another schema).
-    pub(super) fn on_schema_decided(&mut self, stream: StreamId, result: Result<IoReply, IoError>) {
+    pub(super) fn on_schema_decided(&mut self, stream: StreamId, result: Result<(bool, String), IoError>) {
         match self.schemas.on_decided(&mut self.fx, stream, result) {
             Decided::Retry => {}
             Decided::Rejected(stop) => self.stop(stop),

@@ -17,7 +17,7 @@
 use super::effects::{Effects, Pending, Retry};
 use crate::config::LeaseConfig;
 use crate::io::LeaseOp;
-use crate::io::{IoError, IoOp, IoReply, LeaseRow, Output, StopReason};
+use crate::io::{IoError, IoOp, LeaseRow, Output, StopReason};
 use crate::time::Instant;
 
 /// Why a lease write was sent.
@@ -142,12 +142,11 @@ impl Lease {
         &mut self,
         fx: &mut Effects,
         sent_at: Instant,
-        result: Result<IoReply, IoError>,
+        result: Result<Option<LeaseRow>, IoError>,
     ) -> LeaseNews {
         self.busy = false;
         let row = match result {
-            Ok(IoReply::Lease(row)) => row,
-            Ok(other) => panic!("LeaseRead answered with {other:?}"),
+            Ok(row) => row,
             Err(_) => {
                 fx.retry_later(Retry::LeaseRead);
                 return LeaseNews::Quiet;
@@ -251,7 +250,7 @@ impl Lease {
         intent: Intent,
         row: LeaseRow,
         sent_at: Instant,
-        result: Result<IoReply, IoError>,
+        result: Result<(), IoError>,
     ) -> LeaseNews {
         self.busy = false;
         if result.is_err() {

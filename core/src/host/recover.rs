@@ -12,36 +12,38 @@ use crate::wal::Frame;
 use offsets_writer::StoreCheck;
 
 impl Host {
-    pub(super) fn on_recovery_io(&mut self, pending: Pending, result: Result<IoReply, IoError>) {
-        match (pending, result) {
-            (Pending::WalSync, Ok(_)) => {
+    pub(super) fn on_synced(&mut self, result: Result<(), IoError>) {
+        match result {
+            Ok(()) => {
                 self.fx.succeeded(Retry::WalSync);
                 self.fx.io(Pending::WalList, IoOp::Wal(WalOp::List));
             }
-            (Pending::WalSync, Err(_)) => self.fx.retry_later(Retry::WalSync),
-            (Pending::WalList, Ok(IoReply::Segments(listing))) => {
+            Err(_) => self.fx.retry_later(Retry::WalSync),
+        }
+    }
+
+    pub(super) fn on_listed(&mut self, result: Result<WalListing, IoError>) {
+        match result {
+            Ok(listing) => {
                 if self.startup.on_listed(&mut self.fx, listing) {
                     self.on_all_read();
                 }
             }
-            (Pending::WalList, Err(_)) => self.fx.retry_later(Retry::WalList),
-            (Pending::WalRead(segment), Ok(IoReply::SegmentBytes(bytes))) => {
+            Err(_) => self.fx.retry_later(Retry::WalList),
+        }
+    }
+
+    pub(super) fn on_segment_read(&mut self, segment: SegmentId, result: Result<Vec<u8>, IoError>) {
+        match result {
+            Ok(bytes) => {
                 if self.startup.on_read(&mut self.fx, segment, bytes) {
                     self.on_all_read();
                 }
             }
-            (Pending::WalRead(segment), Err(_))
-                if self.fx.attempts(Retry::WalRead(segment)) + 1 >= WAL_READ_ATTEMPTS =>
-            {
+            Err(_) if self.fx.attempts(Retry::WalRead(segment)) + 1 >= WAL_READ_ATTEMPTS => {
                 self.stop(StopReason::WalReadFailed { segment })
             }
-            (Pending::WalRead(segment), Err(_)) => self.fx.retry_later(Retry::WalRead(segment)),
-            (Pending::OffsetsRead, Ok(IoReply::Offsets(entries))) => self.on_offsets_read(entries),
-            (Pending::OffsetsRead, Err(_)) => self.fx.retry_later(Retry::OffsetsRead),
-            (Pending::SinkProgress(sink), Ok(IoReply::SinkProgress(applied))) => self.on_sink_progress(sink, applied),
-            (Pending::SinkProgress(sink), Err(_)) => self.on_sink_progress(sink, Vec::new()),
-            (pending, Ok(other)) => panic!("{pending:?} answered with {other:?}"),
-            (pending, Err(_)) => unreachable!("{pending:?} is not a recovery request"),
+            Err(_) => self.fx.retry_later(Retry::WalRead(segment)),
         }
     }
 
@@ -118,7 +120,8 @@ impl Host {
     /// Step two, once the fence is in (so no group of an older writer can
     /// land after the listing): the offsets store may lag the WAL, never
     /// lead it.
-    fn on_offsets_read(&mut self, entries: Vec<OffsetRow>) {
+    pub(super) fn on_offsets_read(&mut self, result: Result<Vec<OffsetRow>, IoError>) {
+        let Ok(entries) = result else { return self.fx.retry_later(Retry::OffsetsRead) };
         self.fx.succeeded(Retry::OffsetsRead);
         match self.offsets.check_store(entries, &self.committed) {
             StoreCheck::Consistent => self.ask_sink_progress(),
@@ -137,7 +140,7 @@ impl Host {
         }
     }
 
-    fn on_sink_progress(&mut self, sink: SinkId, applied: Vec<(StreamId, CompactionSeq)>) {
+    pub(super) fn on_sink_progress(&mut self, sink: SinkId, applied: Vec<(StreamId, CompactionSeq)>) {
         let last = self.startup.progress_answered(sink);
         for (stream, applied) in applied {
             let wal_next = self.committed.next_seq.get(&(sink, stream)).copied().unwrap_or_default();

@@ -6,7 +6,7 @@
 use super::effects::{Effects, Pending, Retry};
 use crate::ids::*;
 use crate::io::PluginOp;
-use crate::io::{IoError, IoOp, IoReply, SourceBatchIn, StopReason};
+use crate::io::{IoError, IoOp, SourceBatchIn, StopReason};
 use crate::wal::{Frame, SchemaDecision};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -83,11 +83,10 @@ impl Schemas {
         &mut self,
         fx: &mut Effects,
         stream: StreamId,
-        result: Result<IoReply, IoError>,
+        result: Result<(bool, String), IoError>,
     ) -> Decided {
         let (accept, reason) = match result {
-            Ok(IoReply::Schema { accept, reason }) => (accept, reason),
-            Ok(other) => panic!("SchemaDecide answered with {other:?}"),
+            Ok(answer) => answer,
             Err(_) => {
                 fx.retry_later(Retry::SchemaDecide(stream));
                 return Decided::Retry;

@@ -10,7 +10,7 @@ use super::effects::{Effects, Pending, Retry};
 use crate::config::{HostConfig, Limits, SEAL_RESERVE};
 use crate::ids::*;
 use crate::io::PluginOp;
-use crate::io::{IoError, IoOp, IoReply, ResumePoint, SourceBatchIn, StopReason};
+use crate::io::{IoError, IoOp, ResumePoint, SourceBatchIn, StopReason};
 use crate::state::CommittedState;
 use crate::wal::{Frame, Record, SourceBatch, FRAME_HEADER_BYTES};
 use std::collections::BTreeMap;
@@ -101,17 +101,16 @@ impl Sources {
         &mut self,
         fx: &mut Effects,
         source: SourceId,
-        result: Result<IoReply, IoError>,
+        result: Result<(Vec<SourceBatchIn>, bool), IoError>,
     ) -> Option<(Vec<SourceBatchIn>, bool)> {
         let slot = &mut self.slots[source.0 as usize];
         slot.read = None;
         match result {
-            Ok(IoReply::Batches { batches, exhausted }) => {
+            Ok((batches, exhausted)) => {
                 fx.succeeded(Retry::SourceRead(source));
                 slot.exhausted = exhausted;
                 Some((batches, exhausted))
             }
-            Ok(other) => panic!("SourceRead answered with {other:?}"),
             Err(_) => {
                 slot.waiting = true;
                 fx.retry_later(Retry::SourceRead(source));

@@ -10,7 +10,7 @@ use super::effects::{Effects, Pending, Retry};
 use crate::config::{Limits, SEAL_RESERVE};
 use crate::ids::*;
 use crate::io::WalOp;
-use crate::io::{IoError, IoOp, IoReply, StopReason};
+use crate::io::{IoError, IoOp, StopReason};
 use crate::recovery::{RecoveredWal, SegmentSummary};
 use crate::state::CommittedState;
 use crate::time::Instant;
@@ -166,7 +166,7 @@ impl WalWriter {
         &mut self,
         fx: &mut Effects,
         segment: SegmentId,
-        result: Result<IoReply, IoError>,
+        result: Result<(), IoError>,
     ) -> Result<(), StopReason> {
         match result {
             Ok(_) => {
@@ -209,7 +209,7 @@ impl WalWriter {
         &mut self,
         fx: &mut Effects,
         id: IoId,
-        result: Result<IoReply, IoError>,
+        result: Result<(), IoError>,
         stale_commits: bool,
     ) -> Appended {
         let c = self.commit.as_mut().expect("an append answers the commit in flight");
