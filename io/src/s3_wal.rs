@@ -60,15 +60,34 @@ impl S3Wal {
         let client = Client::from_conf(base.build());
         let prefix = normalize_prefix(prefix);
         let wal = S3Wal { puts, client, bucket: bucket.to_string(), prefix };
-        wal.client.head_bucket().bucket(bucket).send().await.map_err(|e| {
-            let status = e.raw_response().map(|r| r.status().as_u16());
-            match status {
-                Some(404) => format!("the S3 bucket '{bucket}' does not exist: create it, or fix SKIPPR_WAL_S3_BUCKET"),
-                Some(403) => format!("access to the S3 bucket '{bucket}' is denied: check the credentials and policy"),
-                _ => format!("cannot use the S3 bucket '{bucket}' at {endpoint}: {}", describe(&e)),
+        // Tried a few times by hand, on the client without SDK retries: the
+        // SDK's own retries can run into the operation timeout, whose error
+        // no longer says what failed (a refused connection would read as
+        // "no answer in time").
+        let mut last = String::new();
+        for attempt in 0..4u32 {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(200 << attempt)).await;
             }
-        })?;
-        Ok(wal)
+            let e = match wal.puts.head_bucket().bucket(bucket).send().await {
+                Ok(_) => return Ok(wal),
+                Err(e) => e,
+            };
+            match e.raw_response().map(|r| r.status().as_u16()) {
+                Some(404) => {
+                    return Err(format!(
+                        "the S3 bucket '{bucket}' does not exist: create it, or fix SKIPPR_WAL_S3_BUCKET"
+                    ))
+                }
+                Some(403) => {
+                    return Err(format!(
+                        "access to the S3 bucket '{bucket}' is denied: check the credentials and policy"
+                    ))
+                }
+                _ => last = describe(&e),
+            }
+        }
+        Err(format!("cannot use the S3 bucket '{bucket}' at {endpoint}: {last}"))
     }
 
     /// `s3://bucket/prefix`, for messages and the lease's name.
