@@ -57,6 +57,19 @@ impl Harness {
         self.settle();
     }
 
+    /// Under a fresh lease, a group whose append's answer arrives after the
+    /// lease's span: a newer writer may have taken over meanwhile and
+    /// deleted its segment.
+    fn late_commit() -> Harness {
+        let mut h = Harness::start_leased();
+        h.acquire_and_recover();
+        let outputs = h.feed_unsettled(0, 3);
+        let (append, ..) = the_append(outputs);
+        h.now = secs(11);
+        h.answer(append, Ok(IoReply::Done));
+        h
+    }
+
     /// Takes a free lease and recovers an empty WAL under it.
     fn acquire_and_recover(&mut self) {
         self.answer_read(None);
@@ -159,14 +172,7 @@ fn another_holders_lease_is_taken_over_only_after_its_row_stays_unchanged_for_th
 
 #[test]
 fn a_commit_that_lands_after_the_lease_may_have_lapsed_waits_for_a_read_of_the_row() {
-    let mut h = Harness::start_leased();
-    h.acquire_and_recover();
-    let outputs = h.feed_unsettled(0, 3);
-    let (append, ..) = the_append(outputs);
-    // The append's answer arrives after the lease's span: a newer writer
-    // may have taken over and deleted this segment.
-    h.now = secs(11);
-    h.answer(append, Ok(IoReply::Done));
+    let mut h = Harness::late_commit();
     assert!(h.host.committed().partitions.is_empty(), "not applied before the row is read");
     assert!(!h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SourceAck { .. }))));
     h.answer_read(Some(row(1, ME, 1)));
@@ -184,12 +190,7 @@ fn a_commit_that_lands_after_the_lease_may_have_lapsed_waits_for_a_read_of_the_r
 
 #[test]
 fn a_late_commit_under_a_lease_taken_over_is_never_applied() {
-    let mut h = Harness::start_leased();
-    h.acquire_and_recover();
-    let outputs = h.feed_unsettled(0, 3);
-    let (append, ..) = the_append(outputs);
-    h.now = secs(11);
-    h.answer(append, Ok(IoReply::Done));
+    let mut h = Harness::late_commit();
     h.answer_read(Some(row(2, 42, 1)));
     assert_eq!(h.stopped, Some(StopReason::LeaseLost { holder: 42, generation: 2 }));
     assert!(h.host.committed().partitions.is_empty());
