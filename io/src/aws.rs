@@ -50,6 +50,40 @@ impl AwsSettings {
     }
 }
 
+/// What one try of a start-up check found.
+pub enum Check<T> {
+    Ready(T),
+    /// An answer that trying again will not change (a missing bucket, a
+    /// denied access): the message to stop with.
+    Refused(String),
+    /// It failed; the cause as `describe` names it.
+    Failed(String),
+}
+
+/// A start-up check (does the bucket or table answer?), tried four times
+/// with a short backoff by hand, on a client without SDK retries: the SDK's
+/// own retries can run into the operation timeout, whose error no longer
+/// says what failed (a refused connection would read as "no answer in
+/// time"). Returns the last failure's cause.
+pub async fn start_up_check<T, F, Fut>(mut attempt: F) -> Result<T, Result<String, String>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Check<T>>,
+{
+    let mut last = String::new();
+    for n in 0..4u32 {
+        if n > 0 {
+            tokio::time::sleep(Duration::from_millis(200 << n)).await;
+        }
+        match attempt().await {
+            Check::Ready(t) => return Ok(t),
+            Check::Refused(message) => return Err(Ok(message)),
+            Check::Failed(cause) => last = cause,
+        }
+    }
+    Err(Err(last))
+}
+
 /// The S3 endpoint the SDK will use, when it is not AWS's own: the shared
 /// setting (`SKIPPR_AWS_ENDPOINT`, `AWS_ENDPOINT_URL`) or the SDK's
 /// per-service variable `AWS_ENDPOINT_URL_S3`. Any such endpoint is

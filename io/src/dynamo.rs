@@ -19,7 +19,7 @@
 //!   `generation`, `holder` and `version`; written only if `version` is
 //!   still what the writer last saw.
 
-use crate::aws::describe;
+use crate::aws::{describe, start_up_check, Check};
 use crate::offsets_db::StoredOffset;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::types::{
@@ -90,15 +90,31 @@ impl Dynamo {
             lease_pk: format!("lease#{wal_location}"),
             wal: wal_location.to_string(),
         };
-        match d.client.describe_table().table_name(table).send().await {
-            Ok(_) => Ok(d),
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_not_found_exception()) => Err(format!(
-                "the DynamoDB table '{table}' does not exist: create it with `skipprd offsets init-table` (same \
-                 table, region and endpoint settings)"
-            )),
-            Err(e) => {
+        // On a client without SDK retries (see `start_up_check`).
+        let check = Client::from_conf(
+            aws_sdk_dynamodb::config::Builder::from(sdk)
+                .retry_config(aws_config::retry::RetryConfig::disabled())
+                .build(),
+        );
+        let checked = start_up_check(|| async {
+            match check.describe_table().table_name(table).send().await {
+                Ok(_) => Check::Ready(()),
+                Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_not_found_exception()) => {
+                    Check::Refused(format!(
+                        "the DynamoDB table '{table}' does not exist: create it with `skipprd offsets init-table` \
+                         (same table, region and endpoint settings)"
+                    ))
+                }
+                Err(e) => Check::Failed(describe(&e)),
+            }
+        })
+        .await;
+        match checked {
+            Ok(()) => Ok(d),
+            Err(Ok(message)) => Err(message),
+            Err(Err(cause)) => {
                 let endpoint = crate::aws::endpoint_label(crate::aws::dynamodb_endpoint(sdk), sdk);
-                Err(format!("cannot use the DynamoDB table '{table}' at {endpoint}: {}", describe(&e)))
+                Err(format!("cannot use the DynamoDB table '{table}' at {endpoint}: {cause}"))
             }
         }
     }

@@ -23,7 +23,7 @@
 //! brought back) and deletes it under its writer-authority check. The
 //! layout rules (`skippr_core::wal::objects`) are shared with the simulator.
 
-use crate::aws::describe;
+use crate::aws::{describe, start_up_check, Check};
 use aws_sdk_s3::error::SdkError;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{Delete, ObjectIdentifier};
@@ -60,34 +60,25 @@ impl S3Wal {
         let client = Client::from_conf(base.build());
         let prefix = normalize_prefix(prefix);
         let wal = S3Wal { puts, client, bucket: bucket.to_string(), prefix };
-        // Tried a few times by hand, on the client without SDK retries: the
-        // SDK's own retries can run into the operation timeout, whose error
-        // no longer says what failed (a refused connection would read as
-        // "no answer in time").
-        let mut last = String::new();
-        for attempt in 0..4u32 {
-            if attempt > 0 {
-                tokio::time::sleep(std::time::Duration::from_millis(200 << attempt)).await;
-            }
-            let e = match wal.puts.head_bucket().bucket(bucket).send().await {
-                Ok(_) => return Ok(wal),
-                Err(e) => e,
-            };
+        // On the client without SDK retries (see `start_up_check`).
+        let checked = start_up_check(|| async {
+            let Err(e) = wal.puts.head_bucket().bucket(bucket).send().await else { return Check::Ready(()) };
             match e.raw_response().map(|r| r.status().as_u16()) {
-                Some(404) => {
-                    return Err(format!(
-                        "the S3 bucket '{bucket}' does not exist: create it, or fix SKIPPR_WAL_S3_BUCKET"
-                    ))
-                }
-                Some(403) => {
-                    return Err(format!(
-                        "access to the S3 bucket '{bucket}' is denied: check the credentials and policy"
-                    ))
-                }
-                _ => last = describe(&e),
+                Some(404) => Check::Refused(format!(
+                    "the S3 bucket '{bucket}' does not exist: create it, or fix SKIPPR_WAL_S3_BUCKET"
+                )),
+                Some(403) => Check::Refused(format!(
+                    "access to the S3 bucket '{bucket}' is denied: check the credentials and policy"
+                )),
+                _ => Check::Failed(describe(&e)),
             }
+        })
+        .await;
+        match checked {
+            Ok(()) => Ok(wal),
+            Err(Ok(message)) => Err(message),
+            Err(Err(cause)) => Err(format!("cannot use the S3 bucket '{bucket}' at {endpoint}: {cause}")),
         }
-        Err(format!("cannot use the S3 bucket '{bucket}' at {endpoint}: {last}"))
     }
 
     /// `s3://bucket/prefix`, for messages and the lease's name.

@@ -131,3 +131,24 @@ fn a_tool_whose_reader_goes_away_ends_quietly() {
         assert_eq!(status.signal(), Some(13), "{args:?} ends by SIGPIPE, like other Unix tools: {status:?}");
     }
 }
+
+#[test]
+fn a_refused_dynamodb_connection_is_named_as_such_with_its_endpoint() {
+    let (bucket, table) = setup("refused-ddb");
+    let tmp = tempfile::tempdir().unwrap();
+    // S3 answers (moto); DynamoDB's own endpoint refuses (bound, not
+    // listening, as above).
+    use nix::sys::socket::{bind, getsockname, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    let held = socket(AddressFamily::Inet, SockType::Stream, SockFlag::empty(), None).unwrap();
+    bind(held.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0)).unwrap();
+    let dead = format!("http://127.0.0.1:{}", getsockname::<SockaddrIn>(held.as_raw_fd()).unwrap().port());
+    let out = s3_run(&bucket, &table, tmp.path())
+        .env_remove("SKIPPR_AWS_ENDPOINT")
+        .env("AWS_ENDPOINT_URL_S3", aws::endpoint())
+        .env("AWS_ENDPOINT_URL_DYNAMODB", &dead)
+        .output()
+        .unwrap();
+    let line = one_line_error(&out, 13);
+    assert!(line.contains("DynamoDB") && line.contains("connection refused") && line.contains(&dead), "{line}");
+}
