@@ -34,17 +34,27 @@ pub struct LeaseConfig {
     pub renew_every: Duration,
     /// How often a waiting writer looks at the holder's row again.
     pub poll: Duration,
+    /// Every request a writer sends under the lease ends (takes effect or
+    /// fails) within this: the drivers' operation timeout. A writer that took
+    /// the lease over from another holder waits this long before recovery
+    /// reads, so nothing the old holder sent while its lease was valid (a
+    /// delete above all) can land under the new writer's reads.
+    pub requests_within: Duration,
 }
 
 impl LeaseConfig {
     /// The lease's timing from its steal span: the holder renews five times
-    /// within it and a waiting writer looks ten times. Every driver (the
-    /// daemon, the simulator) derives it here.
+    /// within it, a waiting writer looks ten times, and every request ends
+    /// within 45 % of it (at most 60 s; derived, never raised to a floor, so
+    /// a request sent while the lease was valid ends before half a span has
+    /// passed). Every driver (the daemon, the simulator) derives it here.
     pub fn from_span(steal_after: Duration) -> LeaseConfig {
+        let span = steal_after.as_micros();
         LeaseConfig {
             steal_after,
-            renew_every: Duration::from_micros(steal_after.as_micros() / 5),
-            poll: Duration::from_micros((steal_after.as_micros() / 10).max(1)),
+            renew_every: Duration::from_micros(span / 5),
+            poll: Duration::from_micros((span / 10).max(1)),
+            requests_within: Duration::from_micros((span * 45 / 100).min(60_000_000)),
         }
     }
 }
@@ -170,6 +180,9 @@ impl HostConfig {
             if lease.renew_every.as_micros() == 0 || lease.poll.as_micros() == 0 {
                 return err("lease renewal and poll intervals must be positive".into());
             }
+            if lease.requests_within.as_micros().saturating_mul(2) >= lease.steal_after.as_micros() {
+                return err("every request under the lease must end within less than half its steal span".into());
+            }
             if lease.renew_every.as_micros().saturating_mul(3) > lease.steal_after.as_micros() {
                 return err(format!(
                     "the lease steal span ({} ms) must be at least three renewal intervals ({} ms each)",
@@ -198,5 +211,60 @@ mod tests {
         let lease = LeaseConfig::from_span(Duration::from_secs(10));
         assert_eq!((lease.renew_every, lease.poll), (Duration::from_secs(2), Duration::from_secs(1)));
         assert_eq!(LeaseConfig::from_span(Duration::from_micros(5)).poll, Duration::from_micros(1), "never zero");
+    }
+
+    fn valid() -> HostConfig {
+        HostConfig {
+            seed: 1,
+            sources: vec!["s".into()],
+            sinks: vec!["k".into()],
+            streams: vec!["t".into()],
+            limits: Limits::for_segment_bytes(64 << 10),
+            stop_when_exhausted: false,
+            schema_plugin: false,
+            lease: Some(LeaseConfig::default()),
+            mutations: Mutations::NONE,
+        }
+    }
+
+    /// The message `change` makes `validate` give, or "ok".
+    fn verdict(change: impl FnOnce(&mut HostConfig)) -> String {
+        let mut cfg = valid();
+        change(&mut cfg);
+        cfg.validate().map_or_else(|e| e.0, |()| "ok".into())
+    }
+
+    #[test]
+    fn every_validation_rule_refuses_what_it_names_and_admits_its_bound() {
+        assert_eq!(verdict(|_| {}), "ok");
+        assert!(verdict(|c| c.sources.clear()).contains("at least one source"));
+        assert!(verdict(|c| c.sinks.clear()).contains("one sink"));
+        assert!(verdict(|c| c.streams.clear()).contains("one stream"));
+        assert!(verdict(|c| c.sinks = vec!["k".into(); 65_536]).contains("at most 65535"));
+        assert_eq!(verdict(|c| c.sinks = vec!["k".into(); 65_535]), "ok");
+        assert!(verdict(|c| c.limits.group_bytes_max = 1023).contains("between 1024"));
+        assert_eq!(verdict(|c| c.limits.group_bytes_max = 1024), "ok");
+        let too_big = GROUP_BYTES_LIMIT as u64 + 1;
+        assert!(verdict(|c| c.limits.group_bytes_max = too_big).contains("between 1024"));
+        let min = SEGMENT_HEADER_BYTES as u64 + 4 * (valid().limits.group_bytes_max + SEAL_RESERVE);
+        assert!(verdict(|c| c.limits.segment_bytes = min - 1).contains("at least four groups"));
+        assert_eq!(verdict(|c| c.limits.segment_bytes = min), "ok");
+        let group = valid().limits.group_bytes_max;
+        assert!(verdict(|c| c.limits.pending_bytes_max = group - 1).contains("pending_bytes_max"));
+        assert_eq!(verdict(|c| c.limits.pending_bytes_max = group), "ok");
+        assert!(verdict(|c| c.limits.source_read_records_max = 0).contains("must be positive"));
+        assert!(verdict(|c| c.limits.compaction_records_max = 0).contains("must be positive"));
+        assert!(verdict(|c| c.limits.spare_segments = 0).contains("must be positive"));
+        let lease = |f: fn(&mut LeaseConfig)| verdict(move |c| f(c.lease.as_mut().expect("set in valid()")));
+        assert!(lease(|l| l.renew_every = Duration::from_micros(0)).contains("intervals must be positive"));
+        assert!(lease(|l| l.poll = Duration::from_micros(0)).contains("intervals must be positive"));
+        assert!(lease(|l| l.requests_within = Duration::from_secs(5)).contains("less than half"));
+        assert_eq!(lease(|l| l.requests_within = Duration::from_micros(4_999_999)), "ok");
+        assert!(lease(|l| l.renew_every = Duration::from_micros(3_333_334)).contains("three renewal intervals"));
+        assert_eq!(lease(|l| l.renew_every = Duration::from_micros(3_333_333)), "ok");
+        assert_eq!(verdict(|c| c.lease = None), "ok", "no lease, no lease rules");
+        assert!(verdict(|c| c.limits.retry_min = Duration::from_micros(0)).contains("retry_min"));
+        assert!(verdict(|c| c.limits.retry_max = Duration::from_micros(1)).contains("retry_min"));
+        assert_eq!(verdict(|c| c.limits.retry_max = c.limits.retry_min), "ok");
     }
 }

@@ -359,8 +359,15 @@ impl Host {
         match news {
             LeaseNews::Quiet | LeaseNews::Released => {}
             LeaseNews::Lost(stop) => self.stop(stop),
-            LeaseNews::Acquired { renew_now } => {
-                self.fx.io(Pending::WalSync, IoOp::Wal(WalOp::Sync));
+            LeaseNews::Acquired { renew_now, wait } => {
+                match wait {
+                    // Recovery starts once what the last holder sent has
+                    // landed or failed.
+                    Some(wait) => self.fx.schedule(self.fx.now + wait, Retry::WalSync),
+                    None => {
+                        self.fx.io(Pending::WalSync, IoOp::Wal(WalOp::Sync));
+                    }
+                }
                 if renew_now {
                     self.authority.held_lease().renew(&mut self.fx);
                 }

@@ -480,7 +480,8 @@ pub const LEASE_SECONDS_MIN: f64 = 0.2;
 /// cannot land after another writer took over: 45 % of the span, at most
 /// 60 s. Derived, never clamped upwards, so the rule holds for every span.
 pub fn operation_timeout(lease_seconds: f64) -> std::time::Duration {
-    std::time::Duration::from_secs_f64((lease_seconds * 0.45).min(60.0))
+    let span = skippr_core::Duration::from_micros((lease_seconds * 1e6) as u64);
+    std::time::Duration::from_micros(LeaseConfig::from_span(span).requests_within.as_micros())
 }
 
 fn positive(name: &str, v: f64) -> Result<(), String> {

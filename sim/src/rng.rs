@@ -1,6 +1,8 @@
 //! Seeded randomness. One `u64` seed makes a ChaCha8 generator per component
-//! (a separate stream of the same key), so a new draw in one component never
-//! shifts the numbers another component sees.
+//! and per fault kind (a separate stream of the same key: `Stream` for the
+//! scenario, the disk, crashes, the operator and the engine's optional paths,
+//! `Die` for every fault model and every component's latencies), so a new
+//! draw in one never shifts the numbers another sees.
 
 use rand::{Rng as _, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -9,14 +11,13 @@ use rand_chacha::ChaCha8Rng;
 #[derive(Clone, Copy)]
 pub enum Stream {
     Scenario = 1,
-    Scheduler = 2,
     Disk = 3,
-    Offsets = 4,
-    Sources = 5,
-    Sinks = 6,
     Crashes = 7,
     /// What an operator does between runs (a segment deleted by hand).
     Operator = 8,
+    /// Which optional paths of the engine a run takes (a schema plugin,
+    /// stopping once the sources are exhausted).
+    Paths = 9,
 }
 
 #[derive(Clone)]
@@ -51,5 +52,110 @@ impl Rng {
 
     pub fn u64(&mut self) -> u64 {
         self.0.gen()
+    }
+}
+
+/// Each fault kind and each component's latencies, on its own stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Die {
+    /// Latencies of disk WAL requests.
+    DiskLatency,
+    /// Latencies of S3 requests.
+    S3Latency,
+    /// Latencies of DynamoDB requests: offsets and the lease.
+    OffsetsLatency,
+    /// Latencies of source, schema and sink-progress requests.
+    PluginLatency,
+    /// Latencies of sink applies and their replies.
+    SinkLatency,
+    /// How long a restart takes.
+    Restart,
+    /// When a frozen writer's replies reach it after it wakes.
+    Frozen,
+    /// What a dead process's requests in flight still do.
+    InFlight,
+    S3Slow,
+    S3Throttle,
+    /// A put with an unknown outcome, and what becomes of it.
+    S3Ambiguous,
+    /// A writer cut off by a lost reply.
+    Pause,
+    NoSpace,
+    FsyncFail,
+    LeaseAmbiguous,
+    OffsetsAmbiguous,
+    SourceFail,
+    SinkRetryable,
+    SinkLostReply,
+}
+
+impl Die {
+    pub const ALL: [Die; 19] = [
+        Die::DiskLatency,
+        Die::S3Latency,
+        Die::OffsetsLatency,
+        Die::PluginLatency,
+        Die::SinkLatency,
+        Die::Restart,
+        Die::Frozen,
+        Die::InFlight,
+        Die::S3Slow,
+        Die::S3Throttle,
+        Die::S3Ambiguous,
+        Die::Pause,
+        Die::NoSpace,
+        Die::FsyncFail,
+        Die::LeaseAmbiguous,
+        Die::OffsetsAmbiguous,
+        Die::SourceFail,
+        Die::SinkRetryable,
+        Die::SinkLostReply,
+    ];
+}
+
+/// The run's dice: one generator per `Die`, each a stream of its own
+/// (numbered after the components of `Stream`), so a draw added to one
+/// fault model or one component's latencies leaves every other sequence as
+/// it was.
+#[derive(Clone)]
+pub struct Dice(Vec<Rng>);
+
+impl Dice {
+    pub fn new(seed: u64) -> Dice {
+        Dice(
+            Die::ALL
+                .iter()
+                .map(|&die| {
+                    let mut r = ChaCha8Rng::seed_from_u64(seed);
+                    r.set_stream(100 + die as u64);
+                    Rng(r)
+                })
+                .collect(),
+        )
+    }
+
+    pub fn roll(&mut self, die: Die) -> &mut Rng {
+        &mut self.0[die as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_die_rolls_its_own_sequence_whatever_the_others_do() {
+        let mut a = Dice::new(7);
+        let mut b = Dice::new(7);
+        for _ in 0..100 {
+            b.roll(Die::SinkLostReply).u64();
+        }
+        let seq = |d: &mut Dice| (0..10).map(|_| d.roll(Die::DiskLatency).u64()).collect::<Vec<_>>();
+        assert_eq!(seq(&mut a), seq(&mut b), "draws of one die do not move another");
+        let first: Vec<u64> = Die::ALL.iter().map(|&d| Dice::new(7).roll(d).u64()).collect();
+        let mut unique = first.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), first.len(), "no two dice share a stream");
     }
 }

@@ -201,6 +201,12 @@ pub struct Scenario {
     pub wal: WalMode,
     /// The writer lease's timing (S3 mode).
     pub lease: LeaseConfig,
+    /// A schema plugin decides new schemas (otherwise every one is accepted,
+    /// and the decision still committed).
+    pub schema_plugin: bool,
+    /// The engine drains and stops by itself once every source is exhausted
+    /// (the daemon's `--once`).
+    pub stop_when_exhausted: bool,
 }
 
 impl Scenario {
@@ -285,7 +291,13 @@ impl Scenario {
             crashes_kept: crashes,
             wal: WalMode::Disk,
             lease: LeaseConfig::default(),
+            schema_plugin: true,
+            stop_when_exhausted: false,
         };
+        // The engine's optional paths, on a stream of their own.
+        let mut paths = Rng::new(seed, Stream::Paths);
+        scenario.schema_plugin = paths.chance(0.7);
+        scenario.stop_when_exhausted = paths.chance(0.25);
         // Drawn last, so the draws above stay what they were before S3
         // mode existed, and a disk-mode seed replays as it did.
         let f = &mut scenario.faults;
@@ -379,8 +391,8 @@ impl Scenario {
             sinks: (0..self.sinks).map(|i| format!("sink-{i}")).collect(),
             streams: (0..self.streams).map(|i| format!("stream-{i}")).collect(),
             limits: self.limits.clone(),
-            stop_when_exhausted: false,
-            schema_plugin: true,
+            stop_when_exhausted: self.stop_when_exhausted,
+            schema_plugin: self.schema_plugin,
             lease: (self.wal == WalMode::S3).then(|| self.lease.clone()),
             mutations,
         }

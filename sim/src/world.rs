@@ -7,7 +7,7 @@ use crate::checker::{invariant, Checker, Violation};
 use crate::disk::SimDisk;
 use crate::operator::{self, LostSegment};
 use crate::plugins::{SimOffsets, SimSink, SimSource};
-use crate::rng::{Rng, Stream};
+use crate::rng::{Dice, Die, Rng, Stream};
 use crate::s3::{SimLease, SimS3};
 use crate::scenario::{Overrides, Scenario, WalMode};
 use crate::trace::Trace;
@@ -157,7 +157,7 @@ pub struct World {
     now: Instant,
     seq: u64,
     events: BTreeMap<(Instant, u64), Event>,
-    sched: Rng,
+    dice: Dice,
     faults_rng: Rng,
     operator_rng: Rng,
     lost: Option<LostSegment>,
@@ -166,6 +166,9 @@ pub struct World {
     incarnation: u64,
     faulting: bool,
     final_shutdown: bool,
+    /// The live engine was asked to shut down (so a clean stop is not its
+    /// own, by exhausted sources).
+    shutdown_fed: bool,
     done: bool,
     fail_closed: Option<String>,
     disk: SimDisk,
@@ -207,7 +210,7 @@ impl World {
             sinks: (0..scenario.sinks).map(|_| SimSink::default()).collect(),
             checker: Checker::new(&scenario),
             trace: Trace::new(opts.trace),
-            sched: Rng::new(seed, Stream::Scheduler),
+            dice: Dice::new(seed),
             faults_rng: Rng::new(seed, Stream::Crashes),
             // The scenario draws whether the fault is on from this stream's
             // first value; the world's draws come from a sibling seed so the
@@ -231,6 +234,7 @@ impl World {
             incarnation: 0,
             faulting: true,
             final_shutdown: false,
+            shutdown_fed: false,
             done: false,
             fail_closed: None,
             stats: RunStats::default(),
@@ -358,8 +362,8 @@ impl World {
         self.events.insert((at, self.seq), event);
     }
 
-    fn after(&mut self, (lo, hi): (u64, u64), event: Event) {
-        let delay = self.sched.range(lo, hi.max(lo));
+    fn after(&mut self, die: Die, (lo, hi): (u64, u64), event: Event) {
+        let delay = self.dice.roll(die).range(lo, hi.max(lo));
         self.at(self.now + Duration::from_micros(delay), event);
     }
 
@@ -426,44 +430,59 @@ impl World {
                 if matches!(op, IoOp::Wal(WalOp::Append { .. })) && who == Who::Live {
                     self.append_in_flight = true;
                 }
-                let slow = self.faulting && self.sched.chance(self.scenario.faults.s3_slow);
+                let slow = self.faulting && self.dice.roll(Die::S3Slow).chance(self.scenario.faults.s3_slow);
                 let (lo, hi) = lat.s3;
-                let (lo, hi) = if slow { (hi, hi * 20) } else { (lo, hi) };
-                self.after((lo, hi), Event::Complete { gen, id, op })
+                // Never past the driver's operation timeout: what the lease's
+                // argument rests on.
+                let bound = self.scenario.lease.requests_within.as_micros().max(hi);
+                let (lo, hi) = if slow { (hi, (hi * 20).min(bound)) } else { (lo, hi) };
+                self.after(Die::S3Latency, (lo, hi), Event::Complete { gen, id, op })
             }
-            IoOp::Wal(WalOp::Sync) if s3 => self.after((10, 20), Event::Complete { gen, id, op }),
+            IoOp::Wal(WalOp::Sync) if s3 => self.after(Die::S3Latency, (10, 20), Event::Complete { gen, id, op }),
             IoOp::Lease(LeaseOp::Read) | IoOp::Lease(LeaseOp::Write { .. }) => {
-                self.after(lat.offsets, Event::Complete { gen, id, op })
+                self.after(Die::OffsetsLatency, lat.offsets, Event::Complete { gen, id, op })
             }
             IoOp::Wal(WalOp::Append { segment, offset, ref bytes, .. }) => {
                 self.append_in_flight = true;
                 if !self.disk.write(segment, offset as usize, bytes) {
                     panic!("append to segment {} at {offset} outside the file", segment.0);
                 }
-                self.after(lat.disk_write, Event::Complete { gen, id, op });
+                self.after(Die::DiskLatency, lat.disk_write, Event::Complete { gen, id, op });
             }
             IoOp::Wal(WalOp::Create { segment, ref header, size }) => {
-                if self.faulting && self.sched.chance(self.scenario.faults.no_space) {
+                if self.faulting && self.dice.roll(Die::NoSpace).chance(self.scenario.faults.no_space) {
                     self.stats.no_space += 1;
-                    return self.after(lat.disk_other, Event::Reply { gen, id, result: Err(IoError::NoSpace) });
+                    return self.after(
+                        Die::DiskLatency,
+                        lat.disk_other,
+                        Event::Reply { gen, id, result: Err(IoError::NoSpace) },
+                    );
                 }
                 self.disk.create(segment, header, size as usize);
-                self.after(lat.disk_other, Event::Complete { gen, id, op });
+                self.after(Die::DiskLatency, lat.disk_other, Event::Complete { gen, id, op });
             }
-            IoOp::Plugin(PluginOp::SinkApply(apply)) => self.after(lat.sink, Event::SinkEffect { gen, id, apply }),
+            IoOp::Plugin(PluginOp::SinkApply(apply)) => {
+                self.after(Die::SinkLatency, lat.sink, Event::SinkEffect { gen, id, apply })
+            }
             // A look at the destination, not a write: as quick as a source request.
-            IoOp::Plugin(PluginOp::SinkProgress { .. }) => self.after(lat.source, Event::Complete { gen, id, op }),
+            IoOp::Plugin(PluginOp::SinkProgress { .. }) => {
+                self.after(Die::PluginLatency, lat.source, Event::Complete { gen, id, op })
+            }
             IoOp::Offsets(OffsetsOp::Read) | IoOp::Offsets(OffsetsOp::Write { .. }) => {
-                self.after(lat.offsets, Event::Complete { gen, id, op })
+                self.after(Die::OffsetsLatency, lat.offsets, Event::Complete { gen, id, op })
             }
             IoOp::Plugin(PluginOp::SourceOpen { .. })
             | IoOp::Plugin(PluginOp::SourceRead { .. })
             | IoOp::Plugin(PluginOp::SourceAck { .. })
-            | IoOp::Plugin(PluginOp::SchemaDecide { .. }) => self.after(lat.source, Event::Complete { gen, id, op }),
+            | IoOp::Plugin(PluginOp::SchemaDecide { .. }) => {
+                self.after(Die::PluginLatency, lat.source, Event::Complete { gen, id, op })
+            }
             IoOp::Wal(WalOp::Sync)
             | IoOp::Wal(WalOp::List)
             | IoOp::Wal(WalOp::Read { .. })
-            | IoOp::Wal(WalOp::Delete { .. }) => self.after(lat.disk_other, Event::Complete { gen, id, op }),
+            | IoOp::Wal(WalOp::Delete { .. }) => {
+                self.after(Die::DiskLatency, lat.disk_other, Event::Complete { gen, id, op })
+            }
         }
     }
 
@@ -477,7 +496,7 @@ impl World {
         if let Some(wake) = owner.and_then(|who| self.frozen_until(who)) {
             // The services act on what a frozen process sent; only what
             // comes back waits for it to wake.
-            let delay = Duration::from_micros(self.sched.range(0, 1_000));
+            let delay = Duration::from_micros(self.dice.roll(Die::Frozen).range(0, 1_000));
             match event {
                 Event::Complete { gen, id, op } if !matches!(op, IoOp::Wal(WalOp::Delete { .. })) => {
                     let who = owner.expect("frozen implies an owner");
@@ -496,7 +515,7 @@ impl World {
                     // The header goes first: from here on the segment is
                     // being deleted, whatever happens to the rest.
                     self.s3.delete_header(segment);
-                    self.after(self.scenario.latencies.s3, Event::S3DeleteRest { gen, id, segment });
+                    self.after(Die::S3Latency, self.scenario.latencies.s3, Event::S3DeleteRest { gen, id, segment });
                 }
             }
             Event::S3DeleteRest { id, segment, .. } => {
@@ -513,7 +532,7 @@ impl World {
             }
             Event::Complete { op: IoOp::Offsets(OffsetsOp::Write { entries }), .. } => {
                 // The database got the write before the host died, or not.
-                if self.sched.chance(0.5) {
+                if self.dice.roll(Die::InFlight).chance(0.5) {
                     self.write_offsets(&entries);
                 }
             }
@@ -522,7 +541,7 @@ impl World {
             {
                 // The request left before the process died: S3 may still
                 // act on it.
-                if self.sched.chance(0.5) {
+                if self.dice.roll(Die::InFlight).chance(0.5) {
                     let conditional = self.put_conditional(gen, segment, offset);
                     let _ = self.s3_put(conditional, segment, offset, &bytes);
                 }
@@ -530,13 +549,13 @@ impl World {
             Event::Complete { gen, op: IoOp::Wal(WalOp::Create { segment, header, .. }), .. }
                 if self.scenario.wal == WalMode::S3 =>
             {
-                if self.sched.chance(0.5) {
+                if self.dice.roll(Die::InFlight).chance(0.5) {
                     let conditional = self.put_conditional(gen, segment, 0);
                     let _ = self.s3_put(conditional, segment, 0, &Arc::new(header));
                 }
             }
             Event::Complete { op: IoOp::Lease(LeaseOp::Write { expected, row }), .. } => {
-                if self.sched.chance(0.5) {
+                if self.dice.roll(Die::InFlight).chance(0.5) {
                     let _ = self.lease.write(expected, row);
                 }
             }
@@ -561,6 +580,7 @@ impl World {
             Event::Shutdown => {
                 if self.host.is_some() {
                     self.stats.shutdowns += 1;
+                    self.shutdown_fed = true;
                     self.feed(Input::Shutdown);
                 }
             }
@@ -605,27 +625,27 @@ impl World {
         bytes: Arc<Vec<u8>>,
     ) -> Result<IoReply, IoError> {
         let f = self.scenario.faults.clone();
-        if self.faulting && self.sched.chance(f.s3_throttle) {
+        if self.faulting && self.dice.roll(Die::S3Throttle).chance(f.s3_throttle) {
             self.stats.s3_throttled += 1;
             return Err(IoError::Ambiguous);
         }
         let conditional = self.put_conditional(gen, segment, offset);
-        if self.faulting && self.sched.chance(f.s3_ambiguous) {
+        if self.faulting && self.dice.roll(Die::S3Ambiguous).chance(f.s3_ambiguous) {
             self.stats.s3_ambiguous += 1;
             self.ambiguous_puts.insert((gen, segment, offset));
-            if self.owner(gen) == Some(Who::Live) && self.sched.chance(f.pause / 2.0) {
+            if self.owner(gen) == Some(Who::Live) && self.dice.roll(Die::Pause).chance(f.pause / 2.0) {
                 // The reply was lost because the writer's network went
                 // down: it is cut off, and a replacement takes over.
                 self.at(self.now, Event::Freeze);
             }
-            let roll = self.sched.range(0, 99);
+            let roll = self.dice.roll(Die::S3Ambiguous).range(0, 99);
             if roll < 40 {
                 let _ = self.s3_put(conditional, segment, offset, &bytes);
             } else if roll < 70 {
-                // No later than the driver's operation timeout (half a lease
-                // span): the timing the lease's argument rests on.
-                let late = self.scenario.lease.steal_after.as_micros() / 2;
-                self.after((1_000, late), Event::S3Land { conditional, segment, offset, bytes });
+                // No later than the driver's operation timeout: the timing
+                // the lease's argument rests on.
+                let late = self.scenario.lease.requests_within.as_micros();
+                self.after(Die::S3Ambiguous, (1_000, late), Event::S3Land { conditional, segment, offset, bytes });
             }
             return Err(IoError::Ambiguous);
         }
@@ -639,7 +659,7 @@ impl World {
         match op {
             IoOp::Wal(WalOp::Sync) if s3 => Ok(IoReply::Done),
             IoOp::Wal(WalOp::List) | IoOp::Wal(WalOp::Read { .. }) | IoOp::Lease(LeaseOp::Read)
-                if s3 && self.faulting && self.sched.chance(f.s3_throttle) =>
+                if s3 && self.faulting && self.dice.roll(Die::S3Throttle).chance(f.s3_throttle) =>
             {
                 self.stats.s3_throttled += 1;
                 Err(IoError::Failed)
@@ -657,20 +677,20 @@ impl World {
             }
             IoOp::Lease(LeaseOp::Read) => Ok(IoReply::Lease(self.lease.row)),
             IoOp::Lease(LeaseOp::Write { expected, row }) => {
-                if self.faulting && self.sched.chance(f.lease_ambiguous) {
-                    let roll = self.sched.range(0, 99);
+                if self.faulting && self.dice.roll(Die::LeaseAmbiguous).chance(f.lease_ambiguous) {
+                    let roll = self.dice.roll(Die::LeaseAmbiguous).range(0, 99);
                     if roll < 40 {
                         let _ = self.lease.write(expected, row);
                     } else if roll < 70 {
                         let late = self.scenario.lease.steal_after.as_micros() * 2;
-                        self.after((1_000, late), Event::LeaseLand { expected, row });
+                        self.after(Die::LeaseAmbiguous, (1_000, late), Event::LeaseLand { expected, row });
                     }
                     return Err(IoError::Ambiguous);
                 }
                 self.lease.write(expected, row).map(|()| IoReply::Done)
             }
             IoOp::Wal(WalOp::Sync) => {
-                let fail = self.faulting && self.sched.chance(f.fsync_fail);
+                let fail = self.faulting && self.dice.roll(Die::FsyncFail).chance(f.fsync_fail);
                 if self.disk.sync_all(fail) {
                     Ok(IoReply::Done)
                 } else {
@@ -682,7 +702,7 @@ impl World {
                 self.disk.read(segment).map(IoReply::SegmentBytes).ok_or(IoError::Failed)
             }
             IoOp::Wal(WalOp::Create { segment, .. }) => {
-                let fail = self.faulting && self.sched.chance(f.fsync_fail);
+                let fail = self.faulting && self.dice.roll(Die::FsyncFail).chance(f.fsync_fail);
                 if self.disk.sync(segment, true, fail) {
                     Ok(IoReply::Done)
                 } else {
@@ -691,7 +711,7 @@ impl World {
             }
             IoOp::Wal(WalOp::Append { segment, offset, bytes, .. }) => {
                 self.append_in_flight = false;
-                let fail = self.faulting && self.sched.chance(f.fsync_fail);
+                let fail = self.faulting && self.dice.roll(Die::FsyncFail).chance(f.fsync_fail);
                 if self.disk.sync(segment, false, fail) {
                     self.durable_ends.insert(segment, offset as usize + bytes.len());
                     self.newest_append = Some(segment);
@@ -708,15 +728,15 @@ impl World {
             }
             IoOp::Offsets(OffsetsOp::Read) => Ok(IoReply::Offsets(self.offsets.read())),
             IoOp::Offsets(OffsetsOp::Write { entries }) => {
-                if self.faulting && self.sched.chance(f.offsets_ambiguous) {
+                if self.faulting && self.dice.roll(Die::OffsetsAmbiguous).chance(f.offsets_ambiguous) {
                     self.stats.offsets_ambiguous += 1;
-                    if self.sched.chance(0.5) {
+                    if self.dice.roll(Die::InFlight).chance(0.5) {
                         self.write_offsets(&entries);
-                    } else if s3 && self.sched.chance(0.5) {
+                    } else if s3 && self.dice.roll(Die::InFlight).chance(0.5) {
                         // DynamoDB may apply a timed-out write later, after
                         // newer ones.
                         let late = self.scenario.lease.steal_after.as_micros() * 2;
-                        self.after((1_000, late), Event::OffsetsLand { entries });
+                        self.after(Die::OffsetsAmbiguous, (1_000, late), Event::OffsetsLand { entries });
                     }
                     return Err(IoError::Ambiguous);
                 }
@@ -734,7 +754,7 @@ impl World {
                 Ok(IoReply::Done)
             }
             IoOp::Plugin(PluginOp::SourceRead { source, records_max }) => {
-                if self.faulting && self.sched.chance(f.source_fail) {
+                if self.faulting && self.dice.roll(Die::SourceFail).chance(f.source_fail) {
                     self.stats.source_failures += 1;
                     return Err(IoError::Failed);
                 }
@@ -743,7 +763,7 @@ impl World {
                 Ok(IoReply::Batches { batches, exhausted })
             }
             IoOp::Plugin(PluginOp::SourceAck { source, acks }) => {
-                if self.faulting && self.sched.chance(f.source_fail) {
+                if self.faulting && self.dice.roll(Die::SourceFail).chance(f.source_fail) {
                     self.stats.source_failures += 1;
                     return Err(IoError::Failed);
                 }
@@ -756,7 +776,7 @@ impl World {
                 Ok(IoReply::Done)
             }
             IoOp::Plugin(PluginOp::SchemaDecide { .. }) => {
-                if self.faulting && self.sched.chance(f.source_fail) {
+                if self.faulting && self.dice.roll(Die::SourceFail).chance(f.source_fail) {
                     self.stats.source_failures += 1;
                     return Err(IoError::Failed);
                 }
@@ -796,21 +816,21 @@ impl World {
         }
         let f = self.scenario.faults.clone();
         let lat = self.scenario.latencies.sink;
-        if self.faulting && self.sched.chance(f.sink_retryable) {
+        if self.faulting && self.dice.roll(Die::SinkRetryable).chance(f.sink_retryable) {
             self.stats.sink_retryable += 1;
             let result = Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, rows: 0 });
-            return self.after((lat.0 / 2, lat.0), Event::Reply { gen, id, result });
+            return self.after(Die::SinkLatency, (lat.0 / 2, lat.0), Event::Reply { gen, id, result });
         }
         let took_effect = self.sinks[apply.sink.0 as usize].apply(apply.id, apply.stream, apply.seq);
         self.checker.on_apply(&apply, took_effect);
         let outcome = if took_effect { SinkOutcome::Applied } else { SinkOutcome::AlreadyApplied };
-        let result = if self.faulting && self.sched.chance(f.sink_lost_reply) {
+        let result = if self.faulting && self.dice.roll(Die::SinkLostReply).chance(f.sink_lost_reply) {
             self.stats.sink_lost_replies += 1;
             Err(IoError::Ambiguous)
         } else {
             Ok(IoReply::Sink { outcome, rows: apply.records.len() as u64 })
         };
-        self.after((lat.0 / 2, lat.0), Event::Reply { gen, id, result });
+        self.after(Die::SinkLatency, (lat.0 / 2, lat.0), Event::Reply { gen, id, result });
     }
 
     // ---- crashes, restarts, stops ----
@@ -838,7 +858,7 @@ impl World {
             self.zombie = Some(Zombie { host, gen: self.gen, wake, sources: self.sources.clone() });
             self.gen += 1;
             self.append_in_flight = false;
-            return self.after(self.scenario.latencies.restart, Event::Restart);
+            return self.after(Die::Restart, self.scenario.latencies.restart, Event::Restart);
         }
         self.stats.power_cuts += power_cut as u64;
         self.trace.note(self.now, if power_cut { "crash: power cut" } else { "crash: process killed" });
@@ -857,7 +877,7 @@ impl World {
         if self.scenario.faults.lost_segment && self.lost.is_none() && self.zombie.is_none() {
             self.lose_segment();
         }
-        self.after(self.scenario.latencies.restart, Event::Restart);
+        self.after(Die::Restart, self.scenario.latencies.restart, Event::Restart);
     }
 
     /// With no daemon running, the operator deletes a segment (at half the
@@ -889,7 +909,7 @@ impl World {
         self.append_in_flight = false;
         self.host = None;
         self.gen += 1;
-        self.after(self.scenario.latencies.restart, Event::Restart);
+        self.after(Die::Restart, self.scenario.latencies.restart, Event::Restart);
     }
 
     fn restart(&mut self) {
@@ -903,6 +923,7 @@ impl World {
         let config = self.scenario.host_config(self.opts.mutations, self.incarnation);
         self.incarnation += 1;
         self.trace.note(self.now, "start");
+        self.shutdown_fed = false;
         self.host = Some(Host::new(config, self.now).expect("scenario configs are valid"));
         self.feed_outputs_of(Who::Live);
     }
@@ -966,7 +987,12 @@ impl World {
                 self.final_shutdown = false;
                 self.exit_and_restart();
             }
-            StopReason::Clean if self.final_shutdown => {
+            // Stopped by itself once the sources were exhausted and all was
+            // delivered (`--once`): as final as the shutdown at the end.
+            StopReason::Clean
+                if self.final_shutdown
+                    || (self.scenario.stop_when_exhausted && !self.shutdown_fed && self.checker.complete()) =>
+            {
                 self.stats.clean_stops += 1;
                 let offsets = &self.offsets;
                 self.checker.check_materialized(|key| offsets.position(key));
@@ -1146,5 +1172,57 @@ fn recover_alone(config: HostConfig, wal: &mut AloneWal, offsets: &mut SimOffset
             _ => continue,
         };
         host.handle(now, Input::IoDone { id, result });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(wal: WalMode) -> RunOptions {
+        RunOptions { mutations: Mutations::NONE, wal, trace: false, overrides: Overrides::default() }
+    }
+
+    /// The trace hash of `seed`, with `die` rolled `extra` more times before
+    /// the run starts (as a draw added to that component's code would).
+    fn hash_with_extra_draws(seed: u64, wal: WalMode, die: Die, extra: u32) -> u64 {
+        let mut world = World::new(seed, opts(wal));
+        for _ in 0..extra {
+            world.dice.roll(die).u64();
+        }
+        world.run().trace_hash
+    }
+
+    #[test]
+    fn a_draw_added_to_one_fault_model_leaves_runs_without_that_fault_as_they_were() {
+        let mut checked = 0;
+        for seed in 0..400 {
+            let faults = Scenario::from_seed(seed).faults;
+            if faults.sink_lost_reply > 0.0 {
+                continue;
+            }
+            let before = hash_with_extra_draws(seed, WalMode::Disk, Die::SinkLostReply, 0);
+            assert_eq!(before, hash_with_extra_draws(seed, WalMode::Disk, Die::SinkLostReply, 3), "seed {seed}");
+            checked += 1;
+        }
+        assert!(checked > 50, "enough seeds without lost sink replies: {checked}");
+        // S3's fault models take no part in a disk run.
+        for seed in 0..100 {
+            let before = hash_with_extra_draws(seed, WalMode::Disk, Die::S3Ambiguous, 0);
+            assert_eq!(before, hash_with_extra_draws(seed, WalMode::Disk, Die::S3Ambiguous, 5), "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn a_draw_added_to_a_component_every_run_uses_does_change_runs() {
+        // The control: the test above could not pass by every draw being
+        // ignored.
+        let changed = (0..100)
+            .filter(|&seed| {
+                hash_with_extra_draws(seed, WalMode::Disk, Die::DiskLatency, 0)
+                    != hash_with_extra_draws(seed, WalMode::Disk, Die::DiskLatency, 1)
+            })
+            .count();
+        assert!(changed > 50, "{changed} of 100 runs changed");
     }
 }

@@ -18,7 +18,7 @@ use super::effects::{Effects, Pending, Retry};
 use crate::config::LeaseConfig;
 use crate::io::LeaseOp;
 use crate::io::{IoError, IoOp, LeaseRow, Output, StopReason};
-use crate::time::Instant;
+use crate::time::{Duration, Instant};
 
 /// Why a lease write was sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,9 +38,12 @@ pub(super) enum Intent {
 pub(super) enum LeaseNews {
     /// Nothing outside the lease: it sent a request or scheduled a poll.
     Quiet,
-    /// This run holds the lease now; recovery may start. `renew_now`: when
-    /// the acquiring write landed is unknown, so a renewal goes out at once.
-    Acquired { renew_now: bool },
+    /// This run holds the lease now; recovery may start, after `wait` when
+    /// the lease was taken over from another holder (or may have been):
+    /// what that holder sent while its lease was valid may still land until
+    /// then. `renew_now`: when the acquiring write landed is unknown, so a
+    /// renewal goes out at once.
+    Acquired { renew_now: bool, wait: Option<Duration> },
     /// The row read back is ours. `commit_verified`: the read was sent after
     /// the commit that waited for it landed.
     Ours { sent_at: Instant, commit_verified: bool },
@@ -68,9 +71,11 @@ enum State {
     Waiting {
         seen: Option<(LeaseRow, Instant)>,
     },
-    /// An acquiring write is out.
+    /// An acquiring write is out; `stealing` from a holder that stopped
+    /// renewing (not a free or released row).
     Acquiring {
         seen: Option<(LeaseRow, Instant)>,
+        stealing: bool,
     },
     Held(Holding),
     /// A commit landed while the lease may have lapsed: its effects wait
@@ -156,7 +161,7 @@ impl Lease {
         match self.state {
             State::Releasing(_) | State::Released(_) => self.read_while_releasing(fx, row),
             State::Held(_) | State::Verifying(..) => self.read_while_holding(fx, sent_at, row),
-            State::Waiting { seen } | State::Acquiring { seen } => self.read_while_waiting(fx, seen, row),
+            State::Waiting { seen } | State::Acquiring { seen, .. } => self.read_while_waiting(fx, seen, row),
         }
     }
 
@@ -212,19 +217,20 @@ impl Lease {
         let me = self.me;
         let take = |r: &LeaseRow| LeaseRow { generation: r.generation + 1, holder: me, version: r.version + 1 };
         match row {
-            None => self.acquire(fx, seen, None, LeaseRow { generation: 1, holder: me, version: 1 }),
+            None => self.acquire(fx, seen, None, LeaseRow { generation: 1, holder: me, version: 1 }, false),
             // Our own write landed although its answer was lost. When it
             // landed is unknown, so the lease counts as valid only once a
-            // renewal, sent now, succeeds.
+            // renewal, sent now, succeeds; and whether it was taken over
+            // from a live holder is unknown, so recovery waits as if it was.
             Some(r) if r.holder == me => {
                 self.state = State::Held(Holding { row: r, valid_until: None, bump_to: None });
                 self.schedule_renewal(fx);
-                return LeaseNews::Acquired { renew_now: true };
+                return LeaseNews::Acquired { renew_now: true, wait: Some(self.cfg.requests_within) };
             }
-            Some(r) if r.holder == 0 => self.acquire(fx, seen, Some(r.version), take(&r)),
+            Some(r) if r.holder == 0 => self.acquire(fx, seen, Some(r.version), take(&r), false),
             Some(r) => match seen {
                 Some((s, since)) if s == r && fx.now >= since + self.cfg.steal_after => {
-                    self.acquire(fx, seen, Some(r.version), take(&r))
+                    self.acquire(fx, seen, Some(r.version), take(&r), true)
                 }
                 Some((s, _)) if s == r => fx.schedule(fx.now + self.cfg.poll, Retry::LeaseRead),
                 _ => {
@@ -239,8 +245,15 @@ impl Lease {
         LeaseNews::Quiet
     }
 
-    fn acquire(&mut self, fx: &mut Effects, seen: Option<(LeaseRow, Instant)>, expected: Option<u64>, row: LeaseRow) {
-        self.state = State::Acquiring { seen };
+    fn acquire(
+        &mut self,
+        fx: &mut Effects,
+        seen: Option<(LeaseRow, Instant)>,
+        expected: Option<u64>,
+        row: LeaseRow,
+        stealing: bool,
+    ) {
+        self.state = State::Acquiring { seen, stealing };
         self.write(fx, Intent::Acquire, expected, row);
     }
 
@@ -256,7 +269,7 @@ impl Lease {
         if result.is_err() {
             // Lost, refused or unknown: look at the row to find out (for a
             // release: a renewal whose answer was lost may have landed since).
-            if let State::Acquiring { seen } = self.state {
+            if let State::Acquiring { seen, .. } = self.state {
                 self.state = State::Waiting { seen };
             }
             fx.retry_later(Retry::LeaseRead);
@@ -269,9 +282,10 @@ impl Lease {
                 LeaseNews::Released
             }
             Intent::Acquire => {
+                let stealing = matches!(self.state, State::Acquiring { stealing: true, .. });
                 self.state = State::Held(Holding { row, valid_until, bump_to: None });
                 self.schedule_renewal(fx);
-                LeaseNews::Acquired { renew_now: false }
+                LeaseNews::Acquired { renew_now: false, wait: stealing.then_some(self.cfg.requests_within) }
             }
             Intent::Bump | Intent::Renew => {
                 match &mut self.state {
