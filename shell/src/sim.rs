@@ -38,7 +38,8 @@ pub struct SimArgs {
     #[arg(long)]
     check_determinism: bool,
     /// Print per-seed averages: records, crashes, faults by kind, compactions,
-    /// segments deleted, recoveries.
+    /// segments deleted, recoveries; then how many seeds met each fault at
+    /// least once.
     #[arg(long)]
     stats: bool,
     /// Write each failing seed to DIR as a small text file.

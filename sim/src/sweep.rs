@@ -85,6 +85,33 @@ pub struct Totals {
     pub with_crash: u64,
     pub with_deletion: u64,
     pub sum: RunStats,
+    /// Per fault kind, the seeds in which it happened at least once.
+    pub reached: Vec<u64>,
+}
+
+/// The faults of a run, by the names `--stats` prints them under.
+fn faults(s: &RunStats) -> [(&'static str, u64); 19] {
+    [
+        ("crashes", s.crashes),
+        ("crashes that cut the power", s.power_cuts),
+        ("crashes during a commit", s.crashes_in_commit),
+        ("crashes during recovery", s.crashes_in_recovery),
+        ("crashes during a shutdown drain", s.crashes_in_drain),
+        ("torn writes", s.torn_writes),
+        ("lost writes", s.lost_writes),
+        ("lost directory entries", s.lost_dir_entries),
+        ("fsync failures", s.fsync_failures),
+        ("disk full", s.no_space),
+        ("bit rot", s.rot),
+        ("sink retryable", s.sink_retryable),
+        ("sink lost replies", s.sink_lost_replies),
+        ("offsets ambiguous", s.offsets_ambiguous),
+        ("source request failures", s.source_failures),
+        ("segments deleted by an operator", s.lost_segments),
+        ("s3 puts with an unknown outcome", s.s3_ambiguous),
+        ("s3 throttled requests", s.s3_throttled),
+        ("s3 writers frozen", s.pauses),
+    ]
 }
 
 impl Totals {
@@ -98,6 +125,11 @@ impl Totals {
         let s = &r.stats;
         self.with_crash += (s.crashes > 0) as u64;
         self.with_deletion += (s.segments_deleted > 0) as u64;
+        let kinds = faults(s);
+        self.reached.resize(kinds.len(), 0);
+        for (reached, (_, n)) in self.reached.iter_mut().zip(kinds) {
+            *reached += (n > 0) as u64;
+        }
         let t = &mut self.sum;
         t.source_records += s.source_records;
         t.crashes += s.crashes;
@@ -180,6 +212,10 @@ impl Totals {
         out.push_str(&format!("  seeds with a crash: {:.1}%\n", pct(self.with_crash)));
         out.push_str(&format!("  seeds with a segment deleted: {:.1}%\n", pct(self.with_deletion)));
         out.push_str(&format!("  seeds failed closed (corruption, a lost segment): {:.2}%\n", pct(self.fail_closed)));
+        out.push_str("seeds that met each fault at least once:\n");
+        for ((name, _), reached) in faults(&RunStats::default()).iter().zip(&self.reached) {
+            out.push_str(&format!("  {name}: {reached} ({:.1}%)\n", pct(*reached)));
+        }
         out
     }
 }

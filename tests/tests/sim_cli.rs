@@ -36,6 +36,18 @@ fn a_sweep_ends_with_the_summary_line_and_stats_show_the_scenario() {
     for row in ["source records", "crashes", "compactions", "segments deleted", "recoveries", "faults: torn writes"] {
         assert!(text.contains(&format!("  {row}: ")), "--stats shows {row}: {text}");
     }
+    // How many seeds met each fault: a scenario with teeth meets most.
+    let reach = text.split("seeds that met each fault at least once:\n").nth(1).expect("the reach section");
+    let met = |name: &str| -> u64 {
+        let line = reach.lines().find(|l| l.trim_start().starts_with(&format!("{name}: "))).unwrap_or_else(|| {
+            panic!("no reach line for {name}: {reach}");
+        });
+        line.split(": ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap()
+    };
+    for name in ["crashes", "torn writes", "fsync failures", "sink lost replies", "source request failures"] {
+        assert!(met(name) > 0 && met(name) <= 300, "{name}: {}", met(name));
+    }
+    assert_eq!(met("s3 writers frozen"), 0, "no S3 faults in a disk sweep");
 }
 
 #[test]
