@@ -28,7 +28,7 @@ use aws_sdk_s3::error::SdkError;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use aws_sdk_s3::Client;
-use skippr_core::wal::{first_overlap, lay_out, oldest_to_keep, taken_key};
+use skippr_core::wal::{first_overlap, lay_out, split_leftovers, taken_key};
 use skippr_core::{IoError, IoReply, SegmentId, WalListing, WalOp};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -220,8 +220,7 @@ impl S3Wal {
     /// tools that only read.
     pub async fn list_segments(&self) -> Result<Vec<SegmentId>, IoError> {
         let listed = self.list_objects(&self.prefix).await?;
-        let keep = keep_from(&listed);
-        Ok(listed.keys().copied().filter(|s| keep.is_none_or(|k| *s >= k)).collect())
+        Ok(split_leftovers(&offsets(&listed)).1)
     }
 
     /// A segment's bytes, each object at its offset and zeros in any gap.
@@ -298,13 +297,9 @@ impl S3Wal {
     }
 }
 
-/// The oldest listed segment that still counts (`oldest_to_keep`).
+/// Each listed segment with the offsets of its objects.
 fn offsets(listed: &Listed) -> BTreeMap<SegmentId, Vec<u64>> {
     listed.iter().map(|(s, objects)| (*s, objects.keys().copied().collect())).collect()
-}
-
-fn keep_from(listed: &Listed) -> Option<SegmentId> {
-    oldest_to_keep(&offsets(listed))
 }
 
 async fn fetch(client: &Client, bucket: &str, key: &str) -> Result<Vec<u8>, IoError> {

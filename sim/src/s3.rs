@@ -14,7 +14,7 @@
 //! interrupted. The layout rules are core's (`skippr_core::wal::objects`),
 //! the same the real driver uses.
 
-use skippr_core::wal::{lay_out, oldest_to_keep, taken_key};
+use skippr_core::wal::{lay_out, split_leftovers, taken_key};
 use skippr_core::{IoError, LeaseRow, SegmentId, WalListing};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -65,9 +65,7 @@ impl SimS3 {
 
     /// The segments that still belong to the WAL, by the engine's rule.
     pub fn wal_segments(&self) -> Vec<SegmentId> {
-        let listed = self.offsets();
-        let keep = oldest_to_keep(&listed);
-        listed.into_keys().filter(|s| keep.is_none_or(|k| *s >= k)).collect()
+        split_leftovers(&self.offsets()).1
     }
 
     /// The segment's bytes: each object at its offset, zeros in any gap.

@@ -24,6 +24,19 @@ fn s3_run(bucket: &str, table: &str, data: &std::path::Path) -> Command {
     c
 }
 
+/// An endpoint on loopback that refuses connections, and the socket that
+/// holds its port: bound but not listening, so no other test can start
+/// listening there meanwhile (a port freed again could be taken by a server
+/// that never answers, which reads as a timeout).
+fn refusing_endpoint() -> (std::os::fd::OwnedFd, String) {
+    use nix::sys::socket::{bind, getsockname, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    let held = socket(AddressFamily::Inet, SockType::Stream, SockFlag::empty(), None).unwrap();
+    bind(held.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0)).unwrap();
+    let port = getsockname::<SockaddrIn>(held.as_raw_fd()).unwrap().port();
+    (held, format!("http://127.0.0.1:{port}"))
+}
+
 /// The error line, and that nothing of the SDK's debug dump came with it.
 fn one_line_error(out: &std::process::Output, code: i32) -> String {
     let log = stderr(out);
@@ -60,15 +73,7 @@ fn the_sdks_per_service_endpoint_variables_work_with_a_host_name() {
 fn a_refused_connection_is_named_as_such_with_its_endpoint() {
     let (bucket, table) = setup("refused");
     let tmp = tempfile::tempdir().unwrap();
-    // Bound but not listening: connections are refused, and no other test
-    // can start listening on the port meanwhile (a port freed again could
-    // be taken by a server that never answers, which reads as a timeout).
-    use nix::sys::socket::{bind, getsockname, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
-    use std::os::fd::AsRawFd;
-    let held = socket(AddressFamily::Inet, SockType::Stream, SockFlag::empty(), None).unwrap();
-    bind(held.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0)).unwrap();
-    let port = getsockname::<SockaddrIn>(held.as_raw_fd()).unwrap().port();
-    let dead = format!("http://127.0.0.1:{port}");
+    let (_held, dead) = refusing_endpoint();
     let out = s3_run(&bucket, &table, tmp.path()).env("SKIPPR_AWS_ENDPOINT", &dead).output().unwrap();
     let line = one_line_error(&out, 13);
     assert!(line.contains("connection refused") && line.contains(&dead), "{line}");
@@ -136,13 +141,8 @@ fn a_tool_whose_reader_goes_away_ends_quietly() {
 fn a_refused_dynamodb_connection_is_named_as_such_with_its_endpoint() {
     let (bucket, table) = setup("refused-ddb");
     let tmp = tempfile::tempdir().unwrap();
-    // S3 answers (moto); DynamoDB's own endpoint refuses (bound, not
-    // listening, as above).
-    use nix::sys::socket::{bind, getsockname, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
-    use std::os::fd::AsRawFd;
-    let held = socket(AddressFamily::Inet, SockType::Stream, SockFlag::empty(), None).unwrap();
-    bind(held.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0)).unwrap();
-    let dead = format!("http://127.0.0.1:{}", getsockname::<SockaddrIn>(held.as_raw_fd()).unwrap().port());
+    // S3 answers (moto); DynamoDB's own endpoint refuses.
+    let (_held, dead) = refusing_endpoint();
     let out = s3_run(&bucket, &table, tmp.path())
         .env_remove("SKIPPR_AWS_ENDPOINT")
         .env("AWS_ENDPOINT_URL_S3", aws::endpoint())

@@ -11,7 +11,7 @@ use crate::ids::*;
 use crate::io::{IoOp, StopReason, WalListing};
 use crate::io::{PluginOp, WalOp};
 use crate::time::Instant;
-use crate::wal::oldest_to_keep;
+use crate::wal::split_leftovers;
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Default)]
@@ -55,8 +55,7 @@ impl Startup {
         let mut ids = match listing {
             WalListing::Files(ids) => ids,
             WalListing::Objects(objects) => {
-                let keep = oldest_to_keep(&objects);
-                let (leftovers, kept) = objects.keys().copied().partition(|s| keep.is_some_and(|k| *s < k));
+                let (leftovers, kept) = split_leftovers(&objects);
                 self.leftovers = leftovers;
                 kept
             }

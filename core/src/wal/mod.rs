@@ -9,5 +9,5 @@ pub mod segment;
 
 pub use codec::DecodeError;
 pub use frame::*;
-pub use objects::{first_overlap, lay_out, oldest_to_keep, taken_key};
+pub use objects::{first_overlap, lay_out, oldest_to_keep, split_leftovers, taken_key};
 pub use segment::*;

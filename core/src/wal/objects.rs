@@ -34,6 +34,13 @@ pub fn oldest_to_keep(listed: &BTreeMap<SegmentId, Vec<u64>>) -> Option<SegmentI
     }
 }
 
+/// The listed segments split by `oldest_to_keep`: the leftovers below the
+/// oldest segment that counts, and the WAL's segments, each in id order.
+pub fn split_leftovers(listed: &BTreeMap<SegmentId, Vec<u64>>) -> (Vec<SegmentId>, Vec<SegmentId>) {
+    let keep = oldest_to_keep(listed);
+    listed.keys().copied().partition(|s| keep.is_some_and(|k| *s < k))
+}
+
 /// The first object, by offset, that starts before the one ahead of it
 /// ends: two writers wrote the segment, and it cannot be laid out.
 /// `objects` are (offset, size) in offset order.
