@@ -1,0 +1,225 @@
+//! The WAL device one host writes to: a simulated disk or a simulated S3
+//! bucket, behind one `perform(op)` that the world's main loop and the
+//! recovery-idempotence check both use. Each backend keeps what its real
+//! driver knows: the disk driver where its last durable appends end, the S3
+//! driver which puts had an unknown outcome.
+//!
+//! A device decides no faults. The world's fault models decide whether a
+//! request fails and tell `perform`; the schedule-level faults (an S3 put
+//! that lands later, a frozen writer) stay in the world.
+
+use crate::disk::{DiskStats, SimDisk};
+use crate::s3::SimS3;
+use skippr_core::io::WalOp;
+use skippr_core::{IoError, IoReply, SegmentId, WalListing};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+#[derive(Clone)]
+pub enum SimWal {
+    Disk(Box<DiskWal>),
+    S3(S3Wal),
+}
+
+#[derive(Clone)]
+pub struct DiskWal {
+    disk: SimDisk,
+    /// The end of the last durable append, per segment, and the segment of
+    /// the newest one: what the driver knows it made durable.
+    durable_ends: BTreeMap<SegmentId, usize>,
+    newest_append: Option<SegmentId>,
+}
+
+#[derive(Clone)]
+pub struct S3Wal {
+    bucket: SimS3,
+    /// (engine generation, segment, offset) of puts whose outcome was
+    /// unknown: the planted bug `s3-overwrite-on-ambiguous` retries them
+    /// without the condition.
+    unknown: BTreeSet<(u64, SegmentId, u64)>,
+    overwrite_on_unknown: bool,
+    conflicts: u64,
+}
+
+impl SimWal {
+    pub fn disk(seed: u64) -> SimWal {
+        SimWal::Disk(Box::new(DiskWal { disk: SimDisk::new(seed), durable_ends: BTreeMap::new(), newest_append: None }))
+    }
+
+    pub fn s3(overwrite_on_unknown: bool) -> SimWal {
+        SimWal::S3(S3Wal { bucket: SimS3::default(), unknown: BTreeSet::new(), overwrite_on_unknown, conflicts: 0 })
+    }
+
+    /// What a request does as it is issued: a disk write reaches the page
+    /// cache, a created file exists (unsynced). S3 acts only at completion.
+    pub fn issue(&mut self, op: &WalOp) {
+        let SimWal::Disk(d) = self else { return };
+        match op {
+            WalOp::Append { segment, offset, bytes, .. } if !d.disk.write(*segment, *offset as usize, bytes) => {
+                panic!("append to segment {} at {offset} outside the file", segment.0)
+            }
+            WalOp::Create { segment, header, size } => d.disk.create(*segment, header, *size as usize),
+            _ => {}
+        }
+    }
+
+    /// Performs a request of engine generation `gen` at its completion and
+    /// answers it. `fails`: the fault model says it fails (an `fdatasync`
+    /// error on disk, throttling or a 5xx on S3).
+    pub fn perform(&mut self, gen: u64, op: WalOp, fails: bool) -> Result<IoReply, IoError> {
+        match self {
+            SimWal::Disk(d) => d.perform(op, fails),
+            SimWal::S3(s) => s.perform(gen, op, fails),
+        }
+    }
+
+    /// The segments an operator sees, with their bytes (through the page
+    /// cache on disk).
+    pub fn segments_on_device(&self) -> Vec<(SegmentId, Vec<u8>)> {
+        match self {
+            SimWal::Disk(d) => {
+                d.disk.list().into_iter().filter_map(|id| d.disk.read_cached(id).map(|b| (id, b))).collect()
+            }
+            SimWal::S3(s) => {
+                s.bucket.wal_segments().into_iter().filter_map(|id| s.bucket.read(id).ok().map(|b| (id, b))).collect()
+            }
+        }
+    }
+
+    /// An operator deletes the segment by hand.
+    pub fn remove(&mut self, segment: SegmentId) {
+        match self {
+            SimWal::Disk(d) => d.disk.delete(segment),
+            SimWal::S3(s) => {
+                s.bucket.delete_header(segment);
+                s.bucket.delete_rest(segment);
+            }
+        }
+    }
+
+    /// The machine loses power (S3 does not notice).
+    pub fn power_cut(&mut self, lost_dir_entry: f64) {
+        if let SimWal::Disk(d) = self {
+            d.disk.crash(lost_dir_entry);
+        }
+    }
+
+    pub fn disk_stats(&self) -> DiskStats {
+        match self {
+            SimWal::Disk(d) => d.disk.stats.clone(),
+            SimWal::S3(_) => DiskStats::default(),
+        }
+    }
+
+    pub fn disk_mut(&mut self) -> Option<&mut DiskWal> {
+        match self {
+            SimWal::Disk(d) => Some(d),
+            SimWal::S3(_) => None,
+        }
+    }
+
+    pub fn s3_mut(&mut self) -> Option<&mut S3Wal> {
+        match self {
+            SimWal::S3(s) => Some(s),
+            SimWal::Disk(_) => None,
+        }
+    }
+}
+
+impl DiskWal {
+    fn perform(&mut self, op: WalOp, fails: bool) -> Result<IoReply, IoError> {
+        let done = |ok: bool| if ok { Ok(IoReply::Done) } else { Err(IoError::Failed) };
+        match op {
+            WalOp::Sync => done(self.disk.sync_all(fails)),
+            WalOp::List => Ok(IoReply::Segments(WalListing::Files(self.disk.list()))),
+            WalOp::Read { segment } => self.disk.read(segment).map(IoReply::SegmentBytes).ok_or(IoError::Failed),
+            WalOp::Create { segment, .. } => done(self.disk.sync(segment, true, fails)),
+            WalOp::Append { segment, offset, bytes, .. } => {
+                let synced = self.disk.sync(segment, false, fails);
+                if synced {
+                    self.durable_ends.insert(segment, offset as usize + bytes.len());
+                    self.newest_append = Some(segment);
+                }
+                done(synced)
+            }
+            WalOp::Delete { segment } => {
+                self.disk.delete(segment);
+                self.durable_ends.remove(&segment);
+                Ok(IoReply::Done)
+            }
+        }
+    }
+
+    /// Flips a durable bit in a segment that a later durable commit
+    /// follows, so the flip is detectable; `draw` picks the segment.
+    pub fn rot(&mut self, draw: impl FnOnce(u64) -> u64) -> bool {
+        let newest = self.newest_append;
+        let candidates: Vec<(SegmentId, usize)> =
+            self.durable_ends.iter().filter(|(id, _)| Some(**id) != newest).map(|(id, end)| (*id, *end)).collect();
+        if candidates.is_empty() {
+            return false;
+        }
+        let (segment, end) = candidates[draw(candidates.len() as u64 - 1) as usize];
+        self.disk.rot(segment, end)
+    }
+}
+
+impl S3Wal {
+    fn perform(&mut self, gen: u64, op: WalOp, fails: bool) -> Result<IoReply, IoError> {
+        match op {
+            WalOp::Sync => Ok(IoReply::Done),
+            WalOp::List | WalOp::Read { .. } if fails => Err(IoError::Failed),
+            WalOp::Create { .. } | WalOp::Append { .. } if fails => Err(IoError::Ambiguous),
+            WalOp::List => Ok(IoReply::Segments(self.bucket.list())),
+            WalOp::Read { segment } => self.bucket.read(segment).map(IoReply::SegmentBytes),
+            WalOp::Create { segment, header, .. } => {
+                let conditional = self.conditional(gen, segment, 0);
+                self.put(conditional, segment, 0, &Arc::new(header)).map(|()| IoReply::Done)
+            }
+            WalOp::Append { segment, offset, bytes, .. } => {
+                let conditional = self.conditional(gen, segment, offset);
+                self.put(conditional, segment, offset, &bytes).map(|()| IoReply::Done)
+            }
+            WalOp::Delete { segment } => {
+                self.begin_delete(segment);
+                self.bucket.delete_rest(segment);
+                Ok(IoReply::Done)
+            }
+        }
+    }
+
+    /// A put as the S3 driver makes it: conditional, unless the planted bug
+    /// retries a put whose outcome was unknown without the condition.
+    pub fn conditional(&self, gen: u64, segment: SegmentId, offset: u64) -> bool {
+        !(self.overwrite_on_unknown && self.unknown.contains(&(gen, segment, offset)))
+    }
+
+    /// The driver was told the put's outcome is unknown.
+    pub fn outcome_unknown(&mut self, gen: u64, segment: SegmentId, offset: u64) {
+        self.unknown.insert((gen, segment, offset));
+    }
+
+    /// The put reaches the bucket (now, or late for a put that was in flight).
+    pub fn put(
+        &mut self,
+        conditional: bool,
+        segment: SegmentId,
+        offset: u64,
+        bytes: &Arc<Vec<u8>>,
+    ) -> Result<(), IoError> {
+        let result = self.bucket.put(segment, offset, bytes, conditional);
+        self.conflicts += (result == Err(IoError::Conflict)) as u64;
+        result
+    }
+
+    /// The header goes first: from here on the segment is being deleted,
+    /// whatever happens to the rest.
+    pub fn begin_delete(&mut self, segment: SegmentId) {
+        self.bucket.delete_header(segment);
+    }
+
+    /// Puts that found their key taken by other bytes.
+    pub fn conflicts(&self) -> u64 {
+        self.conflicts
+    }
+}

@@ -1,0 +1,97 @@
+//! Recovery is idempotent: on a copy of the WAL device and the offsets
+//! store, recovering twice gives the same state as recovering once. The
+//! copies are driven by a second, small driver: every request is performed
+//! at once, without faults, through the same device `perform` as the world's.
+
+use super::World;
+use crate::checker::invariant;
+use crate::device::SimWal;
+use crate::plugins::SimOffsets;
+use skippr_core::io::{OffsetsOp, PluginOp, WalOp};
+use skippr_core::state::CommittedState;
+use skippr_core::{Host, HostConfig, Input, Instant, IoOp, IoReply, Lsn, Output, StopReason};
+use std::collections::VecDeque;
+
+/// What a recovery found: committed state, the WAL head, and the records
+/// held for sinks (count, bytes).
+/// The head is the LSN and the offset in the active segment: which segment
+/// that is may differ (a first recovery that deleted junk at the end takes
+/// the next id for its fence, a second one reuses the freed id), and the
+/// fence itself is answered but not kept.
+type Recovered = Result<(CommittedState, (Lsn, Option<u64>), (usize, u64)), StopReason>;
+
+/// The generation the copies' requests carry: no engine of the run has it.
+const ALONE: u64 = u64::MAX;
+
+impl World {
+    pub(super) fn check_recovery_idempotent(&mut self) {
+        // Alone: no lease to wait for, and no writes of its own (the fence
+        // is answered but not kept), so the second recovery reads what the
+        // first one read, less what the first one deleted.
+        let mut config = self.scenario.host_config(self.opts.mutations, u64::MAX);
+        config.lease = None;
+        let mut wal = self.wal.clone();
+        let mut offsets = self.offsets.clone();
+        let first = recover_alone(config.clone(), &mut wal, &mut offsets);
+        let second = recover_alone(config, &mut wal, &mut offsets);
+        if first != second {
+            let detail = format!("first recovery {:?}, second {:?}", summary(&first), summary(&second));
+            self.checker.fail(invariant::RECOVERY_NOT_IDEMPOTENT, detail);
+        }
+    }
+}
+
+fn summary(r: &Recovered) -> String {
+    match r {
+        Ok((state, (lsn, head), held)) => {
+            format!("lsn {} head {head:?} partitions {} records held {held:?}", lsn.0, state.partitions.len())
+        }
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+/// Runs one recovery to the point where sources would resume, performing
+/// its WAL and offsets requests at once and without faults.
+fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets) -> Recovered {
+    let mut host = Host::new(config, Instant::ZERO).expect("valid config");
+    let mut queue = VecDeque::new();
+    let mut now = Instant::ZERO;
+    let mut timeouts = 0;
+    loop {
+        while let Some(output) = host.poll_output() {
+            match output {
+                Output::Io { id, op } => queue.push_back((id, op)),
+                Output::Recovered(_) => {
+                    let (lsn, head) = host.wal_head();
+                    return Ok((host.committed().clone(), (lsn, head.map(|h| h.1)), host.records_held()));
+                }
+                Output::Stopped(reason) => return Err(reason),
+                Output::LeaseWait { .. } => unreachable!("recovering alone takes no lease"),
+                Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
+            }
+        }
+        let Some((id, op)) = queue.pop_front() else {
+            // A retry after a failed read: its backoff passes at once.
+            let Some((at, _)) = host.poll_timeout() else { panic!("recovery waits on nothing") };
+            now = now.max(at);
+            timeouts += 1;
+            assert!(timeouts < 1_000, "recovery keeps retrying");
+            host.handle(now, Input::Timeout);
+            continue;
+        };
+        let result = match op {
+            // The fence: answered, not kept.
+            IoOp::Wal(WalOp::Create { .. } | WalOp::Append { .. }) => Ok(IoReply::Done),
+            IoOp::Wal(op) => wal.perform(ALONE, op, false),
+            IoOp::Offsets(OffsetsOp::Read) => Ok(IoReply::Offsets(offsets.read())),
+            IoOp::Offsets(OffsetsOp::Write { entries }) => {
+                offsets.write(&entries);
+                Ok(IoReply::Done)
+            }
+            // The copies have no sinks: "cannot tell" is a valid answer.
+            IoOp::Plugin(PluginOp::SinkProgress { .. }) => Ok(IoReply::SinkProgress(Vec::new())),
+            _ => continue,
+        };
+        host.handle(now, Input::IoDone { id, result });
+    }
+}

@@ -1,0 +1,159 @@
+//! What each request does: issued (latency drawn, a disk write reaching the
+//! page cache), then performed at its completion time against the WAL
+//! device, the lease row, the offsets store, or a plugin. The fault models
+//! (`faults`) decide what goes wrong on the way.
+
+use super::frozen::Who;
+use super::schedule::Event;
+use super::World;
+use crate::rng::Die;
+use crate::scenario::WalMode;
+use skippr_core::io::{LeaseOp, OffsetsOp, PluginOp, WalOp};
+use skippr_core::{IoError, IoId, IoOp, IoReply, OffsetEntry};
+
+impl World {
+    /// What happens when a request is issued: writes reach the page cache,
+    /// and the completion is scheduled.
+    pub(super) fn submit(&mut self, who: Who, id: IoId, op: IoOp) {
+        let gen = self.gen_of(who);
+        let lat = &self.scenario.latencies;
+        let (offsets, sink, source) = (lat.offsets, lat.sink, lat.source);
+        match op {
+            IoOp::Wal(op) => self.submit_wal(who, gen, id, op),
+            op @ (IoOp::Lease(_) | IoOp::Offsets(_)) => {
+                self.after(Die::OffsetsLatency, offsets, Event::Complete { gen, id, op })
+            }
+            IoOp::Plugin(PluginOp::SinkApply(apply)) => {
+                self.after(Die::SinkLatency, sink, Event::SinkEffect { gen, id, apply })
+            }
+            // Sources, the schema plugin, and a look at a sink's progress (not
+            // a write: as quick as a source request).
+            op @ IoOp::Plugin(_) => self.after(Die::PluginLatency, source, Event::Complete { gen, id, op }),
+        }
+    }
+
+    fn submit_wal(&mut self, who: Who, gen: u64, id: IoId, op: WalOp) {
+        let lat = &self.scenario.latencies;
+        let (s3_lat, disk_write, disk_other) = (lat.s3, lat.disk_write, lat.disk_other);
+        let appending = matches!(op, WalOp::Append { .. });
+        if self.scenario.wal == WalMode::S3 {
+            if let WalOp::Sync = op {
+                return self.after(Die::S3Latency, (10, 20), Event::Complete { gen, id, op: IoOp::Wal(op) });
+            }
+            if appending && who == Who::Live {
+                self.append_in_flight = true;
+            }
+            let slow = self.fault(Die::S3Slow, self.scenario.faults.s3_slow);
+            let (lo, hi) = s3_lat;
+            // Never past the driver's operation timeout: what the lease's
+            // argument rests on.
+            let bound = self.scenario.lease.requests_within.as_micros().max(hi);
+            let range = if slow { (hi, (hi * 20).min(bound)) } else { (lo, hi) };
+            return self.after(Die::S3Latency, range, Event::Complete { gen, id, op: IoOp::Wal(op) });
+        }
+        let latency = match op {
+            WalOp::Append { .. } => {
+                self.append_in_flight = true;
+                disk_write
+            }
+            WalOp::Create { .. } if self.fault(Die::NoSpace, self.scenario.faults.no_space) => {
+                self.stats.no_space += 1;
+                let result = Err(IoError::NoSpace);
+                return self.after(Die::DiskLatency, disk_other, Event::Reply { gen, id, result });
+            }
+            _ => disk_other,
+        };
+        self.wal.issue(&op);
+        self.after(Die::DiskLatency, latency, Event::Complete { gen, id, op: IoOp::Wal(op) });
+    }
+
+    /// Performs a request at its completion time and returns its result.
+    pub(super) fn complete(&mut self, who: Who, gen: u64, op: IoOp) -> Result<IoReply, IoError> {
+        match op {
+            IoOp::Wal(op) => self.complete_wal(who, gen, op),
+            IoOp::Lease(LeaseOp::Read) => {
+                if self.scenario.wal == WalMode::S3 && self.fault(Die::S3Throttle, self.scenario.faults.s3_throttle) {
+                    self.stats.s3_throttled += 1;
+                    return Err(IoError::Failed);
+                }
+                Ok(IoReply::Lease(self.lease.row))
+            }
+            IoOp::Lease(LeaseOp::Write { expected, row }) => self.write_lease(expected, row),
+            IoOp::Offsets(OffsetsOp::Read) => Ok(IoReply::Offsets(self.offsets.read())),
+            IoOp::Offsets(OffsetsOp::Write { entries }) => self.write_offsets_request(entries),
+            IoOp::Plugin(op) => self.complete_plugin(who, op),
+        }
+    }
+
+    fn complete_wal(&mut self, who: Who, gen: u64, op: WalOp) -> Result<IoReply, IoError> {
+        let s3 = self.scenario.wal == WalMode::S3;
+        let f = &self.scenario.faults;
+        let (fsync_fail, s3_throttle) = (f.fsync_fail, f.s3_throttle);
+        if matches!(op, WalOp::Append { .. }) && (who == Who::Live || !s3) {
+            self.append_in_flight = false;
+        }
+        let fails = match op {
+            WalOp::Sync | WalOp::Create { .. } | WalOp::Append { .. } if !s3 => self.fault(Die::FsyncFail, fsync_fail),
+            WalOp::List | WalOp::Read { .. } if s3 => {
+                let throttled = self.fault(Die::S3Throttle, s3_throttle);
+                self.stats.s3_throttled += throttled as u64;
+                throttled
+            }
+            WalOp::Create { .. } | WalOp::Append { .. } if s3 => return self.put_to_s3(gen, op),
+            WalOp::Delete { .. } => {
+                self.stats.segments_deleted += 1;
+                false
+            }
+            _ => false,
+        };
+        self.wal.perform(gen, op, fails)
+    }
+
+    fn complete_plugin(&mut self, who: Who, op: PluginOp) -> Result<IoReply, IoError> {
+        let fails = !matches!(op, PluginOp::SourceOpen { .. } | PluginOp::SinkProgress { .. })
+            && self.fault(Die::SourceFail, self.scenario.faults.source_fail);
+        if fails {
+            self.stats.source_failures += 1;
+            return Err(IoError::Failed);
+        }
+        match op {
+            PluginOp::SourceOpen { source, resume } => {
+                // A woken writer resumes from what it recovered before it
+                // froze: stale, and harmless while it cannot commit.
+                if who == Who::Live {
+                    let offsets = &self.offsets;
+                    self.checker.on_resume(source, &resume, |key| offsets.position(key));
+                }
+                self.sources_of(who)[source.0 as usize].open(&resume);
+                Ok(IoReply::Done)
+            }
+            PluginOp::SourceRead { source, records_max } => {
+                let now = self.now();
+                let (batches, exhausted) = self.sources_of(who)[source.0 as usize].read(records_max, now);
+                Ok(IoReply::Batches { batches, exhausted })
+            }
+            PluginOp::SourceAck { source, acks } => {
+                let src = match who {
+                    Who::Live => &self.sources[source.0 as usize],
+                    Who::Zombie => &self.zombie.as_ref().expect("alive").sources[source.0 as usize],
+                };
+                self.checker.on_ack(source, &acks, |p| src.sent(p));
+                self.sources_of(who)[source.0 as usize].ack(&acks);
+                Ok(IoReply::Done)
+            }
+            PluginOp::SchemaDecide { .. } => {
+                self.stats.schema_decisions += 1;
+                Ok(IoReply::Schema { accept: true, reason: String::new() })
+            }
+            PluginOp::SinkApply(_) => unreachable!("sink applies go through SinkEffect"),
+            PluginOp::SinkProgress { sink } => Ok(IoReply::SinkProgress(self.sinks[sink.0 as usize].progress())),
+        }
+    }
+
+    /// The offsets store applies a write; the checker hears of each change.
+    pub(super) fn write_offsets(&mut self, entries: &[OffsetEntry]) {
+        for (key, old, new) in self.offsets.write(entries) {
+            self.checker.on_offsets_changed(key, old, new);
+        }
+    }
+}
