@@ -32,16 +32,20 @@ pub fn record_bytes_into(out: &mut Vec<u8>, seed: u64, source: u16, partition: u
     key[6..14].copy_from_slice(&position.to_le_bytes());
     let h = xxh3_64_with_seed(&key, seed);
     let len = 8 + (h % 40) as usize;
-    out.push(source as u8);
-    out.push(partition as u8);
-    out.extend_from_slice(&(position as u32).to_le_bytes());
-    // Eight payload bytes per step of a 64-bit LCG.
+    // The header, then eight payload bytes per step of a 64-bit LCG, built
+    // on the stack and copied once.
+    let mut buf = [0u8; 6 + 47 + 8];
+    buf[0] = source as u8;
+    buf[1] = partition as u8;
+    buf[2..6].copy_from_slice(&(position as u32).to_le_bytes());
     let mut x = h;
-    while out.len() < 6 + len {
+    let mut at = 6;
+    while at < 6 + len {
         x = x.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(0x1405_7b7e_f767_814f);
-        let take = (6 + len - out.len()).min(8);
-        out.extend_from_slice(&x.to_le_bytes()[..take]);
+        buf[at..at + 8].copy_from_slice(&x.to_le_bytes());
+        at += 8;
     }
+    out.extend_from_slice(&buf[..6 + len]);
 }
 
 /// The schema a sim source sends for `stream`: version 1 before the

@@ -327,8 +327,7 @@ fn commit_follows(segments: &[(SegmentId, &[u8])], i: usize, pos: usize, expecte
         let mut at = start;
         while at + COMMIT_FRAME_BYTES <= bytes.len() {
             // A commit record starts with its length, 8: jump to the next 8.
-            match bytes[at..bytes.len() - COMMIT_FRAME_BYTES + 1].iter().position(|&b| b == COMMIT_PAYLOAD_BYTES as u8)
-            {
+            match memchr::memchr(COMMIT_PAYLOAD_BYTES as u8, &bytes[at..bytes.len() - COMMIT_FRAME_BYTES + 1]) {
                 Some(skip) => at += skip,
                 None => break,
             }
