@@ -77,6 +77,21 @@ pub struct Host {
     stall: StallWatch,
 }
 
+/// Counts of an engine's rare paths, so a simulator sweep can show it
+/// reaches them (`skipprd sim --stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RarePaths {
+    /// A commit landed while the lease may have lapsed and waited for a
+    /// lease read before its effects applied.
+    pub late_commits_verified: u64,
+    /// A group sealed its segment because the next group of the largest
+    /// size would not fit after it.
+    pub seals_ahead: u64,
+    /// A group sealed its segment because the snapshot or the next frame
+    /// did not fit in what was left.
+    pub seals_no_room: u64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Recovering,
@@ -189,6 +204,12 @@ impl Host {
     /// The committed state, for recovery-idempotence checks and tools.
     pub fn committed(&self) -> &CommittedState {
         &self.committed
+    }
+
+    /// How often this engine took paths that most runs rarely take.
+    pub fn rare_paths(&self) -> RarePaths {
+        let (seals_ahead, seals_no_room) = self.wal.seal_counts();
+        RarePaths { late_commits_verified: self.authority.late_commits(), seals_ahead, seals_no_room }
     }
 
     /// Records held for sinks that have not acknowledged them: (count, bytes).

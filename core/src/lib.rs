@@ -33,7 +33,7 @@ pub mod time;
 pub mod wal;
 
 pub use config::{ConfigError, HostConfig, LeaseConfig, Limits};
-pub use host::Host;
+pub use host::{Host, RarePaths};
 pub use ids::{
     CompactionId, CompactionSeq, Epoch, IoId, Lsn, PartitionKey, Position, SegmentId, SinkId, SourceId, StreamId,
 };

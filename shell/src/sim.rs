@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use skippr_core::{Mutation, Mutations};
 use skippr_sim::scenario::{FaultKind, Overrides, WalMode};
 use skippr_sim::shrink::shrink;
-use skippr_sim::sweep::{run_seed, sweep, SeedResult, SweepOptions, Totals};
+use skippr_sim::sweep::{planted_reach, planted_report, run_seed, sweep, SeedResult, SweepOptions, Totals};
 use skippr_sim::{run, Outcome, RunOptions, SIM_VERSION};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -38,8 +38,10 @@ pub struct SimArgs {
     #[arg(long)]
     check_determinism: bool,
     /// Print per-seed averages: records, crashes, faults by kind, compactions,
-    /// segments deleted, recoveries; then how many seeds met each fault at
-    /// least once.
+    /// segments deleted, recoveries; then how many seeds met each fault and
+    /// took each rare engine path at least once; then, on the first 300
+    /// seeds run again with each planted bug on, how many runs each bug
+    /// changed and how many the checker failed.
     #[arg(long)]
     stats: bool,
     /// Write each failing seed to DIR as a small text file.
@@ -203,6 +205,9 @@ fn print_result(r: &SeedResult, opts: &RunOptions, verbose: bool) {
     }
 }
 
+/// Seeds `--stats` runs once more with each planted bug on.
+const PLANTED_SAMPLE: u64 = 300;
+
 fn many(seeds: Range<u64>, args: &SimArgs, opts: &RunOptions) -> i32 {
     let count = seeds.end - seeds.start;
     let bar = ProgressBar::new(count);
@@ -254,6 +259,11 @@ fn many(seeds: Range<u64>, args: &SimArgs, opts: &RunOptions) -> i32 {
     }
     if args.stats {
         print!("{}", totals.report());
+        if opts.mutations == Mutations::NONE {
+            let sample = sweep_opts.seeds.start..sweep_opts.seeds.start + count.min(PLANTED_SAMPLE);
+            let reach = planted_reach(sample, args.jobs, opts);
+            print!("{}", planted_report(count.min(PLANTED_SAMPLE), &reach));
+        }
     }
     println!("seeds: {count}, failed: {}, seeds/s: {:.0}", totals.failed, count as f64 / elapsed.max(1e-9));
     if totals.failed > 0 {

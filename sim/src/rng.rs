@@ -18,6 +18,8 @@ pub enum Stream {
     /// Which optional paths of the engine a run takes (a schema plugin,
     /// stopping once the sources are exhausted).
     Paths = 9,
+    /// Swarm weights: which rare combination a seed leans on.
+    Swarm = 10,
 }
 
 #[derive(Clone)]

@@ -207,6 +207,8 @@ pub struct Scenario {
     /// The engine drains and stops by itself once every source is exhausted
     /// (the daemon's `--once`).
     pub stop_when_exhausted: bool,
+    /// This seed leans on takeovers (`lean_on_rare_paths`).
+    pub takeover_storm: bool,
 }
 
 impl Scenario {
@@ -293,6 +295,7 @@ impl Scenario {
             lease: LeaseConfig::default(),
             schema_plugin: true,
             stop_when_exhausted: false,
+            takeover_storm: false,
         };
         // The engine's optional paths, on a stream of their own.
         let mut paths = Rng::new(seed, Stream::Paths);
@@ -313,7 +316,26 @@ impl Scenario {
         // At least four lease round trips, so a healthy holder keeps it.
         let steal_us = (fault_phase_end.as_micros() / r.range(6, 30)).max(4 * scenario.latencies.offsets.1);
         scenario.lease = LeaseConfig::from_span(Duration::from_micros(steal_us));
+        scenario.lean_on_rare_paths(seed);
         scenario
+    }
+
+    /// Swarm weights, on a stream of their own: some seeds lean hard on one
+    /// rare combination, so that paths most runs reach once in a long while
+    /// come up in every sweep. A takeover storm (S3 mode): writers freeze at
+    /// most crashes and at lost replies, lease writes and puts often have an
+    /// unknown outcome, and puts are slow, so commits land after the lease
+    /// may have lapsed while a successor takes over and deletes segments.
+    fn lean_on_rare_paths(&mut self, seed: u64) {
+        let mut swarm = Rng::new(seed, Stream::Swarm);
+        self.takeover_storm = swarm.chance(0.3);
+        if self.takeover_storm {
+            let f = &mut self.faults;
+            f.pause = swarm.range(80, 100) as f64 / 100.0;
+            f.s3_ambiguous = f.s3_ambiguous.max(swarm.rate(0.0, 0.1, 0.3));
+            f.lease_ambiguous = f.lease_ambiguous.max(swarm.rate(0.0, 0.2, 0.5));
+            f.s3_slow = f.s3_slow.max(swarm.rate(0.0, 0.05, 0.2));
+        }
     }
 
     /// Puts the WAL in `mode`.
@@ -400,5 +422,22 @@ impl Scenario {
 
     pub fn total_records(&self) -> u64 {
         self.sources.iter().flat_map(|s| &s.partitions).map(|p| p.records).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn some_seeds_lean_on_takeovers() {
+        let storms: Vec<Scenario> = (0..1000)
+            .map(|seed| Scenario::from_seed(seed).with_wal(WalMode::S3))
+            .filter(|s| s.takeover_storm)
+            .collect();
+        assert!((200..400).contains(&storms.len()), "{} of 1000 seeds", storms.len());
+        for s in &storms {
+            assert!(s.faults.pause >= 0.8 && s.faults.lease_ambiguous >= 0.2 && s.faults.s3_ambiguous >= 0.1);
+        }
     }
 }

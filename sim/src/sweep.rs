@@ -4,6 +4,8 @@
 
 use crate::checker::Violation;
 use crate::world::{run, Outcome, RunOptions, RunStats};
+use skippr_core::Mutation;
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -89,8 +91,13 @@ pub struct Totals {
     pub reached: Vec<u64>,
 }
 
-/// The faults of a run, by the names `--stats` prints them under.
-fn faults(s: &RunStats) -> [(&'static str, u64); 19] {
+const PATH_PREFIX: &str = "engine path: ";
+/// The first of the rare engine paths, which follow the faults.
+const PATHS_FROM: &str = "engine path: a commit that landed as the lease may have lapsed, verified";
+
+/// The faults of a run and the rare engine paths it took, by the names
+/// `--stats` prints them under.
+fn faults(s: &RunStats) -> [(&'static str, u64); 22] {
     [
         ("crashes", s.crashes),
         ("crashes that cut the power", s.power_cuts),
@@ -111,6 +118,9 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 19] {
         ("s3 puts with an unknown outcome", s.s3_ambiguous),
         ("s3 throttled requests", s.s3_throttled),
         ("s3 writers frozen", s.pauses),
+        ("engine path: a commit that landed as the lease may have lapsed, verified", s.late_commits_verified),
+        ("engine path: a segment sealed ahead of a group that would not fit", s.seals_ahead),
+        ("engine path: a segment sealed because the next frame did not fit", s.seals_no_room),
     ]
 }
 
@@ -162,6 +172,9 @@ impl Totals {
         t.lost_segments += s.lost_segments;
         t.fenced += s.fenced;
         t.lease_waits += s.lease_waits;
+        t.late_commits_verified += s.late_commits_verified;
+        t.seals_ahead += s.seals_ahead;
+        t.seals_no_room += s.seals_no_room;
         t.steps += s.steps;
         t.sim_micros += s.sim_micros;
     }
@@ -214,8 +227,66 @@ impl Totals {
         out.push_str(&format!("  seeds failed closed (corruption, a lost segment): {:.2}%\n", pct(self.fail_closed)));
         out.push_str("seeds that met each fault at least once:\n");
         for ((name, _), reached) in faults(&RunStats::default()).iter().zip(&self.reached) {
+            if name == &PATHS_FROM {
+                out.push_str("seeds that took each rare engine path at least once:\n");
+            }
+            let name = name.strip_prefix(PATH_PREFIX).unwrap_or(name);
             out.push_str(&format!("  {name}: {reached} ({:.1}%)\n", pct(*reached)));
         }
         out
     }
+}
+
+/// How far one planted bug reaches over a sample of seeds.
+pub struct PlantedReach {
+    pub mutation: Mutation,
+    /// Seeds whose trace the planted bug changed: its site was reached and
+    /// made a difference.
+    pub changed: u64,
+    /// Seeds the checker failed with the planted bug on.
+    pub caught: u64,
+}
+
+/// Runs `seeds` once as they are and once with each planted bug on, on
+/// `jobs` threads, and counts the seeds each bug changed and those the
+/// checker caught.
+pub fn planted_reach(seeds: Range<u64>, jobs: usize, base: &RunOptions) -> Vec<PlantedReach> {
+    let hashes_of = |run: RunOptions| {
+        let mut out = BTreeMap::new();
+        let opts = SweepOptions { seeds: seeds.clone(), jobs, run, check_determinism: false };
+        sweep(&opts, |r| {
+            out.insert(r.seed, (r.trace_hash, r.failed().is_some()));
+        });
+        out
+    };
+    let plain = hashes_of(base.clone());
+    Mutation::ALL
+        .iter()
+        .map(|&mutation| {
+            let mut run = base.clone();
+            run.mutations = base.mutations.with(mutation);
+            let mutated = hashes_of(run);
+            let changed = mutated.iter().filter(|(seed, (hash, _))| plain[*seed].0 != *hash).count() as u64;
+            let caught = mutated.values().filter(|(_, failed)| *failed).count() as u64;
+            PlantedReach { mutation, changed, caught }
+        })
+        .collect()
+}
+
+/// `planted_reach` as `--stats` prints it.
+pub fn planted_report(seeds: u64, reach: &[PlantedReach]) -> String {
+    let pct = |x: u64| 100.0 * x as f64 / seeds.max(1) as f64;
+    let mut out =
+        format!("planted bugs on the first {seeds} seeds: runs each one changed, and runs the checker failed:\n");
+    for r in reach {
+        out.push_str(&format!(
+            "  {}: changed {} ({:.1}%), caught {} ({:.1}%)\n",
+            r.mutation.name(),
+            r.changed,
+            pct(r.changed),
+            r.caught,
+            pct(r.caught)
+        ));
+    }
+    out
 }

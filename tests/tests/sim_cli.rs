@@ -48,6 +48,20 @@ fn a_sweep_ends_with_the_summary_line_and_stats_show_the_scenario() {
         assert!(met(name) > 0 && met(name) <= 300, "{name}: {}", met(name));
     }
     assert_eq!(met("s3 writers frozen"), 0, "no S3 faults in a disk sweep");
+    // The rare engine paths, and how far each planted bug reaches.
+    let paths = text.split("seeds that took each rare engine path at least once:\n").nth(1).expect("the paths section");
+    assert!(paths.contains("a segment sealed ahead of a group that would not fit: "), "{paths}");
+    assert!(
+        paths.contains("a commit that landed as the lease may have lapsed, verified: 0 (0.0%)"),
+        "no lease on disk"
+    );
+    let planted = text.split("runs the checker failed:\n").nth(1).expect("the planted-bug section");
+    let caught = |name: &str| -> u64 {
+        let line = planted.lines().find(|l| l.trim_start().starts_with(&format!("{name}: "))).expect("a line per bug");
+        line.split("caught ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(caught("offsets-before-commit") > 100, "{planted}");
+    assert_eq!(caught("nondeterministic-retry"), 0, "caught only by --check-determinism: {planted}");
 }
 
 #[test]

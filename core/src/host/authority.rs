@@ -37,6 +37,14 @@ impl Authority {
         self.lease().expect("a lease request implies a lease")
     }
 
+    /// Commits that landed while the lease may have lapsed (none without one).
+    pub(super) fn late_commits(&self) -> u64 {
+        match self {
+            Authority::DirectoryLock => 0,
+            Authority::Lease(lease) => lease.late_commits(),
+        }
+    }
+
     /// Still waiting for another writer's lease: nothing of ours to drain.
     pub(super) fn waiting(&self) -> bool {
         matches!(self, Authority::Lease(lease) if lease.holding().is_none())

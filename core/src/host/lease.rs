@@ -103,11 +103,13 @@ pub(super) struct Lease {
     state: State,
     /// A lease read or write is out; its answer schedules what follows.
     busy: bool,
+    /// Commits that landed while the lease may have lapsed.
+    late_commits: u64,
 }
 
 impl Lease {
     pub(super) fn new(cfg: LeaseConfig, seed: u64) -> Lease {
-        Lease { cfg, me: seed | 1 << 63, state: State::Waiting { seen: None }, busy: false }
+        Lease { cfg, me: seed | 1 << 63, state: State::Waiting { seen: None }, busy: false, late_commits: 0 }
     }
 
     pub(super) fn valid(&self, now: Instant) -> bool {
@@ -115,6 +117,11 @@ impl Lease {
             State::Held(h) | State::Verifying(h, _) => h.valid_until.is_some_and(|until| now < until),
             _ => false,
         }
+    }
+
+    /// Commits that landed while the lease may have lapsed, so far.
+    pub(super) fn late_commits(&self) -> u64 {
+        self.late_commits
     }
 
     /// The row this run holds (or held, while releasing).
@@ -330,6 +337,7 @@ impl Lease {
     /// A commit landed while the lease may have lapsed: read the row (sent
     /// from now on) before its effects apply.
     pub(super) fn verify_commit(&mut self, fx: &mut Effects) {
+        self.late_commits += 1;
         if let State::Held(h) | State::Verifying(h, _) = self.state {
             self.state = State::Verifying(h, fx.now);
         }

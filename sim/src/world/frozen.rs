@@ -100,12 +100,12 @@ impl World {
             StopReason::Fenced { .. } | StopReason::LeaseLost { .. } => {
                 self.stats.fenced += 1;
                 self.trace.note(self.now(), "zombie stopped");
-                self.zombie = None;
+                self.retire_zombie();
             }
             // It was draining when it froze, and had nothing left to commit.
             StopReason::Clean | StopReason::DrainTimedOut => {
                 self.trace.note(self.now(), "zombie stopped");
-                self.zombie = None;
+                self.retire_zombie();
             }
             // A writer frozen before an operator deleted a segment wakes to
             // a WAL that is not whole: stopping there is right.
@@ -116,7 +116,7 @@ impl World {
                 if self.lost.is_some() =>
             {
                 self.trace.note(self.now(), "zombie stopped");
-                self.zombie = None;
+                self.retire_zombie();
                 self.fail_closed = Some(format!("a woken writer stopped after a segment was lost: {reason:?}"));
             }
             other => self.checker.fail(invariant::UNEXPECTED_STOP, format!("woken writer: {other:?}")),

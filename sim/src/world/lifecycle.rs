@@ -35,7 +35,7 @@ impl World {
             self.trace.note(self.now(), "lease row deleted");
             self.lease.row = None;
         }
-        self.host = None;
+        self.retire_live();
         self.gen += 1;
         self.append_in_flight = false;
         if power_cut {
@@ -75,7 +75,7 @@ impl World {
     /// cache, and a supervisor starts it again.
     fn exit_and_restart(&mut self) {
         self.append_in_flight = false;
-        self.host = None;
+        self.retire_live();
         self.gen += 1;
         self.after(Die::Restart, self.scenario.latencies.restart, Event::Restart);
     }
@@ -129,12 +129,12 @@ impl World {
                 if self.lost.is_some() =>
             {
                 self.fail_closed = Some(format!("stopped after a segment was lost: {reason:?}"));
-                self.host = None;
+                self.retire_live();
             }
             StopReason::Corrupt(c) if self.wal.disk_stats().rot > 0 => {
                 self.fail_closed =
                     Some(format!("stopped on corrupt segment {} at byte {}: {}", c.segment.0, c.offset, c.what));
-                self.host = None;
+                self.retire_live();
             }
             StopReason::OffsetsAheadOfWal { key, store, wal } => {
                 let detail = format!("{key}: the engine found offsets at {} ahead of the WAL at {}", store.0, wal.0);
@@ -157,7 +157,7 @@ impl World {
             let detail = format!("a clean stop left the lease held: {:?}", self.lease.row);
             self.checker.fail(invariant::CLEAN_SHUTDOWN, detail);
         }
-        self.host = None;
+        self.retire_live();
         self.done = true;
     }
 }

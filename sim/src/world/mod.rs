@@ -89,6 +89,10 @@ pub struct RunStats {
     pub lost_segments: u64,
     pub fenced: u64,
     pub lease_waits: u64,
+    /// Rare paths of the engine (`skippr_core::RarePaths`).
+    pub late_commits_verified: u64,
+    pub seals_ahead: u64,
+    pub seals_no_room: u64,
     pub steps: u64,
     pub sim_micros: u64,
 }
@@ -200,6 +204,8 @@ impl World {
                 (None, None) => Outcome::Pass,
             },
         };
+        self.retire_live();
+        self.retire_zombie();
         let d = self.wal.disk_stats();
         self.stats.torn_writes = d.torn_writes;
         self.stats.lost_writes = d.lost_writes;
@@ -301,6 +307,26 @@ impl World {
         }
     }
 
+    /// The live engine is gone (a crash, an exit, a final stop): its rare
+    /// paths join the run's statistics.
+    fn retire_live(&mut self) {
+        if let Some(host) = self.host.take() {
+            self.count_paths(host.rare_paths());
+        }
+    }
+
+    fn retire_zombie(&mut self) {
+        if let Some(zombie) = self.zombie.take() {
+            self.count_paths(zombie.host.rare_paths());
+        }
+    }
+
+    fn count_paths(&mut self, p: RarePaths) {
+        self.stats.late_commits_verified += p.late_commits_verified;
+        self.stats.seals_ahead += p.seals_ahead;
+        self.stats.seals_no_room += p.seals_no_room;
+    }
+
     fn now(&self) -> Instant {
         self.schedule.now
     }
@@ -391,7 +417,8 @@ impl World {
         self.faulting = false;
         // A frozen writer that never woke is killed for good, so the quiet
         // phase has one writer to converge with.
-        if self.zombie.take().is_some() {
+        if self.zombie.is_some() {
+            self.retire_zombie();
             self.trace.note(self.now(), "zombie killed");
         }
     }

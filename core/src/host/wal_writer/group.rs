@@ -60,6 +60,8 @@ impl WalWriter {
         seal_now |= self.must_seal(&at, &frames, len, limits)?;
         let full = at.offset + len + limits.group_bytes_max + SEAL_RESERVE > limits.segment_bytes;
         if seal_due || full || seal_now {
+            self.seals_ahead += (full && !seal_due && !seal_now) as u64;
+            self.seals_no_room += (seal_now && !seal_due) as u64;
             frames.push(Frame::Seal);
         }
         let lsn = self.next_lsn;

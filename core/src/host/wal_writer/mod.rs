@@ -39,6 +39,11 @@ pub(super) struct WalWriter {
     /// Frames waiting for the next group, and their encoded size.
     pending: VecDeque<Frame>,
     pending_bytes: u64,
+    /// How often a group sealed its segment ahead of time (the next group
+    /// of the largest size would not fit after it), and how often because
+    /// what came next did not fit at all: paths most runs rarely take.
+    seals_ahead: u64,
+    seals_no_room: u64,
 }
 
 struct Active {
@@ -95,6 +100,11 @@ impl WalWriter {
 
     pub(super) fn epoch(&self) -> Epoch {
         self.epoch
+    }
+
+    /// (seals ahead of time, seals because the next frame did not fit).
+    pub(super) fn seal_counts(&self) -> (u64, u64) {
+        (self.seals_ahead, self.seals_no_room)
     }
 
     pub(super) fn next_lsn(&self) -> Lsn {
