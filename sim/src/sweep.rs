@@ -290,3 +290,27 @@ pub fn planted_report(seeds: u64, reach: &[PlantedReach]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::WalMode;
+
+    /// A short sweep of each mode: what `cargo mutants` judges a mutant of
+    /// core by, with core's own tests (BENCHMARKS.md, mutation testing).
+    #[test]
+    fn short_sweeps_of_both_modes_pass() {
+        for wal in [WalMode::Disk, WalMode::S3] {
+            let run = RunOptions { wal, ..RunOptions::default() };
+            let opts = SweepOptions { seeds: 0..1_500, jobs: 2, run, check_determinism: false };
+            let mut failed = Vec::new();
+            sweep(&opts, |r| {
+                if let Some(v) = r.failed() {
+                    failed.push(format!("seed {}: {v}", r.seed));
+                }
+            });
+            failed.sort();
+            assert!(failed.is_empty(), "{wal:?}: {} failed, first {:?}", failed.len(), failed.first());
+        }
+    }
+}
