@@ -242,10 +242,23 @@ mod tests {
         assert!(verdict(|c| c.streams.clear()).contains("one stream"));
         assert!(verdict(|c| c.sinks = vec!["k".into(); 65_536]).contains("at most 65535"));
         assert_eq!(verdict(|c| c.sinks = vec!["k".into(); 65_535]), "ok");
+        assert!(verdict(|c| c.sources = vec!["s".into(); 65_536]).contains("at most 65535"));
+        assert_eq!(verdict(|c| c.sources = vec!["s".into(); 65_535]), "ok");
         assert!(verdict(|c| c.limits.group_bytes_max = 1023).contains("between 1024"));
         assert_eq!(verdict(|c| c.limits.group_bytes_max = 1024), "ok");
         let too_big = GROUP_BYTES_LIMIT as u64 + 1;
         assert!(verdict(|c| c.limits.group_bytes_max = too_big).contains("between 1024"));
+        let largest = |c: &mut HostConfig| {
+            c.limits.group_bytes_max = GROUP_BYTES_LIMIT as u64;
+            c.limits.pending_bytes_max = GROUP_BYTES_LIMIT as u64 + 1;
+            c.limits.segment_bytes = 1 << 40;
+        };
+        assert_eq!(verdict(|c| largest(c)), "ok", "the largest group the format allows");
+        assert!(verdict(|c| {
+            largest(c);
+            c.limits.group_bytes_max += 1;
+        })
+        .contains("between 1024"));
         let min = SEGMENT_HEADER_BYTES as u64 + 4 * (valid().limits.group_bytes_max + SEAL_RESERVE);
         assert!(verdict(|c| c.limits.segment_bytes = min - 1).contains("at least four groups"));
         assert_eq!(verdict(|c| c.limits.segment_bytes = min), "ok");
@@ -266,5 +279,7 @@ mod tests {
         assert!(verdict(|c| c.limits.retry_min = Duration::from_micros(0)).contains("retry_min"));
         assert!(verdict(|c| c.limits.retry_max = Duration::from_micros(1)).contains("retry_min"));
         assert_eq!(verdict(|c| c.limits.retry_max = c.limits.retry_min), "ok");
+        // What an operator reads is the message itself.
+        assert_eq!(ConfigError("segment size 1 is too small".into()).to_string(), "segment size 1 is too small");
     }
 }
