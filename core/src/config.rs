@@ -275,6 +275,12 @@ mod tests {
         assert_eq!(lease(|l| l.requests_within = Duration::from_micros(4_999_999)), "ok");
         assert!(lease(|l| l.renew_every = Duration::from_micros(3_333_334)).contains("three renewal intervals"));
         assert_eq!(lease(|l| l.renew_every = Duration::from_micros(3_333_333)), "ok");
+        let exactly_three = |l: &mut LeaseConfig| {
+            l.steal_after = Duration::from_secs(9);
+            l.requests_within = Duration::from_secs(4);
+            l.renew_every = Duration::from_secs(3);
+        };
+        assert_eq!(lease(exactly_three), "ok", "a span of exactly three renewal intervals is enough");
         assert_eq!(verdict(|c| c.lease = None), "ok", "no lease, no lease rules");
         assert!(verdict(|c| c.limits.retry_min = Duration::from_micros(0)).contains("retry_min"));
         assert!(verdict(|c| c.limits.retry_max = Duration::from_micros(1)).contains("retry_min"));

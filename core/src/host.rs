@@ -77,6 +77,17 @@ pub struct Host {
     stall: StallWatch,
 }
 
+/// The earliest of the deadlines; on a tie, the one listed first.
+fn earliest<const N: usize>(deadlines: [Option<(Instant, Timer)>; N]) -> Option<(Instant, Timer)> {
+    let mut next: Option<(Instant, Timer)> = None;
+    for (at, timer) in deadlines.into_iter().flatten() {
+        if next.is_none_or(|(t, _)| at < t) {
+            next = Some((at, timer));
+        }
+    }
+    next
+}
+
 /// Counts of an engine's rare paths, so a simulator sweep can show it
 /// reaches them (`skipprd sim --stats`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -171,26 +182,16 @@ impl Host {
         if self.phase == Phase::Stopped {
             return None;
         }
-        let mut next: Option<(Instant, Timer)> = None;
-        let mut consider = |at: Instant, timer: Timer| {
-            if next.is_none_or(|(t, _)| at < t) {
-                next = Some((at, timer));
-            }
-        };
-        if let Some((at, what)) = self.fx.next_retry() {
+        let retry = self.fx.next_retry().map(|(at, what)| {
             let lease = matches!(what, Retry::LeaseRead | Retry::LeaseRenew);
-            consider(at, if lease { Timer::Lease } else { Timer::Retry });
-        }
-        if let Some(at) = self.wal.segment_age_deadline(&self.cfg.limits) {
-            consider(at, Timer::SegmentAge);
-        }
-        if let Some(at) = self.drain_deadline {
-            consider(at, Timer::Drain);
-        }
-        if let Some(at) = self.stall.deadline() {
-            consider(at, Timer::Stall);
-        }
-        next
+            (at, if lease { Timer::Lease } else { Timer::Retry })
+        });
+        earliest([
+            retry,
+            self.wal.segment_age_deadline(&self.cfg.limits).map(|at| (at, Timer::SegmentAge)),
+            self.drain_deadline.map(|at| (at, Timer::Drain)),
+            self.stall.deadline().map(|at| (at, Timer::Stall)),
+        ])
     }
 
     pub fn is_recovering(&self) -> bool {

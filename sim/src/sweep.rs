@@ -50,29 +50,40 @@ pub fn run_seed(seed: u64, opts: &RunOptions, check_determinism: bool) -> SeedRe
     SeedResult { seed, outcome, trace_hash: report.trace_hash, stats: report.stats }
 }
 
+/// Results reach the calling thread in batches of this many: one wake-up
+/// per batch rather than per seed.
+const BATCH: usize = 16;
+
 /// Runs every seed in the range on `jobs` threads, calling `each` on the
 /// calling thread as results arrive.
 pub fn sweep(opts: &SweepOptions, mut each: impl FnMut(SeedResult)) {
     let next = AtomicU64::new(opts.seeds.start);
     let end = opts.seeds.end;
-    let (tx, rx) = mpsc::sync_channel::<SeedResult>(1024);
+    let (tx, rx) = mpsc::sync_channel::<Vec<SeedResult>>(64);
     std::thread::scope(|scope| {
         for _ in 0..opts.jobs.max(1) {
             let tx = tx.clone();
             let next = &next;
-            scope.spawn(move || loop {
-                let seed = next.fetch_add(1, Ordering::Relaxed);
-                if seed >= end {
-                    return;
+            scope.spawn(move || {
+                let mut batch = Vec::with_capacity(BATCH);
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= end {
+                        break;
+                    }
+                    batch.push(run_seed(seed, &opts.run, opts.check_determinism));
+                    if batch.len() == BATCH
+                        && tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))).is_err()
+                    {
+                        return;
+                    }
                 }
-                if tx.send(run_seed(seed, &opts.run, opts.check_determinism)).is_err() {
-                    return;
-                }
+                let _ = tx.send(batch);
             });
         }
         drop(tx);
-        for result in rx {
-            each(result);
+        for batch in rx {
+            batch.into_iter().for_each(&mut each);
         }
     });
 }

@@ -128,9 +128,11 @@ fn shutdown_drains_then_stops_clean() {
     let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
     h.open_source();
     h.feed(0, 4);
+    assert!(!h.host.is_draining());
     h.host.handle(h.now, Input::Shutdown);
     h.settle();
     assert_eq!(h.stopped, None, "a compaction is still out");
+    assert!(h.host.is_draining() && !h.host.is_recovering());
     let (ack, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceAck { .. })).then_some(()));
     h.answer(ack, Ok(IoReply::Done));
     let (apply, ..) = h.sink_apply();
@@ -222,4 +224,16 @@ fn with_stop_when_exhausted_the_engine_drains_once_every_source_is_done() {
     let (apply, ..) = h.sink_apply();
     h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::Applied, rows: 1 }));
     assert_eq!(h.stopped, Some(StopReason::Clean));
+}
+
+#[test]
+fn the_next_deadline_is_the_earliest_and_a_tie_keeps_the_first_reason() {
+    let t = Instant::from_micros;
+    let four = [Some((t(9), Timer::Retry)), Some((t(3), Timer::SegmentAge)), None, Some((t(5), Timer::Stall))];
+    assert_eq!(crate::host::earliest(four), Some((t(3), Timer::SegmentAge)));
+    assert_eq!(
+        crate::host::earliest([Some((t(4), Timer::Lease)), Some((t(4), Timer::Drain))]),
+        Some((t(4), Timer::Lease))
+    );
+    assert_eq!(crate::host::earliest::<2>([None, None]), None);
 }
