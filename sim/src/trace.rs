@@ -8,24 +8,39 @@ use skippr_core::Instant;
 use std::fmt::Write as _;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
+const PENDING_MAX: usize = 4096;
+
 pub struct Trace {
     hasher: Xxh3,
+    /// Bytes not yet fed to the hasher: it is fed in large pieces, which
+    /// gives the same hash as feeding each value on its own, faster.
+    pending: Vec<u8>,
     print: bool,
     pub lines: Vec<String>,
 }
 
 impl Trace {
     pub fn new(print: bool) -> Trace {
-        Trace { hasher: Xxh3::new(), print, lines: Vec::new() }
+        Trace { hasher: Xxh3::new(), pending: Vec::with_capacity(PENDING_MAX + 256), print, lines: Vec::new() }
     }
 
     pub fn hash(&self) -> u64 {
-        self.hasher.digest()
+        let mut hasher = self.hasher.clone();
+        hasher.update(&self.pending);
+        hasher.digest()
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+        if self.pending.len() >= PENDING_MAX {
+            self.hasher.update(&self.pending);
+            self.pending.clear();
+        }
     }
 
     pub fn note(&mut self, now: Instant, what: &str) {
         self.u64(now.as_micros());
-        self.hasher.update(what.as_bytes());
+        self.update(what.as_bytes());
         if self.print {
             self.lines.push(format!("{now} -- {what}"));
         }
@@ -64,7 +79,7 @@ impl Trace {
             }
             Output::Stopped(r) => {
                 self.u64(12);
-                self.hasher.update(format!("{r:?}").as_bytes());
+                self.update(format!("{r:?}").as_bytes());
             }
             Output::Stalled { for_, .. } => {
                 self.u64(14);
@@ -83,7 +98,7 @@ impl Trace {
     }
 
     fn u64(&mut self, v: u64) {
-        self.hasher.update(&v.to_le_bytes());
+        self.update(&v.to_le_bytes());
     }
 
     fn reply(&mut self, reply: &IoReply) {
@@ -108,7 +123,7 @@ impl Trace {
                 self.u64(23);
                 for (k, v, _) in e {
                     self.u64(k.partition as u64);
-                    self.hasher.update(v);
+                    self.update(v);
                 }
             }
             IoReply::Batches { batches, exhausted } => {
@@ -164,14 +179,14 @@ impl Trace {
             IoOp::Wal(WalOp::Create { segment, header, size }) => {
                 self.u64(33 ^ segment.0 << 8);
                 self.u64(*size);
-                self.hasher.update(header);
+                self.update(header);
             }
             IoOp::Wal(WalOp::Delete { segment }) => self.u64(34 ^ segment.0 << 8),
             IoOp::Offsets(OffsetsOp::Read) => self.u64(35),
             IoOp::Offsets(OffsetsOp::Write { entries }) => {
                 self.u64(36);
                 for e in entries {
-                    self.hasher.update(&e.value.encode());
+                    self.update(&e.value.encode());
                 }
             }
             IoOp::Plugin(PluginOp::SourceOpen { source, resume }) => {
