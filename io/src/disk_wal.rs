@@ -3,16 +3,19 @@
 //! Each segment is a file named by its zero-padded id (`00000000000000000007.seg`),
 //! zero-filled to its full size when created, with its header written and
 //! both file and directory fsynced before the engine may use it: creation is
-//! off the commit path. A commit group is then one positioned write and one
-//! `fdatasync` (`fsyncs` counts them). Files that are not segments are left
-//! alone and reported.
+//! off the commit path. A commit group is then one positioned write that
+//! returns once the bytes are durable: `pwritev2` with `RWF_DSYNC`, the write
+//! and its `fdatasync` in one call (`append_syncs` counts them), or a write
+//! and an `fdatasync` where the kernel or file system refuses the flag.
+//! Files that are not segments are left alone and reported.
 
 use skippr_core::{IoError, IoReply, SegmentId, WalListing, WalOp};
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use tracing::warn;
 
@@ -21,9 +24,12 @@ const SUFFIX: &str = ".seg";
 
 pub struct DiskWal {
     dir: PathBuf,
-    open: Mutex<Option<(SegmentId, File)>>,
-    /// `fdatasync` calls made for appends: exactly one per commit group.
+    /// The segment appends go to, and its size when opened.
+    open: Mutex<Option<(SegmentId, File, u64)>>,
+    /// Durable writes made for appends: exactly one per commit group.
     pub append_syncs: AtomicU64,
+    /// The kernel refused `RWF_DSYNC` once: write, then `fdatasync`.
+    no_dsync_flag: AtomicBool,
 }
 
 impl DiskWal {
@@ -32,7 +38,12 @@ impl DiskWal {
         let dir = data_dir.join(WAL_DIR);
         std::fs::create_dir_all(&dir)?;
         sync_dir(data_dir)?;
-        Ok(DiskWal { dir, open: Mutex::new(None), append_syncs: AtomicU64::new(0) })
+        Ok(DiskWal {
+            dir,
+            open: Mutex::new(None),
+            append_syncs: AtomicU64::new(0),
+            no_dsync_flag: AtomicBool::new(false),
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -109,6 +120,12 @@ impl DiskWal {
     /// file and directory fsynced. An existing file of that name is replaced.
     pub fn create(&self, segment: SegmentId, header: &[u8], size: u64) -> io::Result<()> {
         let path = self.path(segment);
+        let mut open = self.open.lock().expect("not poisoned");
+        if open.as_ref().is_some_and(|(id, ..)| *id == segment) {
+            // Its size may change: the next append opens it again.
+            *open = None;
+        }
+        drop(open);
         let file = OpenOptions::new().create(true).write(true).truncate(true).mode(0o600).open(&path)?;
         let chunk = vec![0u8; 1 << 20];
         let mut at = 0;
@@ -122,27 +139,38 @@ impl DiskWal {
         sync_dir(&self.dir)
     }
 
-    /// One commit group: one positioned write, one `fdatasync`.
+    /// One commit group: one positioned write that returns once the bytes
+    /// are durable.
     pub fn append(&self, segment: SegmentId, offset: u64, bytes: &[u8]) -> io::Result<()> {
         let mut open = self.open.lock().expect("not poisoned");
-        if open.as_ref().is_none_or(|(id, _)| *id != segment) {
+        if open.as_ref().is_none_or(|(id, ..)| *id != segment) {
             let file = OpenOptions::new().write(true).open(self.path(segment))?;
-            *open = Some((segment, file));
+            // The file's own size, not today's setting: it may have been
+            // created under another WAL_BYTES_PER_FILE. Appends never grow it.
+            let len = file.metadata()?.len();
+            *open = Some((segment, file, len));
         }
-        let file = &open.as_ref().expect("set above").1;
-        // The file's own size, not today's setting: it may have been created
-        // under another WAL_BYTES_PER_FILE.
-        if offset + bytes.len() as u64 > file.metadata()?.len() {
+        let (_, file, len) = open.as_ref().expect("set above");
+        if offset + bytes.len() as u64 > *len {
             return Err(io::Error::other(format!("append past the end of segment {}", segment.0)));
         }
-        file.write_all_at(bytes, offset)?;
         self.append_syncs.fetch_add(1, Ordering::Relaxed);
+        if !self.no_dsync_flag.load(Ordering::Relaxed) {
+            match write_all_dsync(file, bytes, offset) {
+                Err(e) if dsync_flag_refused(&e) => {
+                    warn!(error = %e, "the kernel refuses RWF_DSYNC writes here; appends use a write and fdatasync");
+                    self.no_dsync_flag.store(true, Ordering::Relaxed);
+                }
+                result => return result,
+            }
+        }
+        file.write_all_at(bytes, offset)?;
         file.sync_data()
     }
 
     pub fn delete(&self, segment: SegmentId) -> io::Result<()> {
         let mut open = self.open.lock().expect("not poisoned");
-        if open.as_ref().is_some_and(|(id, _)| *id == segment) {
+        if open.as_ref().is_some_and(|(id, ..)| *id == segment) {
             *open = None;
         }
         match std::fs::remove_file(self.path(segment)) {
@@ -151,6 +179,40 @@ impl DiskWal {
         }
         sync_dir(&self.dir)
     }
+}
+
+/// Writes all of `bytes` at `offset`, each piece durable before the call
+/// that wrote it returns (`pwritev2` with `RWF_DSYNC`).
+fn write_all_dsync(file: &File, mut bytes: &[u8], mut offset: u64) -> io::Result<()> {
+    use nix::libc;
+    while !bytes.is_empty() {
+        let iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+        let at = libc::off_t::try_from(offset).map_err(|_| io::Error::other("offset beyond off_t"))?;
+        // SAFETY: one iovec over `bytes`, which outlives the call and is
+        // only read; the descriptor is open for writing.
+        let n = unsafe { libc::pwritev2(file.as_raw_fd(), &iov, 1, at, libc::RWF_DSYNC) };
+        match n {
+            n if n > 0 => {
+                bytes = &bytes[n as usize..];
+                offset += n as u64;
+            }
+            0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The kernel (before 4.7) or the file system does not take the flag: no
+/// byte was written, and a plain write with `fdatasync` does the same job.
+fn dsync_flag_refused(e: &io::Error) -> bool {
+    use nix::libc;
+    matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL))
 }
 
 /// Reads a whole file opened with `O_DIRECT`: offsets, lengths and the
@@ -220,7 +282,7 @@ mod tests {
         std::fs::write(wal.dir().join("notes.txt"), b"stray").unwrap();
         wal.append(SegmentId(3), 6, b"group").unwrap();
         wal.append(SegmentId(3), 11, b"next").unwrap();
-        assert_eq!(wal.append_syncs.load(Ordering::Relaxed), 2, "one fdatasync per group");
+        assert_eq!(wal.append_syncs.load(Ordering::Relaxed), 2, "one durable write per group");
         let bytes = wal.read(SegmentId(3)).unwrap();
         assert_eq!(bytes.len(), 8192, "preallocated to full size");
         assert_eq!(&bytes[..15], b"headergroupnext");
@@ -231,5 +293,32 @@ mod tests {
         wal.sync_all().unwrap();
         wal.delete(SegmentId(3)).unwrap();
         assert!(wal.list().unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn appends_fall_back_to_write_and_fdatasync_where_the_flag_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let wal = DiskWal::open(tmp.path()).unwrap();
+        wal.no_dsync_flag.store(true, Ordering::Relaxed);
+        wal.create(SegmentId(1), b"head", 4096).unwrap();
+        wal.append(SegmentId(1), 4, b"one").unwrap();
+        wal.append(SegmentId(1), 7, b"two").unwrap();
+        assert_eq!(&wal.read(SegmentId(1)).unwrap()[..10], b"headonetwo");
+        assert_eq!(wal.append_syncs.load(Ordering::Relaxed), 2);
+        for errno in [nix::libc::ENOSYS, nix::libc::EOPNOTSUPP, nix::libc::EINVAL] {
+            assert!(dsync_flag_refused(&io::Error::from_raw_os_error(errno)), "{errno}");
+        }
+        assert!(!dsync_flag_refused(&io::Error::from_raw_os_error(nix::libc::EIO)), "a write error is an error");
+    }
+
+    #[test]
+    fn a_segment_created_again_is_appended_to_at_its_new_size() {
+        let tmp = tempfile::tempdir().unwrap();
+        let wal = DiskWal::open(tmp.path()).unwrap();
+        wal.create(SegmentId(2), b"h", 4096).unwrap();
+        wal.append(SegmentId(2), 1, b"a").unwrap();
+        wal.create(SegmentId(2), b"h", 8192).unwrap();
+        wal.append(SegmentId(2), 6000, b"b").unwrap();
+        assert_eq!(wal.read(SegmentId(2)).unwrap()[6000], b'b');
     }
 }
