@@ -104,6 +104,14 @@ impl SimWal {
         }
     }
 
+    /// Changes to what the device holds so far: equal counts, equal devices.
+    pub fn changes(&self) -> u64 {
+        match self {
+            SimWal::Disk(d) => d.disk.changes(),
+            SimWal::S3(s) => s.bucket.changes(),
+        }
+    }
+
     pub fn disk_stats(&self) -> DiskStats {
         match self {
             SimWal::Disk(d) => d.disk.stats.clone(),

@@ -41,6 +41,9 @@ pub struct SimDisk {
     recycled: Vec<Vec<u8>>,
     rng: Rng,
     pub stats: DiskStats,
+    /// Bumped by every change to what the disk holds (files, bytes, what is
+    /// durable, directory entries): equal counts, equal disks.
+    changes: u64,
 }
 
 impl SimDisk {
@@ -50,7 +53,12 @@ impl SimDisk {
             recycled: Vec::new(),
             rng: Rng::new(seed, Stream::Disk),
             stats: DiskStats::default(),
+            changes: 0,
         }
+    }
+
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     pub fn list(&self) -> Vec<SegmentId> {
@@ -73,6 +81,7 @@ impl SimDisk {
     /// Creates a preallocated file of `size` bytes starting with `header`,
     /// unsynced. Reuses a deleted file's bytes half of the time.
     pub fn create(&mut self, segment: SegmentId, header: &[u8], size: usize) {
+        self.changes += 1;
         let mut bytes = if !self.recycled.is_empty() && self.rng.chance(0.5) {
             let i = self.rng.range(0, self.recycled.len() as u64 - 1) as usize;
             self.recycled.swap_remove(i)
@@ -89,6 +98,7 @@ impl SimDisk {
     pub fn write(&mut self, segment: SegmentId, offset: usize, bytes: &[u8]) -> bool {
         match self.files.get_mut(&segment) {
             Some(file) if offset + bytes.len() <= file.current.len() => {
+                self.changes += 1;
                 write_at(file, offset, bytes);
                 true
             }
@@ -102,6 +112,7 @@ impl SimDisk {
         let Some(file) = self.files.get_mut(&segment) else {
             return false;
         };
+        self.changes += (!file.unsynced.is_empty() || (dir && !file.linked)) as u64;
         if fail {
             // As Linux does after a writeback error: the pages stay in the
             // cache, marked clean, so later reads through the cache still see
@@ -134,6 +145,7 @@ impl SimDisk {
     /// Unlink, made durable at once.
     pub fn delete(&mut self, segment: SegmentId) {
         if let Some(file) = self.files.remove(&segment) {
+            self.changes += 1;
             if self.recycled.len() < 4 {
                 self.recycled.push(file.durable);
             }
@@ -143,6 +155,7 @@ impl SimDisk {
     /// The machine loses power: only durable state survives, plus whatever
     /// of each unsynced write the disk happened to keep.
     pub fn crash(&mut self, lost_dir_entry: f64) {
+        self.changes += 1;
         let mut gone = Vec::new();
         for (&id, file) in self.files.iter_mut() {
             if !file.linked && self.rng.chance(lost_dir_entry) {
@@ -188,6 +201,7 @@ impl SimDisk {
         };
         let at = self.rng.range(0, (end.min(file.durable.len()) - 1) as u64) as usize;
         let bit = 1u8 << self.rng.range(0, 7);
+        self.changes += 1;
         file.durable[at] ^= bit;
         file.current[at] ^= bit;
         self.stats.rot += 1;

@@ -23,6 +23,8 @@ use std::sync::Arc;
 pub struct SimS3 {
     objects: BTreeMap<(SegmentId, u64), Arc<Vec<u8>>>,
     pub overwrites: u64,
+    /// Bumped by every change to the objects: equal counts, equal buckets.
+    changes: u64,
 }
 
 impl SimS3 {
@@ -40,10 +42,12 @@ impl SimS3 {
             Some(existing) if existing == bytes => Ok(()),
             Some(_) => {
                 self.overwrites += 1;
+                self.changes += 1;
                 self.objects.insert((segment, offset), bytes.clone());
                 Ok(())
             }
             None => {
+                self.changes += 1;
                 self.objects.insert((segment, offset), bytes.clone());
                 Ok(())
             }
@@ -76,11 +80,17 @@ impl SimS3 {
     }
 
     pub fn delete_header(&mut self, segment: SegmentId) {
-        self.objects.remove(&(segment, 0));
+        self.changes += self.objects.remove(&(segment, 0)).is_some() as u64;
     }
 
     pub fn delete_rest(&mut self, segment: SegmentId) {
+        let before = self.objects.len();
         self.objects.retain(|(s, _), _| *s != segment);
+        self.changes += (self.objects.len() != before) as u64;
+    }
+
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     pub fn objects(&self) -> usize {
