@@ -19,7 +19,7 @@ const RECORDS_PER_COMMIT: usize = 64;
 
 #[derive(Args, Debug)]
 pub struct BenchWalArgs {
-    /// Where to write (never tmpfs) [default: ./data/bench].
+    /// Where to write (never tmpfs).
     #[arg(long, value_name = "DIR", default_value = "./data/bench")]
     dir: PathBuf,
     /// Rounds of each kind, alternating.
@@ -91,7 +91,8 @@ pub fn wal(args: BenchWalArgs) -> i32 {
 }
 
 /// Commits per second through the disk WAL: encode a group of 64 records,
-/// one positioned write into a preallocated segment, one `fdatasync`.
+/// then one positioned write into a preallocated segment that returns once
+/// the bytes are durable (`RWF_DSYNC`, as the daemon appends).
 fn wal_round(dir: &Path, commits: u32) -> std::io::Result<f64> {
     let records: Vec<Record> = (0..RECORDS_PER_COMMIT)
         .map(|i| Record { position: Position(i as u64), bytes: vec![b'x'; RECORD_BYTES] })
