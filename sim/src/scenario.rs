@@ -215,70 +215,17 @@ impl Scenario {
     pub fn from_seed(seed: u64) -> Scenario {
         let mut r = Rng::new(seed, Stream::Scenario);
         let streams = 2;
-        let sources: Vec<SourceSpec> = (0..r.range(2, 3))
-            .map(|_| SourceSpec {
-                partitions: (0..r.range(2, 4))
-                    .map(|_| PartitionSpec { stream: r.range(0, streams as u64 - 1) as u16, records: r.range(40, 130) })
-                    .collect(),
-                record_interval: Duration::from_micros(r.range(100, 800)),
-                resends: r.chance(0.6),
-            })
-            .collect();
-        // Small segments, so that seals, snapshots and deletions come often;
-        // core derives the group size from the segment's, as in the daemon.
-        let segment_bytes = r.range(4608, 9728);
-        let derived = Limits::for_segment_bytes(segment_bytes);
+        // The draws, in the order they have always been made.
+        let sources = draw_sources(&mut r, streams);
+        let limits = draw_limits(&mut r);
+        let faults = draw_faults(&mut r, seed);
+        let crashes = faults.crashes;
+        let latencies = draw_latencies(&mut r);
         let ingest_us = sources
             .iter()
             .map(|s| s.partitions.iter().map(|p| p.records).max().unwrap_or(0) * s.record_interval.as_micros())
             .max()
             .unwrap_or(0);
-        let limits = Limits {
-            segment_age_max: Duration::from_millis(r.range(5, 60)),
-            spare_segments: r.range(1, 2) as u32,
-            source_read_records_max: r.range(4, 48) as u32,
-            pending_bytes_max: derived.group_bytes_max * r.range(1, 4),
-            uncompacted_bytes_max: r.range(4, 64) * 1024,
-            compaction_records_max: r.range(8, 200) as u32,
-            source_poll: Duration::from_micros(r.range(500, 5_000)),
-            retry_min: Duration::from_micros(r.range(200, 2_000)),
-            retry_max: Duration::from_millis(r.range(10, 100)),
-            drain_timeout: Duration::from_secs(20),
-            // The checker judges stalls itself (liveness): the engine
-            // neither reports nor stops on one in the simulator.
-            stall_report_after: None,
-            stall_stop_after: None,
-            ..derived
-        };
-        let crashes = if r.chance(0.3) { 0 } else { r.range(1, 6) as u32 };
-        let faults = Faults {
-            crashes,
-            fsync_fail: r.rate(0.5, 0.001, 0.02),
-            no_space: r.rate(0.5, 0.01, 0.1),
-            rot: r.chance(0.1),
-            lost_dir_entry: r.rate(0.3, 0.2, 0.9),
-            sink_retryable: r.rate(0.4, 0.01, 0.2),
-            sink_lost_reply: r.rate(0.4, 0.01, 0.15),
-            offsets_ambiguous: r.rate(0.5, 0.01, 0.1),
-            source_fail: r.rate(0.5, 0.01, 0.05),
-            shutdown_mid_run: r.chance(0.2),
-            s3_ambiguous: 0.0,
-            s3_throttle: 0.0,
-            s3_slow: 0.0,
-            lease_ambiguous: 0.0,
-            pause: 0.0,
-            lease_wipe: false,
-            lost_segment: Rng::new(seed, Stream::Operator).chance(0.03),
-        };
-        let latencies = Latencies {
-            disk_write: (r.range(20, 200), r.range(300, 3_000)),
-            disk_other: (50, r.range(100, 2_000)),
-            offsets: (100, r.range(200, 3_000)),
-            source: (20, r.range(50, 1_000)),
-            sink: (r.range(100, 1_000), r.range(1_000, 20_000)),
-            restart: (1_000, r.range(2_000, 50_000)),
-            s3: (0, 0),
-        };
         let fault_phase_end = Instant::from_micros(ingest_us * r.range(50, 150) / 100 + 1_000);
         let mut scenario = Scenario {
             seed,
@@ -301,23 +248,27 @@ impl Scenario {
         let mut paths = Rng::new(seed, Stream::Paths);
         scenario.schema_plugin = paths.chance(0.7);
         scenario.stop_when_exhausted = paths.chance(0.25);
-        // Drawn last, so the draws above stay what they were before S3
-        // mode existed, and a disk-mode seed replays as it did.
-        let f = &mut scenario.faults;
+        scenario.draw_s3(&mut r);
+        scenario.lean_on_rare_paths(seed);
+        scenario
+    }
+
+    /// Drawn last, so the draws before stay what they were before S3 mode
+    /// existed, and a disk-mode seed replays as it did.
+    fn draw_s3(&mut self, r: &mut Rng) {
+        let f = &mut self.faults;
         f.s3_ambiguous = r.rate(0.3, 0.01, 0.15);
         f.s3_throttle = r.rate(0.5, 0.01, 0.1);
         f.s3_slow = r.rate(0.5, 0.01, 0.05);
         f.lease_ambiguous = r.rate(0.5, 0.01, 0.2);
         f.pause = if r.chance(0.4) { 0.0 } else { r.range(30, 100) as f64 / 100.0 };
         f.lease_wipe = r.chance(0.15);
-        scenario.latencies.s3 = (r.range(200, 1_000), r.range(1_000, 8_000));
+        self.latencies.s3 = (r.range(200, 1_000), r.range(1_000, 8_000));
         // Short against the fault phase, so frozen writers wake, race and
         // get fenced while faults are still on.
         // At least four lease round trips, so a healthy holder keeps it.
-        let steal_us = (fault_phase_end.as_micros() / r.range(6, 30)).max(4 * scenario.latencies.offsets.1);
-        scenario.lease = LeaseConfig::from_span(Duration::from_micros(steal_us));
-        scenario.lean_on_rare_paths(seed);
-        scenario
+        let steal_us = (self.fault_phase_end.as_micros() / r.range(6, 30)).max(4 * self.latencies.offsets.1);
+        self.lease = LeaseConfig::from_span(Duration::from_micros(steal_us));
     }
 
     /// Swarm weights, on a stream of their own: some seeds lean hard on one
@@ -422,6 +373,77 @@ impl Scenario {
 
     pub fn total_records(&self) -> u64 {
         self.sources.iter().flat_map(|s| &s.partitions).map(|p| p.records).sum()
+    }
+}
+
+fn draw_sources(r: &mut Rng, streams: u16) -> Vec<SourceSpec> {
+    (0..r.range(2, 3))
+        .map(|_| SourceSpec {
+            partitions: (0..r.range(2, 4))
+                .map(|_| PartitionSpec { stream: r.range(0, streams as u64 - 1) as u16, records: r.range(40, 130) })
+                .collect(),
+            record_interval: Duration::from_micros(r.range(100, 800)),
+            resends: r.chance(0.6),
+        })
+        .collect()
+}
+
+fn draw_limits(r: &mut Rng) -> Limits {
+    // Small segments, so that seals, snapshots and deletions come often;
+    // core derives the group size from the segment's, as in the daemon.
+    let segment_bytes = r.range(4608, 9728);
+    let derived = Limits::for_segment_bytes(segment_bytes);
+    Limits {
+        segment_age_max: Duration::from_millis(r.range(5, 60)),
+        spare_segments: r.range(1, 2) as u32,
+        source_read_records_max: r.range(4, 48) as u32,
+        pending_bytes_max: derived.group_bytes_max * r.range(1, 4),
+        uncompacted_bytes_max: r.range(4, 64) * 1024,
+        compaction_records_max: r.range(8, 200) as u32,
+        source_poll: Duration::from_micros(r.range(500, 5_000)),
+        retry_min: Duration::from_micros(r.range(200, 2_000)),
+        retry_max: Duration::from_millis(r.range(10, 100)),
+        drain_timeout: Duration::from_secs(20),
+        // The checker judges stalls itself (liveness): the engine
+        // neither reports nor stops on one in the simulator.
+        stall_report_after: None,
+        stall_stop_after: None,
+        ..derived
+    }
+}
+
+fn draw_faults(r: &mut Rng, seed: u64) -> Faults {
+    let crashes = if r.chance(0.3) { 0 } else { r.range(1, 6) as u32 };
+    Faults {
+        crashes,
+        fsync_fail: r.rate(0.5, 0.001, 0.02),
+        no_space: r.rate(0.5, 0.01, 0.1),
+        rot: r.chance(0.1),
+        lost_dir_entry: r.rate(0.3, 0.2, 0.9),
+        sink_retryable: r.rate(0.4, 0.01, 0.2),
+        sink_lost_reply: r.rate(0.4, 0.01, 0.15),
+        offsets_ambiguous: r.rate(0.5, 0.01, 0.1),
+        source_fail: r.rate(0.5, 0.01, 0.05),
+        shutdown_mid_run: r.chance(0.2),
+        s3_ambiguous: 0.0,
+        s3_throttle: 0.0,
+        s3_slow: 0.0,
+        lease_ambiguous: 0.0,
+        pause: 0.0,
+        lease_wipe: false,
+        lost_segment: Rng::new(seed, Stream::Operator).chance(0.03),
+    }
+}
+
+fn draw_latencies(r: &mut Rng) -> Latencies {
+    Latencies {
+        disk_write: (r.range(20, 200), r.range(300, 3_000)),
+        disk_other: (50, r.range(100, 2_000)),
+        offsets: (100, r.range(200, 3_000)),
+        source: (20, r.range(50, 1_000)),
+        sink: (r.range(100, 1_000), r.range(1_000, 20_000)),
+        restart: (1_000, r.range(2_000, 50_000)),
+        s3: (0, 0),
     }
 }
 
