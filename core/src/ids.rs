@@ -90,3 +90,15 @@ impl fmt::Display for PartitionKey {
         write!(f, "{}/{}", self.source.0, self.partition)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_print_as_operators_read_them() {
+        assert_eq!(format!("{:?}", CompactionId(0xab)), "CompactionId(00000000000000ab)");
+        assert_eq!(CompactionId(0xab).to_string(), "00000000000000ab");
+        assert_eq!(PartitionKey { source: SourceId(2), partition: 7 }.to_string(), "2/7");
+    }
+}

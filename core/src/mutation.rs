@@ -118,3 +118,26 @@ impl Mutations {
         Mutation::ALL.iter().copied().filter(move |m| self.has(*m))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_planted_bug_has_its_own_name_and_bit() {
+        let mut names = std::collections::BTreeSet::new();
+        for &m in Mutation::ALL {
+            assert!(names.insert(m.name()), "{} named twice", m.name());
+            assert_eq!(Mutation::from_name(m.name()), Some(m));
+            assert_eq!(m.to_string(), m.name());
+            let on = Mutations::NONE.with(m);
+            assert!(on.has(m));
+            assert!(Mutation::ALL.iter().all(|&o| o == m || !on.has(o)), "{m} turns on only itself");
+            assert!(on.with(Mutation::AckBeforeCommit).has(m), "adding one keeps the others");
+        }
+        assert!(names
+            .iter()
+            .all(|n| n.len() > 3 && n.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')));
+        assert_eq!(Mutation::from_name("no-such-bug"), None);
+    }
+}
