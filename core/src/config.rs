@@ -80,9 +80,14 @@ pub struct Limits {
     pub source_read_records_max: u32,
     /// Bytes waiting for a commit; sources are not read beyond it.
     pub pending_bytes_max: u64,
-    /// Committed record bytes not yet acknowledged by every sink; sources are
-    /// not read beyond it (the WAL's growth limit).
-    pub uncompacted_bytes_max: u64,
+    /// The WAL's size limit: sources are not read while the segments that
+    /// hold committed groups take this many bytes, each counted at the
+    /// segment size (backpressure, reported by `Output::WalFull`). At least
+    /// two segments.
+    pub wal_bytes_max: u64,
+    /// Committed record bytes kept in memory for the sinks; the rest are read
+    /// back from the WAL when a compaction needs them.
+    pub record_cache_bytes: u64,
     /// Records in one destination batch.
     pub compaction_records_max: u32,
     /// Delay before re-reading a source that had nothing to give.
@@ -120,7 +125,8 @@ impl Default for Limits {
             spare_segments: 1,
             source_read_records_max: 1_000,
             pending_bytes_max: 4 << 20,
-            uncompacted_bytes_max: 1 << 30,
+            wal_bytes_max: 1 << 30,
+            record_cache_bytes: 16 << 20,
             compaction_records_max: 10_000,
             source_poll: Duration::from_millis(50),
             retry_min: Duration::from_millis(10),
@@ -172,6 +178,14 @@ impl HostConfig {
         }
         if l.pending_bytes_max < l.group_bytes_max {
             return err("pending_bytes_max must be at least group_bytes_max".into());
+        }
+        if l.wal_bytes_max < 2 * l.segment_bytes {
+            return err(format!(
+                "the WAL size limit {} is too small: it must hold at least two segments of {} bytes, so at least {}",
+                l.wal_bytes_max,
+                l.segment_bytes,
+                2 * l.segment_bytes
+            ));
         }
         if l.source_read_records_max == 0 || l.compaction_records_max == 0 || l.spare_segments == 0 {
             return err("source_read_records_max, compaction_records_max and spare_segments must be positive".into());
@@ -252,6 +266,7 @@ mod tests {
             c.limits.group_bytes_max = GROUP_BYTES_LIMIT as u64;
             c.limits.pending_bytes_max = GROUP_BYTES_LIMIT as u64 + 1;
             c.limits.segment_bytes = 1 << 40;
+            c.limits.wal_bytes_max = 2 << 40;
         };
         assert_eq!(verdict(|c| largest(c)), "ok", "the largest group the format allows");
         assert!(verdict(|c| {
@@ -265,6 +280,9 @@ mod tests {
         let group = valid().limits.group_bytes_max;
         assert!(verdict(|c| c.limits.pending_bytes_max = group - 1).contains("pending_bytes_max"));
         assert_eq!(verdict(|c| c.limits.pending_bytes_max = group), "ok");
+        let two_segments = 2 * valid().limits.segment_bytes;
+        assert!(verdict(|c| c.limits.wal_bytes_max = two_segments - 1).contains("at least two segments"));
+        assert_eq!(verdict(|c| c.limits.wal_bytes_max = two_segments), "ok");
         assert!(verdict(|c| c.limits.source_read_records_max = 0).contains("must be positive"));
         assert!(verdict(|c| c.limits.compaction_records_max = 0).contains("must be positive"));
         assert!(verdict(|c| c.limits.spare_segments = 0).contains("must be positive"));

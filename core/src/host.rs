@@ -38,11 +38,12 @@ use crate::ids::*;
 use crate::io::*;
 use crate::io::{OffsetsOp, WalOp};
 use crate::mutation::Mutation;
-use crate::state::{CommittedState, RecordStore};
+use crate::records::RecordStore;
+use crate::state::CommittedState;
 use crate::time::Instant;
 use crate::wal::Names;
 use authority::Authority;
-use compact::{Compaction, SinkNews};
+use compact::{Compaction, ReadNews, SinkNews};
 use effects::{Effects, Pending, Retry};
 use lease::{Bump, Lease, LeaseNews};
 use offsets_writer::OffsetsWriter;
@@ -213,9 +214,15 @@ impl Host {
         RarePaths { late_commits_verified: self.authority.late_commits(), seals_ahead, seals_no_room }
     }
 
-    /// Records held for sinks that have not acknowledged them: (count, bytes).
+    /// Records held for sinks that have not acknowledged them, in memory or
+    /// only in the WAL: (count, bytes).
     pub fn records_held(&self) -> (usize, u64) {
         (self.records.len(), self.records.bytes())
+    }
+
+    /// Record bytes held for sinks: (in memory, in all).
+    pub fn record_bytes(&self) -> (u64, u64) {
+        (self.records.cached_bytes(), self.records.bytes())
     }
 
     /// Per (sink, stream): committed positions not yet acknowledged by that
@@ -300,7 +307,7 @@ impl Host {
             Retry::SourceOpen(source) => self.sources.open(fx, &self.committed, source),
             Retry::SourceRead(source) => self.sources.retry_read(source),
             Retry::SourceAck(source) => self.sources.retry_ack(source),
-            Retry::SinkApply(sink, stream) => self.dispatch(sink, stream),
+            Retry::SinkApply(sink, stream) | Retry::ReadBack(sink, stream) => self.dispatch(sink, stream),
             Retry::SchemaDecide(stream) => self.schemas.ask(fx, stream),
             Retry::LeaseRead => self.authority.held_lease().read(&mut self.fx),
             Retry::LeaseRenew => self.authority.held_lease().renew(&mut self.fx),
@@ -359,6 +366,15 @@ impl Host {
                     SinkNews::Quiet => {}
                     SinkNews::Done(done) => self.wal.push(crate::wal::Frame::CompactionDone(done)),
                     SinkNews::Fatal(stop) => self.stop(stop),
+                }
+            }
+            Pending::WalReadBack(sink, stream) => {
+                let bytes = answer!(IoReply::Groups(groups) => groups);
+                let by_source = self.cfg.mutations.has(Mutation::ReadBackWrongPartition);
+                match self.compaction.on_read_back(&mut self.fx, (id, sink, stream), bytes, by_source) {
+                    ReadNews::Quiet => {}
+                    ReadNews::Next => self.dispatch(sink, stream),
+                    ReadNews::Stop(stop) => self.stop(stop),
                 }
             }
             Pending::SchemaDecide(stream) => {

@@ -13,7 +13,7 @@ use crate::ids::*;
 use crate::offsets::OffsetValue;
 use crate::recovery::Missing;
 use crate::time::Duration;
-use crate::wal::{Corruption, Record};
+use crate::wal::{Corruption, GroupPlace, Record};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -53,6 +53,17 @@ pub enum Output {
     },
     /// A request of the reported stall succeeded again.
     Unstalled,
+    /// The WAL reached its size limit (`Limits::wal_bytes_max`): sources are
+    /// not read until sinks catch up and old segments are deleted. Emitted
+    /// once each time the limit is reached.
+    WalFull {
+        bytes: u64,
+        limit: u64,
+    },
+    /// The WAL is below its size limit again; sources are read.
+    WalRoom {
+        bytes: u64,
+    },
     /// The engine stopped; no further output follows.
     Stopped(StopReason),
 }
@@ -81,6 +92,10 @@ pub enum WalOp {
     List,
     /// Read a whole segment. Answer: `SegmentBytes`.
     Read { segment: SegmentId },
+    /// Read back exactly the bytes of the committed groups at `places`, for
+    /// a compaction whose records are no longer in memory. Answer: `Groups`,
+    /// in the same order.
+    ReadGroups { places: Vec<GroupPlace> },
     /// Create a segment of `size` bytes ahead of need, durably, starting
     /// with `header` (on disk a preallocated file; on S3 the header object).
     Create { segment: SegmentId, header: Vec<u8>, size: u64 },
@@ -187,6 +202,7 @@ pub enum IoReply {
     Done,
     Segments(WalListing),
     SegmentBytes(Vec<u8>),
+    Groups(Vec<Vec<u8>>),
     Offsets(Vec<OffsetRow>),
     Lease(Option<LeaseRow>),
     /// `exhausted`: a finite source has nothing more, ever.

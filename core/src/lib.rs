@@ -23,9 +23,11 @@ pub mod io;
 pub mod mutation;
 /// The 24-byte value the offsets store keeps per partition.
 pub mod offsets;
+/// The records sinks still need: in a bounded cache, or read back from the WAL.
+pub mod records;
 /// Reading a WAL back: the scan, the proof that it is whole, the rebuild.
 pub mod recovery;
-/// What the committed WAL says, folded into maps; the records sinks still need.
+/// What the committed WAL says, folded into maps.
 pub mod state;
 /// The engine's own integer time.
 pub mod time;

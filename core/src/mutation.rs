@@ -44,6 +44,9 @@ pub enum Mutation {
     /// Recovers from whatever segments are there, without checking that
     /// none is missing in the middle or still needed before the oldest.
     IgnoreMissingSegments,
+    /// Matches the batches of a group read back from the WAL to the plan's
+    /// ranges by source alone, so another partition's records can stand in.
+    ReadBackWrongPartition,
 }
 
 impl Mutation {
@@ -64,6 +67,7 @@ impl Mutation {
         Mutation::S3OverwriteOnAmbiguous,
         Mutation::OffsetsRegress,
         Mutation::IgnoreMissingSegments,
+        Mutation::ReadBackWrongPartition,
     ];
 
     pub fn name(self) -> &'static str {
@@ -84,6 +88,7 @@ impl Mutation {
             Mutation::S3OverwriteOnAmbiguous => "s3-overwrite-on-ambiguous",
             Mutation::OffsetsRegress => "offsets-regress",
             Mutation::IgnoreMissingSegments => "ignore-missing-segments",
+            Mutation::ReadBackWrongPartition => "read-back-wrong-partition",
         }
     }
 

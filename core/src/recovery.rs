@@ -4,8 +4,9 @@
 //! around it (listing, reading, the offsets check, replay, resuming sources).
 
 use crate::ids::*;
-use crate::state::{CommittedState, RecordStore};
-use crate::wal::{scan, Corruption, Frame, ScannedSegment, Snapshot, SEGMENTS_MISSING};
+use crate::records::RecordStore;
+use crate::state::CommittedState;
+use crate::wal::{scan, Corruption, Frame, GroupPlace, ScannedSegment, Snapshot, SEGMENTS_MISSING};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Why the segments found cannot be recovered: damaged bytes, or committed
@@ -173,11 +174,13 @@ pub fn rebuild(scanned: Vec<ScannedSegment>, check_head: bool) -> Result<Recover
                     head = Some((seg.id, group.lsn, s.clone()));
                 }
             }
+            let place =
+                GroupPlace { lsn: group.lsn, segment: seg.id, offset: group.offset, len: group.end - group.offset };
             for frame in group.frames {
                 wal.state.apply(group.lsn, &frame);
                 summary.note(group.lsn, &frame);
                 if let Frame::SourceBatch(b) = frame {
-                    wal.records.push(b.key, b.records);
+                    wal.records.push(b.key, place, b.records);
                 }
             }
             wal.next_lsn = Lsn(group.lsn.0 + 1);

@@ -4,8 +4,8 @@
 
 use crate::ids::*;
 pub use crate::wal::PartitionState;
-use crate::wal::{CompactionPlan, Frame, Names, Record, SchemaDecision, Snapshot};
-use std::collections::{BTreeMap, VecDeque};
+use crate::wal::{CompactionPlan, Frame, Names, SchemaDecision, Snapshot};
+use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CommittedState {
@@ -102,56 +102,5 @@ impl CommittedState {
             .and_then(|plan| plan.ranges.iter().find(|r| r.key == key))
             .map(|r| r.to);
         self.acked(sink, key).max(open.unwrap_or_default())
-    }
-}
-
-/// Committed records that some sink has not acknowledged yet, by partition,
-/// in position order. Bounded by `Limits::uncompacted_bytes_max` through
-/// backpressure on sources.
-#[derive(Clone, Debug, Default)]
-pub struct RecordStore {
-    parts: BTreeMap<PartitionKey, VecDeque<Record>>,
-    bytes: u64,
-}
-
-impl RecordStore {
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    pub fn len(&self) -> usize {
-        self.parts.values().map(|p| p.len()).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.bytes == 0 && self.len() == 0
-    }
-
-    pub fn push(&mut self, key: PartitionKey, records: Vec<Record>) {
-        let part = self.parts.entry(key).or_default();
-        for r in records {
-            self.bytes += r.bytes.len() as u64;
-            part.push_back(r);
-        }
-    }
-
-    /// The records of `key` with positions in `from..to`.
-    pub fn range(&self, key: PartitionKey, from: Position, to: Position) -> impl Iterator<Item = &Record> {
-        let part = self.parts.get(&key);
-        let (a, b) = match part {
-            Some(p) => (p.partition_point(|r| r.position < from), p.partition_point(|r| r.position < to)),
-            None => (0, 0),
-        };
-        part.into_iter().flat_map(move |p| p.range(a..b))
-    }
-
-    /// Drops the records of `key` below `below`.
-    pub fn prune(&mut self, key: PartitionKey, below: Position) {
-        if let Some(part) = self.parts.get_mut(&key) {
-            while part.front().is_some_and(|r| r.position < below) {
-                let r = part.pop_front().expect("front exists");
-                self.bytes -= r.bytes.len() as u64;
-            }
-        }
     }
 }

@@ -9,6 +9,7 @@
 //! and an `fdatasync` where the kernel or file system refuses the flag.
 //! Files that are not segments are left alone and reported.
 
+use skippr_core::wal::GroupPlace;
 use skippr_core::{IoError, IoReply, SegmentId, WalListing, WalOp};
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -101,6 +102,12 @@ impl DiskWal {
             WalOp::Read { segment } => {
                 self.read(segment).map(IoReply::SegmentBytes).map_err(|e| failed("reading a WAL segment", e))
             }
+            WalOp::ReadGroups { places } => places
+                .into_iter()
+                .map(|place| self.read_group(place))
+                .collect::<io::Result<Vec<_>>>()
+                .map(IoReply::Groups)
+                .map_err(|e| failed("reading committed groups back from the WAL", e)),
             WalOp::Create { segment, header, size } => self
                 .create(segment, &header, size)
                 .map(|_| IoReply::Done)
@@ -113,6 +120,14 @@ impl DiskWal {
                 self.delete(segment).map(|_| IoReply::Done).map_err(|e| failed("deleting a WAL segment", e))
             }
         }
+    }
+
+    /// Exactly the bytes of one committed group, through the page cache.
+    pub fn read_group(&self, place: GroupPlace) -> io::Result<Vec<u8>> {
+        let file = File::open(self.path(place.segment))?;
+        let mut bytes = vec![0; place.len as usize];
+        file.read_exact_at(&mut bytes, place.offset)?;
+        Ok(bytes)
     }
 
     /// Creates the segment: zero-filled to `size` (so appends never grow

@@ -59,6 +59,8 @@ pub struct RunTotals {
     pub records: AtomicU64,
     pub commits: AtomicU64,
     pub compactions: AtomicU64,
+    /// Bytes of commit groups appended.
+    pub wal_bytes: AtomicU64,
 }
 
 type Completion = (IoId, Result<IoReply, IoError>);
@@ -105,6 +107,20 @@ pub async fn drive(
                     backends.metrics.stalled.set(0);
                     info!(wal = %backends.place, "the WAL makes progress again");
                 }
+                Output::WalFull { bytes, limit } => {
+                    backends.metrics.wal_full.set(1);
+                    warn!(
+                        wal = %backends.place,
+                        bytes,
+                        limit,
+                        "the WAL reached its size limit (WAL_MAX_BYTES): sources are paused until sinks catch up and \
+                         old segments are deleted; nothing is lost. Check the sinks, or raise the limit"
+                    );
+                }
+                Output::WalRoom { bytes } => {
+                    backends.metrics.wal_full.set(0);
+                    info!(wal = %backends.place, bytes, "the WAL is below its size limit again; sources resume");
+                }
                 Output::Stopped(reason) => return reason,
                 Output::LeaseWait { holder, generation } => info!(
                     holder = format!("{holder:016x}"),
@@ -113,6 +129,9 @@ pub async fn drive(
                 ),
             }
         }
+        let (cached, held) = host.record_bytes();
+        backends.metrics.records_cached_bytes.set(cached as i64);
+        backends.metrics.records_held_bytes.set(held as i64);
         for (sink, stream, lag) in host.compaction_lag() {
             let labels = vec![
                 ("sink".to_string(), backends.sink_names[sink.0 as usize].clone()),
@@ -237,6 +256,7 @@ fn count_append(
     b.metrics.commits.inc();
     b.metrics.wal_bytes_written.inc_by(bytes as u64);
     totals.commits.fetch_add(1, Ordering::Relaxed);
+    totals.wal_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
 }
 
 /// Requests to sources, sinks and the schema plugin.
@@ -327,6 +347,7 @@ fn op_name(op: &IoOp) -> &'static str {
         IoOp::Wal(WalOp::Sync) => "wal-sync",
         IoOp::Wal(WalOp::List) => "wal-list",
         IoOp::Wal(WalOp::Read { .. }) => "wal-read",
+        IoOp::Wal(WalOp::ReadGroups { .. }) => "wal-read-groups",
         IoOp::Wal(WalOp::Create { .. }) => "wal-create",
         IoOp::Wal(WalOp::Append { .. }) => "wal-append",
         IoOp::Wal(WalOp::Delete { .. }) => "wal-delete",

@@ -29,6 +29,12 @@ pub struct Metrics {
     /// 1 while WAL (or lease) requests have failed past the stall report
     /// time without one success, else 0.
     pub stalled: Gauge,
+    /// 1 while the WAL is at its size limit and sources are paused, else 0.
+    pub wal_full: Gauge,
+    /// Committed record bytes held for sinks: in memory, and in all (the
+    /// rest is read back from the WAL).
+    pub records_cached_bytes: Gauge,
+    pub records_held_bytes: Gauge,
     /// The disk WAL's directory; `None` in S3 mode, where the size is not
     /// measured.
     wal_dir: Option<PathBuf>,
@@ -46,6 +52,24 @@ impl Metrics {
         let compaction_lag = Family::<Labels, Gauge>::default();
         let wal_bytes = Gauge::default();
         let stalled = Gauge::default();
+        let wal_full = Gauge::default();
+        let records_cached_bytes = Gauge::default();
+        let records_held_bytes = Gauge::default();
+        registry.register(
+            "wal_full",
+            "1 while the WAL is at its size limit (WAL_MAX_BYTES) and sources are paused",
+            wal_full.clone(),
+        );
+        registry.register(
+            "records_cached_bytes",
+            "Committed record bytes kept in memory for sinks (at most SKIPPR_RECORD_CACHE_BYTES)",
+            records_cached_bytes.clone(),
+        );
+        registry.register(
+            "records_held_bytes",
+            "Committed record bytes not yet acknowledged by every sink, in memory or only in the WAL",
+            records_held_bytes.clone(),
+        );
         registry.register(
             "wal_stalled",
             "1 while WAL or lease requests have failed for the stall time without one success",
@@ -74,6 +98,9 @@ impl Metrics {
             compaction_lag,
             wal_bytes,
             stalled,
+            wal_full,
+            records_cached_bytes,
+            records_held_bytes,
             wal_dir,
         }
     }

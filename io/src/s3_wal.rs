@@ -28,7 +28,7 @@ use aws_sdk_s3::error::SdkError;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use aws_sdk_s3::Client;
-use skippr_core::wal::{first_overlap, lay_out, split_leftovers, taken_key};
+use skippr_core::wal::{first_overlap, lay_out, split_leftovers, taken_key, GroupPlace};
 use skippr_core::{IoError, IoReply, SegmentId, WalListing, WalOp};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -99,12 +99,30 @@ impl S3Wal {
             WalOp::Sync => Ok(IoReply::Done),
             WalOp::List => self.list().await.map(IoReply::Segments),
             WalOp::Read { segment } => self.read(segment).await.map(IoReply::SegmentBytes),
+            WalOp::ReadGroups { places } => {
+                let mut groups = Vec::with_capacity(places.len());
+                for place in places {
+                    groups.push(self.read_group(place).await?);
+                }
+                Ok(IoReply::Groups(groups))
+            }
             WalOp::Create { segment, header, .. } => self.put(segment, 0, &header).await.map(|()| IoReply::Done),
             WalOp::Append { segment, offset, bytes, .. } => {
                 self.put(segment, offset, &bytes).await.map(|()| IoReply::Done)
             }
             WalOp::Delete { segment } => self.delete(segment).await.map(|()| IoReply::Done),
         }
+    }
+
+    /// One committed group: the object at its key, which must be exactly
+    /// its length (the engine verifies the bytes).
+    pub async fn read_group(&self, place: GroupPlace) -> Result<Vec<u8>, IoError> {
+        let key = self.key(place.segment, place.offset);
+        let bytes = self.get(&key).await?;
+        if bytes.len() as u64 != place.len {
+            warn!(key, len = bytes.len(), expected = place.len, "a committed WAL object has another length");
+        }
+        Ok(bytes)
     }
 
     pub async fn put(&self, segment: SegmentId, offset: u64, bytes: &[u8]) -> Result<(), IoError> {

@@ -119,6 +119,16 @@ pub struct RunArgs {
     /// Seal a WAL segment once it is this old, in seconds [default: 60].
     #[arg(long, env = "WAL_MAX_DELAY_SECONDS", value_name = "SECONDS")]
     pub wal_max_delay_seconds: Option<f64>,
+    /// The WAL's size limit in bytes, counting each segment that holds data
+    /// at its file size: sources pause while it is reached (a WARN line,
+    /// `skippr_wal_full` 1) until sinks catch up and old segments are
+    /// deleted; at least two segments [default: 1073741824].
+    #[arg(long, env = "WAL_MAX_BYTES", value_name = "BYTES")]
+    pub wal_max_bytes: Option<u64>,
+    /// Committed record bytes kept in memory for the sinks; compactions read
+    /// the rest back from the WAL [default: 16777216].
+    #[arg(long, env = "SKIPPR_RECORD_CACHE_BYTES", value_name = "BYTES")]
+    pub record_cache_bytes: Option<u64>,
     /// Exit 0 once every finite source is exhausted, committed and delivered.
     #[arg(long)]
     #[serde(skip)]
@@ -259,6 +269,8 @@ pub struct RunConfig {
     pub aws: AwsSettings,
     pub wal_bytes_per_file: u64,
     pub wal_max_delay_seconds: f64,
+    pub wal_max_bytes: u64,
+    pub record_cache_bytes: u64,
     pub drain_timeout_seconds: f64,
     pub stall_seconds: f64,
     /// Only under `--once`.
@@ -330,6 +342,15 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     let wal_max_delay_seconds =
         args.wal_max_delay_seconds.or(file.wal_max_delay_seconds).unwrap_or(secs(limits.segment_age_max));
     positive("WAL_MAX_DELAY_SECONDS", wal_max_delay_seconds)?;
+    let wal_max_bytes = args.wal_max_bytes.or(file.wal_max_bytes).unwrap_or(limits.wal_bytes_max);
+    if wal_max_bytes < wal_bytes_per_file.saturating_mul(2) {
+        return Err(format!(
+            "WAL_MAX_BYTES ({wal_max_bytes}) must be at least two WAL segments (2 x WAL_BYTES_PER_FILE = {}): raise \
+             it, or lower WAL_BYTES_PER_FILE",
+            wal_bytes_per_file.saturating_mul(2)
+        ));
+    }
+    let record_cache_bytes = args.record_cache_bytes.or(file.record_cache_bytes).unwrap_or(limits.record_cache_bytes);
     let drain_timeout_seconds = args.drain_timeout.or(file.drain_timeout).unwrap_or(secs(limits.drain_timeout));
     positive("--drain-timeout", drain_timeout_seconds)?;
     let stall_default = limits.stall_report_after.map(secs).expect("core reports stalls by default");
@@ -359,6 +380,8 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         aws,
         wal_bytes_per_file,
         wal_max_delay_seconds,
+        wal_max_bytes,
+        record_cache_bytes,
         drain_timeout_seconds,
         stall_seconds,
         stall_exit_seconds: args.once.then_some(stall_exit_seconds),
@@ -537,6 +560,8 @@ mod tests {
         let cases = [
             ("wal_bytes_per_file", limits.segment_bytes.to_string()),
             ("wal_max_delay_seconds", secs(limits.segment_age_max).to_string()),
+            ("wal_max_bytes", limits.wal_bytes_max.to_string()),
+            ("record_cache_bytes", limits.record_cache_bytes.to_string()),
             ("drain_timeout", secs(limits.drain_timeout).to_string()),
             ("stall_seconds", secs(limits.stall_report_after.unwrap()).to_string()),
             ("lease_seconds", secs(LeaseConfig::default().steal_after).to_string()),

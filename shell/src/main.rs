@@ -54,6 +54,10 @@ enum Command {
 enum BenchCommand {
     /// The disk WAL's commit path against a plain append + fdatasync loop.
     Wal(bench::BenchWalArgs),
+    /// The daemon's pipeline (generator, disk WAL, compaction, directory
+    /// sink) against a plain program writing the same bytes with the same
+    /// number of syncs.
+    E2e(bench::BenchE2eArgs),
 }
 
 #[derive(Subcommand)]
@@ -126,6 +130,7 @@ fn main() {
             }
         },
         Command::Bench(BenchCommand::Wal(args)) => bench::wal(args),
+        Command::Bench(BenchCommand::E2e(args)) => bench::e2e(args),
         Command::Offsets(OffsetsCommand::Show { data_dir, store }) => match store.table() {
             Some(table) => tools::dynamo_offsets(&table, &store, &data_dir, None),
             None => tools::offsets_show(&data_dir),

@@ -195,10 +195,11 @@ async fn run(cfg: RunConfig) -> i32 {
     let elapsed = started.elapsed().as_secs_f64();
     let records = totals.records.load(Ordering::Relaxed);
     println!(
-        "records: {records}, commits: {}, compactions: {}, elapsed: {elapsed:.2}s, records/s: {:.0}",
+        "records: {records}, commits: {}, compactions: {}, elapsed: {elapsed:.2}s, records/s: {:.0}, wal bytes: {}",
         totals.commits.load(Ordering::Relaxed),
         totals.compactions.load(Ordering::Relaxed),
-        records as f64 / elapsed.max(1e-9)
+        records as f64 / elapsed.max(1e-9),
+        totals.wal_bytes.load(Ordering::Relaxed)
     );
     if code != exit::OK {
         warn!(code, "exiting with an error code");
@@ -289,6 +290,8 @@ fn limits(cfg: &RunConfig) -> Limits {
         drain_timeout: Duration::from_micros((cfg.drain_timeout_seconds * 1e6) as u64),
         stall_report_after: Some(Duration::from_micros((cfg.stall_seconds * 1e6) as u64)),
         stall_stop_after: cfg.stall_exit_seconds.map(|s| Duration::from_micros((s * 1e6) as u64)),
+        wal_bytes_max: cfg.wal_max_bytes,
+        record_cache_bytes: cfg.record_cache_bytes,
         ..Limits::for_segment_bytes(cfg.wal_bytes_per_file)
     }
 }

@@ -141,6 +141,12 @@ impl DiskWal {
             WalOp::Sync => done(self.disk.sync_all(fails)),
             WalOp::List => Ok(IoReply::Segments(WalListing::Files(self.disk.list()))),
             WalOp::Read { segment } => self.disk.read(segment).map(IoReply::SegmentBytes).ok_or(IoError::Failed),
+            WalOp::ReadGroups { .. } if fails => Err(IoError::Failed),
+            WalOp::ReadGroups { places } => places
+                .iter()
+                .map(|p| self.disk.read_at(p.segment, p.offset as usize, p.len as usize).ok_or(IoError::Failed))
+                .collect::<Result<_, _>>()
+                .map(IoReply::Groups),
             WalOp::Create { segment, .. } => done(self.disk.sync(segment, true, fails)),
             WalOp::Append { segment, offset, bytes, .. } => {
                 let synced = self.disk.sync(segment, false, fails);
@@ -176,10 +182,15 @@ impl S3Wal {
     fn perform(&mut self, gen: u64, op: WalOp, fails: bool) -> Result<IoReply, IoError> {
         match op {
             WalOp::Sync => Ok(IoReply::Done),
-            WalOp::List | WalOp::Read { .. } if fails => Err(IoError::Failed),
+            WalOp::List | WalOp::Read { .. } | WalOp::ReadGroups { .. } if fails => Err(IoError::Failed),
             WalOp::Create { .. } | WalOp::Append { .. } if fails => Err(IoError::Ambiguous),
             WalOp::List => Ok(IoReply::Segments(self.bucket.list())),
             WalOp::Read { segment } => self.bucket.read(segment).map(IoReply::SegmentBytes),
+            WalOp::ReadGroups { places } => places
+                .iter()
+                .map(|p| self.bucket.object(p.segment, p.offset))
+                .collect::<Result<_, _>>()
+                .map(IoReply::Groups),
             WalOp::Create { segment, header, .. } => {
                 let conditional = self.conditional(gen, segment, 0);
                 self.put(conditional, segment, 0, &Arc::new(header)).map(|()| IoReply::Done)

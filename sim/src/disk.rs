@@ -72,6 +72,12 @@ impl SimDisk {
         self.files.get(&segment).map(|f| f.durable.clone())
     }
 
+    /// `len` bytes at `offset`, through the page cache (what the running
+    /// process reads back).
+    pub fn read_at(&self, segment: SegmentId, offset: usize, len: usize) -> Option<Vec<u8>> {
+        self.files.get(&segment).and_then(|f| f.current.get(offset..offset + len)).map(<[u8]>::to_vec)
+    }
+
     /// Reads through the page cache: what a recovery after a process kill
     /// reads once it has synced.
     pub fn read_cached(&self, segment: SegmentId) -> Option<Vec<u8>> {

@@ -20,6 +20,9 @@ pub enum Stream {
     Paths = 9,
     /// Swarm weights: which rare combination a seed leans on.
     Swarm = 10,
+    /// How much of the records the engine keeps in memory, and how often
+    /// reading the rest back from the WAL fails.
+    Memory = 11,
 }
 
 #[derive(Clone)]
@@ -89,10 +92,12 @@ pub enum Die {
     SourceFail,
     SinkRetryable,
     SinkLostReply,
+    /// A group read back from the WAL for a sink fails.
+    ReadFail,
 }
 
 impl Die {
-    pub const ALL: [Die; 19] = [
+    pub const ALL: [Die; 20] = [
         Die::DiskLatency,
         Die::S3Latency,
         Die::OffsetsLatency,
@@ -112,6 +117,7 @@ impl Die {
         Die::SourceFail,
         Die::SinkRetryable,
         Die::SinkLostReply,
+        Die::ReadFail,
     ];
 }
 

@@ -79,6 +79,11 @@ impl SimS3 {
         lay_out(objects.map(|((_, offset), bytes)| (*offset, bytes.as_slice()))).map_err(|_| IoError::Failed)
     }
 
+    /// The object at (segment, offset), or a 404.
+    pub fn object(&self, segment: SegmentId, offset: u64) -> Result<Vec<u8>, IoError> {
+        self.objects.get(&(segment, offset)).map(|b| b.to_vec()).ok_or(IoError::Failed)
+    }
+
     pub fn delete_header(&mut self, segment: SegmentId) {
         self.changes += self.objects.remove(&(segment, 0)).is_some() as u64;
     }

@@ -61,6 +61,7 @@ pub enum FaultKind {
     Pause,
     LeaseWipe,
     LostSegment,
+    ReadFail,
 }
 
 impl FaultKind {
@@ -79,6 +80,7 @@ impl FaultKind {
         FaultKind::Pause,
         FaultKind::LeaseWipe,
         FaultKind::LostSegment,
+        FaultKind::ReadFail,
     ];
 
     pub fn name(self) -> &'static str {
@@ -97,6 +99,7 @@ impl FaultKind {
             FaultKind::LostSegment => "lost-segment",
             FaultKind::Pause => "pause",
             FaultKind::LeaseWipe => "lease-wipe",
+            FaultKind::ReadFail => "read-fail",
         }
     }
 
@@ -170,6 +173,9 @@ pub struct Faults {
     /// the next recovery must stop, naming it, before delivering anything
     /// (unless nothing in it was still needed). Drawn from its own stream.
     pub lost_segment: bool,
+    /// A group read back from the WAL for a sink fails (a disk read error,
+    /// a 5xx): drawn from its own stream, with the record cache's size.
+    pub read_fail: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -250,6 +256,7 @@ impl Scenario {
         scenario.stop_when_exhausted = paths.chance(0.25);
         scenario.draw_s3(&mut r);
         scenario.lean_on_rare_paths(seed);
+        scenario.draw_memory(seed);
         scenario
     }
 
@@ -287,6 +294,17 @@ impl Scenario {
             f.lease_ambiguous = f.lease_ambiguous.max(swarm.rate(0.0, 0.2, 0.5));
             f.s3_slow = f.s3_slow.max(swarm.rate(0.0, 0.05, 0.2));
         }
+    }
+
+    /// The record cache, on a stream of its own: in three seeds of five the
+    /// default (everything fits), otherwise a few hundred bytes to a few KiB
+    /// or nothing at all, so that compactions read records back from the WAL.
+    fn draw_memory(&mut self, seed: u64) {
+        let mut m = Rng::new(seed, Stream::Memory);
+        if m.chance(0.4) {
+            self.limits.record_cache_bytes = m.range(0, 8) * 512;
+        }
+        self.faults.read_fail = m.rate(0.5, 0.01, 0.1);
     }
 
     /// Puts the WAL in `mode`.
@@ -330,6 +348,7 @@ impl Scenario {
                 FaultKind::Pause => f.pause = 0.0,
                 FaultKind::LeaseWipe => f.lease_wipe = false,
                 FaultKind::LostSegment => f.lost_segment = false,
+                FaultKind::ReadFail => f.read_fail = 0.0,
             }
         }
         self.crashes_kept = o.crashes.map_or(f.crashes, |n| n.min(f.crashes));
@@ -354,6 +373,7 @@ impl Scenario {
             FaultKind::Pause => self.wal == WalMode::S3 && f.pause > 0.0,
             FaultKind::LeaseWipe => self.wal == WalMode::S3 && f.lease_wipe,
             FaultKind::LostSegment => f.lost_segment,
+            FaultKind::ReadFail => f.read_fail > 0.0,
         }
     }
 
@@ -398,7 +418,8 @@ fn draw_limits(r: &mut Rng) -> Limits {
         spare_segments: r.range(1, 2) as u32,
         source_read_records_max: r.range(4, 48) as u32,
         pending_bytes_max: derived.group_bytes_max * r.range(1, 4),
-        uncompacted_bytes_max: r.range(4, 64) * 1024,
+        // Where one draw has always been: from two segments to two dozen.
+        wal_bytes_max: segment_bytes * r.range(2, 24),
         compaction_records_max: r.range(8, 200) as u32,
         source_poll: Duration::from_micros(r.range(500, 5_000)),
         retry_min: Duration::from_micros(r.range(200, 2_000)),
@@ -432,6 +453,7 @@ fn draw_faults(r: &mut Rng, seed: u64) -> Faults {
         pause: 0.0,
         lease_wipe: false,
         lost_segment: Rng::new(seed, Stream::Operator).chance(0.03),
+        read_fail: 0.0,
     }
 }
 

@@ -104,11 +104,11 @@ pub struct Totals {
 
 /// How many of the entries of `faults` are faults; the rare engine paths
 /// follow them.
-const FAULT_KINDS: usize = 19;
+const FAULT_KINDS: usize = 20;
 
 /// The faults of a run and the rare engine paths it took, by the names
 /// `--stats` prints them under.
-fn faults(s: &RunStats) -> [(&'static str, u64); 22] {
+fn faults(s: &RunStats) -> [(&'static str, u64); 25] {
     [
         ("crashes", s.crashes),
         ("crashes that cut the power", s.power_cuts),
@@ -129,9 +129,12 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 22] {
         ("s3 puts with an unknown outcome", s.s3_ambiguous),
         ("s3 throttled requests", s.s3_throttled),
         ("s3 writers frozen", s.pauses),
+        ("WAL reads for a sink that failed", s.read_fails),
         ("a commit that landed as the lease may have lapsed, verified", s.late_commits_verified),
         ("a segment sealed ahead of a group that would not fit", s.seals_ahead),
         ("a segment sealed because the next frame did not fit", s.seals_no_room),
+        ("records read back from the WAL for a sink", s.read_backs),
+        ("sources paused at the WAL's size limit", s.wal_full),
     ]
 }
 
@@ -186,6 +189,9 @@ impl Totals {
         t.late_commits_verified += s.late_commits_verified;
         t.seals_ahead += s.seals_ahead;
         t.seals_no_room += s.seals_no_room;
+        t.read_backs += s.read_backs;
+        t.read_fails += s.read_fails;
+        t.wal_full += s.wal_full;
         t.steps += s.steps;
         t.sim_micros += s.sim_micros;
     }
@@ -216,6 +222,9 @@ impl Totals {
             ("faults: offsets ambiguous", t.offsets_ambiguous as f64 / n),
             ("faults: source request failures", t.source_failures as f64 / n),
             ("faults: segments deleted by an operator", t.lost_segments as f64 / n),
+            ("faults: WAL reads for a sink that failed", t.read_fails as f64 / n),
+            ("read-back requests to the WAL for a sink", t.read_backs as f64 / n),
+            ("sources paused at the WAL's size limit", t.wal_full as f64 / n),
             ("schema decisions", t.schema_decisions as f64 / n),
             ("shutdowns", t.shutdowns as f64 / n),
             ("clean stops", t.clean_stops as f64 / n),

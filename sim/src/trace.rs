@@ -86,6 +86,14 @@ impl Trace {
                 self.u64(for_.as_micros());
             }
             Output::Unstalled => self.u64(15),
+            Output::WalFull { bytes, .. } => {
+                self.u64(16);
+                self.u64(*bytes);
+            }
+            Output::WalRoom { bytes } => {
+                self.u64(17);
+                self.u64(*bytes);
+            }
             Output::LeaseWait { holder, generation } => {
                 self.u64(13);
                 self.u64(*holder);
@@ -118,6 +126,12 @@ impl Trace {
             IoReply::SegmentBytes(b) => {
                 self.u64(22);
                 self.u64(xxh3_64(b));
+            }
+            // What the groups hold is the WAL's (its appends are hashed):
+            // how many and how long is enough.
+            IoReply::Groups(groups) => {
+                self.u64(49);
+                groups.iter().for_each(|g| self.u64(g.len() as u64));
             }
             IoReply::Offsets(e) => {
                 self.u64(23);
@@ -176,6 +190,13 @@ impl Trace {
             IoOp::Wal(WalOp::Sync) => self.u64(30),
             IoOp::Wal(WalOp::List) => self.u64(31),
             IoOp::Wal(WalOp::Read { segment }) => self.u64(32 ^ segment.0 << 8),
+            IoOp::Wal(WalOp::ReadGroups { places }) => {
+                self.u64(48);
+                for place in places {
+                    self.u64(place.segment.0);
+                    self.u64(place.offset);
+                }
+            }
             IoOp::Wal(WalOp::Create { segment, header, size }) => {
                 self.u64(33 ^ segment.0 << 8);
                 self.u64(*size);
@@ -243,6 +264,9 @@ fn describe_reply(reply: &IoReply) -> String {
             format!("segments {}", s.join(" "))
         }
         IoReply::SegmentBytes(b) => format!("{} bytes", b.len()),
+        IoReply::Groups(groups) => {
+            format!("{} groups, {} bytes", groups.len(), groups.iter().map(Vec::len).sum::<usize>())
+        }
         IoReply::Offsets(e) => format!("{} offsets", e.len()),
         IoReply::SinkProgress(applied) => {
             let applied: Vec<String> = applied.iter().map(|(s, q)| format!("stream {}: {}", s.0, q.0)).collect();
@@ -272,6 +296,8 @@ pub fn describe_output(output: &Output) -> String {
         Output::LeaseWait { holder, generation } => format!("lease held by {holder:x} (generation {generation})"),
         Output::Stalled { what, for_ } => format!("stalled: {what} failing for {for_:?}"),
         Output::Unstalled => "stall over".into(),
+        Output::WalFull { bytes, limit } => format!("WAL full: {bytes} B of {limit}"),
+        Output::WalRoom { bytes } => format!("WAL has room: {bytes} B"),
     }
 }
 
@@ -280,6 +306,10 @@ pub fn describe_op(op: &IoOp) -> String {
         IoOp::Wal(WalOp::Sync) => "wal-sync".into(),
         IoOp::Wal(WalOp::List) => "wal-list".into(),
         IoOp::Wal(WalOp::Read { segment }) => format!("wal-read {}", segment.0),
+        IoOp::Wal(WalOp::ReadGroups { places }) => {
+            let at: Vec<String> = places.iter().map(|p| format!("{}@{}", p.segment.0, p.offset)).collect();
+            format!("wal-read-groups {}", at.join(","))
+        }
         IoOp::Wal(WalOp::Create { segment, .. }) => format!("wal-create {}", segment.0),
         IoOp::Wal(WalOp::Append { segment, offset, lsn, bytes }) => {
             format!("wal-append seg={} off={} lsn={} {}B", segment.0, offset, lsn.0, bytes.len())

@@ -5,7 +5,7 @@
 //! deletions planned). Owns no state.
 
 use super::*;
-use crate::wal::Frame;
+use crate::wal::{Frame, GroupPlace};
 use wal_writer::Appended;
 
 impl Host {
@@ -30,14 +30,15 @@ impl Host {
         let landed = self.wal.land(&mut self.fx);
         let acks_advanced = landed.frames.iter().any(|f| matches!(f, Frame::CompactionDone(_)));
         let fenced = landed.frames.iter().any(|f| matches!(f, Frame::Fence));
+        let lsn = landed.place.lsn;
         for frame in landed.frames {
-            self.committed.apply(landed.lsn, &frame);
-            self.on_committed(frame);
+            self.committed.apply(lsn, &frame);
+            self.on_committed(landed.place, frame);
         }
         let sinks = self.cfg.sinks.len() as u16;
         if let Some(acked) = landed.snapshot_acked {
             let ignore_acks = self.cfg.mutations.has(Mutation::DeleteBeforeCompactionAck);
-            self.wal.plan_deletions(landed.lsn, &acked, sinks, ignore_acks);
+            self.wal.plan_deletions(lsn, &acked, sinks, ignore_acks);
         }
         if acks_advanced && self.wal.oldest_segment_compacted(&self.committed.acked, sinks) {
             self.wal.want_snapshot();
@@ -48,13 +49,14 @@ impl Host {
     }
 
     /// The live effects of a frame that just became committed.
-    fn on_committed(&mut self, frame: Frame) {
+    fn on_committed(&mut self, place: GroupPlace, frame: Frame) {
         match frame {
             Frame::SourceBatch(b) => {
                 self.sources.committed(b.key, b.end);
                 let keep_first = self.cfg.mutations.has(Mutation::OffsetsStaleValue);
                 self.offsets.committed(b.key, &self.committed.partitions[&b.key], keep_first);
-                self.records.push(b.key, b.records);
+                self.records.push(b.key, place, b.records);
+                self.compaction.records_committed();
             }
             Frame::CompactionPlanned(plan) => {
                 let ready = self.compaction.plan_committed(&plan);

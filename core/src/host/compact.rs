@@ -6,13 +6,15 @@
 //! record store it is handed and talks only to [`Effects`].
 
 use super::effects::{Effects, Pending, Retry};
+use super::WAL_READ_ATTEMPTS;
 use crate::compaction::{compaction_id, NamedRanges};
 use crate::config::HostConfig;
 use crate::ids::*;
 use crate::io::PluginOp;
-use crate::io::{IoError, IoOp, SinkApply, SinkOutcome, StopReason};
-use crate::state::{CommittedState, RecordStore};
-use crate::wal::{CompactionDone, CompactionPlan, Range};
+use crate::io::{IoError, IoOp, SinkApply, SinkOutcome, StopReason, WalOp};
+use crate::records::{ReadBack, RecordStore};
+use crate::state::CommittedState;
+use crate::wal::{read_group_back, CompactionDone, CompactionPlan, Corruption, GroupPlace, Range, READ_BACK_INVALID};
 use std::collections::BTreeMap;
 
 #[derive(Default)]
@@ -20,6 +22,9 @@ pub(super) struct Compaction {
     slots: BTreeMap<(SinkId, StreamId), Slot>,
     planned: BTreeMap<(SinkId, PartitionKey), Position>,
     next_seq: BTreeMap<(SinkId, StreamId), CompactionSeq>,
+    /// Something an idle slot could plan may have arrived (records
+    /// committed, a slot freed) since the idle slots last found nothing.
+    fresh: bool,
 }
 
 enum Slot {
@@ -30,7 +35,31 @@ enum Slot {
         plan: CompactionPlan,
         committed: bool,
         io: Option<IoId>,
+        fetch: Option<Fetch>,
     },
+}
+
+/// The groups a dispatch reads back from the WAL (records no longer in
+/// memory), one at a time, and what they gave.
+struct Fetch {
+    places: Vec<GroupPlace>,
+    /// Read up to here; the request in flight reads `next..next + sent`.
+    next: usize,
+    sent: usize,
+    read: ReadBack,
+}
+
+/// One read-back request asks for at most this many bytes of groups (and
+/// at least one group).
+const READ_BACK_BYTES_MAX: u64 = 4 << 20;
+
+/// What a group read back means.
+pub(super) enum ReadNews {
+    /// Nothing to do (a retry is scheduled, or the answer was stale).
+    Quiet,
+    /// Read: go on with the dispatch.
+    Next,
+    Stop(StopReason),
 }
 
 /// What a sink's answer means.
@@ -65,11 +94,12 @@ impl Compaction {
                 self.slots.insert((sink, stream), Slot::Idle);
             }
         }
+        self.fresh = true;
         let mut open = Vec::new();
         for plan in committed.open.values() {
             let key = (plan.sink, plan.stream);
             if replay {
-                self.slots.insert(key, Slot::Planned { plan: plan.clone(), committed: true, io: None });
+                self.slots.insert(key, Slot::Planned { plan: plan.clone(), committed: true, io: None, fetch: None });
                 open.push(key);
             }
         }
@@ -84,6 +114,9 @@ impl Compaction {
         committed: &CommittedState,
         records: &RecordStore,
     ) -> Vec<CompactionPlan> {
+        if !std::mem::take(&mut self.fresh) {
+            return Vec::new();
+        }
         let idle: Vec<(SinkId, StreamId)> =
             self.slots.iter().filter(|(_, s)| matches!(s, Slot::Idle)).map(|(k, _)| *k).collect();
         idle.into_iter().filter_map(|(sink, stream)| self.plan(cfg, committed, records, sink, stream)).collect()
@@ -112,7 +145,8 @@ impl Compaction {
         }
         self.next_seq.insert((sink, stream), CompactionSeq(seq.0 + 1));
         let plan = CompactionPlan { sink, stream, id, seq, schema, ranges };
-        self.slots.insert((sink, stream), Slot::Planned { plan: plan.clone(), committed: false, io: None });
+        self.slots
+            .insert((sink, stream), Slot::Planned { plan: plan.clone(), committed: false, io: None, fetch: None });
         Some(plan)
     }
 
@@ -135,22 +169,19 @@ impl Compaction {
             if p.position <= from {
                 continue;
             }
-            let mut to = p.position;
-            let mut n = 0;
-            for r in records.range(key, from, p.position) {
-                if n == budget {
-                    to = r.position;
-                    break;
-                }
-                n += 1;
-            }
+            let (n, to) = records.take(key, from, p.position, budget);
             if n == 0 {
                 continue;
             }
-            budget -= n;
+            budget = budget.saturating_sub(n);
             ranges.push(Range { key, from, to });
         }
         ranges
+    }
+
+    /// Committed records arrived: the idle slots look again.
+    pub(super) fn records_committed(&mut self) {
+        self.fresh = true;
     }
 
     /// The plan's frame committed. True when that is the slot's open plan,
@@ -175,7 +206,9 @@ impl Compaction {
 
     /// Sends the open compaction of (sink, stream) to its sink, with its
     /// original id and number; replays are harmless because the sink
-    /// dedupes. `unstable_id` is the planted bug `unstable-compaction-id`.
+    /// dedupes. Records no longer in memory are read back from the WAL
+    /// first, one group at a time. `unstable_id` is the planted bug
+    /// `unstable-compaction-id`.
     pub(super) fn dispatch(
         &mut self,
         fx: &mut Effects,
@@ -183,20 +216,93 @@ impl Compaction {
         sink: SinkId,
         stream: StreamId,
         unstable_id: Option<Epoch>,
-    ) {
-        let Some(Slot::Planned { plan, committed: true, io: io @ None }) = self.slots.get_mut(&(sink, stream)) else {
-            return;
+    ) -> Result<(), StopReason> {
+        let Some(Slot::Planned { plan, committed: true, io: io @ None, fetch }) = self.slots.get_mut(&(sink, stream))
+        else {
+            return Ok(());
         };
-        let mut batch = Vec::new();
-        for r in &plan.ranges {
-            batch.extend(records.range(r.key, r.from, r.to).map(|rec| rec.bytes.clone()));
+        let fetch = fetch.get_or_insert_with(|| Fetch {
+            places: records.places(&plan.ranges),
+            next: 0,
+            sent: 0,
+            read: ReadBack::new(),
+        });
+        if fetch.next < fetch.places.len() {
+            let mut bytes = 0;
+            let places: Vec<GroupPlace> = fetch.places[fetch.next..]
+                .iter()
+                .take_while(|p| {
+                    bytes += p.len;
+                    bytes == p.len || bytes <= READ_BACK_BYTES_MAX
+                })
+                .copied()
+                .collect();
+            fetch.sent = places.len();
+            *io = Some(fx.io(Pending::WalReadBack(sink, stream), IoOp::Wal(WalOp::ReadGroups { places })));
+            return Ok(());
         }
+        let batch = records.gather(&plan.ranges, &fetch.read).map_err(|place| {
+            StopReason::Corrupt(Corruption { segment: place.segment, offset: place.offset, what: READ_BACK_INVALID })
+        })?;
         let id = match unstable_id {
             Some(epoch) => CompactionId(plan.id.0 ^ epoch.0.wrapping_mul(0x9e37_79b9)),
             None => plan.id,
         };
         let op = IoOp::Plugin(PluginOp::SinkApply(SinkApply { sink, stream, id, seq: plan.seq, records: batch }));
         *io = Some(fx.io(Pending::SinkApply(sink, stream), op));
+        Ok(())
+    }
+
+    /// Groups read back for the dispatch of (sink, stream): keep the
+    /// records of the plan's ranges. A read that keeps failing stops the
+    /// engine like one at recovery; bytes that are not the committed group
+    /// stop it as corruption. `by_source` is the planted bug
+    /// `read-back-wrong-partition`.
+    pub(super) fn on_read_back(
+        &mut self,
+        fx: &mut Effects,
+        (id, sink, stream): (IoId, SinkId, StreamId),
+        result: Result<Vec<Vec<u8>>, IoError>,
+        by_source: bool,
+    ) -> ReadNews {
+        let Some(Slot::Planned { plan, io, fetch: Some(fetch), .. }) = self.slots.get_mut(&(sink, stream)) else {
+            return ReadNews::Quiet;
+        };
+        if *io != Some(id) {
+            return ReadNews::Quiet;
+        }
+        *io = None;
+        let retry = Retry::ReadBack(sink, stream);
+        let groups = match result {
+            Ok(groups) => groups,
+            Err(_) if fx.attempts(retry) + 1 >= WAL_READ_ATTEMPTS => {
+                return ReadNews::Stop(StopReason::WalReadFailed { segment: fetch.places[fetch.next].segment })
+            }
+            Err(_) => {
+                fx.retry_later(retry);
+                return ReadNews::Quiet;
+            }
+        };
+        fx.succeeded(retry);
+        assert_eq!(groups.len(), fetch.sent, "one answer per group asked for");
+        for (place, bytes) in fetch.places[fetch.next..].iter().zip(groups) {
+            let ours = |r: &Range, key: PartitionKey| r.key == key || (by_source && r.key.source == key.source);
+            let batches = match read_group_back(*place, &bytes, |key| plan.ranges.iter().any(|r| ours(r, key))) {
+                Ok(batches) => batches,
+                Err(c) => return ReadNews::Stop(StopReason::Corrupt(c)),
+            };
+            for b in batches {
+                let ours = |r: &&Range| ours(r, b.key);
+                let (Some(r), Some(origin)) = (plan.ranges.iter().find(ours), b.records.first()) else {
+                    continue;
+                };
+                let origin = origin.position;
+                let inside = b.records.into_iter().filter(|x| x.position >= r.from && x.position < r.to).collect();
+                fetch.read.entry((r.key, origin)).or_insert(inside);
+            }
+        }
+        fetch.next += fetch.sent;
+        ReadNews::Next
     }
 
     pub(super) fn on_reply(
@@ -219,6 +325,7 @@ impl Compaction {
             Ok(SinkOutcome::Applied | SinkOutcome::AlreadyApplied) => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
                 self.slots.insert((sink, stream), Slot::Idle);
+                self.fresh = true;
                 SinkNews::Done(CompactionDone { sink, stream, id: plan_id, seq })
             }
             Ok(SinkOutcome::Fatal) => SinkNews::Fatal(StopReason::SinkFatal { sink, stream, id: plan_id }),

@@ -28,6 +28,8 @@ pub(super) enum Pending {
     SourceRead(SourceId),
     SourceAck(SourceId),
     SinkApply(SinkId, StreamId),
+    /// A group read back from the WAL for the dispatch of (sink, stream).
+    WalReadBack(SinkId, StreamId),
     SinkProgress(SinkId),
     SchemaDecide(StreamId),
     /// With the time it was sent.
@@ -46,7 +48,8 @@ impl Pending {
             | Pending::WalRead(_)
             | Pending::WalCreate(_)
             | Pending::WalAppend
-            | Pending::WalDelete(_) => Some(false),
+            | Pending::WalDelete(_)
+            | Pending::WalReadBack(..) => Some(false),
             Pending::LeaseRead(_) | Pending::LeaseWrite(..) => Some(true),
             _ => None,
         }
@@ -68,6 +71,7 @@ pub(super) enum Retry {
     SourceRead(SourceId),
     SourceAck(SourceId),
     SinkApply(SinkId, StreamId),
+    ReadBack(SinkId, StreamId),
     SchemaDecide(StreamId),
     LeaseRead,
     LeaseRenew,

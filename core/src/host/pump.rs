@@ -65,8 +65,24 @@ impl Host {
     }
 
     fn read_sources(&mut self) {
+        if self.phase != Phase::Running {
+            return;
+        }
         let l = &self.cfg.limits;
-        if self.phase != Phase::Running || Sources::backpressured(l, self.wal.pending_bytes(), self.records.bytes()) {
+        let (full, changed) = self.wal.check_full(l);
+        if changed {
+            let bytes = self.wal.size_bytes(l);
+            self.fx.emit(if full {
+                Output::WalFull { bytes, limit: l.wal_bytes_max }
+            } else {
+                Output::WalRoom { bytes }
+            });
+            if full {
+                // Later acknowledgements ask for a snapshot themselves.
+                self.wal.make_room(&self.committed.acked, self.cfg.sinks.len() as u16);
+            }
+        }
+        if Sources::backpressured(l, self.wal.pending_bytes(), full) {
             return;
         }
         let schemas = &self.schemas;
@@ -81,6 +97,8 @@ impl Host {
 
     pub(super) fn dispatch(&mut self, sink: SinkId, stream: StreamId) {
         let unstable = self.cfg.mutations.has(Mutation::UnstableCompactionId).then(|| self.wal.epoch());
-        self.compaction.dispatch(&mut self.fx, &self.records, sink, stream, unstable);
+        if let Err(stop) = self.compaction.dispatch(&mut self.fx, &self.records, sink, stream, unstable) {
+            self.stop(stop);
+        }
     }
 }

@@ -175,6 +175,7 @@ impl Host {
             let floor = (0..sinks).map(|s| self.committed.acked(SinkId(s), key)).min();
             self.records.prune(key, floor.unwrap_or_default());
         }
+        self.records.set_cache_max(self.cfg.limits.record_cache_bytes);
         self.sources.restore(&self.committed);
         self.schemas.restore(&self.committed.schemas);
         let replay = !self.cfg.mutations.has(Mutation::SkipCompactionReplay);

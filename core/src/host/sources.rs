@@ -46,10 +46,10 @@ impl Sources {
         Sources { slots: (0..count).map(|_| Slot::default()).collect(), accepted: BTreeMap::new() }
     }
 
-    /// Sources are read no further while this many bytes wait for a commit
-    /// or for the sinks.
-    pub(super) fn backpressured(limits: &Limits, pending_bytes: u64, held_bytes: u64) -> bool {
-        pending_bytes >= limits.pending_bytes_max || held_bytes >= limits.uncompacted_bytes_max
+    /// Sources are read no further while this many bytes wait for a commit,
+    /// or while the WAL is at its size limit.
+    pub(super) fn backpressured(limits: &Limits, pending_bytes: u64, wal_full: bool) -> bool {
+        pending_bytes >= limits.pending_bytes_max || wal_full
     }
 
     /// At the end of recovery: every partition resumes after what the WAL holds.

@@ -234,6 +234,18 @@ pub enum FrameError {
 /// With `verify` off the checksum is not checked: only the planted bug
 /// `admit-torn-segment` does that.
 pub fn decode_frame(segment: SegmentId, buf: &[u8], verify: bool) -> Result<DecodedFrame, FrameError> {
+    let (lsn, epoch, kind, payload, len) = frame_parts(segment, buf, verify)?;
+    let frame = decode_payload(kind, payload).map_err(|_| FrameError::Malformed)?;
+    Ok(DecodedFrame { lsn, epoch, frame, len })
+}
+
+/// The frame at the start of `buf`, checked but not decoded: LSN, epoch,
+/// kind, payload and the bytes it took, header included.
+pub(super) fn frame_parts(
+    segment: SegmentId,
+    buf: &[u8],
+    verify: bool,
+) -> Result<(Lsn, Epoch, FrameKind, &[u8], usize), FrameError> {
     if buf.len() < FRAME_HEADER_BYTES {
         return Err(FrameError::Truncated);
     }
@@ -250,8 +262,17 @@ pub fn decode_frame(segment: SegmentId, buf: &[u8], verify: bool) -> Result<Deco
         return Err(FrameError::Checksum);
     }
     let kind = FrameKind::from_u8(body[0]).ok_or(FrameError::Malformed)?;
-    let frame = decode_payload(kind, &body[1..]).map_err(|_| FrameError::Malformed)?;
-    Ok(DecodedFrame { lsn, epoch, frame, len })
+    Ok((lsn, epoch, kind, &body[1..], len))
+}
+
+/// The partition of a source-batch payload, read without decoding the rest.
+pub(super) fn batch_key(payload: &[u8]) -> Option<PartitionKey> {
+    get_key(&mut Reader::new(payload)).ok()
+}
+
+/// Decodes a payload of `kind`.
+pub(super) fn decode(kind: FrameKind, payload: &[u8]) -> Option<Frame> {
+    decode_payload(kind, payload).ok()
 }
 
 /// True when `buf` starts with a checksum-valid commit record; returns its LSN.

@@ -279,6 +279,57 @@ fn read_group(
     }
 }
 
+/// Where a committed group lies in the WAL: enough to read it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GroupPlace {
+    pub lsn: Lsn,
+    pub segment: SegmentId,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// What a group read back says when it is not the group committed there.
+pub const READ_BACK_INVALID: &str = "a committed group read back for a sink fails validation";
+
+/// The source batches of the partitions `wanted` in the committed group at
+/// `place`, from exactly its bytes: every frame's checksum verified, one
+/// LSN (the one committed there) and one epoch throughout, the commit
+/// record counting the frames and closing the bytes. Only the batches
+/// wanted are decoded.
+pub fn read_group_back(
+    place: GroupPlace,
+    bytes: &[u8],
+    wanted: impl Fn(PartitionKey) -> bool,
+) -> Result<Vec<SourceBatch>, Corruption> {
+    let corrupt = || Corruption { segment: place.segment, offset: place.offset, what: READ_BACK_INVALID };
+    if bytes.len() as u64 != place.len {
+        return Err(corrupt());
+    }
+    let (mut at, mut frames, mut epoch, mut batches) = (0, 0u32, None, Vec::new());
+    while at < bytes.len() && (frames as usize) < GROUP_FRAMES_MAX {
+        let (lsn, e, kind, payload, len) = frame_parts(place.segment, &bytes[at..], true).map_err(|_| corrupt())?;
+        if lsn != place.lsn || epoch.is_some_and(|x| x != e) {
+            return Err(corrupt());
+        }
+        epoch = Some(e);
+        match kind {
+            FrameKind::Commit => {
+                let Some(Frame::Commit(c)) = decode(kind, payload) else { return Err(corrupt()) };
+                let closes = c.frames == frames && c.bytes as usize == at && at + len == bytes.len();
+                return if closes { Ok(batches) } else { Err(corrupt()) };
+            }
+            FrameKind::SourceBatch if batch_key(payload).is_some_and(&wanted) => match decode(kind, payload) {
+                Some(Frame::SourceBatch(b)) => batches.push(b),
+                _ => return Err(corrupt()),
+            },
+            _ => {}
+        }
+        frames += 1;
+        at += len;
+    }
+    Err(corrupt())
+}
+
 /// The planted bug `admit-torn-segment`: reads the torn group at `pos` the
 /// way a careless reader would, with no checksums and no commit record, and
 /// keeps whatever records a frame cut short still seems to hold.

@@ -73,6 +73,7 @@ fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets)
                 }
                 Output::Stopped(reason) => return Err(reason),
                 Output::LeaseWait { .. } => unreachable!("recovering alone takes no lease"),
+                Output::WalFull { .. } | Output::WalRoom { .. } => unreachable!("sources are read only after recovery"),
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
             }
         }

@@ -117,7 +117,8 @@ impl World {
                 self.stats.clean_stops += (reason == StopReason::Clean) as u64;
                 self.exit_and_restart();
             }
-            StopReason::WalWriteFailed { .. } => self.exit_and_restart(),
+            // Exit 7; a supervisor starts it again.
+            StopReason::WalWriteFailed { .. } | StopReason::WalReadFailed { .. } => self.exit_and_restart(),
             // After an operator lost a segment, recovery stops on what it finds
             // missing: the WAL's own checks, the offsets store or a sink ahead
             // of it, or part of the segment brought back by a dead writer's

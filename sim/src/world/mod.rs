@@ -93,6 +93,11 @@ pub struct RunStats {
     pub late_commits_verified: u64,
     pub seals_ahead: u64,
     pub seals_no_room: u64,
+    /// Groups read back from the WAL for a sink, reads of them that failed,
+    /// and how often the WAL reached its size limit.
+    pub read_backs: u64,
+    pub read_fails: u64,
+    pub wal_full: u64,
     pub steps: u64,
     pub sim_micros: u64,
 }
@@ -458,6 +463,8 @@ impl World {
                 Output::Recovered(_) => self.stats.recoveries += 1,
                 Output::LeaseWait { .. } => self.stats.lease_waits += 1,
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
+                Output::WalFull { .. } => self.stats.wal_full += 1,
+                Output::WalRoom { .. } => {}
                 Output::Stopped(reason) if who == Who::Zombie => self.on_zombie_stopped(reason),
                 Output::Stopped(reason) => self.on_stopped(reason),
             }

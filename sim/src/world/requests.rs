@@ -100,6 +100,12 @@ impl World {
                 throttled
             }
             WalOp::Create { .. } | WalOp::Append { .. } if s3 => return self.put_to_s3(gen, op),
+            WalOp::ReadGroups { .. } => {
+                self.stats.read_backs += 1;
+                let failed = self.fault(Die::ReadFail, self.scenario.faults.read_fail);
+                self.stats.read_fails += failed as u64;
+                failed
+            }
             WalOp::Delete { .. } => {
                 self.stats.segments_deleted += 1;
                 false

@@ -44,6 +44,8 @@ struct Harness {
     objects: Option<BTreeMap<SegmentId, Vec<u64>>>,
     /// Every deletion performed, in order.
     deleted: Vec<SegmentId>,
+    /// `WalFull` (true) and `WalRoom` (false) outputs, in order.
+    wal_full: Vec<bool>,
 }
 
 impl Harness {
@@ -89,6 +91,7 @@ impl Harness {
             lease_waits: vec![],
             objects: None,
             deleted: vec![],
+            wal_full: vec![],
         }
     }
 
@@ -100,6 +103,8 @@ impl Harness {
                     Output::Io { id, op } => self.held.push((id, op)),
                     Output::Stopped(reason) => self.stopped = Some(reason),
                     Output::LeaseWait { holder, .. } => self.lease_waits.push(holder),
+                    Output::WalFull { .. } => self.wal_full.push(true),
+                    Output::WalRoom { .. } => self.wal_full.push(false),
                     Output::Recovered(_) | Output::Stalled { .. } | Output::Unstalled => {}
                 }
             }
@@ -213,6 +218,28 @@ impl Harness {
         out
     }
 
+    /// The held read-back request: its id and the bytes the disk holds at
+    /// each place it names.
+    fn read_back(&mut self) -> (IoId, Vec<Vec<u8>>) {
+        let (id, places) = self.take(|op| match op {
+            IoOp::Wal(WalOp::ReadGroups { places }) => Some(places.clone()),
+            _ => None,
+        });
+        let groups = places
+            .iter()
+            .map(|p| self.disk[&p.segment][p.offset as usize..(p.offset + p.len) as usize].to_vec())
+            .collect();
+        (id, groups)
+    }
+
+    /// The held sink apply's id and the records it carries.
+    fn sink_records(&mut self) -> (IoId, Vec<Vec<u8>>) {
+        self.take(|op| match op {
+            IoOp::Plugin(PluginOp::SinkApply(a)) => Some(a.records.clone()),
+            _ => None,
+        })
+    }
+
     fn sink_apply(&mut self) -> (IoId, CompactionId, CompactionSeq, usize) {
         let (id, (cid, seq, n)) = self.take(|op| match op {
             IoOp::Plugin(PluginOp::SinkApply(a)) => Some((a.id, a.seq, a.records.len())),
@@ -260,4 +287,5 @@ fn key0() -> PartitionKey {
 
 mod engine;
 mod lease;
+mod memory;
 mod recovery;

@@ -52,8 +52,11 @@ impl WalWriter {
                 frames.push(snapshot);
                 snapshot_acked = Some(snap.committed.acked.clone());
             } else {
-                // No room here: seal, and the next segment opens with one.
+                // No room here: seal, and the next segment opens with one,
+                // at once (with sources paused at the WAL's size limit, no
+                // other frame may come to open it).
                 seal_now = true;
+                self.snapshot_wanted = true;
             }
         }
         len = self.fill(&mut frames, len, at.room.min(limits.group_bytes_max.max(len)));

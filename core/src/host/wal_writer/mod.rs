@@ -44,6 +44,8 @@ pub(super) struct WalWriter {
     /// what came next did not fit at all: paths most runs rarely take.
     seals_ahead: u64,
     seals_no_room: u64,
+    /// The WAL was at its size limit when last looked at.
+    full: bool,
 }
 
 struct Active {
@@ -67,7 +69,7 @@ struct InflightCommit {
 
 /// A group that is durable and visible, handed back for its effects.
 pub(super) struct Landed {
-    pub(super) lsn: Lsn,
+    pub(super) place: GroupPlace,
     pub(super) frames: Vec<Frame>,
     pub(super) snapshot_acked: Option<Acked>,
 }
@@ -118,6 +120,21 @@ impl WalWriter {
 
     pub(super) fn segment_count(&self) -> usize {
         self.segments.len()
+    }
+
+    /// The bytes the WAL takes: every segment that holds committed groups,
+    /// at the segment size.
+    pub(super) fn size_bytes(&self, limits: &Limits) -> u64 {
+        self.segments.len() as u64 * limits.segment_bytes
+    }
+
+    /// Whether the WAL is at its size limit, and whether that changed since
+    /// the last look.
+    pub(super) fn check_full(&mut self, limits: &Limits) -> (bool, bool) {
+        let full = self.size_bytes(limits) >= limits.wal_bytes_max;
+        let changed = full != self.full;
+        self.full = full;
+        (full, changed)
     }
 
     pub(super) fn pending_bytes(&self) -> u64 {
@@ -261,11 +278,25 @@ impl WalWriter {
         if matches!(c.frames.last(), Some(Frame::Seal)) {
             self.active = None;
         }
-        Landed { lsn: c.lsn, frames: c.frames, snapshot_acked: c.snapshot_acked }
+        let place = GroupPlace { lsn: c.lsn, segment: c.segment, offset: c.offset, len: c.bytes.len() as u64 };
+        Landed { place, frames: c.frames, snapshot_acked: c.snapshot_acked }
     }
 
     pub(super) fn want_snapshot(&mut self) {
         self.snapshot_wanted = true;
+    }
+
+    /// The WAL just reached its size limit: with nothing else on its way to
+    /// free space and the oldest segment compacted, a snapshot lets it go.
+    /// (After a restart with everything acknowledged, no compaction is left
+    /// to ask for one; from here on, each acknowledgement that compacts the
+    /// oldest segment does.)
+    pub(super) fn make_room(&mut self, acked: &Acked, sinks: u16) {
+        let snapshot_on_its_way =
+            self.snapshot_wanted || self.commit.as_ref().is_some_and(|c| c.snapshot_acked.is_some());
+        if !snapshot_on_its_way && self.deletes.is_empty() && self.oldest_segment_compacted(acked, sinks) {
+            self.snapshot_wanted = true;
+        }
     }
 
     /// Every record of the oldest sealed segment is below every sink's

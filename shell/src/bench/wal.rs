@@ -3,9 +3,9 @@
 //! records, a commit every 64 records. Prints each round, the median ratio
 //! and the file system it ran on; refuses tmpfs, where fsync costs nothing.
 
+use super::{median, prepare_dir};
 use crate::exit;
 use clap::Args;
-use nix::sys::statfs::{statfs, FsType, EXT4_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC};
 use skippr_core::wal::{encode_group, encode_header, Frame, Record, SourceBatch, SEGMENT_HEADER_BYTES};
 use skippr_core::{Epoch, Lsn, PartitionKey, Position, SegmentId, SourceId, StreamId};
 use skippr_io::DiskWal;
@@ -31,28 +31,9 @@ pub struct BenchWalArgs {
 }
 
 pub fn wal(args: BenchWalArgs) -> i32 {
-    // The file system of the directory, or of its nearest existing ancestor:
-    // nothing is created on tmpfs.
-    let existing = args.dir.ancestors().find(|a| a.exists()).unwrap_or(Path::new("."));
-    let fs = match statfs(existing) {
-        Ok(s) => s.filesystem_type(),
-        Err(e) => {
-            eprintln!("skipprd bench wal: cannot stat {}: {e}", args.dir.display());
-            return exit::FAILED;
-        }
-    };
-    if fs == TMPFS_MAGIC {
-        eprintln!(
-            "skipprd bench wal: {} is on tmpfs, where fsync costs nothing; give --dir on a real disk",
-            args.dir.display()
-        );
-        return exit::CONFIG;
+    if let Err(code) = prepare_dir("wal", &args.dir) {
+        return code;
     }
-    if let Err(e) = std::fs::create_dir_all(&args.dir) {
-        eprintln!("skipprd bench wal: cannot create {}: {e}", args.dir.display());
-        return exit::DATA_DIR;
-    }
-    println!("file system: {} ({})", fs_name(fs), args.dir.display());
     println!(
         "{RECORD_BYTES}-byte records, a commit every {RECORDS_PER_COMMIT} records, {} commits a round",
         args.commits
@@ -137,18 +118,4 @@ fn plain_round(dir: &Path, commits: u32) -> std::io::Result<f64> {
     let rate = commits as f64 / started.elapsed().as_secs_f64();
     std::fs::remove_file(&path)?;
     Ok(rate)
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn fs_name(fs: FsType) -> String {
-    match fs {
-        f if f == EXT4_SUPER_MAGIC => "ext4".into(),
-        f if f == XFS_SUPER_MAGIC => "xfs".into(),
-        f if f == OVERLAYFS_SUPER_MAGIC => "overlayfs".into(),
-        f => format!("{f:?}"),
-    }
 }
