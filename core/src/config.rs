@@ -126,7 +126,7 @@ impl Default for Limits {
             source_read_records_max: 1_000,
             pending_bytes_max: 4 << 20,
             wal_bytes_max: 1 << 30,
-            record_cache_bytes: 16 << 20,
+            record_cache_bytes: 8 << 20,
             compaction_records_max: 10_000,
             source_poll: Duration::from_millis(50),
             retry_min: Duration::from_millis(10),

@@ -152,8 +152,98 @@ pub struct SinkApply {
     pub stream: StreamId,
     pub id: CompactionId,
     pub seq: CompactionSeq,
-    pub records: Vec<Vec<u8>>,
+    pub records: Records,
 }
+
+/// The records of a destination batch, back to back in one buffer: one
+/// allocation per batch, not one per record.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Records {
+    bytes: Vec<u8>,
+    /// Where each record ends in `bytes`.
+    ends: Vec<usize>,
+}
+
+impl Records {
+    pub fn push(&mut self, record: &[u8]) {
+        self.bytes.extend_from_slice(record);
+        self.ends.push(self.bytes.len());
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Bytes of all records together.
+    pub fn bytes_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        Some(&self.bytes[start..end])
+    }
+
+    pub fn iter(&self) -> RecordsIter<'_> {
+        RecordsIter { records: self, next: 0, start: 0 }
+    }
+
+    /// Appends every record of `other`.
+    pub fn extend_from(&mut self, other: &Records) {
+        let base = self.bytes.len();
+        self.bytes.extend_from_slice(&other.bytes);
+        self.ends.extend(other.ends.iter().map(|e| base + e));
+    }
+}
+
+impl<'a> FromIterator<&'a [u8]> for Records {
+    fn from_iter<I: IntoIterator<Item = &'a [u8]>>(iter: I) -> Records {
+        let mut records = Records::default();
+        for r in iter {
+            records.push(r);
+        }
+        records
+    }
+}
+
+impl<'a> IntoIterator for &'a Records {
+    type Item = &'a [u8];
+    type IntoIter = RecordsIter<'a>;
+
+    fn into_iter(self) -> RecordsIter<'a> {
+        self.iter()
+    }
+}
+
+/// The records of a `Records`, in order.
+pub struct RecordsIter<'a> {
+    records: &'a Records,
+    next: usize,
+    start: usize,
+}
+
+impl<'a> Iterator for RecordsIter<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let end = *self.records.ends.get(self.next)?;
+        let record = &self.records.bytes[self.start..end];
+        (self.next, self.start) = (self.next + 1, end);
+        Some(record)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.records.ends.len() - self.next;
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for RecordsIter<'_> {}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OffsetEntry {

@@ -7,6 +7,7 @@
 //! that holds a record some sink has not acknowledged.
 
 use crate::ids::*;
+use crate::io::Records;
 use crate::wal::{GroupPlace, Range, Record};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -28,7 +29,7 @@ struct Held {
 /// Records read back from the WAL for one compaction: per partition and
 /// the position of their batch's first record as committed, the records
 /// inside the plan's range.
-pub type ReadBack = BTreeMap<(PartitionKey, Position), Vec<Record>>;
+pub type ReadBack = BTreeMap<(PartitionKey, Position), Records>;
 
 #[derive(Clone, Debug)]
 pub struct RecordStore {
@@ -179,18 +180,19 @@ impl RecordStore {
     }
 
     /// The bytes of every record in `ranges`, in order: from memory, or from
-    /// what was read back. `Err` names a batch the read-back lacks.
-    pub fn gather(&self, ranges: &[Range], read: &ReadBack) -> Result<Vec<Vec<u8>>, GroupPlace> {
-        let mut out = Vec::new();
+    /// what was read back (already cut to the ranges). `Err` names a batch
+    /// the read-back lacks.
+    pub fn gather(&self, ranges: &[Range], read: &ReadBack) -> Result<Records, GroupPlace> {
+        let mut out = Records::default();
         for r in ranges {
             for held in self.overlapping(r.key, r.from, r.to) {
-                let in_range = |rec: &&Record| rec.position >= r.from && rec.position < r.to;
                 match &held.records {
-                    Some(records) => out.extend(records.iter().filter(in_range).map(|rec| rec.bytes.clone())),
-                    None => {
-                        let got = read.get(&(r.key, held.origin)).ok_or(held.place)?;
-                        out.extend(got.iter().filter(in_range).map(|rec| rec.bytes.clone()));
+                    Some(records) => {
+                        for rec in records.iter().filter(|rec| rec.position >= r.from && rec.position < r.to) {
+                            out.push(&rec.bytes);
+                        }
                     }
+                    None => out.extend_from(read.get(&(r.key, held.origin)).ok_or(held.place)?),
                 }
             }
         }
@@ -226,9 +228,9 @@ mod tests {
         assert_eq!(s.places(&[range(0, 2)]), vec![]);
         assert_eq!(s.places(&[range(1, 5)]), vec![place(2)]);
         assert_eq!(s.gather(&[range(1, 5)], &ReadBack::new()), Err(place(2)));
-        let read = ReadBack::from([((KEY, Position(2)), batch(2..4))]);
+        let read = ReadBack::from([((KEY, Position(2)), [[2u8; 10], [3; 10]].iter().map(|r| &r[..]).collect())]);
         let got = s.gather(&[range(1, 5)], &read).unwrap();
-        assert_eq!(got, vec![vec![1; 10], vec![2; 10], vec![3; 10], vec![4; 10]]);
+        assert_eq!(got.iter().collect::<Vec<_>>(), vec![&[1u8; 10][..], &[2; 10], &[3; 10], &[4; 10]]);
     }
 
     #[test]

@@ -126,7 +126,7 @@ pub struct RunArgs {
     #[arg(long, env = "WAL_MAX_BYTES", value_name = "BYTES")]
     pub wal_max_bytes: Option<u64>,
     /// Committed record bytes kept in memory for the sinks; compactions read
-    /// the rest back from the WAL [default: 16777216].
+    /// the rest back from the WAL [default: 8388608].
     #[arg(long, env = "SKIPPR_RECORD_CACHE_BYTES", value_name = "BYTES")]
     pub record_cache_bytes: Option<u64>,
     /// Exit 0 once every finite source is exhausted, committed and delivered.

@@ -5,6 +5,7 @@
 //! `offsets init-table`, and
 //! `bench wal`.
 
+mod alloc;
 mod bench;
 mod chaos;
 mod config;
@@ -19,10 +20,9 @@ mod tools;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
-// The simulator allocates a record buffer per record; mimalloc serves that
-// pattern about 1.28 times faster than glibc's allocator (BENCHMARKS.md).
+// glibc's allocator for the daemon, mimalloc for the simulator (alloc.rs).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: alloc::Allocator = alloc::Allocator;
 
 #[derive(Parser)]
 #[command(name = "skipprd", version, about = "An ingestion daemon with an exactly-once delivery contract.")]

@@ -182,7 +182,7 @@ async fn run(cfg: RunConfig) -> i32 {
     };
     let shutdown = crate::signals::listen();
     let totals = Arc::new(RunTotals::default());
-    info!(wal = place.root(), endpoints = %endpoints, once = cfg.once, "starting");
+    info!(wal = place.root(), endpoints = %endpoints, once = cfg.once, allocator = crate::alloc::name(), "starting");
     let reason = drive(host, backends, clock, shutdown, Arc::clone(&totals)).await;
     let code = exit::for_stop(&reason);
     let message = explain(&reason, &place);

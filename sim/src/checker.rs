@@ -289,7 +289,7 @@ impl Checker {
     }
 }
 
-fn digest(records: &[Vec<u8>]) -> u64 {
+fn digest(records: &skippr_core::Records) -> u64 {
     let mut h = records.len() as u64;
     for r in records {
         h = h.rotate_left(17) ^ xxhash_rust::xxh3::xxh3_64(r);
@@ -322,7 +322,13 @@ mod tests {
             stream: StreamId(stream),
             id: CompactionId(id),
             seq: CompactionSeq(seq),
-            records: positions.iter().map(|&p| record_bytes(s.seed, 0, 0, p)).collect(),
+            records: positions
+                .iter()
+                .map(|&p| record_bytes(s.seed, 0, 0, p))
+                .collect::<Vec<_>>()
+                .iter()
+                .map(|r| &r[..])
+                .collect(),
         }
     }
 
@@ -354,7 +360,9 @@ mod tests {
         assert_eq!(broke(&c), invariant::LOST_RECORD);
         let (s, mut c) = setup();
         let mut a = apply(&s, 1, 0, stream0(&s), &[0]);
-        *a.records[0].last_mut().unwrap() ^= 1;
+        let mut flipped = a.records.get(0).unwrap().to_vec();
+        *flipped.last_mut().unwrap() ^= 1;
+        a.records = [&flipped[..]].into_iter().collect();
         c.on_apply(&a, true);
         assert_eq!(broke(&c), invariant::FOREIGN_BYTES);
     }

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A runtime-protocol (version 1) sink for the end-to-end tests.
 
-With REFUSE=retryable (or fatal) it answers that to every batch.
+With REFUSE=retryable (or fatal) it answers that to every batch; with
+LAG_SECONDS=S it answers retryable for S seconds after it starts, then
+applies (a sink that is down for a while).
 Writes each batch to OUT_DIR/<stream>/<seq, 20 digits>-<compaction_id>.jsonl
 (temporary file, fsync, rename), one record per line as received. A replay of
 the same id with the same records is already_applied; anything else under a
@@ -10,6 +12,7 @@ number already used is fatal.
 import json
 import os
 import sys
+import time
 
 OUT_DIR = os.environ["OUT_DIR"]
 
@@ -41,12 +44,13 @@ def apply(msg):
 
 
 def main():
+    lag_until = time.monotonic() + float(os.environ.get("LAG_SECONDS", "0"))
     for line in sys.stdin:
         msg = json.loads(line)
         if msg["type"] == "hello":
             send({"type": "hello", "protocol": 1})
         elif msg["type"] == "apply":
-            refuse = os.environ.get("REFUSE")
+            refuse = os.environ.get("REFUSE") or (time.monotonic() < lag_until and "retryable")
             outcome = refuse if refuse else apply(msg)
             send({"type": "result", "outcome": outcome, "rows": len(msg["records"])})
         else:

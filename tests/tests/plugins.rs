@@ -69,6 +69,27 @@ fn an_external_sink_receives_every_batch_exactly_once() {
     assert_exactly_once(&out_dir, &["events"], 2, 10_000);
 }
 
+#[test]
+fn a_sink_that_is_down_fills_the_wal_to_its_limit_then_every_record_arrives_once() {
+    // Two 1 MiB segments of WAL and nothing held in memory: the sources
+    // pause at the limit while the sink refuses, and every record the sink
+    // then gets is read back from the WAL.
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out_dir = tmp.path().join("out");
+    let cmd = plugin("sink.py");
+    let limits = ["--wal-bytes-per-file", "1048576", "--wal-max-bytes", "2097152", "--record-cache-bytes", "0"];
+    let mut args = vec!["--once", "--sink", "command", "--sink-command", &cmd, "--generator-records", "100000"];
+    args.extend(limits);
+    let env = [("OUT_DIR", out_dir.to_str().unwrap().to_string()), ("LAG_SECONDS", "5".to_string())];
+    let out = daemon(&data, &args, &env).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert!(log.contains("the WAL reached its size limit (WAL_MAX_BYTES): sources are paused"), "{log}");
+    assert!(log.contains("the WAL is below its size limit again; sources resume"), "{log}");
+    assert_exactly_once(&out_dir, &["events"], 2, 100_000);
+}
+
 fn misbehaving(mode: &str) -> (PathBuf, Output, tempfile::TempDir) {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");

@@ -39,6 +39,28 @@ fn once_with_defaults_delivers_everything_exactly_once_and_a_rerun_resumes() {
 }
 
 #[test]
+fn a_wal_size_limit_under_two_segments_is_refused_naming_both_settings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out = run(&data, &["--wal-bytes-per-file", "1048576", "--wal-max-bytes", "2097151"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(text.contains("WAL_MAX_BYTES (2097151) must be at least two WAL segments"), "{text}");
+    assert!(text.contains("WAL_BYTES_PER_FILE"), "{text}");
+    assert!(!data.join("wal").exists(), "nothing is written");
+}
+
+#[test]
+fn with_no_record_cache_every_record_is_read_back_from_the_wal_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out =
+        run(&data, &["--generator-records", "30000", "--wal-bytes-per-file", "1048576", "--record-cache-bytes", "0"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["events"], 2, 30_000);
+}
+
+#[test]
 fn segments_roll_and_old_ones_are_deleted() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");

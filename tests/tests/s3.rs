@@ -225,6 +225,15 @@ fn s3_mode_runs_once_resumes_and_names_a_missing_table_or_bucket() {
     assert!(stdout(&tool(&["offsets", "show"])).ends_with("2 entries\n"), "rebuilt from the WAL");
 }
 
+#[test]
+fn with_no_record_cache_compactions_read_records_back_from_the_bucket() {
+    let (bucket, table, tmp) = setup("readback");
+    let sink = tmp.path().join("sink");
+    let out = daemon(&bucket, &table, &sink, 3000, 0, true).env("SKIPPR_RECORD_CACHE_BYTES", "0").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&sink, &["events"], 2, 3000);
+}
+
 fn wait_for(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
     let start = Instant::now();
     while start.elapsed() < limit {

@@ -285,20 +285,26 @@ impl Compaction {
         };
         fx.succeeded(retry);
         assert_eq!(groups.len(), fetch.sent, "one answer per group asked for");
+        let ranges = &plan.ranges;
+        let ours = |r: &Range, key: PartitionKey| r.key == key || (by_source && r.key.source == key.source);
         for (place, bytes) in fetch.places[fetch.next..].iter().zip(groups) {
-            let ours = |r: &Range, key: PartitionKey| r.key == key || (by_source && r.key.source == key.source);
-            let batches = match read_group_back(*place, &bytes, |key| plan.ranges.iter().any(|r| ours(r, key))) {
-                Ok(batches) => batches,
-                Err(c) => return ReadNews::Stop(StopReason::Corrupt(c)),
-            };
-            for b in batches {
-                let ours = |r: &&Range| ours(r, b.key);
-                let (Some(r), Some(origin)) = (plan.ranges.iter().find(ours), b.records.first()) else {
-                    continue;
-                };
-                let origin = origin.position;
-                let inside = b.records.into_iter().filter(|x| x.position >= r.from && x.position < r.to).collect();
-                fetch.read.entry((r.key, origin)).or_insert(inside);
+            let read = &mut fetch.read;
+            let visited = read_group_back(
+                *place,
+                &bytes,
+                |key| ranges.iter().any(|r| ours(r, key)),
+                |key, origin, position, record| {
+                    let r = ranges.iter().find(|r| ours(r, key)).expect("a wanted partition");
+                    // Every batch gets its entry, even one with no record in
+                    // the range (positions need not be dense).
+                    let kept = read.entry((r.key, origin)).or_default();
+                    if position >= r.from && position < r.to {
+                        kept.push(record);
+                    }
+                },
+            );
+            if let Err(c) = visited {
+                return ReadNews::Stop(StopReason::Corrupt(c));
             }
         }
         fetch.next += fetch.sent;

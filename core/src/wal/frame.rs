@@ -275,6 +275,11 @@ pub(super) fn decode(kind: FrameKind, payload: &[u8]) -> Option<Frame> {
     decode_payload(kind, payload).ok()
 }
 
+/// Visits a source-batch payload's records in place; `None` if malformed.
+pub(super) fn visit_batch_records(payload: &[u8], each: impl FnMut(Position, &[u8])) -> Option<()> {
+    super::payload::visit_batch(payload, each).ok().map(drop)
+}
+
 /// True when `buf` starts with a checksum-valid commit record; returns its LSN.
 /// Used to tell a torn tail (nothing valid follows) from corruption.
 pub fn commit_record_at(segment: SegmentId, buf: &[u8]) -> Option<Lsn> {

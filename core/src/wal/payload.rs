@@ -103,6 +103,32 @@ impl Frame {
     }
 }
 
+/// Visits the records of a source-batch payload in place, (position,
+/// bytes), without decoding them into owned records; returns the batch's
+/// partition.
+pub(super) fn visit_batch(payload: &[u8], mut each: impl FnMut(Position, &[u8])) -> Result<PartitionKey, DecodeError> {
+    let mut r = Reader::new(payload);
+    let key = get_key(&mut r)?;
+    let _stream = r.u16()?;
+    let _end = r.u64()?;
+    match r.u8()? {
+        0 => {}
+        1 => {
+            r.bytes()?;
+        }
+        _ => return Err(DecodeError),
+    }
+    let n = r.count(12)?;
+    for _ in 0..n {
+        let position = Position(r.u64()?);
+        each(position, r.bytes()?);
+    }
+    if !r.is_empty() {
+        return Err(DecodeError);
+    }
+    Ok(key)
+}
+
 pub(super) fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError> {
     let mut r = Reader::new(payload);
     let frame = match kind {

@@ -291,22 +291,27 @@ pub struct GroupPlace {
 /// What a group read back says when it is not the group committed there.
 pub const READ_BACK_INVALID: &str = "a committed group read back for a sink fails validation";
 
-/// The source batches of the partitions `wanted` in the committed group at
-/// `place`, from exactly its bytes: every frame's checksum verified, one
-/// LSN (the one committed there) and one epoch throughout, the commit
-/// record counting the frames and closing the bytes. Only the batches
-/// wanted are decoded.
+/// Visits the records of the partitions `wanted` in the committed group at
+/// `place`, in place: `each(partition, first position of its batch,
+/// position, bytes)`. Checks exactly its bytes first: every frame's
+/// checksum, one LSN (the one committed there) and one epoch throughout,
+/// the commit record counting the frames and closing the bytes; nothing is
+/// visited unless the whole group is valid.
 pub fn read_group_back(
     place: GroupPlace,
     bytes: &[u8],
     wanted: impl Fn(PartitionKey) -> bool,
-) -> Result<Vec<SourceBatch>, Corruption> {
+    mut each: impl FnMut(PartitionKey, Position, Position, &[u8]),
+) -> Result<(), Corruption> {
     let corrupt = || Corruption { segment: place.segment, offset: place.offset, what: READ_BACK_INVALID };
     if bytes.len() as u64 != place.len {
         return Err(corrupt());
     }
     let (mut at, mut frames, mut epoch, mut batches) = (0, 0u32, None, Vec::new());
-    while at < bytes.len() && (frames as usize) < GROUP_FRAMES_MAX {
+    loop {
+        if at >= bytes.len() || frames as usize >= GROUP_FRAMES_MAX {
+            return Err(corrupt());
+        }
         let (lsn, e, kind, payload, len) = frame_parts(place.segment, &bytes[at..], true).map_err(|_| corrupt())?;
         if lsn != place.lsn || epoch.is_some_and(|x| x != e) {
             return Err(corrupt());
@@ -315,19 +320,27 @@ pub fn read_group_back(
         match kind {
             FrameKind::Commit => {
                 let Some(Frame::Commit(c)) = decode(kind, payload) else { return Err(corrupt()) };
-                let closes = c.frames == frames && c.bytes as usize == at && at + len == bytes.len();
-                return if closes { Ok(batches) } else { Err(corrupt()) };
+                if c.frames != frames || c.bytes as usize != at || at + len != bytes.len() {
+                    return Err(corrupt());
+                }
+                break;
             }
-            FrameKind::SourceBatch if batch_key(payload).is_some_and(&wanted) => match decode(kind, payload) {
-                Some(Frame::SourceBatch(b)) => batches.push(b),
-                _ => return Err(corrupt()),
-            },
+            FrameKind::SourceBatch if batch_key(payload).is_some_and(&wanted) => batches.push(payload),
             _ => {}
         }
         frames += 1;
         at += len;
     }
-    Err(corrupt())
+    for payload in batches {
+        let key = batch_key(payload).expect("read above");
+        let mut origin = None;
+        visit_batch_records(payload, |position, record| {
+            let first = *origin.get_or_insert(position);
+            each(key, first, position, record);
+        })
+        .ok_or_else(corrupt)?;
+    }
+    Ok(())
 }
 
 /// The planted bug `admit-torn-segment`: reads the torn group at `pos` the

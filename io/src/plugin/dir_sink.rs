@@ -1,7 +1,7 @@
 //! The built-in `dir` sink.
 
 use super::{PluginError, Sink};
-use skippr_core::{CompactionId, SinkOutcome};
+use skippr_core::{CompactionId, Records, SinkOutcome};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -71,7 +71,7 @@ impl Sink for DirSink {
         stream: &str,
         seq: u64,
         id: CompactionId,
-        records: &[Vec<u8>],
+        records: &Records,
     ) -> Result<SinkOutcome, PluginError> {
         let mut body = Vec::with_capacity(records.iter().map(|r| r.len() + 1).sum());
         for r in records {
@@ -114,7 +114,8 @@ mod tests {
     fn the_dir_sink_is_idempotent_and_refuses_different_bytes() {
         let tmp = tempfile::tempdir().unwrap();
         let mut sink = DirSink::open(tmp.path()).unwrap();
-        let recs = vec![b"{\"a\":1}".to_vec(), b"{\"a\":2}".to_vec()];
+        let recs: Records = [&b"{\"a\":1}"[..], b"{\"a\":2}"].into_iter().collect();
+        let first: Records = recs.iter().take(1).collect();
         assert_eq!(sink.apply("s", 0, CompactionId(9), &recs).unwrap(), SinkOutcome::Applied);
         assert_eq!(sink.apply("s", 0, CompactionId(9), &recs).unwrap(), SinkOutcome::AlreadyApplied);
         let path = tmp.path().join("s").join("00000000000000000000-0000000000000009.jsonl");
@@ -122,7 +123,7 @@ mod tests {
         // A new process sees what is on disk.
         let mut again = DirSink::open(tmp.path()).unwrap();
         assert_eq!(again.apply("s", 0, CompactionId(9), &recs).unwrap(), SinkOutcome::AlreadyApplied);
-        assert_eq!(again.apply("s", 0, CompactionId(9), &recs[..1]).unwrap(), SinkOutcome::Fatal);
+        assert_eq!(again.apply("s", 0, CompactionId(9), &first).unwrap(), SinkOutcome::Fatal);
         assert_eq!(again.apply("s", 0, CompactionId(8), &recs).unwrap(), SinkOutcome::Fatal);
         assert_eq!(again.apply("s", 1, CompactionId(8), &recs).unwrap(), SinkOutcome::Applied);
     }

@@ -7,7 +7,7 @@
 //! The engine issues at most one read per source at a time.
 
 use skippr_core::wal::Record;
-use skippr_core::{CompactionId, Position, ResumePoint, SinkOutcome};
+use skippr_core::{CompactionId, Position, Records, ResumePoint, SinkOutcome};
 
 pub mod dir_sink;
 pub mod file_source;
@@ -67,7 +67,7 @@ pub trait Sink: Send {
         stream: &str,
         seq: u64,
         id: CompactionId,
-        records: &[Vec<u8>],
+        records: &Records,
     ) -> Result<SinkOutcome, PluginError>;
 
     /// The highest sequence number applied per stream of `streams`, where

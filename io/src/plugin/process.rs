@@ -11,7 +11,7 @@ use super::{Batch, PluginError, SchemaPlugin, Sink, Source};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use skippr_core::wal::Record;
-use skippr_core::{CompactionId, Position, ResumePoint, SinkOutcome};
+use skippr_core::{CompactionId, Position, Records, ResumePoint, SinkOutcome};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -379,7 +379,7 @@ impl Sink for ExternalSink {
         stream: &str,
         seq: u64,
         id: CompactionId,
-        records: &[Vec<u8>],
+        records: &Records,
     ) -> Result<SinkOutcome, PluginError> {
         self.process.ensure()?;
         // Records are JSON values with the exact bytes their source emitted:

@@ -1,7 +1,7 @@
 //! The built-in `stdout` sink.
 
 use super::{PluginError, Sink};
-use skippr_core::{CompactionId, SinkOutcome};
+use skippr_core::{CompactionId, Records, SinkOutcome};
 use std::io::Write;
 
 /// The built-in stdout sink: prints each record on its own line. It cannot
@@ -10,7 +10,7 @@ use std::io::Write;
 pub struct StdoutSink;
 
 impl Sink for StdoutSink {
-    fn apply(&mut self, _: &str, _: u64, _: CompactionId, records: &[Vec<u8>]) -> Result<SinkOutcome, PluginError> {
+    fn apply(&mut self, _: &str, _: u64, _: CompactionId, records: &Records) -> Result<SinkOutcome, PluginError> {
         let mut out = std::io::stdout().lock();
         for r in records {
             out.write_all(r).and_then(|_| out.write_all(b"\n")).map_err(|e| PluginError(format!("stdout: {e}")))?;

@@ -235,7 +235,7 @@ impl Harness {
     /// The held sink apply's id and the records it carries.
     fn sink_records(&mut self) -> (IoId, Vec<Vec<u8>>) {
         self.take(|op| match op {
-            IoOp::Plugin(PluginOp::SinkApply(a)) => Some(a.records.clone()),
+            IoOp::Plugin(PluginOp::SinkApply(a)) => Some(a.records.iter().map(<[u8]>::to_vec).collect()),
             _ => None,
         })
     }
