@@ -1,4 +1,4 @@
-//! `skipprd bench wal` runs both loops and refuses tmpfs.
+//! `skipprd bench wal` and `bench e2e` run their rounds and refuse tmpfs.
 
 use skippr_tests::*;
 
@@ -23,4 +23,28 @@ fn bench_wal_refuses_tmpfs() {
     let out = skipprd(&["bench", "wal", "--dir", "/dev/shm/skipprd-bench-refusal"]);
     assert_eq!(out.status.code(), Some(3), "{}", stdout(&out));
     assert!(stderr(&out).contains("tmpfs"), "{}", stderr(&out));
+}
+
+#[test]
+fn bench_e2e_runs_the_pipeline_the_plain_program_and_a_baseline_side_by_side() {
+    let tmp = tempfile::tempdir_in(repo_root()).unwrap();
+    let me = skipprd_bin();
+    let args = ["bench", "e2e", "--dir", tmp.path().to_str().unwrap(), "--rounds", "2", "--records", "20000"];
+    let out = skipprd(&[&args[..], &["--baseline", me.to_str().unwrap()]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let rounds: Vec<&str> = text.lines().filter(|l| l.starts_with("round ")).collect();
+    assert_eq!(rounds.len(), 2, "{text}");
+    assert!(
+        rounds.iter().all(|r| r.contains("commits") && r.contains("sink files") && r.contains("baseline")),
+        "{text}"
+    );
+    let median = text.lines().find(|l| l.starts_with("median: ")).expect("a median line");
+    let ratio: f64 = median.split("ratio ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+    assert!(ratio > 0.0, "{median}");
+    assert!(median.contains("pipeline/baseline"), "{median}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert!(left.is_empty(), "every round cleans up after itself: {left:?}");
+    let shm = skipprd(&["bench", "e2e", "--dir", "/dev/shm/skipprd-bench-refusal"]);
+    assert_eq!(shm.status.code(), Some(3), "{}", stdout(&shm));
 }

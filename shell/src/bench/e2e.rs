@@ -56,7 +56,7 @@ pub fn e2e(args: BenchE2eArgs) -> i32 {
             return exit::FAILED;
         }
     };
-    println!("{} records a round (about 100 bytes each), two streams of two partitions", args.records);
+    println!("{} records of the built-in generator a round, two streams of two partitions", args.records);
     let (mut ratios, mut pipeline, mut plain, mut against) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..args.rounds {
         let result = (|| -> Result<String, String> {
