@@ -68,8 +68,8 @@ pub struct SimArgs {
     records_percent: Option<u32>,
     /// Switch faults off, comma-separated: fsync-fail, disk-full, rot,
     /// lost-dir-entry, sink-retryable, sink-lost-reply, offsets-ambiguous,
-    /// source-fail, shutdown-mid-run, s3-ambiguous, s3-throttle, pause,
-    /// lease-wipe.
+    /// source-fail, shutdown-mid-run, lost-segment, read-fail, s3-ambiguous,
+    /// s3-throttle, pause, lease-wipe.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_fault)]
     faults_off: Vec<FaultKind>,
     /// Where the simulated WAL lives: `disk` (segment files under a page
@@ -373,5 +373,20 @@ fn replay(dir: &Path, args: &SimArgs) -> i32 {
         exit::SIM_FAILED
     } else {
         exit::OK
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_help_of_faults_off_names_every_fault_that_can_be_switched_off() {
+        let cmd = SimArgs::augment_args(clap::Command::new("sim"));
+        let arg = cmd.get_arguments().find(|a| a.get_id() == "faults_off").expect("--faults-off");
+        let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        for kind in FaultKind::ALL {
+            assert!(help.contains(kind.name()), "--faults-off does not name {}: {help}", kind.name());
+        }
     }
 }

@@ -86,6 +86,7 @@ fn list_mutations_names_every_planted_bug() {
         "s3-overwrite-on-ambiguous",
         "offsets-regress",
         "ignore-missing-segments",
+        "read-back-wrong-partition",
     ];
     assert_eq!(names, expected, "the planted bugs, as the README lists them");
 }

@@ -107,6 +107,13 @@ impl World {
                 self.trace.note(self.now(), "zombie stopped");
                 self.retire_zombie();
             }
+            // Reading records back for its sinks, it found a segment its
+            // successor had deleted once they were delivered: nothing it
+            // could still send was needed.
+            StopReason::WalReadFailed { .. } => {
+                self.trace.note(self.now(), "zombie stopped");
+                self.retire_zombie();
+            }
             // A writer frozen before an operator deleted a segment wakes to
             // a WAL that is not whole: stopping there is right.
             StopReason::WalIncomplete(_)
