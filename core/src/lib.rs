@@ -27,6 +27,9 @@ pub mod offsets;
 pub mod records;
 /// Reading a WAL back: the scan, the proof that it is whole, the rebuild.
 pub mod recovery;
+/// Consensus for the clustered WAL: raft-rs configured and driven by the
+/// engine's ticks and seed (issue #12, in progress).
+pub mod replication;
 /// What the committed WAL says, folded into maps.
 pub mod state;
 /// The engine's own integer time.

@@ -1,0 +1,70 @@
+//! Consensus for the clustered WAL (issue #12, in progress): tikv/raft-rs,
+//! driven from inside the engine like every other part. This first piece
+//! fixes how raft-rs is configured and shows, with three nodes in memory,
+//! that it runs deterministically under the engine's own ticks and seed.
+//!
+//! raft-rs's only randomness is the election timeout, drawn from
+//! `rand::thread_rng()` in `[min_election_tick, max_election_tick)` at every
+//! term or role change. With `max = min + 1` that range holds one value, so
+//! OS entropy decides nothing. `Raft::set_randomized_election_timeout`
+//! asserts the same range, so it cannot add jitter here; the jitter that
+//! keeps split votes from repeating comes from the engine instead: after a
+//! node's term or role changes, its next ticks are withheld for a number
+//! drawn from the engine's seed (`TickJitter::draw`).
+
+use crate::config::Limits;
+
+/// Ticks a follower waits without hearing from a leader before it
+/// campaigns; a leader steps down after as many without a quorum.
+pub const ELECTION_TICKS: usize = 10;
+/// Ticks between a leader's heartbeats.
+pub const HEARTBEAT_TICKS: usize = 2;
+/// At most this many ticks are withheld after a term or role change.
+pub const JITTER_TICKS_MAX: u64 = ELECTION_TICKS as u64;
+
+/// raft-rs's configuration for node `id`: pre-vote and check-quorum on, the
+/// election timeout pinned to one value, and its buffers capped by the
+/// engine's limits (a message carries at most a group's worth of entries,
+/// a `Ready` at most four groups, and what is proposed but uncommitted at
+/// most what may wait for a commit).
+pub fn raft_config(id: u64, limits: &Limits) -> raft::Config {
+    raft::Config {
+        id,
+        election_tick: ELECTION_TICKS,
+        heartbeat_tick: HEARTBEAT_TICKS,
+        min_election_tick: ELECTION_TICKS,
+        max_election_tick: ELECTION_TICKS + 1,
+        pre_vote: true,
+        check_quorum: true,
+        max_size_per_msg: limits.group_bytes_max,
+        max_inflight_msgs: 4,
+        max_committed_size_per_ready: 4 * limits.group_bytes_max,
+        max_uncommitted_size: limits.pending_bytes_max,
+        ..raft::Config::default()
+    }
+}
+
+/// Ticks to withhold from one node after its term or role changed, drawn
+/// from the engine's seed (splitmix64): the only jitter elections get.
+#[derive(Clone, Debug)]
+pub struct TickJitter {
+    state: u64,
+}
+
+impl TickJitter {
+    pub fn new(seed: u64, node: u64) -> TickJitter {
+        TickJitter { state: seed ^ node.wrapping_mul(0x9e37_79b9_7f4a_7c15) }
+    }
+
+    /// Ticks to withhold now, in `0..=JITTER_TICKS_MAX`.
+    pub fn draw(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % (JITTER_TICKS_MAX + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+//! Three raft-rs nodes in memory, stepped by hand: ticks in a fixed order,
+//! messages delivered first in, first out, every `Ready` handled the way
+//! the engine will (entries and hard state stored before the persisted
+//! messages leave).
+
+use super::*;
+use raft::eraftpb::{ConfState, Message};
+use raft::storage::MemStorage;
+use raft::{RawNode, StateRole};
+use std::collections::{BTreeMap, VecDeque};
+
+struct Node {
+    raft: RawNode<MemStorage>,
+    jitter: TickJitter,
+    withheld: u64,
+    /// (term, role) when last looked at.
+    seen: (u64, StateRole),
+    committed: Vec<Vec<u8>>,
+}
+
+struct Cluster {
+    nodes: Vec<Node>,
+    inbox: VecDeque<Message>,
+    /// Every (term, leader) observed, and a trace of what happened.
+    leaders: BTreeMap<u64, u64>,
+    trace: Vec<(u64, u64, u64, u64)>,
+}
+
+fn logger() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+impl Cluster {
+    fn new(seed: u64) -> Cluster {
+        let limits = Limits::default();
+        let nodes = (1..=3)
+            .map(|id| {
+                let store = MemStorage::new_with_conf_state(ConfState::from((vec![1, 2, 3], vec![])));
+                let raft = RawNode::new(&raft_config(id, &limits), store, &logger()).expect("a valid config");
+                let seen = (raft.raft.term, raft.raft.state);
+                Node { raft, jitter: TickJitter::new(seed, id), withheld: 0, seen, committed: Vec::new() }
+            })
+            .collect();
+        Cluster { nodes, inbox: VecDeque::new(), leaders: BTreeMap::new(), trace: Vec::new() }
+    }
+
+    /// One tick for every node (or one withheld tick), then every message
+    /// delivered until none is left.
+    fn round(&mut self, round: u64) {
+        for i in 0..self.nodes.len() {
+            let node = &mut self.nodes[i];
+            if node.withheld > 0 {
+                node.withheld -= 1;
+            } else {
+                node.raft.tick();
+            }
+            self.after_input(i, round);
+        }
+        while let Some(m) = self.inbox.pop_front() {
+            let to = m.to as usize - 1;
+            // A message raft-rs refuses (a stale term, say) is simply dropped.
+            let _ = self.nodes[to].raft.step(m);
+            self.after_input(to, round);
+        }
+    }
+
+    fn after_input(&mut self, i: usize, round: u64) {
+        let node = &mut self.nodes[i];
+        let now = (node.raft.raft.term, node.raft.raft.state);
+        if now != node.seen {
+            node.seen = now;
+            node.withheld = node.jitter.draw();
+            self.trace.push((round, i as u64 + 1, now.0, node.withheld));
+        }
+        if now.1 == StateRole::Leader {
+            let previous = self.leaders.insert(now.0, i as u64 + 1);
+            assert!(previous.is_none_or(|p| p == i as u64 + 1), "two leaders in term {}", now.0);
+        }
+        self.handle_ready(i);
+    }
+
+    fn handle_ready(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        if !node.raft.has_ready() {
+            return;
+        }
+        let mut rd = node.raft.ready();
+        // A leader's messages may leave before its own entries are durable.
+        self.inbox.extend(rd.take_messages());
+        let store = node.raft.raft.raft_log.store.clone();
+        store.wl().append(rd.entries()).expect("entries follow the log");
+        if let Some(hs) = rd.hs() {
+            store.wl().set_hardstate(hs.clone());
+        }
+        // Votes and acknowledgements only once entries and hard state are stored.
+        self.inbox.extend(rd.take_persisted_messages());
+        let committed = rd.take_committed_entries();
+        let mut light = node.raft.advance(rd);
+        if let Some(commit) = light.commit_index() {
+            store.wl().mut_hard_state().set_commit(commit);
+        }
+        self.inbox.extend(light.take_messages());
+        for e in committed.into_iter().chain(light.take_committed_entries()) {
+            if !e.data.is_empty() {
+                node.committed.push(e.data.to_vec());
+            }
+        }
+        node.raft.advance_apply();
+    }
+
+    fn leader(&self) -> Option<usize> {
+        self.nodes.iter().position(|n| n.raft.raft.state == StateRole::Leader)
+    }
+}
+
+/// Runs a cluster from `seed` until a leader has committed `entries`
+/// proposals on every node; returns the trace of term and role changes.
+fn run(seed: u64, entries: u8) -> Vec<(u64, u64, u64, u64)> {
+    let mut c = Cluster::new(seed);
+    let mut proposed = 0;
+    for round in 0..2_000 {
+        c.round(round);
+        if let Some(l) = c.leader() {
+            if proposed < entries && c.nodes[l].raft.propose(vec![], vec![proposed]).is_ok() {
+                proposed += 1;
+                c.handle_ready(l);
+            }
+        }
+        if c.nodes.iter().all(|n| n.committed.len() == entries as usize) {
+            let expected: Vec<Vec<u8>> = (0..entries).map(|e| vec![e]).collect();
+            assert!(c.nodes.iter().all(|n| n.committed == expected), "every node commits the same entries in order");
+            assert!(!c.leaders.is_empty());
+            return c.trace;
+        }
+    }
+    panic!("seed {seed}: {entries} entries not committed everywhere within 2,000 rounds");
+}
+
+#[test]
+fn three_nodes_elect_one_leader_per_term_and_commit_the_same_entries() {
+    for seed in 0..20 {
+        run(seed, 20);
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_elections_whatever_the_os_random_numbers() {
+    // raft-rs draws each election timeout from `thread_rng()`; the second
+    // run finds that generator where the first left it. Only the seed
+    // decides, and different seeds do differ.
+    let traces: Vec<_> = (0..10).map(|seed| run(seed, 5)).collect();
+    for (seed, trace) in traces.iter().enumerate() {
+        assert_eq!(&run(seed as u64, 5), trace, "seed {seed}");
+    }
+    assert!(traces.windows(2).any(|w| w[0] != w[1]), "the seed's jitter changes the elections");
+}
+
+#[test]
+fn the_pinned_election_timeout_admits_no_other_value() {
+    // Why jitter comes from withheld ticks, not from raft-rs itself.
+    let store = MemStorage::new_with_conf_state(ConfState::from((vec![1], vec![])));
+    let mut node = RawNode::new(&raft_config(1, &Limits::default()), store, &logger()).unwrap();
+    node.raft.set_randomized_election_timeout(ELECTION_TICKS);
+    assert_eq!(node.raft.randomized_election_timeout(), ELECTION_TICKS);
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        node.raft.set_randomized_election_timeout(ELECTION_TICKS + 1);
+    }));
+    assert!(refused.is_err(), "raft-rs asserts min <= t < max");
+}
+
+#[test]
+fn tick_jitter_is_a_function_of_seed_and_node_and_spans_its_range() {
+    let draws = |seed, node| {
+        let mut j = TickJitter::new(seed, node);
+        (0..200).map(|_| j.draw()).collect::<Vec<_>>()
+    };
+    assert_eq!(draws(7, 1), draws(7, 1));
+    assert_ne!(draws(7, 1), draws(7, 2));
+    assert_ne!(draws(7, 1), draws(8, 1));
+    let seen: std::collections::BTreeSet<u64> = draws(7, 1).into_iter().collect();
+    assert_eq!(seen, (0..=JITTER_TICKS_MAX).collect(), "every value in 0..=max comes up");
+}
+
+#[test]
+fn the_configuration_is_valid_and_capped_by_the_engine_limits() {
+    let limits = Limits::default();
+    let cfg = raft_config(3, &limits);
+    cfg.validate().expect("raft-rs accepts it");
+    assert!(cfg.pre_vote && cfg.check_quorum);
+    assert_eq!((cfg.min_election_tick(), cfg.max_election_tick()), (ELECTION_TICKS, ELECTION_TICKS + 1));
+    assert_eq!(cfg.max_size_per_msg, limits.group_bytes_max);
+    assert_eq!(cfg.max_uncommitted_size, limits.pending_bytes_max);
+    assert!(cfg.max_committed_size_per_ready >= limits.group_bytes_max && cfg.max_inflight_msgs > 0);
+}
