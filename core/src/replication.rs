@@ -13,6 +13,9 @@
 //! drawn from the engine's seed (`TickJitter::draw`).
 
 use crate::config::Limits;
+pub use raft::eraftpb::{ConfState, HardState};
+
+pub mod hard_state;
 
 /// Ticks a follower waits without hearing from a leader before it
 /// campaigns; a leader steps down after as many without a quorum.

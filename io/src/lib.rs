@@ -12,6 +12,7 @@ pub mod clock;
 pub mod disk_wal;
 pub mod driver;
 pub mod dynamo;
+pub mod hard_state_file;
 pub mod health;
 pub mod metrics;
 pub mod offsets_db;

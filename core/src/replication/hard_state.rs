@@ -1,0 +1,186 @@
+//! The hard-state file's format: raft's term, vote and commit index and the
+//! cluster configuration (`HardState`, `ConfState`), kept in two checksummed
+//! slots of one file in `DATA_DIR` (never in the offsets store), written
+//! alternately, so that a write torn by a crash leaves the other slot, the
+//! previous state, intact. The driver writes a slot only after the entries
+//! of the same `Ready` are durable, and syncs it before any message of that
+//! `Ready` that depends on it (a vote) leaves.
+//!
+//! A slot is `magic "SKPRHST\0" | version u32 | crc u32 | seq u64 | len u32
+//! | payload[len] | zeros`, the CRC32C covering the version and everything
+//! from `seq` to the payload's end; the payload is the hard state and the
+//! configuration in raft-rs's own protobuf encoding, each prefixed by its
+//! length. The slot with the higher valid `seq` is the current state.
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfState, HardState};
+use std::fmt;
+
+/// Bytes of one slot, and of the file (two slots).
+pub const SLOT_BYTES: usize = 4096;
+pub const FILE_BYTES: usize = 2 * SLOT_BYTES;
+const MAGIC: &[u8; 8] = b"SKPRHST\0";
+const VERSION: u32 = 1;
+const HEADER_BYTES: usize = 8 + 4 + 4 + 8 + 4;
+
+/// A saved state: its sequence number (which slot it went to) and the state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Saved {
+    pub seq: u64,
+    pub hard: HardState,
+    pub conf: ConfState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HardStateError {
+    /// The state does not fit a slot (a configuration of very many hosts).
+    TooLarge { bytes: usize },
+    /// Neither slot holds a valid state, yet the file is not a fresh one.
+    Corrupt { what: &'static str },
+}
+
+impl fmt::Display for HardStateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HardStateError::TooLarge { bytes } => {
+                write!(f, "the raft hard state takes {bytes} bytes, more than a slot's {}", SLOT_BYTES - HEADER_BYTES)
+            }
+            HardStateError::Corrupt { what } => write!(f, "the raft hard-state file is damaged: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for HardStateError {}
+
+/// Where the slot of `seq` starts in the file.
+pub fn slot_offset(seq: u64) -> u64 {
+    (seq % 2) * SLOT_BYTES as u64
+}
+
+/// The slot's bytes (exactly `SLOT_BYTES`) for state `seq`.
+pub fn encode_slot(seq: u64, hard: &HardState, conf: &ConfState) -> Result<Vec<u8>, HardStateError> {
+    let mut payload = Vec::new();
+    for part in [hard.write_to_bytes(), conf.write_to_bytes()] {
+        let part = part.expect("raft-rs's states always encode");
+        payload.extend_from_slice(&(part.len() as u32).to_le_bytes());
+        payload.extend_from_slice(&part);
+    }
+    if HEADER_BYTES + payload.len() > SLOT_BYTES {
+        return Err(HardStateError::TooLarge { bytes: payload.len() });
+    }
+    let mut slot = vec![0u8; SLOT_BYTES];
+    slot[0..8].copy_from_slice(MAGIC);
+    slot[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    slot[16..24].copy_from_slice(&seq.to_le_bytes());
+    slot[24..28].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    slot[HEADER_BYTES..HEADER_BYTES + payload.len()].copy_from_slice(&payload);
+    let crc = slot_crc(&slot, payload.len());
+    slot[12..16].copy_from_slice(&crc.to_le_bytes());
+    Ok(slot)
+}
+
+fn slot_crc(slot: &[u8], len: usize) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&slot[8..12]), &slot[16..HEADER_BYTES + len])
+}
+
+/// The state one slot holds, if it is valid.
+fn decode_slot(slot: &[u8]) -> Option<Saved> {
+    if slot.len() != SLOT_BYTES || &slot[0..8] != MAGIC || slot[8..12] != VERSION.to_le_bytes() {
+        return None;
+    }
+    let len = u32::from_le_bytes(slot[24..28].try_into().unwrap()) as usize;
+    if HEADER_BYTES + len > SLOT_BYTES || slot_crc(slot, len) != u32::from_le_bytes(slot[12..16].try_into().unwrap()) {
+        return None;
+    }
+    let seq = u64::from_le_bytes(slot[16..24].try_into().unwrap());
+    let mut payload = &slot[HEADER_BYTES..HEADER_BYTES + len];
+    let mut part = || -> Option<&[u8]> {
+        let n = u32::from_le_bytes(payload.get(0..4)?.try_into().unwrap()) as usize;
+        let bytes = payload.get(4..4 + n)?;
+        payload = &payload[4 + n..];
+        Some(bytes)
+    };
+    let hard = HardState::parse_from_bytes(part()?).ok()?;
+    let conf = ConfState::parse_from_bytes(part()?).ok()?;
+    Some(Saved { seq, hard, conf })
+}
+
+/// The current state in the file's bytes: `None` for a fresh file (empty or
+/// all zeros); otherwise the valid slot with the higher sequence number.
+pub fn decode_file(file: &[u8]) -> Result<Option<Saved>, HardStateError> {
+    if file.iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    if file.len() != FILE_BYTES {
+        return Err(HardStateError::Corrupt { what: "it is not two slots long" });
+    }
+    let slots = [decode_slot(&file[..SLOT_BYTES]), decode_slot(&file[SLOT_BYTES..])];
+    match slots {
+        [None, None] => Err(HardStateError::Corrupt { what: "neither slot holds a valid state" }),
+        [Some(a), None] | [None, Some(a)] => Ok(Some(a)),
+        [Some(a), Some(b)] => Ok(Some(if a.seq >= b.seq { a } else { b })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(term: u64, vote: u64, commit: u64) -> (HardState, ConfState) {
+        (HardState { term, vote, commit, ..Default::default() }, ConfState::from((vec![1, 2, 3], vec![4])))
+    }
+
+    fn file_with(saves: &[(u64, (HardState, ConfState))]) -> Vec<u8> {
+        let mut file = vec![0u8; FILE_BYTES];
+        for (seq, (hard, conf)) in saves {
+            let at = slot_offset(*seq) as usize;
+            file[at..at + SLOT_BYTES].copy_from_slice(&encode_slot(*seq, hard, conf).unwrap());
+        }
+        file
+    }
+
+    #[test]
+    fn the_newest_valid_slot_is_the_state_and_a_fresh_file_has_none() {
+        assert_eq!(decode_file(&[]), Ok(None));
+        assert_eq!(decode_file(&vec![0; FILE_BYTES]), Ok(None));
+        let file = file_with(&[(6, state(3, 1, 40)), (7, state(4, 2, 41))]);
+        let saved = decode_file(&file).unwrap().unwrap();
+        assert_eq!((saved.seq, saved.hard.term, saved.hard.vote, saved.hard.commit), (7, 4, 2, 41));
+        assert_eq!((saved.conf.voters.clone(), saved.conf.learners.clone()), (vec![1, 2, 3], vec![4]));
+        assert_eq!(slot_offset(6), 0);
+        assert_eq!(slot_offset(7), SLOT_BYTES as u64);
+    }
+
+    #[test]
+    fn a_torn_write_of_one_slot_leaves_the_previous_state() {
+        let mut file = file_with(&[(6, state(3, 1, 40)), (7, state(4, 2, 41))]);
+        // Cuts of the newer slot's write (a write that reached the disk only
+        // up to some byte), and a flipped bit in it.
+        let len = u32::from_le_bytes(file[SLOT_BYTES + 24..SLOT_BYTES + 28].try_into().unwrap()) as usize;
+        for cut in [1, 12, 20, HEADER_BYTES + 3, HEADER_BYTES + len - 1] {
+            let mut torn = file.clone();
+            torn[SLOT_BYTES + cut..].fill(0);
+            assert_eq!(decode_file(&torn).unwrap().unwrap().seq, 6, "cut at {cut}");
+        }
+        file[SLOT_BYTES + HEADER_BYTES + 2] ^= 0x10;
+        assert_eq!(decode_file(&file).unwrap().unwrap().hard.term, 3);
+    }
+
+    #[test]
+    fn a_file_with_no_valid_slot_is_damaged_not_fresh() {
+        let mut file = file_with(&[(1, state(1, 1, 1))]);
+        file[SLOT_BYTES + 5] = 1; // the other slot is not zeros either
+        file[20] ^= 1;
+        assert!(matches!(decode_file(&file), Err(HardStateError::Corrupt { .. })));
+        assert!(matches!(decode_file(&[1, 2, 3]), Err(HardStateError::Corrupt { .. })));
+        let e = decode_file(&file).unwrap_err().to_string();
+        assert!(e.contains("hard-state file is damaged"), "{e}");
+    }
+
+    #[test]
+    fn a_configuration_too_large_for_a_slot_is_refused() {
+        let (hard, _) = state(1, 1, 1);
+        let conf = ConfState::from(((1..3000u64).map(|i| i << 40).collect::<Vec<_>>(), vec![]));
+        assert!(matches!(encode_slot(1, &hard, &conf), Err(HardStateError::TooLarge { .. })));
+    }
+}
