@@ -24,6 +24,8 @@ struct Cluster {
     /// Every (term, leader) observed, and a trace of what happened.
     leaders: BTreeMap<u64, u64>,
     trace: Vec<(u64, u64, u64, u64)>,
+    /// A node cut off: every message to or from it is lost.
+    cut: Option<u64>,
 }
 
 fn logger() -> slog::Logger {
@@ -41,7 +43,7 @@ impl Cluster {
                 Node { raft, jitter: TickJitter::new(seed, id), withheld: 0, seen, committed: Vec::new() }
             })
             .collect();
-        Cluster { nodes, inbox: VecDeque::new(), leaders: BTreeMap::new(), trace: Vec::new() }
+        Cluster { nodes, inbox: VecDeque::new(), leaders: BTreeMap::new(), trace: Vec::new(), cut: None }
     }
 
     /// One tick for every node (or one withheld tick), then every message
@@ -56,7 +58,15 @@ impl Cluster {
             }
             self.after_input(i, round);
         }
+        self.deliver(round);
+    }
+
+    /// Every message delivered (and every reply to it) until none is left.
+    fn deliver(&mut self, round: u64) {
         while let Some(m) = self.inbox.pop_front() {
+            if self.cut.is_some_and(|c| c == m.to || c == m.from) {
+                continue;
+            }
             let to = m.to as usize - 1;
             // A message raft-rs refuses (a stale term, say) is simply dropped.
             let _ = self.nodes[to].raft.step(m);
@@ -191,4 +201,52 @@ fn the_configuration_is_valid_and_capped_by_the_engine_limits() {
     assert_eq!(cfg.max_size_per_msg, limits.group_bytes_max);
     assert_eq!(cfg.max_uncommitted_size, limits.pending_bytes_max);
     assert!(cfg.max_committed_size_per_ready >= limits.group_bytes_max && cfg.max_inflight_msgs > 0);
+}
+
+#[test]
+fn a_lagging_follower_is_sent_entries_the_leader_reads_back_asynchronously() {
+    // Entries older than what the engine keeps in memory come back from the
+    // WAL through an I/O request: raft-rs's storage answers "temporarily
+    // unavailable" for a SendAppend, and `on_entries_fetched` resumes once
+    // the read is done. Only sends to followers may wait like this
+    // (committed entries for a Ready and leader transfers must be served at
+    // once), so the engine keeps the unapplied tail in memory.
+    let mut c = Cluster::new(3);
+    let mut round = 0;
+    while c.leader().is_none() {
+        c.round(round);
+        round += 1;
+    }
+    let l = c.leader().unwrap();
+    let behind = (0..3).find(|&i| i != l).unwrap();
+    c.cut = Some(behind as u64 + 1);
+    for e in 0..30u8 {
+        c.nodes[l].raft.propose(vec![], vec![e]).unwrap();
+        c.handle_ready(l);
+        c.round(round);
+        round += 1;
+    }
+    assert_eq!(c.nodes[l].committed.len(), 30, "a majority commits without the cut-off node");
+    assert!(c.nodes[behind].committed.is_empty());
+    // The entries the follower needs are "on disk" now: reads wait.
+    let store = c.nodes[l].raft.raft.raft_log.store.clone();
+    store.wl().trigger_log_unavailable(true);
+    c.cut = None;
+    let mut contexts = Vec::new();
+    for _ in 0..30 {
+        c.round(round);
+        round += 1;
+        contexts.extend(store.wl().take_get_entries_context());
+    }
+    assert!(!contexts.is_empty(), "the leader asked for the entries instead of failing");
+    assert!(c.nodes[behind].committed.is_empty(), "nothing reached the follower while the read was pending");
+    // The read completes: the entries are there, and the send resumes, with
+    // no tick in between (no heartbeat could have asked again).
+    store.wl().trigger_log_unavailable(false);
+    for context in contexts {
+        c.nodes[l].raft.on_entries_fetched(context);
+        c.handle_ready(l);
+    }
+    c.deliver(round);
+    assert_eq!(c.nodes[behind].committed, c.nodes[l].committed, "the follower caught up from the read-back");
 }
