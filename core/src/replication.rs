@@ -16,6 +16,7 @@ use crate::config::Limits;
 pub use raft::eraftpb::{ConfState, HardState};
 
 pub mod hard_state;
+pub mod terms;
 
 /// Ticks a follower waits without hearing from a leader before it
 /// campaigns; a leader steps down after as many without a quorum.
