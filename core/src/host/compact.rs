@@ -30,7 +30,7 @@ pub(super) struct Compaction {
 enum Slot {
     Idle,
     /// Planned; `committed` once its frame is durable. `io` while a sink
-    /// apply is outstanding.
+    /// apply or a read-back is outstanding; `fetch` once dispatched.
     Planned {
         plan: CompactionPlan,
         committed: bool,
@@ -40,7 +40,7 @@ enum Slot {
 }
 
 /// The groups a dispatch reads back from the WAL (records no longer in
-/// memory), one at a time, and what they gave.
+/// memory), in requests of at most `READ_BACK_BYTES_MAX`, and what they gave.
 struct Fetch {
     places: Vec<GroupPlace>,
     /// Read up to here; the request in flight reads `next..next + sent`.
@@ -207,7 +207,7 @@ impl Compaction {
     /// Sends the open compaction of (sink, stream) to its sink, with its
     /// original id and number; replays are harmless because the sink
     /// dedupes. Records no longer in memory are read back from the WAL
-    /// first, one group at a time. `unstable_id` is the planted bug
+    /// first, one request of groups at a time. `unstable_id` is the planted bug
     /// `unstable-compaction-id`.
     pub(super) fn dispatch(
         &mut self,

@@ -75,6 +75,13 @@ impl Cluster {
     }
 
     fn after_input(&mut self, i: usize, round: u64) {
+        self.observe(i, round);
+        self.handle_ready(i);
+    }
+
+    /// Withholds ticks after a term or role change, and checks one leader
+    /// per term.
+    fn observe(&mut self, i: usize, round: u64) {
         let node = &mut self.nodes[i];
         let now = (node.raft.raft.term, node.raft.raft.state);
         if now != node.seen {
@@ -86,7 +93,6 @@ impl Cluster {
             let previous = self.leaders.insert(now.0, i as u64 + 1);
             assert!(previous.is_none_or(|p| p == i as u64 + 1), "two leaders in term {}", now.0);
         }
-        self.handle_ready(i);
     }
 
     fn handle_ready(&mut self, i: usize) {
@@ -333,13 +339,13 @@ impl AsyncCluster {
             } else {
                 node.raft.tick();
             }
-            self.jitter_on_change(i);
+            self.c.observe(i, 0);
             self.ready(i);
         }
         while let Some(m) = self.c.inbox.pop_front() {
             let to = m.to as usize - 1;
             let _ = self.c.nodes[to].raft.step(m);
-            self.jitter_on_change(to);
+            self.c.observe(to, 0);
             self.ready(to);
             self.check()?;
         }
@@ -352,16 +358,6 @@ impl AsyncCluster {
 
     fn leader(&self) -> Option<usize> {
         self.c.leader()
-    }
-
-    /// As in `Cluster`: ticks are withheld after a term or role change.
-    fn jitter_on_change(&mut self, i: usize) {
-        let node = &mut self.c.nodes[i];
-        let now = (node.raft.raft.term, node.raft.raft.state);
-        if now != node.seen {
-            node.seen = now;
-            node.withheld = node.jitter.draw();
-        }
     }
 }
 

@@ -265,21 +265,6 @@ pub(super) fn frame_parts(
     Ok((lsn, epoch, kind, &body[1..], len))
 }
 
-/// The partition of a source-batch payload, read without decoding the rest.
-pub(super) fn batch_key(payload: &[u8]) -> Option<PartitionKey> {
-    get_key(&mut Reader::new(payload)).ok()
-}
-
-/// Decodes a payload of `kind`.
-pub(super) fn decode(kind: FrameKind, payload: &[u8]) -> Option<Frame> {
-    decode_payload(kind, payload).ok()
-}
-
-/// Visits a source-batch payload's records in place; `None` if malformed.
-pub(super) fn visit_batch_records(payload: &[u8], each: impl FnMut(Position, &[u8])) -> Option<()> {
-    super::payload::visit_batch(payload, each).ok().map(drop)
-}
-
 /// True when `buf` starts with a checksum-valid commit record; returns its LSN.
 /// Used to tell a torn tail (nothing valid follows) from corruption.
 pub fn commit_record_at(segment: SegmentId, buf: &[u8]) -> Option<Lsn> {

@@ -103,6 +103,11 @@ impl Frame {
     }
 }
 
+/// The partition of a source-batch payload, read without decoding the rest.
+pub(super) fn batch_key(payload: &[u8]) -> Option<PartitionKey> {
+    get_key(&mut Reader::new(payload)).ok()
+}
+
 /// Visits the records of a source-batch payload in place, (position,
 /// bytes), without decoding them into owned records; returns the batch's
 /// partition.

@@ -10,6 +10,7 @@
 //! rot there after an acknowledgement loses it; see docs/ARCHITECTURE.md).
 
 use super::frame::*;
+use super::payload::{batch_key, decode_payload, visit_batch};
 use crate::ids::*;
 
 pub const SEGMENT_MAGIC: [u8; 8] = *b"SKPRWAL\0";
@@ -319,7 +320,7 @@ pub fn read_group_back(
         epoch = Some(e);
         match kind {
             FrameKind::Commit => {
-                let Some(Frame::Commit(c)) = decode(kind, payload) else { return Err(corrupt()) };
+                let Ok(Frame::Commit(c)) = decode_payload(kind, payload) else { return Err(corrupt()) };
                 if c.frames != frames || c.bytes as usize != at || at + len != bytes.len() {
                     return Err(corrupt());
                 }
@@ -334,11 +335,11 @@ pub fn read_group_back(
     for payload in batches {
         let key = batch_key(payload).expect("read above");
         let mut origin = None;
-        visit_batch_records(payload, |position, record| {
+        visit_batch(payload, |position, record| {
             let first = *origin.get_or_insert(position);
             each(key, first, position, record);
         })
-        .ok_or_else(corrupt)?;
+        .map_err(|_| corrupt())?;
     }
     Ok(())
 }
