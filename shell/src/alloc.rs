@@ -6,7 +6,7 @@
 //! buffers from thread to thread (a source's records, a group, a sink's
 //! batch), and mimalloc keeps what those threads free for a while before it
 //! returns it: 10,000,000 records through the directory sink peaked at
-//! 144–330 MiB of RSS under mimalloc and 44–49 MiB under glibc, at the same
+//! 144–330 MiB of RSS under mimalloc and 39–49 MiB under glibc, at the same
 //! rate (BENCHMARKS.md).
 //!
 //! The choice is made once, by a constructor that the C runtime calls with
