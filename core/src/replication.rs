@@ -15,7 +15,10 @@
 use crate::config::Limits;
 pub use raft::eraftpb::{ConfState, HardState};
 
+pub mod entry;
 pub mod hard_state;
+pub mod log;
+pub mod replica;
 pub mod terms;
 
 /// Ticks a follower waits without hearing from a leader before it
@@ -70,5 +73,7 @@ impl TickJitter {
     }
 }
 
+#[cfg(test)]
+mod cluster_tests;
 #[cfg(test)]
 mod tests;

@@ -228,6 +228,16 @@ impl Scan<'_> {
     }
 }
 
+/// Checks that `bytes` are exactly one whole commit group of `segment` at
+/// `lsn`: every frame's checksum, one LSN and epoch throughout, the commit
+/// record closing the bytes. Returns the group (offsets relative to the
+/// bytes) and whether it seals its segment. A follower checks each group
+/// its leader sends before writing it (clustered mode).
+pub fn check_group(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<(ScannedGroup, bool)> {
+    let (group, sealed) = read_group(segment, bytes, 0, Some(lsn), true).ok()?;
+    (group.end as usize == bytes.len()).then_some((group, sealed))
+}
+
 /// Reads the group at `pos`; the bool is true when the group seals its segment.
 fn read_group(
     segment: SegmentId,

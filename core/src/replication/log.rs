@@ -1,0 +1,302 @@
+//! Part `Log`: raft-rs's `Storage` over the WAL. raft-rs asks its storage
+//! synchronously for terms and entries, while the entries live in WAL
+//! segments. The log keeps in memory what raft-rs must have at once: every
+//! index's term (`TermRuns`), where the log ends after each index
+//! (`LogEnd`, for placing the next group and for truncation), and the
+//! entries from `held_from` on (the unapplied tail: committed entries for a
+//! `Ready` and conf-change checks are served from it). Older entries, which
+//! only a lagging follower needs, are read back: `entries` answers
+//! "temporarily unavailable" for a send, the replica asks for a WAL read
+//! (`wanted`), and `fetched` hands the entries in before raft-rs resumes.
+//!
+//! The log takes a `Ready`'s entries when the `Ready` is handled, before
+//! they are durable: it must know where each group goes and which tail a
+//! conflicting append truncates. What is durable is raft-rs's business
+//! (told by `on_persist_ready`) and the WAL's.
+
+use super::entry::{decode_entry, encode_entry, EntryError, EntryGroup, LogEnd, Opening, Placement};
+use super::terms::TermRuns;
+use crate::ids::*;
+use crate::wal::{encode_group, Frame, GroupPlace};
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+use raft::{GetEntriesContext, RaftState, StorageError};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+
+pub struct Log {
+    hard: HardState,
+    conf: ConfState,
+    /// The index and term just before the first entry raft-rs may ask for
+    /// (genesis, or where older segments were deleted).
+    base: (u64, u64),
+    base_end: LogEnd,
+    terms: TermRuns,
+    /// The end of the log after each index past `base`, oldest first.
+    ends: VecDeque<LogEnd>,
+    /// Entries from `held_from` to the last.
+    held: VecDeque<Entry>,
+    held_from: u64,
+    /// The header epoch of each segment a group of the log opened.
+    header_epochs: BTreeMap<SegmentId, Epoch>,
+    fetch: RefCell<Fetch>,
+    /// The planted bug `no-truncate-on-conflict`: a conflicting tail is
+    /// overwritten in place, its leftovers neither removed nor zeroed.
+    no_truncate: bool,
+}
+
+/// Entries raft-rs asked for that are not in memory.
+#[derive(Default)]
+struct Fetch {
+    /// (first index, one past the last, raft-rs's context to resume).
+    wanted: Vec<(u64, u64, GetEntriesContext)>,
+    /// Entries read back, from this index on, until every waiting send
+    /// has resumed.
+    got: Option<(u64, Vec<Entry>)>,
+}
+
+/// What making a `Ready`'s entries durable takes, in order: the
+/// conflicting tail's segments removed (newest first), its groups in the
+/// first kept segment zeroed (newest first, each durable before the next,
+/// so a crash leaves a prefix of the old log), then the new groups.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Appended {
+    pub remove: Vec<SegmentId>,
+    pub zero: Vec<GroupPlace>,
+    pub groups: Vec<EntryGroup>,
+}
+
+impl Log {
+    /// A log that ends just after `base` (index, term), at `end`, holding
+    /// nothing after it.
+    pub fn new(hard: HardState, conf: ConfState, base: (u64, u64), end: LogEnd) -> Log {
+        assert_eq!(end.lsn.0, base.0, "the end is after the base index");
+        let mut terms = TermRuns::starting_at(base.0);
+        terms.push(base.0, base.1);
+        Log {
+            hard,
+            conf,
+            base,
+            base_end: end,
+            terms,
+            ends: VecDeque::new(),
+            held: VecDeque::new(),
+            held_from: base.0 + 1,
+            header_epochs: BTreeMap::new(),
+            fetch: RefCell::default(),
+            no_truncate: false,
+        }
+    }
+
+    pub fn plant_no_truncate(&mut self) {
+        self.no_truncate = true;
+    }
+
+    pub fn last_index(&self) -> u64 {
+        self.base.0 + self.ends.len() as u64
+    }
+
+    pub fn end(&self) -> LogEnd {
+        *self.ends.back().unwrap_or(&self.base_end)
+    }
+
+    pub fn hard_state(&self) -> &HardState {
+        &self.hard
+    }
+
+    pub fn conf_state(&self) -> &ConfState {
+        &self.conf
+    }
+
+    pub fn set_hard_state(&mut self, hard: HardState) {
+        self.hard = hard;
+    }
+
+    fn end_after(&self, index: u64) -> LogEnd {
+        if index == self.base.0 {
+            self.base_end
+        } else {
+            self.ends[(index - self.base.0 - 1) as usize]
+        }
+    }
+
+    /// Where the group at `index` lies.
+    pub fn place(&self, index: u64) -> GroupPlace {
+        let (before, after) = (self.end_after(index - 1), self.end_after(index));
+        let offset = if before.segment == after.segment { before.end } else { crate::wal::SEGMENT_HEADER_BYTES as u64 };
+        GroupPlace { lsn: Lsn(index), segment: after.segment, offset, len: after.end - offset }
+    }
+
+    /// Takes a `Ready`'s entries: truncates a conflicting tail, places each
+    /// group after the one before it, and says what the WAL must do.
+    pub fn append(&mut self, entries: &[Entry]) -> Result<Appended, EntryError> {
+        let mut out = Appended::default();
+        let Some(first) = entries.first().map(|e| e.index) else { return Ok(out) };
+        assert!(first > self.base.0 && first <= self.last_index() + 1, "raft-rs appends right after its log");
+        if first <= self.last_index() {
+            assert!(first > self.hard.commit, "raft-rs never truncates what is committed");
+            let kept_end = self.end_after(first - 1);
+            for index in (first..=self.last_index()).rev() {
+                let place = self.place(index);
+                if place.segment != kept_end.segment {
+                    if out.remove.last() != Some(&place.segment) {
+                        out.remove.push(place.segment);
+                    }
+                } else {
+                    out.zero.push(place);
+                }
+            }
+            if self.no_truncate {
+                out.remove.clear();
+                out.zero.clear();
+            }
+            for segment in &out.remove {
+                self.header_epochs.remove(segment);
+            }
+            self.ends.truncate((first - self.base.0 - 1) as usize);
+            self.terms.truncate(first);
+            self.held.truncate(first.saturating_sub(self.held_from) as usize);
+        }
+        for e in entries {
+            let g = self.end().group_for(e.index, e.term, &e.data)?;
+            self.ends.push_back(self.end().after(&g));
+            self.terms.push(e.index, e.term);
+            self.held.push_back(e.clone());
+            if let Some(o) = g.opens {
+                self.header_epochs.insert(g.place.segment, o.epoch);
+            }
+            out.groups.push(g);
+        }
+        Ok(out)
+    }
+
+    /// Entries up to `index` are applied and durable: memory holds only
+    /// what comes after them (older ones are read back when wanted).
+    pub fn release_through(&mut self, index: u64) {
+        while self.held_from <= index && !self.held.is_empty() {
+            self.held.pop_front();
+            self.held_from += 1;
+        }
+    }
+
+    /// Ranges raft-rs asked for that must be read back, with their contexts.
+    pub fn take_wanted(&mut self) -> Vec<(u64, u64, GetEntriesContext)> {
+        std::mem::take(&mut self.fetch.get_mut().wanted)
+    }
+
+    /// Entries read back from the WAL, from `from` on, for raft-rs to take
+    /// (`None`: every waiting send has resumed, they may go).
+    pub fn set_fetched(&mut self, got: Option<(u64, Vec<Entry>)>) {
+        self.fetch.get_mut().got = got;
+    }
+
+    /// The term of `index`, if the log holds it.
+    pub fn term_of(&self, index: u64) -> Option<u64> {
+        self.terms.term(index)
+    }
+
+    /// The segment that the group at `index` opens, and how.
+    fn opening(&self, index: u64) -> Option<Opening> {
+        let (before, after) = (self.end_after(index - 1), self.end_after(index));
+        (before.segment != after.segment).then(|| Opening {
+            epoch: self.header_epochs.get(&after.segment).copied().unwrap_or(Epoch(self.term_of(index).unwrap_or(0))),
+            segment_bytes: after.segment_bytes,
+        })
+    }
+
+    /// Rebuilds the entry at `index` from its group's bytes read back from
+    /// the WAL: the envelope a follower needs, or raft-rs's empty entry
+    /// where the group is a lone fence (a follower derives the same bytes
+    /// from it at the same place).
+    pub fn entry_read_back(&self, index: u64, bytes: &[u8]) -> Entry {
+        let term = self.term_of(index).expect("read back within the log");
+        let place = self.place(index);
+        let mut e = Entry { index, term, ..Entry::default() };
+        let lone_fence = crate::wal::check_group(place.segment, Lsn(index), bytes)
+            .is_some_and(|(g, _)| matches!(g.frames.as_slice(), [crate::wal::Frame::Fence]));
+        if !lone_fence {
+            let placement = Placement { segment: place.segment, offset: place.offset, opens: self.opening(index) };
+            e.data = encode_entry(&placement, bytes).into();
+        }
+        e
+    }
+
+    /// The committed group of `entry`, for the engine to apply.
+    pub fn group_of(&self, entry: &Entry) -> EntryGroup {
+        let place = self.place(entry.index);
+        let bytes = if entry.data.is_empty() {
+            encode_group(place.segment, Epoch(entry.term), Lsn(entry.index), &[&Frame::Fence])
+        } else {
+            decode_entry(&entry.data).expect("checked when appended").1.to_vec()
+        };
+        let sealed = self.end_after(entry.index).sealed;
+        EntryGroup { place, opens: self.opening(entry.index), sealed, bytes }
+    }
+}
+
+fn store_err(e: StorageError) -> raft::Error {
+    raft::Error::Store(e)
+}
+
+impl raft::Storage for Log {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(self.hard.clone(), self.conf.clone()))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        let max_size = max_size.into();
+        if low <= self.base.0 {
+            return Err(store_err(StorageError::Compacted));
+        }
+        assert!(high <= self.last_index() + 1, "raft-rs asks within the log");
+        let mut out = Vec::new();
+        let mut next = low;
+        if low < self.held_from {
+            let mut fetch = self.fetch.borrow_mut();
+            match &fetch.got {
+                Some((from, got)) if *from <= low && from + got.len() as u64 > low => {
+                    let skip = (low - from) as usize;
+                    out.extend(got.iter().skip(skip).take((high - low) as usize).cloned());
+                    next = low + out.len() as u64;
+                }
+                _ if context.can_async() => {
+                    fetch.wanted.push((low, high.min(self.held_from), context));
+                    return Err(store_err(StorageError::LogTemporarilyUnavailable));
+                }
+                _ => return Err(store_err(StorageError::Unavailable)),
+            }
+        }
+        if next < high && next >= self.held_from {
+            let at = (next - self.held_from) as usize;
+            out.extend(self.held.range(at..(high - self.held_from) as usize).cloned());
+        }
+        raft::util::limit_size(&mut out, max_size);
+        Ok(out)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        if idx < self.base.0 {
+            return Err(store_err(StorageError::Compacted));
+        }
+        self.terms.term(idx).ok_or(store_err(StorageError::Unavailable))
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.base.0 + 1)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(Log::last_index(self))
+    }
+
+    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        // Snapshots as manifests are not built yet (issue #12, item 6): a
+        // follower behind the oldest segment waits.
+        Err(store_err(StorageError::SnapshotTemporarilyUnavailable))
+    }
+}

@@ -1,0 +1,261 @@
+//! Part `Replica`: one host's raft-rs node (`RawNode` over the `Log`),
+//! turned into the engine's vocabulary. Inputs: a tick, a peer's message,
+//! a proposal, the completion of a persisting request, entries read back.
+//! Outputs (`poll`): messages to peers, requests to make a `Ready`'s
+//! groups and hard state durable, committed groups to apply, reads of old
+//! groups for a lagging follower, and changes of term or role.
+//!
+//! The order is raft's: a `Ready`'s entries and hard state go out as one
+//! request and raft-rs is told at once that they are on their way
+//! (`advance_append_async`); its persisted messages (votes, append
+//! acknowledgements) wait with the request, and leave only when it has
+//! completed, in order, before raft-rs hears `on_persist_ready`. A
+//! leader's own messages may leave before its entries are durable: they
+//! only carry entries, and an entry counts toward a commit on a host only
+//! when that host's acknowledgement, which waits for its fsync, says so.
+
+use super::entry::{EntryError, EntryGroup};
+use super::log::{Appended, Log};
+use super::{raft_config, TickJitter};
+use crate::config::Limits;
+use crate::wal::GroupPlace;
+use raft::eraftpb::{ConfState, HardState, Message};
+use raft::{RawNode, StateRole};
+use std::collections::VecDeque;
+
+pub struct Replica {
+    raw: RawNode<Log>,
+    jitter: TickJitter,
+    /// Ticks still withheld after the last term or role change.
+    withheld: u64,
+    /// (term, role) when last looked at.
+    seen: (u64, StateRole),
+    /// Persisting requests in flight, oldest first: the `Ready`'s number
+    /// and the messages that wait for it.
+    persisting: VecDeque<(u64, Vec<Message>)>,
+    /// The read of old entries in flight: its first index, and raft-rs's
+    /// contexts to resume when it completes.
+    fetching: Option<(u64, Vec<raft::GetEntriesContext>)>,
+    out: VecDeque<ReplicaOutput>,
+    /// The planted bug `ack-before-persist`: persisted messages leave
+    /// before their request completes.
+    ack_early: bool,
+}
+
+#[derive(Debug)]
+pub enum ReplicaOutput {
+    /// A message for a peer.
+    Send(Message),
+    /// Make these durable, in order, then call `persisted(number)`.
+    Persist(Persist),
+    /// Groups raft committed, in index order, for the engine to apply.
+    Committed(Vec<CommittedGroup>),
+    /// Read back these groups and hand them to `fetched`.
+    Fetch(Vec<GroupPlace>),
+    /// The term or role changed (`leader`: the leader's id, 0 if unknown).
+    Role { term: u64, leader: u64, is_leader: bool },
+    /// An entry is not a group this host may write: it stops.
+    Failed(EntryError),
+}
+
+#[derive(Debug)]
+pub struct Persist {
+    pub number: u64,
+    pub appended: Appended,
+    /// The hard state to save once the groups are durable.
+    pub hard: Option<(HardState, ConfState)>,
+}
+
+#[derive(Debug)]
+pub struct CommittedGroup {
+    pub term: u64,
+    pub group: EntryGroup,
+}
+
+fn logger() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+impl Replica {
+    /// Node `id` over `log`, having applied everything up to `applied`;
+    /// `seed` drives its election jitter.
+    pub fn new(id: u64, log: Log, applied: u64, limits: &Limits, seed: u64) -> Result<Replica, raft::Error> {
+        let config = raft::Config { applied, ..raft_config(id, limits) };
+        let raw = RawNode::new(&config, log, &logger())?;
+        let seen = (raw.raft.term, raw.raft.state);
+        Ok(Replica {
+            raw,
+            jitter: TickJitter::new(seed, id),
+            withheld: 0,
+            seen,
+            persisting: VecDeque::new(),
+            fetching: None,
+            out: VecDeque::new(),
+            ack_early: false,
+        })
+    }
+
+    pub fn plant_ack_before_persist(&mut self) {
+        self.ack_early = true;
+    }
+
+    /// The planted bug `no-truncate-on-conflict`.
+    pub fn plant_no_truncate(&mut self) {
+        self.raw.mut_store().plant_no_truncate();
+    }
+
+    pub fn poll(&mut self) -> Option<ReplicaOutput> {
+        self.out.pop_front()
+    }
+
+    pub fn id(&self) -> u64 {
+        self.raw.raft.id
+    }
+
+    pub fn term(&self) -> u64 {
+        self.raw.raft.term
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader
+    }
+
+    pub fn commit_index(&self) -> u64 {
+        self.raw.raft.raft_log.committed
+    }
+
+    pub fn log(&self) -> &Log {
+        self.raw.store()
+    }
+
+    pub fn tick(&mut self) {
+        if self.withheld > 0 {
+            self.withheld -= 1;
+        } else {
+            self.raw.tick();
+        }
+        self.pump();
+    }
+
+    /// A message from a peer. One raft-rs refuses (a stale term, a peer it
+    /// does not know) is dropped: raft retransmits what matters.
+    pub fn step(&mut self, m: Message) {
+        let _ = self.raw.step(m);
+        self.pump();
+    }
+
+    /// Proposes an entry (`entry::encode_entry` of a group placed at
+    /// `log().end().next(..)`, index `log().last_index() + 1`, epoch
+    /// `term()`). Refused when this host is not the leader or raft-rs's
+    /// uncommitted budget is spent.
+    pub fn propose(&mut self, data: Vec<u8>) -> Result<(), raft::Error> {
+        debug_assert_eq!(self.raw.raft.raft_log.last_index(), self.log().last_index(), "readies handled");
+        self.raw.propose(Vec::new(), data)?;
+        self.pump();
+        Ok(())
+    }
+
+    /// The persisting request `number` completed: its waiting messages
+    /// leave, then raft-rs hears of it.
+    pub fn persisted(&mut self, number: u64) {
+        let (n, messages) = self.persisting.pop_front().expect("a request was in flight");
+        assert_eq!(n, number, "persisting requests complete in order");
+        self.out.extend(messages.into_iter().map(ReplicaOutput::Send));
+        self.raw.on_persist_ready(number);
+        self.pump();
+    }
+
+    /// The groups of the read in flight, in index order, as read back.
+    pub fn fetched(&mut self, groups: Vec<Vec<u8>>) {
+        let (from, contexts) = self.fetching.take().expect("a read was in flight");
+        let log = self.raw.store();
+        let entries = groups.iter().enumerate().map(|(i, b)| log.entry_read_back(from + i as u64, b)).collect();
+        self.raw.mut_store().set_fetched(Some((from, entries)));
+        for context in contexts {
+            self.raw.on_entries_fetched(context);
+        }
+        self.pump();
+        self.raw.mut_store().set_fetched(None);
+    }
+
+    /// Handles every `Ready` raft-rs has, then asks for entries it wanted.
+    fn pump(&mut self) {
+        loop {
+            self.observe();
+            if !self.raw.has_ready() {
+                break;
+            }
+            let mut rd = self.raw.ready();
+            self.out.extend(rd.take_messages().into_iter().map(ReplicaOutput::Send));
+            assert!(rd.snapshot().get_metadata().index == 0, "snapshots are not built yet (issue #12, item 6)");
+            let committed = rd.take_committed_entries();
+            let entries = rd.take_entries();
+            let appended = match self.raw.mut_store().append(&entries) {
+                Ok(a) => a,
+                Err(e) => {
+                    self.out.push_back(ReplicaOutput::Failed(e));
+                    return;
+                }
+            };
+            let hard = rd.hs().cloned().map(|hs| {
+                self.raw.mut_store().set_hard_state(hs.clone());
+                (hs, self.log().conf_state().clone())
+            });
+            let persisted = rd.take_persisted_messages();
+            let number = rd.number();
+            if !committed.is_empty() {
+                let log = self.raw.store();
+                let groups = committed.iter().map(|e| CommittedGroup { term: e.term, group: log.group_of(e) });
+                self.out.push_back(ReplicaOutput::Committed(groups.collect()));
+            }
+            let last_committed = committed.last().map(|e| e.index);
+            self.raw.advance_append_async(rd);
+            if let Some(index) = last_committed {
+                self.raw.advance_apply_to(index);
+            }
+            let nothing = appended == Appended::default() && hard.is_none() && persisted.is_empty();
+            if !nothing {
+                if self.ack_early {
+                    self.out.extend(persisted.into_iter().map(ReplicaOutput::Send));
+                    self.persisting.push_back((number, Vec::new()));
+                } else {
+                    self.persisting.push_back((number, persisted));
+                }
+                self.out.push_back(ReplicaOutput::Persist(Persist { number, appended, hard }));
+            }
+            let durable = self.raw.raft.raft_log.persisted.min(self.raw.raft.raft_log.applied);
+            self.raw.mut_store().release_through(durable);
+        }
+        self.want_reads();
+    }
+
+    /// Entries raft-rs wanted that memory no longer holds: one read at a
+    /// time, of the range the earliest waiting send starts at.
+    fn want_reads(&mut self) {
+        let wanted = self.raw.mut_store().take_wanted();
+        if wanted.is_empty() {
+            return;
+        }
+        if let Some((_, contexts)) = &mut self.fetching {
+            contexts.extend(wanted.into_iter().map(|w| w.2));
+            return;
+        }
+        let low = wanted.iter().map(|w| w.0).min().expect("not empty");
+        let high = wanted.iter().map(|w| w.1).max().expect("not empty");
+        let places = (low..high).map(|i| self.log().place(i)).collect();
+        self.fetching = Some((low, wanted.into_iter().map(|w| w.2).collect()));
+        self.out.push_back(ReplicaOutput::Fetch(places));
+    }
+
+    /// After a term or role change the next ticks are withheld (the jitter
+    /// that keeps split votes from repeating), and the engine hears of it.
+    fn observe(&mut self) {
+        let now = (self.raw.raft.term, self.raw.raft.state);
+        if now != self.seen {
+            self.seen = now;
+            self.withheld = self.jitter.draw();
+            let (term, leader, is_leader) = (now.0, self.raw.raft.leader_id, now.1 == StateRole::Leader);
+            self.out.push_back(ReplicaOutput::Role { term, leader, is_leader });
+        }
+    }
+}
