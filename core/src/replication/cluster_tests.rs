@@ -45,6 +45,8 @@ struct World {
     proposed: u64,
     truncations: u64,
     fetches: u64,
+    crashes: u64,
+    plant: fn(&mut Replica),
     leaders: BTreeMap<u64, u64>,
 }
 
@@ -53,7 +55,7 @@ fn limits() -> Limits {
 }
 
 impl World {
-    fn new(seed: u64, plant: impl Fn(&mut Replica)) -> World {
+    fn new(seed: u64, plant: fn(&mut Replica)) -> World {
         let hosts = (1..=HOSTS)
             .map(|id| {
                 let (end, first) = genesis(SEGMENT_BYTES);
@@ -84,6 +86,8 @@ impl World {
             proposed: 0,
             truncations: 0,
             fetches: 0,
+            crashes: 0,
+            plant,
             leaders: BTreeMap::new(),
         }
     }
@@ -142,25 +146,13 @@ impl World {
         if !p.appended.remove.is_empty() || !p.appended.zero.is_empty() {
             self.truncations += 1;
         }
-        for segment in &p.appended.remove {
-            h.disk.remove(segment);
-        }
-        for place in &p.appended.zero {
-            let seg = h.disk.get_mut(&place.segment).expect("zeroing a segment the host has");
-            seg[place.offset as usize..(place.offset + place.len) as usize].fill(0);
-        }
         if let Some(first) = p.appended.groups.first() {
             h.durable.split_off(&first.place.lsn.0);
         }
-        for g in &p.appended.groups {
-            if let Some(o) = g.opens {
-                let mut seg = encode_header(g.place.segment, o.epoch);
-                seg.resize(o.segment_bytes as usize, 0);
-                h.disk.insert(g.place.segment, seg);
-            }
-            let seg = h.disk.get_mut(&g.place.segment).expect("a group goes to a segment the host has");
-            seg[g.place.offset as usize..(g.place.offset + g.place.len) as usize].copy_from_slice(&g.bytes);
-        }
+        h.persists.push_front(p);
+        self.persist_quietly(i);
+        let h = &mut self.hosts[i];
+        let p = h.persists.pop_front().expect("pushed back above");
         for g in &p.appended.groups {
             let term = h.replica.log().term_of(g.place.lsn.0).unwrap_or(0);
             h.durable.insert(g.place.lsn.0, term);
@@ -172,6 +164,71 @@ impl World {
             h.hard_seq += 1;
         }
         h.replica.persisted(p.number);
+    }
+
+    /// Host `i` crashes: what its oldest request had written may survive
+    /// without the hard state that follows it (saved last), every other
+    /// request is lost, and it restarts from its disk and hard-state file,
+    /// having applied what that file says is committed.
+    fn crash(&mut self, i: usize, seed: u64) -> Result<(), String> {
+        self.crashes += 1;
+        let h = &mut self.hosts[i];
+        if let Some(mut p) = h.persists.pop_front() {
+            if seed.is_multiple_of(2) {
+                p.hard = None;
+                h.persists.push_front(p);
+                self.persist_quietly(i);
+            }
+        }
+        let h = &mut self.hosts[i];
+        h.persists.clear();
+        h.fetches.clear();
+        let conf = ConfState::from(((1..=HOSTS).collect::<Vec<_>>(), vec![]));
+        let (hard, conf) = match decode_file(&h.hard_file).map_err(|e| format!("{e}"))? {
+            Some(saved) => (saved.hard, saved.conf),
+            None => (HardState::default(), conf),
+        };
+        let refs: Vec<(SegmentId, &[u8])> = h.disk.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+        let commit = hard.commit;
+        let log = Log::restore(hard, conf, &refs).map_err(|e| format!("host {} restarts: {e}", i + 1))?;
+        let scanned = scan(&refs, false).expect("restore scanned it");
+        let groups: Vec<_> = scanned.iter().flat_map(|s| &s.groups).collect();
+        h.durable = groups.iter().map(|g| (g.lsn.0, g.epoch.0)).collect();
+        h.applied = groups
+            .iter()
+            .filter(|g| g.lsn.0 >= 1 && g.lsn.0 <= commit)
+            .map(|g| {
+                let seg = scanned.iter().find(|s| s.groups.iter().any(|x| x.lsn == g.lsn)).expect("found");
+                (g.lsn.0, g.epoch.0, h.disk[&seg.id][g.offset as usize..g.end as usize].to_vec())
+            })
+            .collect();
+        let mut replica = Replica::new(i as u64 + 1, log, commit, &limits(), seed).map_err(|e| format!("{e}"))?;
+        (self.plant)(&mut replica);
+        h.replica = replica;
+        Ok(())
+    }
+
+    /// Writes the groups of host `i`'s oldest request to its disk (a crash
+    /// may come before its hard state is saved and the replica told).
+    fn persist_quietly(&mut self, i: usize) {
+        let h = &mut self.hosts[i];
+        let Some(p) = h.persists.front() else { return };
+        for segment in &p.appended.remove {
+            h.disk.remove(segment);
+        }
+        for place in &p.appended.zero {
+            let seg = h.disk.get_mut(&place.segment).expect("zeroing a segment the host has");
+            seg[place.offset as usize..(place.offset + place.len) as usize].fill(0);
+        }
+        for g in &p.appended.groups {
+            if let Some(o) = g.opens {
+                let mut seg = encode_header(g.place.segment, o.epoch);
+                seg.resize(o.segment_bytes as usize, 0);
+                h.disk.insert(g.place.segment, seg);
+            }
+            let seg = h.disk.get_mut(&g.place.segment).expect("a group goes to a segment the host has");
+            seg[g.place.offset as usize..(g.place.offset + g.place.len) as usize].copy_from_slice(&g.bytes);
+        }
     }
 
     fn fetch(&mut self, i: usize) {
@@ -243,6 +300,10 @@ impl World {
             60..=84 => self.persist(i),
             85..=89 => self.fetch(i),
             90..=98 if proposals && self.proposed < 400 => self.propose(),
+            99 if self.next(4) == 0 => {
+                let seed = self.next(1 << 32);
+                self.crash(i, seed)?;
+            }
             99 if self.cut.is_none() => {
                 let until = self.step + 200 + self.next(1_500);
                 self.cut = Some((self.next(HOSTS) + 1, until));
@@ -326,7 +387,7 @@ impl World {
     }
 }
 
-fn run(seed: u64, plant: impl Fn(&mut Replica)) -> Result<World, String> {
+fn run(seed: u64, plant: fn(&mut Replica)) -> Result<World, String> {
     let mut w = World::new(seed, plant);
     for _ in 0..30_000 {
         w.step(true)?;
@@ -338,16 +399,24 @@ fn run(seed: u64, plant: impl Fn(&mut Replica)) -> Result<World, String> {
 
 #[test]
 fn replicated_groups_are_the_same_wal_on_every_host() {
-    let (mut truncations, mut fetches, mut applied) = (0, 0, 0);
+    let (mut truncations, mut fetches, mut applied, mut crashes) = (0, 0, 0, 0);
     for seed in 0..12 {
         let w = run(seed, |_| {}).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         truncations += w.truncations;
         fetches += w.fetches;
+        crashes += w.crashes;
         applied += w.hosts[0].applied.len();
     }
     assert!(applied > 12 * 100, "groups were committed ({applied})");
     assert!(truncations > 0, "some seed truncated a conflicting tail");
     assert!(fetches > 0, "some seed read old groups back for a lagging follower");
+    assert!(crashes > 0, "some seed crashed a host");
+}
+
+#[test]
+fn forgetting_the_vote_across_a_restart_is_caught() {
+    let caught = (0..12).filter(|&s| run(s, |r| r.plant_vote_not_persisted()).is_err()).count();
+    assert!(caught > 0, "vote-not-persisted went unnoticed");
 }
 
 #[test]
@@ -368,4 +437,21 @@ fn the_same_seed_gives_the_same_run() {
     let b = run(5, |_| {}).unwrap();
     assert_eq!(a.hosts[0].applied, b.hosts[0].applied);
     assert_eq!((a.truncations, a.fetches, &a.leaders), (b.truncations, b.fetches, &b.leaders));
+}
+
+#[test]
+fn a_host_whose_disk_lost_committed_groups_refuses_to_start() {
+    let w = run(1, |_| {}).unwrap();
+    let h = &w.hosts[0];
+    let saved = decode_file(&h.hard_file).unwrap().unwrap();
+    let mut disk = h.disk.clone();
+    let last = *disk.keys().last().unwrap();
+    disk.remove(&last);
+    let refs: Vec<(SegmentId, &[u8])> = disk.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+    let e = Log::restore(saved.hard.clone(), saved.conf.clone(), &refs).err().expect("refused");
+    assert!(matches!(e, super::log::RestoreError::CommitLost { .. }), "{e:?}");
+    assert!(e.to_string().contains("acknowledged groups are gone"), "{e}");
+    let refs: Vec<(SegmentId, &[u8])> = h.disk.iter().skip(1).map(|(s, b)| (*s, b.as_slice())).collect();
+    let e = Log::restore(saved.hard, saved.conf, &refs).err().expect("refused");
+    assert_eq!(e, super::log::RestoreError::NoGenesis);
 }

@@ -54,6 +54,35 @@ struct Fetch {
     got: Option<(u64, Vec<Entry>)>,
 }
 
+/// Why a host's log cannot be restored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RestoreError {
+    Corrupt(crate::wal::Corruption),
+    /// The WAL does not begin with the cluster's genesis group.
+    NoGenesis,
+    /// The saved commit index is past the last durable group.
+    CommitLost {
+        commit: u64,
+        last: u64,
+    },
+}
+
+impl std::fmt::Display for RestoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RestoreError::Corrupt(c) => write!(f, "segment {} at byte {}: {}", c.segment.0, c.offset, c.what),
+            RestoreError::NoGenesis => {
+                write!(f, "the WAL does not begin with this cluster's first group (segment 0, LSN 0)")
+            }
+            RestoreError::CommitLost { commit, last } => write!(
+                f,
+                "raft's saved commit index is {commit} but the WAL ends at LSN {last}: acknowledged groups are gone \
+                 from this host's disk; it will not vote or serve (bring it back under a new id with `cluster join`)"
+            ),
+        }
+    }
+}
+
 /// What making a `Ready`'s entries durable takes, in order: the
 /// conflicting tail's segments removed (newest first), its groups in the
 /// first kept segment zeroed (newest first, each durable before the next,
@@ -85,6 +114,50 @@ impl Log {
             fetch: RefCell::default(),
             no_truncate: false,
         }
+    }
+
+    /// The log a host finds on its disk at start: `segments` (sorted by
+    /// id, each the whole segment) scanned as the WAL, from the genesis
+    /// group on, and the hard state last saved. Entries past `hard.commit`
+    /// are held in memory (raft-rs will commit or truncate them); what is
+    /// committed is read back when wanted. A commit index past the last
+    /// durable group means acknowledged data is gone: the host must not
+    /// take part (it could vote for a log that lacks it).
+    pub fn restore(hard: HardState, conf: ConfState, segments: &[(SegmentId, &[u8])]) -> Result<Log, RestoreError> {
+        let scanned = crate::wal::scan(segments, false).map_err(RestoreError::Corrupt)?;
+        let mut groups = scanned.iter().flat_map(|s| {
+            let last = s.groups.len().saturating_sub(1);
+            s.groups.iter().enumerate().map(move |(i, g)| (s, g, s.sealed && i == last))
+        });
+        let Some((first_seg, genesis, sealed)) = groups.next() else { return Err(RestoreError::NoGenesis) };
+        if genesis.lsn != Lsn(0) || first_seg.id != SegmentId(0) {
+            return Err(RestoreError::NoGenesis);
+        }
+        let size = |id: SegmentId| segments.iter().find(|s| s.0 == id).map_or(0, |s| s.1.len() as u64);
+        let end =
+            LogEnd { lsn: Lsn(0), segment: first_seg.id, end: genesis.end, sealed, segment_bytes: size(first_seg.id) };
+        let mut log = Log::new(hard, conf, (0, 0), end);
+        for (seg, group, sealed) in groups {
+            let end = LogEnd { lsn: group.lsn, segment: seg.id, end: group.end, sealed, segment_bytes: size(seg.id) };
+            if let (Some(epoch), true) = (seg.header_epoch, group.offset == crate::wal::SEGMENT_HEADER_BYTES as u64) {
+                log.header_epochs.insert(seg.id, epoch);
+            }
+            log.ends.push_back(end);
+            log.terms.push(group.lsn.0, group.epoch.0);
+        }
+        let last = log.last_index();
+        if log.hard.commit > last {
+            return Err(RestoreError::CommitLost { commit: log.hard.commit, last });
+        }
+        log.held_from = log.hard.commit + 1;
+        for index in log.held_from..=last {
+            let place = log.place(index);
+            let bytes = &segments.iter().find(|s| s.0 == place.segment).expect("scanned").1
+                [place.offset as usize..(place.offset + place.len) as usize];
+            let entry = log.entry_read_back(index, bytes);
+            log.held.push_back(entry);
+        }
+        Ok(log)
     }
 
     pub fn plant_no_truncate(&mut self) {

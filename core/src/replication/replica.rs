@@ -40,6 +40,7 @@ pub struct Replica {
     /// The planted bug `ack-before-persist`: persisted messages leave
     /// before their request completes.
     ack_early: bool,
+    vote_unsaved: bool,
 }
 
 #[derive(Debug)]
@@ -92,11 +93,18 @@ impl Replica {
             fetching: None,
             out: VecDeque::new(),
             ack_early: false,
+            vote_unsaved: false,
         })
     }
 
     pub fn plant_ack_before_persist(&mut self) {
         self.ack_early = true;
+    }
+
+    /// The planted bug `vote-not-persisted`: the hard state saved lacks the
+    /// vote, so a restarted host may vote twice in one term.
+    pub fn plant_vote_not_persisted(&mut self) {
+        self.vote_unsaved = true;
     }
 
     /// The planted bug `no-truncate-on-conflict`.
@@ -199,7 +207,8 @@ impl Replica {
             };
             let hard = rd.hs().cloned().map(|hs| {
                 self.raw.mut_store().set_hard_state(hs.clone());
-                (hs, self.log().conf_state().clone())
+                let saved = HardState { vote: if self.vote_unsaved { 0 } else { hs.vote }, ..hs };
+                (saved, self.log().conf_state().clone())
             });
             let persisted = rd.take_persisted_messages();
             let number = rd.number();
