@@ -21,7 +21,20 @@ pub struct HostConfig {
     /// A writer lease guards the WAL (S3 mode); `None` where the driver
     /// guarantees one writer itself (the disk mode's directory lock).
     pub lease: Option<LeaseConfig>,
+    /// Clustered mode: this host's raft node and its peers; `None` in the
+    /// disk and S3 modes.
+    pub cluster: Option<ClusterConfig>,
     pub mutations: Mutations,
+}
+
+/// Clustered mode: which raft node this host is, the voters, and how often
+/// raft ticks (an election after `replication::ELECTION_TICKS` ticks
+/// without a leader).
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub node: u64,
+    pub voters: Vec<u64>,
+    pub tick: Duration,
 }
 
 /// The writer lease's timing, all in this host's monotonic time. A holder's
@@ -208,6 +221,26 @@ impl HostConfig {
         if l.retry_min.as_micros() == 0 || l.retry_max < l.retry_min {
             return err("retry_min must be positive and at most retry_max".into());
         }
+        if let Some(c) = &self.cluster {
+            let mut voters = c.voters.clone();
+            voters.sort_unstable();
+            voters.dedup();
+            if voters.len() != c.voters.len() || voters.contains(&0) {
+                return err("cluster node ids must be distinct and positive".into());
+            }
+            if !voters.contains(&c.node) {
+                return err(format!(
+                    "this host's node id {} is not one of the cluster's voters {:?}",
+                    c.node, c.voters
+                ));
+            }
+            if self.lease.is_some() {
+                return err("clustered mode takes no writer lease: raft leadership is the writer authority".into());
+            }
+            if c.tick.as_micros() == 0 {
+                return err("the raft tick must be positive".into());
+            }
+        }
         Ok(())
     }
 }
@@ -237,6 +270,7 @@ mod tests {
             stop_when_exhausted: false,
             schema_plugin: false,
             lease: Some(LeaseConfig::default()),
+            cluster: None,
             mutations: Mutations::NONE,
         }
     }

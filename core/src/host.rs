@@ -118,9 +118,13 @@ impl Host {
     pub fn new(config: HostConfig, now: Instant) -> Result<Host, ConfigError> {
         config.validate()?;
         let nondeterministic = config.mutations.has(Mutation::NondeterministicRetry);
-        let authority = match &config.lease {
-            Some(lease) => Authority::Lease(Lease::new(lease.clone(), config.seed)),
-            None => Authority::DirectoryLock,
+        let authority = match (&config.lease, &config.cluster) {
+            (Some(lease), _) => Authority::Lease(Lease::new(lease.clone(), config.seed)),
+            (None, Some(cluster)) => {
+                let r = replication::Replication::new(cluster.clone(), config.seed, config.mutations, now);
+                Authority::Raft(Box::new(r))
+            }
+            (None, None) => Authority::DirectoryLock,
         };
         let mut host = Host {
             fx: Effects::new(config.seed, &config.limits, nondeterministic, now),
@@ -168,6 +172,13 @@ impl Host {
             }
             Input::Timeout => self.on_timeout(),
             Input::Shutdown => self.on_shutdown(),
+            Input::Peer(m) => {
+                let news = match self.authority.raft() {
+                    Some(r) => r.step(&mut self.fx, m),
+                    None => Vec::new(), // not clustered: nobody to hear it
+                };
+                self.on_raft_news(news);
+            }
         }
         if self.phase != Phase::Stopped {
             self.pump();
@@ -192,6 +203,7 @@ impl Host {
             self.wal.segment_age_deadline(&self.cfg.limits).map(|at| (at, Timer::SegmentAge)),
             self.drain_deadline.map(|at| (at, Timer::Drain)),
             self.stall.deadline().map(|at| (at, Timer::Stall)),
+            self.authority.raft_ref().and_then(|r| r.deadline()).map(|at| (at, Timer::Raft)),
         ])
     }
 
@@ -278,6 +290,10 @@ impl Host {
             StallAction::Report { what, for_ } => self.fx.emit(Output::Stalled { what, for_ }),
             StallAction::Stop { what, for_ } => self.stop(StopReason::Stalled { what, for_ }),
         }
+        if let Some(r) = self.authority.raft() {
+            let news = r.on_timeout(&mut self.fx);
+            self.on_raft_news(news);
+        }
     }
 
     fn fire(&mut self, what: Retry) {
@@ -311,6 +327,10 @@ impl Host {
             Retry::SchemaDecide(stream) => self.schemas.ask(fx, stream),
             Retry::LeaseRead => self.authority.held_lease().read(&mut self.fx),
             Retry::LeaseRenew => self.authority.held_lease().renew(&mut self.fx),
+            Retry::HardStateRead => {
+                fx.io(Pending::HardStateRead, IoOp::Wal(WalOp::ReadHardState));
+            }
+            Retry::RaftFetch => self.authority.held_raft().retry_fetch(&mut self.fx),
         }
     }
 
@@ -385,6 +405,23 @@ impl Host {
                 let news = self.authority.held_lease().on_read(&mut self.fx, sent_at, row);
                 self.on_lease_news(news);
             }
+            Pending::HardStateRead => self.on_hard_state_read(answer!(IoReply::HardState(b) => b)),
+            Pending::WalReplicate(segment) => match done(result) {
+                Ok(()) => {
+                    let news = self.authority.held_raft().persisted(&mut self.fx);
+                    self.on_raft_news(news);
+                }
+                // What reached the disk is for the next start's scan to
+                // judge; raft must not hear of it as durable.
+                Err(error) => self.stop(StopReason::WalWriteFailed { segment, error }),
+            },
+            Pending::RaftFetch => match answer!(IoReply::Groups(groups) => groups) {
+                Ok(groups) => {
+                    let news = self.authority.held_raft().fetched(&mut self.fx, groups);
+                    self.on_raft_news(news);
+                }
+                Err(_) => self.authority.held_raft().fetch_failed(&mut self.fx),
+            },
             Pending::LeaseWrite(intent, row, sent_at) => {
                 let news = self.authority.held_lease().on_written(&mut self.fx, intent, row, sent_at, done(result));
                 self.on_lease_news(news);
@@ -442,6 +479,7 @@ impl Host {
 }
 
 mod authority;
+mod cluster;
 mod commit;
 mod compact;
 mod drain;
@@ -451,6 +489,7 @@ mod lease;
 mod offsets_writer;
 mod pump;
 mod recover;
+mod replication;
 mod schema;
 mod sources;
 mod stall;

@@ -27,7 +27,13 @@ pub enum Input {
     Timeout,
     /// SIGTERM or SIGINT: stop reading sources, commit and drain, then stop.
     Shutdown,
+    /// A raft message from a peer (clustered mode; the transport has
+    /// checked that it comes from the peer it names).
+    Peer(PeerMessage),
 }
+
+/// A raft message between hosts (raft-rs's protobuf type).
+pub type PeerMessage = raft::eraftpb::Message;
 
 #[derive(Debug)]
 pub enum Output {
@@ -63,6 +69,16 @@ pub enum Output {
     /// The WAL is below its size limit again; sources are read.
     WalRoom {
         bytes: u64,
+    },
+    /// A raft message for the peer `message.to` (clustered mode). Sent at
+    /// most once; raft retransmits what is lost.
+    Send(PeerMessage),
+    /// This host's raft term or role changed (clustered mode): `leader` is
+    /// the leader's node id as far as this host knows (0: none).
+    Role {
+        term: u64,
+        leader: u64,
+        is_leader: bool,
     },
     /// The engine stopped; no further output follows.
     Stopped(StopReason),
@@ -104,6 +120,28 @@ pub enum WalOp {
     Append { segment: SegmentId, offset: u64, lsn: Lsn, bytes: Arc<Vec<u8>> },
     /// Delete a segment that the deletion rule no longer needs.
     Delete { segment: SegmentId },
+    /// Clustered mode: make one raft `Ready`'s groups durable, in order
+    /// (see `Replicate`). Answer: `Done` once all of it is durable.
+    Replicate(Replicate),
+    /// Clustered mode: read the raft hard-state file (`DATA_DIR/raft-state`;
+    /// zeros where there is none yet). Answer: `HardState`.
+    ReadHardState,
+}
+
+/// What one raft `Ready` asks of the disk, in this order, each step durable
+/// before the next: the segments of a conflicting tail removed (newest
+/// first), its groups in the first kept segment zeroed (newest first, one
+/// sync each, so a crash leaves a prefix of the old log), the new groups
+/// written (a group that opens a segment creates it first, preallocated,
+/// with the header its envelope gives) with one `fdatasync`, then the hard
+/// state's slot written and synced.
+#[derive(Debug)]
+pub struct Replicate {
+    pub remove: Vec<SegmentId>,
+    pub zero: Vec<GroupPlace>,
+    pub groups: Vec<crate::replication::entry::EntryGroup>,
+    /// (offset in the hard-state file, slot bytes).
+    pub hard_state: Option<(u64, Vec<u8>)>,
 }
 
 #[derive(Debug)]
@@ -293,6 +331,8 @@ pub enum IoReply {
     Segments(WalListing),
     SegmentBytes(Vec<u8>),
     Groups(Vec<Vec<u8>>),
+    /// The raft hard-state file's bytes (clustered mode).
+    HardState(Vec<u8>),
     Offsets(Vec<OffsetRow>),
     Lease(Option<LeaseRow>),
     /// `exhausted`: a finite source has nothing more, ever.
@@ -400,6 +440,13 @@ pub enum StopReason {
     Stalled { what: &'static str, for_: Duration },
     /// The schema plugin refused a stream's new schema.
     SchemaRejected { stream: StreamId, fingerprint: u64, reason: String },
+    /// Clustered mode: this host led `term` and no longer does. Everything
+    /// only a leader holds is dropped by stopping; the next start follows.
+    Deposed { term: u64 },
+    /// Clustered mode: this host's raft log or hard state cannot be trusted
+    /// (acknowledged groups missing from its disk, a damaged hard-state
+    /// file, an entry that is not a group it may write): it must not vote.
+    ClusterLog { what: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -426,4 +473,6 @@ pub enum Timer {
     Lease,
     /// WAL requests have been failing long enough to report, or to stop.
     Stall,
+    /// The next raft tick (clustered mode).
+    Raft,
 }

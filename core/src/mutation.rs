@@ -47,6 +47,15 @@ pub enum Mutation {
     /// Matches the batches of a group read back from the WAL to the plan's
     /// ranges by source alone, so another partition's records can stand in.
     ReadBackWrongPartition,
+    /// Clustered mode: a host answers its leader's append (and votes)
+    /// before the groups and hard state of that `Ready` are durable.
+    AckBeforePersist,
+    /// Clustered mode: the hard state saved lacks the vote, so a restarted
+    /// host may vote twice in one term.
+    VoteNotPersisted,
+    /// Clustered mode: a conflicting uncommitted tail is overwritten in
+    /// place; what is left of it is neither removed nor zeroed.
+    NoTruncateOnConflict,
 }
 
 impl Mutation {
@@ -70,6 +79,10 @@ impl Mutation {
         Mutation::ReadBackWrongPartition,
     ];
 
+    /// The planted bugs of clustered mode, which only its runs can reach.
+    pub const CLUSTERED: &'static [Mutation] =
+        &[Mutation::AckBeforePersist, Mutation::VoteNotPersisted, Mutation::NoTruncateOnConflict];
+
     pub fn name(self) -> &'static str {
         match self {
             Mutation::AckBeforeCommit => "ack-before-commit",
@@ -89,11 +102,14 @@ impl Mutation {
             Mutation::OffsetsRegress => "offsets-regress",
             Mutation::IgnoreMissingSegments => "ignore-missing-segments",
             Mutation::ReadBackWrongPartition => "read-back-wrong-partition",
+            Mutation::AckBeforePersist => "ack-before-persist",
+            Mutation::VoteNotPersisted => "vote-not-persisted",
+            Mutation::NoTruncateOnConflict => "no-truncate-on-conflict",
         }
     }
 
     pub fn from_name(name: &str) -> Option<Mutation> {
-        Mutation::ALL.iter().copied().find(|m| m.name() == name)
+        Mutation::ALL.iter().chain(Mutation::CLUSTERED).copied().find(|m| m.name() == name)
     }
 }
 
@@ -120,7 +136,7 @@ impl Mutations {
     }
 
     pub fn iter(self) -> impl Iterator<Item = Mutation> {
-        Mutation::ALL.iter().copied().filter(move |m| self.has(*m))
+        Mutation::ALL.iter().chain(Mutation::CLUSTERED).copied().filter(move |m| self.has(*m))
     }
 }
 
@@ -131,13 +147,14 @@ mod tests {
     #[test]
     fn every_planted_bug_has_its_own_name_and_bit() {
         let mut names = std::collections::BTreeSet::new();
-        for &m in Mutation::ALL {
+        let all: Vec<Mutation> = Mutation::ALL.iter().chain(Mutation::CLUSTERED).copied().collect();
+        for &m in &all {
             assert!(names.insert(m.name()), "{} named twice", m.name());
             assert_eq!(Mutation::from_name(m.name()), Some(m));
             assert_eq!(m.to_string(), m.name());
             let on = Mutations::NONE.with(m);
             assert!(on.has(m));
-            assert!(Mutation::ALL.iter().all(|&o| o == m || !on.has(o)), "{m} turns on only itself");
+            assert!(all.iter().all(|&o| o == m || !on.has(o)), "{m} turns on only itself");
             assert!(on.with(Mutation::AckBeforeCommit).has(m), "adding one keeps the others");
         }
         assert!(names

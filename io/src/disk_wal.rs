@@ -91,6 +91,9 @@ impl DiskWal {
             to_io_error(&e)
         };
         match op {
+            WalOp::Replicate(_) | WalOp::ReadHardState => {
+                unreachable!("clustered mode is refused at start-up until the daemon runs it (issue #13)")
+            }
             WalOp::Sync => self.sync_all().map(|_| IoReply::Done).map_err(|e| failed("syncing the WAL", e)),
             WalOp::List => {
                 let (ids, strays) = self.list().map_err(|e| failed("listing the WAL", e))?;

@@ -122,6 +122,9 @@ pub async fn drive(
                     info!(wal = %backends.place, bytes, "the WAL is below its size limit again; sources resume");
                 }
                 Output::Stopped(reason) => return reason,
+                Output::Send(_) | Output::Role { .. } => {
+                    unreachable!("clustered mode is refused at start-up until its transport is built (issue #13)")
+                }
                 Output::LeaseWait { holder, generation } => info!(
                     holder = format!("{holder:016x}"),
                     generation,
@@ -351,6 +354,8 @@ fn op_name(op: &IoOp) -> &'static str {
         IoOp::Wal(WalOp::Create { .. }) => "wal-create",
         IoOp::Wal(WalOp::Append { .. }) => "wal-append",
         IoOp::Wal(WalOp::Delete { .. }) => "wal-delete",
+        IoOp::Wal(WalOp::Replicate(_)) => "wal-replicate",
+        IoOp::Wal(WalOp::ReadHardState) => "wal-read-hard-state",
         IoOp::Offsets(OffsetsOp::Read) => "offsets-read",
         IoOp::Offsets(OffsetsOp::Write { .. }) => "offsets-write",
         IoOp::Plugin(PluginOp::SourceOpen { .. }) => "source-open",

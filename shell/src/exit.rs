@@ -48,7 +48,7 @@ pub fn for_stop(reason: &StopReason) -> i32 {
     match reason {
         StopReason::Clean => OK,
         StopReason::DrainTimedOut => DRAIN_FAILED,
-        StopReason::Corrupt(_) | StopReason::WalIncomplete(_) => WAL_CORRUPT,
+        StopReason::Corrupt(_) | StopReason::WalIncomplete(_) | StopReason::ClusterLog { .. } => WAL_CORRUPT,
         StopReason::OffsetsAheadOfWal { .. }
         | StopReason::OffsetsMalformed { .. }
         | StopReason::SinkAheadOfWal { .. } => OFFSETS,
@@ -57,7 +57,7 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::SourceProtocol { .. } => SOURCE_PROTOCOL,
         StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } => CONFIG,
         StopReason::SchemaRejected { .. } => SCHEMA_REJECTED,
-        StopReason::Fenced { .. } | StopReason::LeaseLost { .. } => FENCED,
+        StopReason::Fenced { .. } | StopReason::LeaseLost { .. } | StopReason::Deposed { .. } => FENCED,
         StopReason::Stalled { .. } => STALLED,
     }
 }

@@ -153,5 +153,11 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
         StopReason::SegmentTooSmall { needed } => {
             format!("WAL_BYTES_PER_FILE is too small for the engine's snapshot: use at least {needed} bytes")
         }
+        StopReason::Deposed { term } => format!(
+            "this host led raft term {term} and another host leads now; it acknowledged nothing that a majority              had not made durable, and the next start follows the new leader"
+        ),
+        StopReason::ClusterLog { what } => {
+            format!("this host's clustered WAL cannot be trusted, so it will not vote: {what} ({})", wal.root())
+        }
     }
 }

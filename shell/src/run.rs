@@ -134,6 +134,7 @@ async fn run(cfg: RunConfig) -> i32 {
         stop_when_exhausted: cfg.once,
         schema_plugin: cfg.schema_command.is_some(),
         lease: cfg.lease_table.as_ref().map(|_| lease_config(cfg.lease_seconds)),
+        cluster: None,
         mutations: Mutations::NONE,
     };
     let clock = Clock::start();

@@ -24,6 +24,8 @@ pub enum SimWal {
 #[derive(Clone)]
 pub struct DiskWal {
     disk: SimDisk,
+    /// Clustered mode: the raft hard-state file (durable bytes).
+    hard_state: Vec<u8>,
     /// The end of the last durable append, per segment, and the segment of
     /// the newest one: what the driver knows it made durable.
     durable_ends: BTreeMap<SegmentId, usize>,
@@ -43,7 +45,12 @@ pub struct S3Wal {
 
 impl SimWal {
     pub fn disk(seed: u64) -> SimWal {
-        SimWal::Disk(Box::new(DiskWal { disk: SimDisk::new(seed), durable_ends: BTreeMap::new(), newest_append: None }))
+        SimWal::Disk(Box::new(DiskWal {
+            disk: SimDisk::new(seed),
+            hard_state: vec![0; skippr_core::replication::hard_state::FILE_BYTES],
+            durable_ends: BTreeMap::new(),
+            newest_append: None,
+        }))
     }
 
     pub fn s3(overwrite_on_unknown: bool) -> SimWal {
@@ -161,7 +168,47 @@ impl DiskWal {
                 self.durable_ends.remove(&segment);
                 Ok(IoReply::Done)
             }
+            WalOp::ReadHardState => Ok(IoReply::HardState(self.hard_state.clone())),
+            WalOp::Replicate(_) if fails => Err(IoError::Failed),
+            WalOp::Replicate(r) => self.replicate(r),
         }
+    }
+
+    /// A raft `Ready` made durable, step by step in the order the request
+    /// gives, each step synced before the next.
+    fn replicate(&mut self, r: skippr_core::Replicate) -> Result<IoReply, IoError> {
+        for segment in &r.remove {
+            self.disk.delete(*segment);
+            self.durable_ends.remove(segment);
+        }
+        for p in &r.zero {
+            let zeros = vec![0; p.len as usize];
+            if !self.disk.write(p.segment, p.offset as usize, &zeros) || !self.disk.sync(p.segment, false, false) {
+                return Err(IoError::Failed);
+            }
+        }
+        let mut touched = BTreeSet::new();
+        for g in &r.groups {
+            if let Some(o) = g.opens {
+                let header = skippr_core::wal::encode_header(g.place.segment, o.epoch);
+                self.disk.create(g.place.segment, &header, o.segment_bytes as usize);
+            }
+            if !self.disk.write(g.place.segment, g.place.offset as usize, &g.bytes) {
+                return Err(IoError::Failed);
+            }
+            touched.insert((g.place.segment, g.opens.is_some()));
+            self.durable_ends.insert(g.place.segment, (g.place.offset + g.place.len) as usize);
+            self.newest_append = Some(g.place.segment);
+        }
+        for (segment, created) in touched {
+            if !self.disk.sync(segment, created, false) {
+                return Err(IoError::Failed);
+            }
+        }
+        if let Some((at, slot)) = r.hard_state {
+            self.hard_state[at as usize..at as usize + slot.len()].copy_from_slice(&slot);
+        }
+        Ok(IoReply::Done)
     }
 
     /// Flips a durable bit in a segment that a later durable commit
@@ -204,6 +251,7 @@ impl S3Wal {
                 self.bucket.delete_rest(segment);
                 Ok(IoReply::Done)
             }
+            WalOp::Replicate(_) | WalOp::ReadHardState => unreachable!("clustered mode keeps its WAL on disks"),
         }
     }
 

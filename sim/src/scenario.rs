@@ -387,6 +387,7 @@ impl Scenario {
             stop_when_exhausted: self.stop_when_exhausted,
             schema_plugin: self.schema_plugin,
             lease: (self.wal == WalMode::S3).then(|| self.lease.clone()),
+            cluster: None,
             mutations,
         }
     }

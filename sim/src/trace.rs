@@ -59,6 +59,10 @@ impl Trace {
             }
             Input::Timeout => self.u64(2),
             Input::Shutdown => self.u64(3),
+            Input::Peer(m) => {
+                self.u64(4);
+                self.message(m);
+            }
         }
         if self.print {
             self.lines.push(format!("{now} -> {}", describe_input(input)));
@@ -99,6 +103,15 @@ impl Trace {
                 self.u64(*holder);
                 self.u64(*generation);
             }
+            Output::Send(m) => {
+                self.u64(18);
+                self.message(m);
+            }
+            Output::Role { term, leader, is_leader } => {
+                self.u64(19);
+                self.u64(*term);
+                self.u64(*leader ^ (*is_leader as u64) << 63);
+            }
         }
         if self.print {
             self.lines.push(format!("{now} <- {}", describe_output(output)));
@@ -107,6 +120,19 @@ impl Trace {
 
     fn u64(&mut self, v: u64) {
         self.update(&v.to_le_bytes());
+    }
+
+    /// A raft message: its kind, ends, term, position and entries (the
+    /// entries' bytes are the WAL's groups, hashed).
+    fn message(&mut self, m: &skippr_core::PeerMessage) {
+        self.u64(m.get_msg_type() as u64 ^ m.from << 8 ^ m.to << 36);
+        self.u64(m.term);
+        self.u64(m.index ^ m.log_term << 40);
+        self.u64(m.commit ^ (m.reject as u64) << 63);
+        for e in &m.entries {
+            self.u64(e.index);
+            self.u64(xxh3_64(&e.data));
+        }
     }
 
     fn reply(&mut self, reply: &IoReply) {
@@ -159,6 +185,10 @@ impl Trace {
                     self.lease(row);
                 }
             }
+            IoReply::HardState(b) => {
+                self.u64(50);
+                self.u64(xxh3_64(b));
+            }
             IoReply::SinkProgress(applied) => {
                 self.u64(46);
                 for (stream, seq) in applied {
@@ -203,6 +233,24 @@ impl Trace {
                 self.update(header);
             }
             IoOp::Wal(WalOp::Delete { segment }) => self.u64(34 ^ segment.0 << 8),
+            IoOp::Wal(WalOp::ReadHardState) => self.u64(51),
+            IoOp::Wal(WalOp::Replicate(r)) => {
+                self.u64(52);
+                r.remove.iter().for_each(|s| self.u64(s.0));
+                for p in &r.zero {
+                    self.u64(p.segment.0);
+                    self.u64(p.offset);
+                }
+                for g in &r.groups {
+                    self.u64(g.place.segment.0);
+                    self.u64(g.place.offset);
+                    self.u64(xxh3_64(&g.bytes));
+                }
+                if let Some((at, slot)) = &r.hard_state {
+                    self.u64(*at);
+                    self.u64(xxh3_64(slot));
+                }
+            }
             IoOp::Offsets(OffsetsOp::Read) => self.u64(35),
             IoOp::Offsets(OffsetsOp::Write { entries }) => {
                 self.u64(36);
@@ -252,7 +300,23 @@ pub fn describe_input(input: &Input) -> String {
         Input::IoDone { id, result: Err(e) } => format!("done io{} error {e:?}", id.0),
         Input::Timeout => "timeout".into(),
         Input::Shutdown => "shutdown".into(),
+        Input::Peer(m) => format!("peer {}", describe_message(m)),
     }
+}
+
+fn describe_message(m: &skippr_core::PeerMessage) -> String {
+    format!(
+        "{:?} {}->{} term={} index={} log_term={} commit={} entries={}{}",
+        m.get_msg_type(),
+        m.from,
+        m.to,
+        m.term,
+        m.index,
+        m.log_term,
+        m.commit,
+        m.entries.len(),
+        if m.reject { " reject" } else { "" }
+    )
 }
 
 fn describe_reply(reply: &IoReply) -> String {
@@ -285,6 +349,7 @@ fn describe_reply(reply: &IoReply) -> String {
         IoReply::Sink { outcome, rows } => format!("{outcome:?} rows={rows}"),
         IoReply::Schema { accept, reason } => format!("schema accept={accept} {reason}"),
         IoReply::Lease(row) => format!("lease {row:?}"),
+        IoReply::HardState(b) => format!("hard state, {} bytes", b.len()),
     }
 }
 
@@ -298,6 +363,10 @@ pub fn describe_output(output: &Output) -> String {
         Output::Unstalled => "stall over".into(),
         Output::WalFull { bytes, limit } => format!("WAL full: {bytes} B of {limit}"),
         Output::WalRoom { bytes } => format!("WAL has room: {bytes} B"),
+        Output::Send(m) => format!("send {}", describe_message(m)),
+        Output::Role { term, leader, is_leader } => {
+            format!("role term={term} leader={leader}{}", if *is_leader { " (this host)" } else { "" })
+        }
     }
 }
 
@@ -315,6 +384,21 @@ pub fn describe_op(op: &IoOp) -> String {
             format!("wal-append seg={} off={} lsn={} {}B", segment.0, offset, lsn.0, bytes.len())
         }
         IoOp::Wal(WalOp::Delete { segment }) => format!("wal-delete {}", segment.0),
+        IoOp::Wal(WalOp::ReadHardState) => "wal-read-hard-state".into(),
+        IoOp::Wal(WalOp::Replicate(r)) => {
+            let groups: Vec<String> = r
+                .groups
+                .iter()
+                .map(|g| format!("{}@{}:{}", g.place.lsn.0, g.place.segment.0, g.place.offset))
+                .collect();
+            format!(
+                "wal-replicate remove={:?} zero={} groups=[{}]{}",
+                r.remove.iter().map(|s| s.0).collect::<Vec<_>>(),
+                r.zero.len(),
+                groups.join(" "),
+                if r.hard_state.is_some() { " +hard-state" } else { "" }
+            )
+        }
         IoOp::Offsets(OffsetsOp::Read) => "offsets-read".into(),
         IoOp::Offsets(OffsetsOp::Write { entries }) => {
             let mut s = String::from("offsets-write");

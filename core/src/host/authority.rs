@@ -1,10 +1,12 @@
 //! The writer authority: the one gate every part asks, through the
 //! coordinator, before it commits, acks, writes offsets, creates or deletes.
 //! On disk the driver's directory lock holds it for the process's life; in
-//! S3 mode the writer lease does (`lease.rs`); raft leadership will in
-//! clustered mode, as one more variant. Owns the lease, where there is one.
+//! S3 mode the writer lease does (`lease.rs`); raft leadership does in
+//! clustered mode (`replication.rs`). Owns the lease or the raft node,
+//! where there is one.
 
 use super::lease::Lease;
+use super::replication::Replication;
 use crate::time::Instant;
 
 /// Whatever makes this host the WAL's one writer.
@@ -13,6 +15,9 @@ pub(super) enum Authority {
     DirectoryLock,
     /// S3 mode: the writer lease in the offsets table's service.
     Lease(Lease),
+    /// Clustered mode: raft leadership, once a group of the leader's own
+    /// term has committed.
+    Raft(Box<Replication>),
 }
 
 impl Authority {
@@ -22,14 +27,34 @@ impl Authority {
         match self {
             Authority::DirectoryLock => true,
             Authority::Lease(lease) => lease.valid(now),
+            Authority::Raft(r) => r.serving(),
         }
     }
 
     pub(super) fn lease(&mut self) -> Option<&mut Lease> {
         match self {
-            Authority::DirectoryLock => None,
             Authority::Lease(lease) => Some(lease),
+            _ => None,
         }
+    }
+
+    pub(super) fn raft(&mut self) -> Option<&mut Replication> {
+        match self {
+            Authority::Raft(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub(super) fn raft_ref(&self) -> Option<&Replication> {
+        match self {
+            Authority::Raft(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The replication part, where a raft request or answer implies one.
+    pub(super) fn held_raft(&mut self) -> &mut Replication {
+        self.raft().expect("a raft request implies clustered mode")
     }
 
     /// The lease, where a lease request or answer implies there is one.
@@ -40,14 +65,19 @@ impl Authority {
     /// Commits that landed while the lease may have lapsed (none without one).
     pub(super) fn late_commits(&self) -> u64 {
         match self {
-            Authority::DirectoryLock => 0,
             Authority::Lease(lease) => lease.late_commits(),
+            _ => 0,
         }
     }
 
-    /// Still waiting for another writer's lease: nothing of ours to drain.
+    /// Still waiting for another writer's lease, or following a raft
+    /// leader: nothing of ours to drain.
     pub(super) fn waiting(&self) -> bool {
-        matches!(self, Authority::Lease(lease) if lease.holding().is_none())
+        match self {
+            Authority::Lease(lease) => lease.holding().is_none(),
+            Authority::Raft(r) => !r.serving(),
+            Authority::DirectoryLock => false,
+        }
     }
 
     /// The high half of this writer's epoch: the lease's generation, or one
@@ -55,7 +85,7 @@ impl Authority {
     pub(super) fn writer_generation(&self, wal_generation: u64) -> u64 {
         match self {
             Authority::Lease(lease) => lease.holding().map_or(wal_generation + 1, |row| row.generation),
-            Authority::DirectoryLock => wal_generation + 1,
+            Authority::DirectoryLock | Authority::Raft(_) => wal_generation + 1,
         }
     }
 }

@@ -36,6 +36,13 @@ pub(super) enum Pending {
     LeaseRead(Instant),
     /// With the time it was sent.
     LeaseWrite(Intent, LeaseRow, Instant),
+    /// Clustered mode: the raft hard-state file read at start.
+    HardStateRead,
+    /// Clustered mode: `Ready`s' groups and hard state (the segment of the
+    /// first group).
+    WalReplicate(SegmentId),
+    /// Clustered mode: old groups read back for a lagging follower.
+    RaftFetch,
 }
 
 impl Pending {
@@ -49,7 +56,10 @@ impl Pending {
             | Pending::WalCreate(_)
             | Pending::WalAppend
             | Pending::WalDelete(_)
-            | Pending::WalReadBack(..) => Some(false),
+            | Pending::WalReadBack(..)
+            | Pending::HardStateRead
+            | Pending::WalReplicate(..)
+            | Pending::RaftFetch => Some(false),
             Pending::LeaseRead(_) | Pending::LeaseWrite(..) => Some(true),
             _ => None,
         }
@@ -75,6 +85,8 @@ pub(super) enum Retry {
     SchemaDecide(StreamId),
     LeaseRead,
     LeaseRenew,
+    HardStateRead,
+    RaftFetch,
 }
 
 pub(super) struct Effects {

@@ -42,6 +42,7 @@ impl Host {
         if !self.may_write() {
             return;
         }
+        self.propose_next();
         let snap = SnapshotSource {
             committed: &self.committed,
             names: &self.names,
@@ -57,6 +58,7 @@ impl Host {
             Ok(_) => {}
             Err(stop) => self.stop(stop),
         }
+        self.send_proposal();
     }
 
     pub(super) fn delete_next(&mut self) {

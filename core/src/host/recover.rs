@@ -16,7 +16,12 @@ impl Host {
         match result {
             Ok(()) => {
                 self.fx.succeeded(Retry::WalSync);
-                self.fx.io(Pending::WalList, IoOp::Wal(WalOp::List));
+                if self.authority.raft_ref().is_some_and(|r| !r.hard_state_loaded()) {
+                    // Clustered mode reads raft's hard state first.
+                    self.fx.io(Pending::HardStateRead, IoOp::Wal(WalOp::ReadHardState));
+                } else {
+                    self.fx.io(Pending::WalList, IoOp::Wal(WalOp::List));
+                }
             }
             Err(_) => self.fx.retry_later(Retry::WalSync),
         }
@@ -51,6 +56,9 @@ impl Host {
     fn on_all_read(&mut self) {
         let read = self.startup.take_read();
         let segments: Vec<(SegmentId, &[u8])> = read.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+        if self.authority.raft_ref().is_some() {
+            return self.restore_cluster(&segments);
+        }
         let lenient = self.cfg.mutations.has(Mutation::AdmitTornSegment);
         let trust = self.cfg.mutations.has(Mutation::IgnoreMissingSegments);
         let mut wal = match recover(&segments, lenient, trust) {
@@ -202,7 +210,7 @@ impl Host {
 
 /// Every name the WAL used must mean the same thing under this
 /// configuration: the same name at the same index. New names may follow.
-fn names_changed(wal: &Names, config: &Names) -> Option<StopReason> {
+pub(super) fn names_changed(wal: &Names, config: &Names) -> Option<StopReason> {
     let lists = [
         ("source", &wal.sources, &config.sources),
         ("sink", &wal.sinks, &config.sinks),

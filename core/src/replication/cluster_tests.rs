@@ -190,8 +190,7 @@ impl World {
         };
         let refs: Vec<(SegmentId, &[u8])> = h.disk.iter().map(|(s, b)| (*s, b.as_slice())).collect();
         let commit = hard.commit;
-        let log = Log::restore(hard, conf, &refs).map_err(|e| format!("host {} restarts: {e}", i + 1))?;
-        let scanned = scan(&refs, false).expect("restore scanned it");
+        let (log, scanned) = Log::restore(hard, conf, &refs).map_err(|e| format!("host {} restarts: {e}", i + 1))?;
         let groups: Vec<_> = scanned.iter().flat_map(|s| &s.groups).collect();
         h.durable = groups.iter().map(|g| (g.lsn.0, g.epoch.0)).collect();
         h.applied = groups

@@ -123,7 +123,12 @@ impl Log {
     /// committed is read back when wanted. A commit index past the last
     /// durable group means acknowledged data is gone: the host must not
     /// take part (it could vote for a log that lacks it).
-    pub fn restore(hard: HardState, conf: ConfState, segments: &[(SegmentId, &[u8])]) -> Result<Log, RestoreError> {
+    /// Returns the scan too, for the engine to rebuild its state from.
+    pub fn restore(
+        hard: HardState,
+        conf: ConfState,
+        segments: &[(SegmentId, &[u8])],
+    ) -> Result<(Log, Vec<crate::wal::ScannedSegment>), RestoreError> {
         let scanned = crate::wal::scan(segments, false).map_err(RestoreError::Corrupt)?;
         let mut groups = scanned.iter().flat_map(|s| {
             let last = s.groups.len().saturating_sub(1);
@@ -157,7 +162,7 @@ impl Log {
             let entry = log.entry_read_back(index, bytes);
             log.held.push_back(entry);
         }
-        Ok(log)
+        Ok((log, scanned))
     }
 
     pub fn plant_no_truncate(&mut self) {

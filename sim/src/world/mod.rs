@@ -465,6 +465,7 @@ impl World {
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
                 Output::WalFull { .. } => self.stats.wal_full += 1,
                 Output::WalRoom { .. } => {}
+                Output::Send(_) | Output::Role { .. } => unreachable!("this world runs one host, not a cluster"),
                 Output::Stopped(reason) if who == Who::Zombie => self.on_zombie_stopped(reason),
                 Output::Stopped(reason) => self.on_stopped(reason),
             }

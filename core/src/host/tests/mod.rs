@@ -23,6 +23,7 @@ fn config() -> HostConfig {
         stop_when_exhausted: false,
         schema_plugin: false,
         lease: None,
+        cluster: None,
         mutations: crate::Mutations::NONE,
     }
 }
@@ -106,6 +107,7 @@ impl Harness {
                     Output::WalFull { .. } => self.wal_full.push(true),
                     Output::WalRoom { .. } => self.wal_full.push(false),
                     Output::Recovered(_) | Output::Stalled { .. } | Output::Unstalled => {}
+                    Output::Send(_) | Output::Role { .. } => unreachable!("not clustered"),
                 }
             }
             let Some(i) = self.held.iter().position(|(_, op)| is_storage(op)) else {
@@ -285,6 +287,7 @@ fn key0() -> PartitionKey {
     PartitionKey { source: SourceId(0), partition: 0 }
 }
 
+mod cluster;
 mod engine;
 mod lease;
 mod memory;

@@ -46,6 +46,12 @@ pub(super) struct WalWriter {
     seals_no_room: u64,
     /// The WAL was at its size limit when last looked at.
     full: bool,
+    /// Clustered mode: groups are proposed to raft, which decides when
+    /// they are durable on a majority; no segment is created or deleted
+    /// here (a group that opens a segment creates it on every host).
+    replicated: bool,
+    /// Clustered mode: the group in flight waits to be proposed.
+    to_propose: bool,
 }
 
 struct Active {
@@ -94,6 +100,48 @@ impl WalWriter {
         self.next_lsn = wal.next_lsn;
         self.next_segment = wal.next_segment;
         self.active = wal.active.map(|(id, offset)| Active { id, offset, opened: now, seal_requested: false });
+    }
+
+    pub(super) fn set_replicated(&mut self) {
+        self.replicated = true;
+    }
+
+    /// Clustered mode: the next group goes where raft's log ends (a
+    /// segment the last group sealed is followed by the next id, which the
+    /// group opens). Nothing changes while a group is in flight.
+    pub(super) fn follow_log(&mut self, end: &crate::replication::entry::LogEnd, now: Instant) {
+        if self.commit.is_some() {
+            return;
+        }
+        self.next_lsn = Lsn(end.lsn.0 + 1);
+        if end.sealed {
+            self.active = None;
+            self.spares = VecDeque::from([SegmentId(end.segment.0 + 1)]);
+        } else {
+            match &mut self.active {
+                Some(a) if a.id == end.segment => a.offset = end.end,
+                _ => {
+                    self.active = Some(Active { id: end.segment, offset: end.end, opened: now, seal_requested: false })
+                }
+            }
+            self.spares.clear();
+        }
+    }
+
+    /// Clustered mode: the group built to go next, to propose: (segment,
+    /// offset, bytes).
+    pub(super) fn take_proposal(&mut self) -> Option<(SegmentId, u64, Arc<Vec<u8>>)> {
+        if !std::mem::take(&mut self.to_propose) {
+            return None;
+        }
+        let c = self.commit.as_ref().expect("a proposal is the group in flight");
+        Some((c.segment, c.offset, c.bytes.clone()))
+    }
+
+    /// Clustered mode: raft committed the group at `lsn`. True when it is
+    /// the one in flight (it lands next).
+    pub(super) fn replicated_commit(&mut self, lsn: Lsn) -> bool {
+        self.commit.as_ref().is_some_and(|c| c.lsn == lsn)
     }
 
     pub(super) fn set_epoch(&mut self, epoch: Epoch) {
@@ -176,7 +224,7 @@ impl WalWriter {
 
     pub(super) fn ensure_spare(&mut self, fx: &mut Effects, limits: &Limits, may_write: bool) {
         let enough = self.spares.len() >= limits.spare_segments as usize;
-        if self.creating || enough || !may_write {
+        if self.creating || enough || !may_write || self.replicated {
             return;
         }
         // The id advances only when the creation succeeds: a failed one is
@@ -213,6 +261,10 @@ impl WalWriter {
     }
 
     pub(super) fn send_commit(&mut self, fx: &mut Effects) {
+        if self.replicated {
+            self.to_propose = true;
+            return;
+        }
         let c = self.commit.as_mut().expect("a commit is in flight");
         let op = IoOp::Wal(WalOp::Append { segment: c.segment, offset: c.offset, lsn: c.lsn, bytes: c.bytes.clone() });
         c.io = Some(fx.io(Pending::WalAppend, op));
@@ -348,7 +400,9 @@ impl WalWriter {
     /// have lost its authority deletes nothing: a newer writer may be
     /// reading these segments.
     pub(super) fn delete_next(&mut self, fx: &mut Effects, may_write: bool) {
-        if self.deleting || !may_write {
+        // Clustered mode deletes nothing yet: a follower behind a deleted
+        // segment needs a snapshot (issue #12, item 6).
+        if self.deleting || !may_write || self.replicated {
             return;
         }
         if let Some(&segment) = self.deletes.front() {

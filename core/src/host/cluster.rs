@@ -1,0 +1,144 @@
+//! The coordinator's clustered-mode sequences (owns no state): reading the
+//! hard state at start, restoring the log and the committed state through
+//! raft's commit index, routing what raft decides, applying groups other
+//! hosts' leaders committed, and serving once this host leads a term in
+//! which its own group has committed.
+//!
+//! Losing leadership stops the engine (`StopReason::Deposed`): everything
+//! only a leader holds (accepted positions, planned but uncommitted work,
+//! acks in flight) goes with it, and the next start follows the new leader
+//! from the disk. A crash-only step, so that no leader-only state can
+//! outlive the leadership it depended on.
+
+use super::replication::RaftNews;
+use super::*;
+use crate::recovery::{rebuild, WalDamage};
+use crate::replication::entry::EntryGroup;
+use crate::wal::{check_group, Frame};
+
+impl Host {
+    pub(super) fn on_hard_state_read(&mut self, result: Result<Vec<u8>, IoError>) {
+        let Ok(file) = result else { return self.fx.retry_later(Retry::HardStateRead) };
+        self.fx.succeeded(Retry::HardStateRead);
+        if let Err(stop) = self.authority.held_raft().on_hard_state(&file) {
+            return self.stop(stop);
+        }
+        self.fx.io(Pending::WalList, IoOp::Wal(WalOp::List));
+    }
+
+    /// Recovery in clustered mode: the log restored from every segment, the
+    /// committed state rebuilt only through raft's commit index (later
+    /// groups wait for raft), no fence (raft's own entry at a new term is
+    /// one) and no plugins until this host serves.
+    pub(super) fn restore_cluster(&mut self, segments: &[(SegmentId, &[u8])]) {
+        if segments.is_empty() {
+            let what = "this DATA_DIR holds no WAL of a cluster: run `skipprd cluster init` on it first";
+            return self.stop(StopReason::ClusterLog { what: what.into() });
+        }
+        let now = self.fx.now;
+        let (scanned, segment_bytes) = match self.authority.held_raft().restore(segments, &self.cfg.limits, now) {
+            Ok(restored) => restored,
+            Err(stop) => return self.stop(stop),
+        };
+        // Segment size comes from the log, not from this host's setting.
+        self.cfg.limits.segment_bytes = segment_bytes;
+        if let Err(e) = self.cfg.validate() {
+            let what = format!("the cluster's segment size {segment_bytes} does not fit this host's limits: {e}");
+            return self.stop(StopReason::ClusterLog { what });
+        }
+        let mut wal = match rebuild(scanned, true) {
+            Ok(wal) => wal,
+            Err(WalDamage::Corrupt(c)) => return self.stop(StopReason::Corrupt(c)),
+            Err(WalDamage::Missing(m)) => return self.stop(StopReason::WalIncomplete(m)),
+        };
+        if let Some(stop) = recover::names_changed(&wal.state.names, &self.names) {
+            return self.stop(stop);
+        }
+        self.wal.set_replicated();
+        self.wal.restore(&mut wal, now);
+        self.committed = wal.state;
+        self.records = wal.records;
+        self.records.set_cache_max(self.cfg.limits.record_cache_bytes);
+    }
+
+    /// Routes what raft decided, in order.
+    pub(super) fn on_raft_news(&mut self, news: Vec<RaftNews>) {
+        for n in news {
+            if self.phase == Phase::Stopped {
+                return;
+            }
+            match n {
+                RaftNews::Committed(c) => {
+                    if self.wal.replicated_commit(c.group.place.lsn) {
+                        self.commit_landed();
+                    } else {
+                        self.apply_replicated(&c.group);
+                    }
+                }
+                RaftNews::Serving { term } => self.serve(term),
+                RaftNews::Deposed { term } => self.stop(StopReason::Deposed { term }),
+                RaftNews::Stop(stop) => self.stop(stop),
+            }
+        }
+    }
+
+    /// A group some leader committed (another host's, or this one's from
+    /// before it served): its frames change the committed state and the
+    /// records held for sinks, and nothing else.
+    fn apply_replicated(&mut self, group: &EntryGroup) {
+        let place = group.place;
+        let Some((scanned, _)) = check_group(place.segment, place.lsn, &group.bytes) else {
+            let what = format!("the committed group at LSN {} does not decode", place.lsn.0);
+            return self.stop(StopReason::ClusterLog { what });
+        };
+        let sinks = self.cfg.sinks.len() as u16;
+        for frame in scanned.frames {
+            self.committed.apply(place.lsn, &frame);
+            match frame {
+                Frame::SourceBatch(b) => self.records.push(b.key, place, b.records),
+                Frame::CompactionDone(done) => {
+                    for (key, p) in &self.committed.partitions {
+                        if p.stream == done.stream {
+                            let floor = (0..sinks).map(|s| self.committed.acked(SinkId(s), *key)).min();
+                            self.records.prune(*key, floor.unwrap_or_default());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A group of this leader's own term committed, so everything committed
+    /// before is applied: the writer takes the term as its epoch and the
+    /// log's end as its place, and recovery's leader half runs (the offsets
+    /// store and sinks checked, open compactions replayed with their ids,
+    /// sources resumed from committed positions).
+    fn serve(&mut self, term: u64) {
+        if self.phase != Phase::Recovering {
+            return;
+        }
+        self.wal.set_epoch(Epoch(term));
+        let end = self.authority.held_raft().log_end();
+        self.wal.follow_log(&end, self.fx.now);
+        self.fenced();
+    }
+
+    /// Clustered mode: the writer's next group goes where the log ends, and
+    /// a group it built is proposed.
+    pub(super) fn propose_next(&mut self) {
+        let Some(r) = self.authority.raft() else { return };
+        if !r.serving() {
+            return;
+        }
+        let end = r.log_end();
+        self.wal.follow_log(&end, self.fx.now);
+    }
+
+    pub(super) fn send_proposal(&mut self) {
+        let Some((segment, offset, bytes)) = self.wal.take_proposal() else { return };
+        let segment_bytes = self.cfg.limits.segment_bytes;
+        let news = self.authority.held_raft().propose(&mut self.fx, segment, offset, &bytes, segment_bytes);
+        self.on_raft_news(news);
+    }
+}

@@ -1,0 +1,297 @@
+//! Part `Replication`: clustered mode's writer authority. Owns this host's
+//! raft node (`replication::Replica` over the `Log`), the hard-state
+//! file's save sequence, the tick clock, and whether this host serves:
+//! leads a term in which a group of its own has committed. Only then may
+//! it commit, acknowledge, write offsets or run plugins (`may_write`).
+//!
+//! What raft asks of the disk leaves through `Effects` as WAL requests
+//! (`WalOp::Replicate`, `WalOp::ReadGroups` for a lagging follower); what
+//! raft decides comes back to the coordinator as `RaftNews`: a committed
+//! group to apply, the start of serving, the end of leading.
+
+use super::effects::{Effects, Pending, Retry};
+use crate::config::{ClusterConfig, Limits};
+use crate::ids::*;
+use crate::io::{IoOp, Output, PeerMessage, Replicate, StopReason, WalOp};
+use crate::mutation::{Mutation, Mutations};
+use crate::replication::entry::{encode_entry, Opening, Placement};
+use crate::replication::hard_state::{decode_file, encode_slot, slot_offset};
+use crate::replication::log::Log;
+use crate::replication::replica::{CommittedGroup, Persist, Replica, ReplicaOutput};
+use crate::replication::{ConfState, HardState};
+use crate::time::Instant;
+use crate::wal::{GroupPlace, ScannedSegment, SEGMENT_HEADER_BYTES};
+use std::collections::VecDeque;
+
+pub(super) struct Replication {
+    config: ClusterConfig,
+    seed: u64,
+    replica: Option<Replica>,
+    /// The hard state read at start, until the log is restored.
+    loaded: Option<(HardState, ConfState)>,
+    /// The sequence number of the next hard-state save.
+    next_seq: u64,
+    /// The term this host leads, once it has seen itself become leader.
+    led: Option<u64>,
+    /// A group of `led`'s term has committed: this host serves.
+    serving: bool,
+    next_tick: Instant,
+    /// The read of old groups in flight for a lagging follower (kept for
+    /// a retry after a failed read).
+    fetching: Option<Vec<GroupPlace>>,
+    /// `Ready`s waiting to be made durable, and the numbers of those in the
+    /// one request in flight. Requests go one at a time, in order (raft
+    /// needs them durable in order); `Ready`s that queued meanwhile go
+    /// together, with one sync, unless one truncates (its removals and
+    /// zeroing must come after what the `Ready`s before it wrote).
+    queued: VecDeque<Persist>,
+    in_flight: Option<Vec<u64>>,
+    /// Planted bugs of clustered mode.
+    mutations: Mutations,
+}
+
+/// What raft decided, for the coordinator to route.
+pub(super) enum RaftNews {
+    /// A group is committed: apply it.
+    Committed(CommittedGroup),
+    /// A group of this leader's own term committed: rerun recovery's
+    /// leader half, then serve.
+    Serving {
+        term: u64,
+    },
+    /// This host led `term` and no longer does.
+    Deposed {
+        term: u64,
+    },
+    Stop(StopReason),
+}
+
+fn cluster_log(what: impl ToString) -> StopReason {
+    StopReason::ClusterLog { what: what.to_string() }
+}
+
+impl Replication {
+    pub(super) fn new(config: ClusterConfig, seed: u64, mutations: Mutations, now: Instant) -> Replication {
+        Replication {
+            config,
+            seed,
+            replica: None,
+            loaded: None,
+            next_seq: 1,
+            led: None,
+            serving: false,
+            next_tick: now,
+            fetching: None,
+            queued: VecDeque::new(),
+            in_flight: None,
+            mutations,
+        }
+    }
+
+    pub(super) fn hard_state_loaded(&self) -> bool {
+        self.loaded.is_some() || self.replica.is_some()
+    }
+
+    pub(super) fn serving(&self) -> bool {
+        self.serving && self.replica.as_ref().is_some_and(|r| r.is_leader())
+    }
+
+    /// The hard-state file's bytes at start. A fresh file (zeros) holds no
+    /// state: the cluster's voters from the configuration, term 0.
+    pub(super) fn on_hard_state(&mut self, file: &[u8]) -> Result<(), StopReason> {
+        let saved = decode_file(file).map_err(cluster_log)?;
+        self.loaded = Some(match saved {
+            Some(s) => {
+                self.next_seq = s.seq + 1;
+                (s.hard, s.conf)
+            }
+            None => (HardState::default(), ConfState::from((self.config.voters.clone(), vec![]))),
+        });
+        Ok(())
+    }
+
+    /// Restores the log from the segments read at start and starts the raft
+    /// node, having applied what the hard state says is committed. Returns
+    /// the scan cut at the commit index (what this host may rebuild its
+    /// state from; later groups wait for raft) and the log's segment size.
+    pub(super) fn restore(
+        &mut self,
+        segments: &[(SegmentId, &[u8])],
+        limits: &Limits,
+        now: Instant,
+    ) -> Result<(Vec<ScannedSegment>, u64), StopReason> {
+        let (hard, conf) = self.loaded.take().expect("the hard state is read before the segments");
+        let commit = hard.commit;
+        let (log, mut scanned) = Log::restore(hard, conf, segments).map_err(cluster_log)?;
+        let segment_bytes = log.end().segment_bytes;
+        let mut replica = Replica::new(self.config.node, log, commit, limits, self.seed).map_err(cluster_log)?;
+        if self.mutations.has(Mutation::AckBeforePersist) {
+            replica.plant_ack_before_persist();
+        }
+        if self.mutations.has(Mutation::VoteNotPersisted) {
+            replica.plant_vote_not_persisted();
+        }
+        if self.mutations.has(Mutation::NoTruncateOnConflict) {
+            replica.plant_no_truncate();
+        }
+        self.replica = Some(replica);
+        self.next_tick = now + self.config.tick;
+        for seg in &mut scanned {
+            let before = seg.groups.len();
+            seg.groups.retain(|g| g.lsn.0 <= commit);
+            if seg.groups.len() != before {
+                seg.sealed = false;
+            }
+        }
+        Ok((scanned, segment_bytes))
+    }
+
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        self.replica.as_ref().map(|_| self.next_tick)
+    }
+
+    pub(super) fn on_timeout(&mut self, fx: &mut Effects) -> Vec<RaftNews> {
+        let Some(r) = self.replica.as_mut() else { return Vec::new() };
+        if fx.now >= self.next_tick {
+            r.tick();
+            self.next_tick = fx.now + self.config.tick;
+        }
+        self.drain(fx)
+    }
+
+    pub(super) fn step(&mut self, fx: &mut Effects, m: PeerMessage) -> Vec<RaftNews> {
+        let Some(r) = self.replica.as_mut() else { return Vec::new() };
+        r.step(m);
+        self.drain(fx)
+    }
+
+    /// The request in flight is durable: raft hears of each `Ready` in it.
+    pub(super) fn persisted(&mut self, fx: &mut Effects) -> Vec<RaftNews> {
+        let numbers = self.in_flight.take().expect("a replicate request was in flight");
+        let r = self.replica.as_mut().expect("a replicate request implies a replica");
+        for n in numbers {
+            r.persisted(n);
+        }
+        self.drain(fx)
+    }
+
+    /// Sends the next request if none is in flight.
+    fn send_persist(&mut self, fx: &mut Effects) -> Result<(), StopReason> {
+        if self.in_flight.is_some() {
+            return Ok(());
+        }
+        let Some(first) = self.queued.pop_front() else { return Ok(()) };
+        let mut numbers = vec![first.number];
+        let (mut remove, mut zero, mut groups, mut hard) =
+            (first.appended.remove, first.appended.zero, first.appended.groups, first.hard);
+        while self.queued.front().is_some_and(|p| p.appended.remove.is_empty() && p.appended.zero.is_empty()) {
+            let p = self.queued.pop_front().expect("front exists");
+            numbers.push(p.number);
+            groups.extend(p.appended.groups);
+            hard = p.hard.or(hard);
+        }
+        let hard_state = match hard {
+            Some((hs, cs)) => {
+                let slot = encode_slot(self.next_seq, &hs, &cs).map_err(cluster_log)?;
+                let at = slot_offset(self.next_seq);
+                self.next_seq += 1;
+                Some((at, slot))
+            }
+            None => None,
+        };
+        let segment = groups.first().map_or(SegmentId(0), |g| g.place.segment);
+        let op = Replicate { remove: std::mem::take(&mut remove), zero: std::mem::take(&mut zero), groups, hard_state };
+        self.in_flight = Some(numbers);
+        fx.io(Pending::WalReplicate(segment), IoOp::Wal(WalOp::Replicate(op)));
+        Ok(())
+    }
+
+    pub(super) fn fetched(&mut self, fx: &mut Effects, groups: Vec<Vec<u8>>) -> Vec<RaftNews> {
+        fx.succeeded(Retry::RaftFetch);
+        self.fetching = None;
+        self.replica.as_mut().expect("a fetch implies a replica").fetched(groups);
+        self.drain(fx)
+    }
+
+    /// A read for a lagging follower failed: it goes again after a backoff.
+    pub(super) fn fetch_failed(&mut self, fx: &mut Effects) {
+        fx.retry_later(Retry::RaftFetch);
+    }
+
+    pub(super) fn retry_fetch(&mut self, fx: &mut Effects) {
+        let places = self.fetching.clone().expect("a fetch retry implies a fetch");
+        fx.io(Pending::RaftFetch, IoOp::Wal(WalOp::ReadGroups { places }));
+    }
+
+    /// The next group goes here: (LSN, segment, offset) from where the log
+    /// ends, and the epoch (the term) it carries.
+    pub(super) fn log_end(&self) -> crate::replication::entry::LogEnd {
+        self.replica.as_ref().expect("serving implies a replica").log().end()
+    }
+
+    /// Proposes the group the WAL writer built at (`segment`, `offset`).
+    pub(super) fn propose(
+        &mut self,
+        fx: &mut Effects,
+        segment: SegmentId,
+        offset: u64,
+        bytes: &[u8],
+        segment_bytes: u64,
+    ) -> Vec<RaftNews> {
+        let r = self.replica.as_mut().expect("serving implies a replica");
+        let opens =
+            (offset == SEGMENT_HEADER_BYTES as u64).then_some(Opening { epoch: Epoch(r.term()), segment_bytes });
+        let data = encode_entry(&Placement { segment, offset, opens }, bytes);
+        if r.propose(data).is_err() {
+            // Refused: no longer the leader, or a leader transfer under way.
+            let term = self.led.unwrap_or(0);
+            return vec![RaftNews::Deposed { term }];
+        }
+        self.drain(fx)
+    }
+
+    /// Turns what the raft node put out into requests, messages and news.
+    fn drain(&mut self, fx: &mut Effects) -> Vec<RaftNews> {
+        let mut news = Vec::new();
+        let Some(r) = self.replica.as_mut() else { return news };
+        while let Some(out) = r.poll() {
+            match out {
+                ReplicaOutput::Send(m) => fx.emit(Output::Send(m)),
+                ReplicaOutput::Persist(p) => self.queued.push_back(p),
+                ReplicaOutput::Committed(groups) => {
+                    for c in groups {
+                        let own = self.led == Some(c.term) && !self.serving;
+                        let term = c.term;
+                        news.push(RaftNews::Committed(c));
+                        if own {
+                            self.serving = true;
+                            news.push(RaftNews::Serving { term });
+                        }
+                    }
+                }
+                ReplicaOutput::Fetch(places) => {
+                    self.fetching = Some(places.clone());
+                    fx.io(Pending::RaftFetch, IoOp::Wal(WalOp::ReadGroups { places }));
+                }
+                ReplicaOutput::Role { term, leader, is_leader } => {
+                    fx.emit(Output::Role { term, leader, is_leader });
+                    if let Some(led) = self.led {
+                        if !is_leader || term != led {
+                            news.push(RaftNews::Deposed { term: led });
+                            self.led = None;
+                            self.serving = false;
+                        }
+                    }
+                    if is_leader {
+                        self.led = Some(term);
+                    }
+                }
+                ReplicaOutput::Failed(e) => news.push(RaftNews::Stop(cluster_log(e))),
+            }
+        }
+        if let Err(stop) = self.send_persist(fx) {
+            news.push(RaftNews::Stop(stop));
+        }
+        news
+    }
+}
