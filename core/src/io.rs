@@ -34,6 +34,7 @@ pub enum Input {
 
 /// A raft message between hosts (raft-rs's protobuf type).
 pub type PeerMessage = raft::eraftpb::Message;
+pub use raft::eraftpb::MessageType as PeerMessageType;
 
 #[derive(Debug)]
 pub enum Output {

@@ -56,6 +56,12 @@ pub enum Mutation {
     /// Clustered mode: a conflicting uncommitted tail is overwritten in
     /// place; what is left of it is neither removed nor zeroed.
     NoTruncateOnConflict,
+    /// Clustered mode: the leader takes its own group as committed once its
+    /// own disk has it, without waiting for a majority.
+    CommitBeforeQuorum,
+    /// Clustered mode: a new leader serves (sources, sinks, acks) as soon as
+    /// it is elected, before a group of its own term has committed.
+    ServeBeforeTermCommit,
 }
 
 impl Mutation {
@@ -80,8 +86,13 @@ impl Mutation {
     ];
 
     /// The planted bugs of clustered mode, which only its runs can reach.
-    pub const CLUSTERED: &'static [Mutation] =
-        &[Mutation::AckBeforePersist, Mutation::VoteNotPersisted, Mutation::NoTruncateOnConflict];
+    pub const CLUSTERED: &'static [Mutation] = &[
+        Mutation::CommitBeforeQuorum,
+        Mutation::AckBeforePersist,
+        Mutation::VoteNotPersisted,
+        Mutation::NoTruncateOnConflict,
+        Mutation::ServeBeforeTermCommit,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -105,6 +116,8 @@ impl Mutation {
             Mutation::AckBeforePersist => "ack-before-persist",
             Mutation::VoteNotPersisted => "vote-not-persisted",
             Mutation::NoTruncateOnConflict => "no-truncate-on-conflict",
+            Mutation::CommitBeforeQuorum => "commit-before-quorum",
+            Mutation::ServeBeforeTermCommit => "serve-before-term-commit",
         }
     }
 

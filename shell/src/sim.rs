@@ -73,15 +73,20 @@ pub struct SimArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_fault)]
     faults_off: Vec<FaultKind>,
     /// Where the simulated WAL lives: `disk` (segment files under a page
-    /// cache) or `s3` (objects created with If-None-Match, a writer lease
+    /// cache), `s3` (objects created with If-None-Match, a writer lease
     /// and offsets in DynamoDB, frozen writers waking next to their
-    /// replacements).
+    /// replacements) or `clustered` (several hosts, each with its own
+    /// disk, replicating by raft over a network that loses, duplicates,
+    /// delays and partitions; hosts killed, powered off and frozen).
     #[arg(long, value_name = "MODE", default_value = "disk", value_parser = parse_wal)]
     wal: WalMode,
+    /// With --wal clustered: the number of hosts (3 or 5; default 3).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=9))]
+    hosts: Option<u32>,
 }
 
 fn parse_wal(s: &str) -> Result<WalMode, String> {
-    WalMode::from_name(s).ok_or_else(|| format!("unknown WAL mode '{s}'; known: disk, s3"))
+    WalMode::from_name(s).ok_or_else(|| format!("unknown WAL mode '{s}'; known: disk, s3, clustered"))
 }
 
 fn parse_fault(s: &str) -> Result<FaultKind, String> {
@@ -103,7 +108,7 @@ fn parse_range(s: &str) -> Result<Range<u64>, String> {
 
 fn parse_mutation(s: &str) -> Result<Mutation, String> {
     Mutation::from_name(s).ok_or_else(|| {
-        let names: Vec<&str> = Mutation::ALL.iter().map(|m| m.name()).collect();
+        let names: Vec<&str> = Mutation::ALL.iter().chain(Mutation::CLUSTERED).map(|m| m.name()).collect();
         format!("unknown mutation '{s}'; known: {}", names.join(", "))
     })
 }
@@ -120,9 +125,15 @@ pub fn main(args: SimArgs) -> i32 {
     faults_off.sort();
     faults_off.dedup();
     let overrides = Overrides { crashes: args.crashes, records_percent: args.records_percent, faults_off };
-    let opts = RunOptions { mutations, wal: args.wal, trace: args.trace, overrides };
+    if args.hosts.is_some() && args.wal != WalMode::Clustered {
+        eprintln!("skipprd sim: --hosts needs --wal clustered");
+        return exit::USAGE;
+    }
+    let hosts = args.hosts.unwrap_or(0) as usize;
+    let opts = RunOptions { mutations, wal: args.wal, hosts, trace: args.trace, overrides };
     if args.list_mutations {
-        for m in Mutation::ALL {
+        // The clustered ones last: only `--wal clustered` reaches them.
+        for m in Mutation::ALL.iter().chain(Mutation::CLUSTERED) {
             println!("{m}");
         }
         return exit::OK;
@@ -145,8 +156,9 @@ fn flags(opts: &RunOptions) -> String {
         WalMode::Disk => String::new(),
         mode => format!(" --wal {}", mode.name()),
     };
+    let hosts = if opts.hosts > 0 { format!(" --hosts {}", opts.hosts) } else { String::new() };
     let mutations: String = opts.mutations.iter().map(|m| format!(" --mutation {m}")).collect();
-    wal + &mutations + &opts.overrides.flags()
+    wal + &hosts + &mutations + &opts.overrides.flags()
 }
 
 fn one(seed: u64, args: &SimArgs, opts: &RunOptions) -> i32 {
@@ -307,6 +319,7 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
     let mut mutations = Mutations::NONE;
     let mut overrides = Overrides::default();
     let mut wal = WalMode::Disk;
+    let mut hosts = 0;
     for line in text.lines() {
         let Some((k, v)) = line.split_once('=') else { continue };
         match k.trim() {
@@ -317,6 +330,7 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
                 for pair in words.chunks(2) {
                     match pair {
                         ["--wal", mode] => wal = parse_wal(mode)?,
+                        ["--hosts", n] => hosts = n.parse().map_err(|_| bad())?,
                         ["--mutation", name] => mutations = mutations.with(parse_mutation(name)?),
                         ["--crashes", n] => overrides.crashes = Some(n.parse().map_err(|_| bad())?),
                         ["--records-percent", p] => overrides.records_percent = Some(p.parse().map_err(|_| bad())?),
@@ -333,7 +347,7 @@ fn read_saved(path: &Path) -> Result<Saved, String> {
         }
     }
     let seed = seed.ok_or_else(|| format!("{}: no 'seed = N' line", path.display()))?;
-    Ok(Saved { path: path.to_path_buf(), seed, opts: RunOptions { mutations, wal, trace: false, overrides } })
+    Ok(Saved { path: path.to_path_buf(), seed, opts: RunOptions { mutations, wal, hosts, trace: false, overrides } })
 }
 
 fn replay(dir: &Path, args: &SimArgs) -> i32 {

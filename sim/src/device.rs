@@ -93,6 +93,22 @@ impl SimWal {
         }
     }
 
+    /// The raft hard-state file's durable bytes (clustered mode).
+    pub fn hard_state(&self) -> Option<&[u8]> {
+        match self {
+            SimWal::Disk(d) => Some(&d.hard_state),
+            SimWal::S3(_) => None,
+        }
+    }
+
+    /// What each segment holds durably (what a power cut would leave).
+    pub fn segments_durable(&self) -> Vec<(SegmentId, Vec<u8>)> {
+        match self {
+            SimWal::Disk(d) => d.disk.list().into_iter().filter_map(|id| d.disk.read(id).map(|b| (id, b))).collect(),
+            SimWal::S3(_) => self.segments_on_device(),
+        }
+    }
+
     /// An operator deletes the segment by hand.
     pub fn remove(&mut self, segment: SegmentId) {
         match self {
@@ -142,6 +158,13 @@ impl SimWal {
 }
 
 impl DiskWal {
+    /// A segment written and synced before the run (`cluster init`).
+    pub fn init(&mut self, segment: SegmentId, bytes: &[u8], size: usize) {
+        self.disk.create(segment, &bytes[..skippr_core::wal::SEGMENT_HEADER_BYTES], size);
+        self.disk.write(segment, 0, bytes);
+        self.disk.sync(segment, true, false);
+    }
+
     fn perform(&mut self, op: WalOp, fails: bool) -> Result<IoReply, IoError> {
         let done = |ok: bool| if ok { Ok(IoReply::Done) } else { Err(IoError::Failed) };
         match op {

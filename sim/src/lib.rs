@@ -7,6 +7,7 @@
 //! sweeps put whole runs on separate threads. Same seed, same trace hash.
 
 pub mod checker;
+pub mod cluster;
 pub mod device;
 pub mod disk;
 pub mod operator;

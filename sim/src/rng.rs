@@ -23,6 +23,8 @@ pub enum Stream {
     /// How much of the records the engine keeps in memory, and how often
     /// reading the rest back from the WAL fails.
     Memory = 11,
+    /// Clustered mode: hosts, ticks, the network and its faults.
+    Cluster = 12,
 }
 
 #[derive(Clone)]
@@ -94,10 +96,14 @@ pub enum Die {
     SinkLostReply,
     /// A group read back from the WAL for a sink fails.
     ReadFail,
+    /// Clustered mode: message latency, loss and duplication.
+    Network,
+    /// Clustered mode: partitions, freezes, which host a fault hits.
+    ClusterFault,
 }
 
 impl Die {
-    pub const ALL: [Die; 20] = [
+    pub const ALL: [Die; 22] = [
         Die::DiskLatency,
         Die::S3Latency,
         Die::OffsetsLatency,
@@ -118,6 +124,8 @@ impl Die {
         Die::SinkRetryable,
         Die::SinkLostReply,
         Die::ReadFail,
+        Die::Network,
+        Die::ClusterFault,
     ];
 }
 

@@ -3,6 +3,7 @@
 //! its own mix of faults).
 
 use crate::rng::{Rng, Stream};
+use skippr_core::config::ClusterConfig;
 use skippr_core::{Duration, HostConfig, Instant, LeaseConfig, Limits, Mutations};
 
 #[derive(Clone, Debug)]
@@ -29,6 +30,9 @@ pub enum WalMode {
     Disk,
     /// Objects in S3 with a writer lease in DynamoDB (`WAL_STORAGE=s3`).
     S3,
+    /// Segment files on the disks of several hosts, replicated by raft
+    /// (`WAL_STORAGE=clustered`).
+    Clustered,
 }
 
 impl WalMode {
@@ -36,11 +40,12 @@ impl WalMode {
         match self {
             WalMode::Disk => "disk",
             WalMode::S3 => "s3",
+            WalMode::Clustered => "clustered",
         }
     }
 
     pub fn from_name(name: &str) -> Option<WalMode> {
-        [WalMode::Disk, WalMode::S3].into_iter().find(|m| m.name() == name)
+        [WalMode::Disk, WalMode::S3, WalMode::Clustered].into_iter().find(|m| m.name() == name)
     }
 }
 
@@ -215,6 +220,24 @@ pub struct Scenario {
     pub stop_when_exhausted: bool,
     /// This seed leans on takeovers (`lean_on_rare_paths`).
     pub takeover_storm: bool,
+    /// Clustered mode: the hosts, their network and its faults.
+    pub cluster: ClusterSpec,
+}
+
+/// Clustered mode's part of a scenario, drawn from a stream of its own.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterSpec {
+    pub hosts: usize,
+    /// Each host's raft tick (the rates differ a little: clock skew).
+    pub ticks: Vec<Duration>,
+    /// One-way message latency, in microseconds.
+    pub net: (u64, u64),
+    pub net_loss: f64,
+    pub net_duplicate: f64,
+    /// Partitions during the fault phase, each healed after a while.
+    pub partitions: u32,
+    /// A crash freezes the host instead (it wakes later, maybe deposed).
+    pub freeze: f64,
 }
 
 impl Scenario {
@@ -249,6 +272,7 @@ impl Scenario {
             schema_plugin: true,
             stop_when_exhausted: false,
             takeover_storm: false,
+            cluster: ClusterSpec::default(),
         };
         // The engine's optional paths, on a stream of their own.
         let mut paths = Rng::new(seed, Stream::Paths);
@@ -310,6 +334,9 @@ impl Scenario {
     /// Puts the WAL in `mode`.
     pub fn with_wal(mut self, mode: WalMode) -> Scenario {
         self.wal = mode;
+        if mode == WalMode::Clustered {
+            self.draw_cluster(3);
+        }
         if mode == WalMode::S3 {
             let steal = self.lease.steal_after.as_micros();
             self.fault_phase_end = self.fault_phase_end.max(Instant::from_micros(steal * 8));
@@ -321,6 +348,32 @@ impl Scenario {
             self.faults.lost_dir_entry = 0.0;
         }
         self
+    }
+
+    /// Clustered mode's draws, on a stream of their own. Segments are
+    /// never deleted in this mode yet, so the WAL's size limit is lifted;
+    /// `--once` needs the terminal entry of the next issue, so it is off.
+    pub fn draw_cluster(&mut self, hosts: usize) {
+        let mut c = Rng::new(self.seed, Stream::Cluster);
+        let base = c.range(500, 2_000);
+        self.cluster = ClusterSpec {
+            hosts,
+            ticks: (0..hosts).map(|_| Duration::from_micros(base * c.range(90, 110) / 100)).collect(),
+            net: (c.range(20, 200), c.range(300, 3_000)),
+            net_loss: c.rate(0.3, 0.001, 0.1),
+            net_duplicate: c.rate(0.5, 0.001, 0.05),
+            partitions: if c.chance(0.3) { 0 } else { c.range(1, 4) as u32 },
+            freeze: c.rate(0.5, 0.2, 0.6),
+        };
+        // Long enough for a few elections (ten ticks each) while faults are on.
+        let elections = Instant::from_micros(base * 10 * c.range(20, 60));
+        self.fault_phase_end = self.fault_phase_end.max(elections);
+        self.limits.wal_bytes_max = 1 << 40;
+        self.stop_when_exhausted = false;
+        self.faults.rot = false;
+        self.faults.no_space = 0.0;
+        self.faults.lost_segment = false;
+        self.faults.offsets_ambiguous = 0.0;
     }
 
     /// Applies `o`; crash times are drawn for the original count, so keeping
@@ -375,6 +428,18 @@ impl Scenario {
             FaultKind::LostSegment => f.lost_segment,
             FaultKind::ReadFail => f.read_fail > 0.0,
         }
+    }
+
+    /// Host `node` of the cluster (ids from 1), in its `incarnation`.
+    pub fn cluster_host_config(&self, mutations: Mutations, node: usize, incarnation: u64) -> HostConfig {
+        let seed_mix = (node as u64) << 40 | incarnation;
+        let mut cfg = self.host_config(mutations, seed_mix);
+        cfg.cluster = Some(ClusterConfig {
+            node: node as u64,
+            voters: (1..=self.cluster.hosts as u64).collect(),
+            tick: self.cluster.ticks[node - 1],
+        });
+        cfg
     }
 
     pub fn host_config(&self, mutations: Mutations, incarnation: u64) -> HostConfig {

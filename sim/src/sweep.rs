@@ -104,11 +104,11 @@ pub struct Totals {
 
 /// How many of the entries of `faults` are faults; the rare engine paths
 /// follow them.
-const FAULT_KINDS: usize = 20;
+const FAULT_KINDS: usize = 24;
 
 /// The faults of a run and the rare engine paths it took, by the names
 /// `--stats` prints them under.
-fn faults(s: &RunStats) -> [(&'static str, u64); 25] {
+fn faults(s: &RunStats) -> [(&'static str, u64); 35] {
     [
         ("crashes", s.crashes),
         ("crashes that cut the power", s.power_cuts),
@@ -130,11 +130,21 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 25] {
         ("s3 throttled requests", s.s3_throttled),
         ("s3 writers frozen", s.pauses),
         ("WAL reads for a sink that failed", s.read_fails),
+        ("clustered: partitions", s.partitions),
+        ("clustered: hosts frozen", s.freezes),
+        ("clustered: raft messages lost", s.messages_lost),
+        ("clustered: raft messages duplicated", s.messages_duplicated),
         ("a commit that landed as the lease may have lapsed, verified", s.late_commits_verified),
         ("a segment sealed ahead of a group that would not fit", s.seals_ahead),
         ("a segment sealed because the next frame did not fit", s.seals_no_room),
         ("records read back from the WAL for a sink", s.read_backs),
         ("sources paused at the WAL's size limit", s.wal_full),
+        ("clustered: a leader elected", s.elections),
+        ("clustered: more than one term had a leader", s.terms.saturating_sub(1)),
+        ("clustered: a leader stopped on losing leadership", s.deposed),
+        ("clustered: a conflicting uncommitted tail truncated", s.truncations),
+        ("clustered: two truncations", s.truncations.saturating_sub(1)),
+        ("clustered: a host restarted", s.restarts.saturating_sub(3)),
     ]
 }
 
@@ -192,6 +202,14 @@ impl Totals {
         t.read_backs += s.read_backs;
         t.read_fails += s.read_fails;
         t.wal_full += s.wal_full;
+        t.terms += s.terms;
+        t.elections += s.elections;
+        t.deposed += s.deposed;
+        t.partitions += s.partitions;
+        t.freezes += s.freezes;
+        t.truncations += s.truncations;
+        t.messages_lost += s.messages_lost;
+        t.messages_duplicated += s.messages_duplicated;
         t.steps += s.steps;
         t.sim_micros += s.sim_micros;
     }
@@ -235,6 +253,14 @@ impl Totals {
             ("s3: writers frozen", t.pauses as f64 / n),
             ("s3: writers fenced or lease lost", t.fenced as f64 / n),
             ("s3: lease waits", t.lease_waits as f64 / n),
+            ("clustered: terms with a leader", t.terms as f64 / n),
+            ("clustered: elections won", t.elections as f64 / n),
+            ("clustered: leaders deposed (engine restarted)", t.deposed as f64 / n),
+            ("clustered: partitions", t.partitions as f64 / n),
+            ("clustered: hosts frozen", t.freezes as f64 / n),
+            ("clustered: truncated tails", t.truncations as f64 / n),
+            ("clustered: raft messages lost", t.messages_lost as f64 / n),
+            ("clustered: raft messages duplicated", t.messages_duplicated as f64 / n),
             ("engine steps", t.steps as f64 / n),
             ("simulated seconds", t.sim_micros as f64 / n / 1e6),
         ];
@@ -279,7 +305,8 @@ pub fn planted_reach(seeds: Range<u64>, jobs: usize, base: &RunOptions) -> Vec<P
         out
     };
     let plain = hashes_of(base.clone());
-    Mutation::ALL
+    let planted = if base.wal == crate::scenario::WalMode::Clustered { Mutation::CLUSTERED } else { Mutation::ALL };
+    planted
         .iter()
         .map(|&mutation| {
             let mut run = base.clone();

@@ -4,11 +4,17 @@
 use skippr_tests::*;
 
 /// Extra flags a planted bug needs to show: nondeterminism only shows when
-/// each seed runs twice, and the bugs of S3 mode need S3 mode.
+/// each seed runs twice, and the bugs of S3 mode and of clustered mode need
+/// their mode.
 fn flags_for(name: &str) -> (&'static str, Vec<&'static str>) {
     match name {
         "nondeterministic-retry" => ("0..300", vec!["--check-determinism"]),
         "stale-writer-commits" | "s3-overwrite-on-ambiguous" | "offsets-regress" => ("0..10000", vec!["--wal", "s3"]),
+        "commit-before-quorum"
+        | "ack-before-persist"
+        | "vote-not-persisted"
+        | "no-truncate-on-conflict"
+        | "serve-before-term-commit" => ("0..10000", vec!["--wal", "clustered"]),
         _ => ("0..10000", vec![]),
     }
 }
@@ -17,7 +23,7 @@ fn flags_for(name: &str) -> (&'static str, Vec<&'static str>) {
 fn every_planted_bug_is_caught_by_a_checker_invariant() {
     let list = skipprd(&["sim", "--list-mutations"]);
     let names: Vec<String> = stdout(&list).lines().map(str::to_string).collect();
-    assert_eq!(names.len(), 17, "{names:?}");
+    assert_eq!(names.len(), 22, "{names:?}");
     let mut report = Vec::new();
     for name in &names {
         let (range, extra) = flags_for(name);

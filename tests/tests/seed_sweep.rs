@@ -1,6 +1,6 @@
-//! The suite's sweeps: 20,000 seeds of the default scenario and 20,000 in S3
-//! mode, a determinism
-//! check, and the replay of every seed that ever failed (`seeds/`).
+//! The suite's sweeps: 20,000 seeds of the default scenario, 20,000 in S3
+//! mode and 20,000 in clustered mode, a determinism check of each, and the
+//! replay of every seed that ever failed (`seeds/`).
 
 use skippr_tests::*;
 
@@ -19,8 +19,15 @@ fn twenty_thousand_seeds_pass_in_s3_mode() {
 }
 
 #[test]
+fn twenty_thousand_seeds_pass_in_clustered_mode() {
+    let out = skipprd(&["sim", "--wal", "clustered", "--seeds", "0..20000", "--jobs", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert_eq!(sweep_summary(&out), (20_000, 0));
+}
+
+#[test]
 fn the_same_seed_gives_the_same_trace() {
-    for wal in ["disk", "s3"] {
+    for wal in ["disk", "s3", "clustered"] {
         let out = skipprd(&["sim", "--wal", wal, "--seeds", "50000..50300", "--jobs", "2", "--check-determinism"]);
         assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
         assert_eq!(sweep_summary(&out), (300, 0));

@@ -46,6 +46,12 @@ pub(super) struct Replication {
     /// zeroing must come after what the `Ready`s before it wrote).
     queued: VecDeque<Persist>,
     in_flight: Option<Vec<u64>>,
+    /// The planted bug `commit-before-quorum`: the groups of the request in
+    /// flight, and the LSNs already taken as committed.
+    in_flight_groups: Vec<crate::replication::entry::EntryGroup>,
+    landed_early: std::collections::BTreeSet<Lsn>,
+    /// The LSN of the group this leader proposed last.
+    proposed: Option<Lsn>,
     /// Planted bugs of clustered mode.
     mutations: Mutations,
 }
@@ -84,6 +90,9 @@ impl Replication {
             fetching: None,
             queued: VecDeque::new(),
             in_flight: None,
+            in_flight_groups: Vec::new(),
+            landed_early: Default::default(),
+            proposed: None,
             mutations,
         }
     }
@@ -169,10 +178,19 @@ impl Replication {
     pub(super) fn persisted(&mut self, fx: &mut Effects) -> Vec<RaftNews> {
         let numbers = self.in_flight.take().expect("a replicate request was in flight");
         let r = self.replica.as_mut().expect("a replicate request implies a replica");
+        let term = r.term();
         for n in numbers {
             r.persisted(n);
         }
-        self.drain(fx)
+        let mut news = Vec::new();
+        let groups = std::mem::take(&mut self.in_flight_groups);
+        if let Some(g) = groups.into_iter().find(|g| self.serving && Some(g.place.lsn) == self.proposed) {
+            // The planted bug: the leader's own copy taken for a majority's.
+            self.landed_early.insert(g.place.lsn);
+            news.push(RaftNews::Committed(CommittedGroup { term, group: g }));
+        }
+        news.extend(self.drain(fx));
+        news
     }
 
     /// Sends the next request if none is in flight.
@@ -200,6 +218,9 @@ impl Replication {
             None => None,
         };
         let segment = groups.first().map_or(SegmentId(0), |g| g.place.segment);
+        if self.mutations.has(Mutation::CommitBeforeQuorum) {
+            self.in_flight_groups = groups.clone();
+        }
         let op = Replicate { remove: std::mem::take(&mut remove), zero: std::mem::take(&mut zero), groups, hard_state };
         self.in_flight = Some(numbers);
         fx.io(Pending::WalReplicate(segment), IoOp::Wal(WalOp::Replicate(op)));
@@ -242,6 +263,7 @@ impl Replication {
         let opens =
             (offset == SEGMENT_HEADER_BYTES as u64).then_some(Opening { epoch: Epoch(r.term()), segment_bytes });
         let data = encode_entry(&Placement { segment, offset, opens }, bytes);
+        self.proposed = Some(Lsn(r.log().last_index() + 1));
         if r.propose(data).is_err() {
             // Refused: no longer the leader, or a leader transfer under way.
             let term = self.led.unwrap_or(0);
@@ -260,6 +282,9 @@ impl Replication {
                 ReplicaOutput::Persist(p) => self.queued.push_back(p),
                 ReplicaOutput::Committed(groups) => {
                     for c in groups {
+                        if self.landed_early.remove(&c.group.place.lsn) {
+                            continue;
+                        }
                         let own = self.led == Some(c.term) && !self.serving;
                         let term = c.term;
                         news.push(RaftNews::Committed(c));
@@ -284,6 +309,10 @@ impl Replication {
                     }
                     if is_leader {
                         self.led = Some(term);
+                        if self.mutations.has(Mutation::ServeBeforeTermCommit) && !self.serving {
+                            self.serving = true;
+                            news.push(RaftNews::Serving { term });
+                        }
                     }
                 }
                 ReplicaOutput::Failed(e) => news.push(RaftNews::Stop(cluster_log(e))),

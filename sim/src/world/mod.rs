@@ -43,6 +43,8 @@ const STEPS_MAX: u64 = 2_000_000;
 pub struct RunOptions {
     pub mutations: Mutations,
     pub wal: WalMode,
+    /// Clustered mode: how many hosts (0: the scenario's three).
+    pub hosts: usize,
     pub trace: bool,
     pub overrides: Overrides,
 }
@@ -98,6 +100,17 @@ pub struct RunStats {
     pub read_backs: u64,
     pub read_fails: u64,
     pub wal_full: u64,
+    /// Clustered mode: terms with a leader, times a host became leader,
+    /// leaders that stopped on losing it, partitions, freezes, truncated
+    /// tails, raft messages lost and duplicated.
+    pub terms: u64,
+    pub elections: u64,
+    pub deposed: u64,
+    pub partitions: u64,
+    pub freezes: u64,
+    pub truncations: u64,
+    pub messages_lost: u64,
+    pub messages_duplicated: u64,
     pub steps: u64,
     pub sim_micros: u64,
 }
@@ -141,6 +154,9 @@ pub struct World {
 }
 
 pub fn run(seed: u64, opts: &RunOptions) -> RunReport {
+    if opts.wal == WalMode::Clustered {
+        return crate::cluster::run(seed, opts);
+    }
     World::new(seed, opts.clone()).run()
 }
 
@@ -155,7 +171,7 @@ impl World {
             .map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone(), scenario.streams, switch))
             .collect();
         let wal = match scenario.wal {
-            WalMode::Disk => SimWal::disk(seed),
+            WalMode::Disk | WalMode::Clustered => SimWal::disk(seed),
             WalMode::S3 => SimWal::s3(opts.mutations.has(Mutation::S3OverwriteOnAmbiguous)),
         };
         World {

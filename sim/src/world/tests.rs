@@ -5,7 +5,7 @@ use super::*;
 use crate::scenario::Scenario;
 
 fn opts(wal: WalMode) -> RunOptions {
-    RunOptions { mutations: Mutations::NONE, wal, trace: false, overrides: Overrides::default() }
+    RunOptions { mutations: Mutations::NONE, wal, hosts: 0, trace: false, overrides: Overrides::default() }
 }
 
 /// The trace hash of `seed`, with `die` rolled `extra` more times before

@@ -1,0 +1,638 @@
+//! Clustered mode's world: several hosts, each an engine with its own
+//! simulated disk, offsets store and connections to the sources, one set of
+//! shared sinks, and a network between the hosts that delays, reorders,
+//! loses and duplicates raft messages and is partitioned now and then.
+//! Hosts are killed, lose power, or freeze and wake next to a successor;
+//! their tick rates differ a little. After the fault phase everything heals
+//! and the run must deliver every record to every sink exactly once.
+//!
+//! Two checkers judge it: the exactly-once checker of every mode (fed only
+//! by sources, sinks and offsets stores), and `model`, which knows what each
+//! disk holds durably and so what a majority holds, and asserts that no ack,
+//! offsets write or dispatch acts on anything less, that no term has two
+//! leaders, and that the hosts' committed prefixes agree.
+
+mod model;
+
+use crate::checker::{invariant, Checker, Violation};
+use crate::device::SimWal;
+use crate::plugins::{SimOffsets, SimSink, SimSource};
+use crate::rng::{Dice, Die, Rng, Stream};
+use crate::scenario::Scenario;
+use crate::trace::Trace;
+use crate::world::{Outcome, RunOptions, RunReport, RunStats};
+use model::Model;
+use skippr_core::io::{OffsetsOp, PluginOp, WalOp};
+use skippr_core::replication::entry::genesis;
+use skippr_core::wal::scan;
+use skippr_core::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// How long the quiet phase may take to converge, in simulated time.
+const QUIET_BUDGET: Duration = Duration::from_secs(600);
+/// A run that takes more steps than this has stalled.
+const STEPS_MAX: u64 = 4_000_000;
+
+enum Event {
+    Complete { node: usize, gen: u64, id: IoId, op: IoOp },
+    SinkEffect { node: usize, gen: u64, id: IoId, apply: SinkApply },
+    Reply { node: usize, gen: u64, id: IoId, result: Result<IoReply, IoError> },
+    Deliver(PeerMessage),
+    Crash { power: bool },
+    Restart { node: usize },
+    Partition,
+    Heal,
+    EndFaultPhase,
+}
+
+struct Node {
+    host: Option<Host>,
+    /// The live engine's generation (unique in the run); 0 while down.
+    gen: u64,
+    starts: u64,
+    wal: SimWal,
+    offsets: SimOffsets,
+    /// This host's connections to the sources: a cursor of its own.
+    sources: Vec<SimSource>,
+    /// Frozen until then: nothing reaches it, its timers wait.
+    frozen_until: Option<Instant>,
+    /// The term and role it last reported.
+    term: u64,
+    leader: bool,
+}
+
+pub struct ClusterWorld {
+    scenario: Scenario,
+    opts: RunOptions,
+    queue: BTreeMap<(Instant, u64), Event>,
+    seq: u64,
+    now: Instant,
+    dice: Dice,
+    faults_rng: Rng,
+    nodes: Vec<Node>,
+    next_gen: u64,
+    sinks: Vec<SimSink>,
+    checker: Checker,
+    model: Model,
+    /// Links (from, to) that drop everything.
+    blocked: BTreeSet<(u64, u64)>,
+    faulting: bool,
+    done: bool,
+    trace: Trace,
+    stats: RunStats,
+}
+
+pub fn run(seed: u64, opts: &RunOptions) -> RunReport {
+    ClusterWorld::new(seed, opts.clone()).run()
+}
+
+impl ClusterWorld {
+    pub fn new(seed: u64, opts: RunOptions) -> ClusterWorld {
+        let mut scenario = Scenario::from_seed(seed).with_wal(opts.wal).with_overrides(&opts.overrides);
+        if opts.hosts > 0 && opts.hosts != scenario.cluster.hosts {
+            scenario.draw_cluster(opts.hosts);
+        }
+        let hosts = scenario.cluster.hosts;
+        let switch = Instant::from_micros(scenario.fault_phase_end.as_micros() / 2);
+        let nodes = (0..hosts)
+            .map(|h| {
+                let sources = scenario
+                    .sources
+                    .iter()
+                    .enumerate()
+                    .map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone(), scenario.streams, switch))
+                    .collect();
+                let mut wal = SimWal::disk(seed ^ (h as u64 + 1) << 48);
+                // `cluster init`: every host starts with the same genesis segment.
+                let (_, first) = genesis(scenario.limits.segment_bytes);
+                let d = wal.disk_mut().expect("a disk");
+                d.init(SegmentId(0), &first, scenario.limits.segment_bytes as usize);
+                Node {
+                    host: None,
+                    gen: 0,
+                    starts: 0,
+                    wal,
+                    offsets: SimOffsets::new(false),
+                    sources,
+                    frozen_until: None,
+                    term: 0,
+                    leader: false,
+                }
+            })
+            .collect();
+        ClusterWorld {
+            sinks: (0..scenario.sinks).map(|_| SimSink::default()).collect(),
+            checker: Checker::new(&scenario),
+            model: Model::new(hosts),
+            trace: Trace::new(opts.trace),
+            dice: Dice::new(seed),
+            faults_rng: Rng::new(seed, Stream::Crashes),
+            queue: BTreeMap::new(),
+            seq: 0,
+            now: Instant::ZERO,
+            nodes,
+            next_gen: 0,
+            blocked: BTreeSet::new(),
+            faulting: true,
+            done: false,
+            stats: RunStats::default(),
+            scenario,
+            opts,
+        }
+    }
+
+    pub fn run(mut self) -> RunReport {
+        self.stats.source_records = self.scenario.total_records();
+        self.plan_faults();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.main_loop()));
+        let outcome = match result {
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "panic".into());
+                Outcome::Fail(Violation { invariant: invariant::CORE_ASSERTION, detail: msg })
+            }
+            Ok(()) => {
+                if self.checker.violation.is_none() && self.model.violation.is_none() {
+                    let commits: Vec<u64> = self.nodes.iter().map(|n| saved_commit(&n.wal)).collect();
+                    self.model.check_prefixes(&commits);
+                }
+                match (&self.checker.violation, &self.model.violation) {
+                    (Some(v), _) | (None, Some(v)) => Outcome::Fail(v.clone()),
+                    (None, None) => Outcome::Pass,
+                }
+            }
+        };
+        for n in &self.nodes {
+            let d = n.wal.disk_stats();
+            self.stats.torn_writes += d.torn_writes;
+            self.stats.lost_writes += d.lost_writes;
+            self.stats.lost_dir_entries += d.lost_dir_entries;
+            self.stats.fsync_failures += d.fsync_failures;
+        }
+        self.stats.compactions = self.checker.compactions() as u64;
+        self.stats.sim_micros = self.now.as_micros();
+        self.stats.terms = self.model.terms() as u64;
+        RunReport {
+            seed: self.scenario.seed,
+            outcome,
+            trace_hash: self.trace.hash(),
+            stats: self.stats,
+            trace: std::mem::take(&mut self.trace.lines),
+        }
+    }
+
+    fn at(&mut self, at: Instant, event: Event) {
+        self.seq += 1;
+        self.queue.insert((at, self.seq), event);
+    }
+
+    /// Schedules `event` after a delay in `lo..=hi` microseconds drawn from `die`.
+    fn after(&mut self, die: Die, (lo, hi): (u64, u64), event: Event) {
+        let delay = self.dice.roll(die).range(lo, hi.max(lo));
+        self.at(self.now + Duration::from_micros(delay), event);
+    }
+
+    fn fault(&mut self, die: Die, rate: f64) -> bool {
+        self.faulting && self.dice.roll(die).chance(rate)
+    }
+
+    /// Crashes (kills, power cuts, freezes), partitions, the end of the
+    /// fault phase, and every host's first start.
+    fn plan_faults(&mut self) {
+        let end = self.scenario.fault_phase_end.as_micros();
+        for i in 0..self.scenario.faults.crashes * 2 {
+            let at = Instant::from_micros(self.faults_rng.range(0, end));
+            if i < self.scenario.crashes_kept * 2 {
+                let power = self.faults_rng.chance(0.5);
+                self.at(at, Event::Crash { power });
+            }
+        }
+        for _ in 0..self.scenario.cluster.partitions {
+            let at = Instant::from_micros(self.faults_rng.range(0, end));
+            self.at(at, Event::Partition);
+        }
+        self.at(Instant::from_micros(end), Event::EndFaultPhase);
+        for node in 0..self.nodes.len() {
+            self.at(Instant::ZERO, Event::Restart { node });
+        }
+    }
+
+    fn main_loop(&mut self) {
+        let quiet_deadline = self.scenario.fault_phase_end + QUIET_BUDGET;
+        loop {
+            if self.done || self.checker.violation.is_some() || self.model.violation.is_some() {
+                return;
+            }
+            self.stats.steps += 1;
+            let next_event = self.queue.keys().next().map(|k| k.0);
+            let timer = self
+                .nodes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, n)| {
+                    let t = n.host.as_ref()?.poll_timeout()?.0;
+                    Some((n.frozen_until.map_or(t, |w| t.max(w)), i))
+                })
+                .min();
+            let Some(next) = [next_event, timer.map(|t| t.0)].into_iter().flatten().min() else {
+                return self.stalled("nothing left to happen");
+            };
+            if next > quiet_deadline || self.stats.steps > STEPS_MAX {
+                return self.stalled("the quiet phase did not converge");
+            }
+            self.now = self.now.max(next);
+            match timer {
+                Some((t, node)) if t <= next => {
+                    self.nodes[node].frozen_until = None;
+                    self.feed(node, Input::Timeout);
+                }
+                _ => {
+                    let (_, event) = self.queue.pop_first().expect("an event is due");
+                    self.fire(event);
+                }
+            }
+            if !self.faulting && self.checker.complete() {
+                self.done = true;
+            }
+        }
+    }
+
+    fn stalled(&mut self, why: &str) {
+        if self.checker.complete() {
+            self.done = true;
+            return;
+        }
+        let missing = self.checker.missing().unwrap_or_else(|| "all records delivered".into());
+        let detail = format!("{why}: {missing} (delivered {})", self.checker.delivered());
+        self.checker.fail(invariant::STALLED, detail);
+    }
+
+    /// An event that reaches a frozen host waits until it wakes.
+    fn frozen(&mut self, node: usize, event: Event) -> Option<Event> {
+        match self.nodes[node].frozen_until {
+            Some(wake) if wake > self.now => {
+                self.at(wake, event);
+                None
+            }
+            _ => Some(event),
+        }
+    }
+
+    fn fire(&mut self, event: Event) {
+        let node = match &event {
+            Event::Complete { node, .. } | Event::SinkEffect { node, .. } | Event::Reply { node, .. } => Some(*node),
+            Event::Deliver(m) => Some(m.to as usize - 1),
+            _ => None,
+        };
+        let event = match node {
+            Some(n) => match self.frozen(n, event) {
+                Some(e) => e,
+                None => return,
+            },
+            None => event,
+        };
+        match event {
+            Event::Complete { node, gen, id, op } => {
+                if self.nodes[node].gen == gen {
+                    let result = self.complete(node, op);
+                    self.feed(node, Input::IoDone { id, result });
+                }
+            }
+            Event::SinkEffect { node, gen, id, apply } => self.sink_effect(node, gen, id, apply),
+            Event::Reply { node, gen, id, result } => {
+                if self.nodes[node].gen == gen {
+                    self.feed(node, Input::IoDone { id, result });
+                }
+            }
+            Event::Deliver(m) => {
+                let to = m.to as usize - 1;
+                if !self.blocked.contains(&(m.from, m.to)) && self.nodes[to].host.is_some() {
+                    self.feed(to, Input::Peer(m));
+                }
+            }
+            Event::Crash { power } => self.crash(power),
+            Event::Restart { node } => self.start(node),
+            Event::Partition => self.partition(),
+            Event::Heal => self.blocked.clear(),
+            Event::EndFaultPhase => {
+                self.faulting = false;
+                self.blocked.clear();
+                for node in 0..self.nodes.len() {
+                    self.nodes[node].frozen_until = None;
+                    if self.nodes[node].host.is_none() {
+                        self.start(node);
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- hosts ----
+
+    fn start(&mut self, node: usize) {
+        if self.nodes[node].host.is_some() {
+            return;
+        }
+        self.stats.restarts += 1;
+        self.next_gen += 1;
+        let n = &mut self.nodes[node];
+        n.starts += 1;
+        n.gen = self.next_gen;
+        n.leader = false;
+        let cfg = self.scenario.cluster_host_config(self.opts.mutations, node + 1, n.starts);
+        let host = Host::new(cfg, self.now).expect("the scenario's configuration is valid");
+        self.nodes[node].host = Some(host);
+        self.trace.note(self.now, &format!("h{} starts", node + 1));
+        self.drain(node);
+    }
+
+    /// A crash hits a host drawn at random (a leader more often): it is
+    /// killed, loses power, or freezes and wakes later.
+    fn crash(&mut self, power: bool) {
+        let alive: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.nodes[i].host.is_some()).collect();
+        let leaders: Vec<usize> = alive.iter().copied().filter(|&i| self.nodes[i].leader).collect();
+        let r = self.dice.roll(Die::ClusterFault);
+        let pick = if !leaders.is_empty() && r.chance(0.6) { &leaders } else { &alive };
+        let Some(&node) = pick.get(r.range(0, pick.len().max(1) as u64 - 1) as usize) else { return };
+        if self.fault(Die::ClusterFault, self.scenario.cluster.freeze) {
+            let span = 20 * self.scenario.cluster.ticks[node].as_micros();
+            let wake = self.now + Duration::from_micros(self.dice.roll(Die::ClusterFault).range(span / 2, span * 2));
+            self.stats.freezes += 1;
+            self.trace.note(self.now, &format!("h{} freezes", node + 1));
+            self.nodes[node].frozen_until = Some(wake);
+            return;
+        }
+        self.stats.crashes += 1;
+        self.kill(node);
+        if power {
+            self.stats.power_cuts += 1;
+            let lost = self.scenario.faults.lost_dir_entry;
+            self.nodes[node].wal.power_cut(lost);
+        }
+        self.rescan(node);
+        let restart = self.scenario.latencies.restart;
+        self.after(Die::Restart, restart, Event::Restart { node });
+    }
+
+    fn kill(&mut self, node: usize) {
+        let n = &mut self.nodes[node];
+        n.host = None;
+        n.gen = 0;
+        n.leader = false;
+        n.frozen_until = None;
+        self.trace.note(self.now, &format!("h{} killed", node + 1));
+    }
+
+    /// What the host's disk holds durably now, for the model.
+    fn rescan(&mut self, node: usize) {
+        let segments = self.nodes[node].wal.segments_durable();
+        let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+        match scan(&refs, false) {
+            Ok(scanned) => self.model.rescanned(node, &scanned),
+            Err(c) => self.checker.fail(invariant::CORE_ASSERTION, format!("host {} disk: {c:?}", node + 1)),
+        }
+    }
+
+    /// A partition for a while: one host cut off from the others, or able
+    /// to hear them but not to be heard (asymmetric), or, with five hosts,
+    /// the leader cut off together with one other.
+    fn partition(&mut self) {
+        let hosts = self.nodes.len() as u64;
+        let r = self.dice.roll(Die::ClusterFault);
+        let kind = r.range(0, 2);
+        let leader = (0..self.nodes.len()).find(|&i| self.nodes[i].leader).map(|i| i as u64 + 1);
+        let first = leader.filter(|_| r.chance(0.6)).unwrap_or_else(|| r.range(1, hosts));
+        let mut side = vec![first];
+        if kind == 2 && hosts >= 5 {
+            side.push(first % hosts + 1);
+        }
+        for &a in &side {
+            for b in (1..=hosts).filter(|b| !side.contains(b)) {
+                if kind != 1 {
+                    self.blocked.insert((b, a));
+                }
+                self.blocked.insert((a, b));
+            }
+        }
+        self.stats.partitions += 1;
+        self.trace.note(self.now, &format!("partition {side:?} kind {kind}"));
+        let span = 30 * self.scenario.cluster.ticks[0].as_micros();
+        self.after(Die::ClusterFault, (span / 2, span * 3), Event::Heal);
+    }
+
+    fn feed(&mut self, node: usize, input: Input) {
+        let now = self.now;
+        let Some(host) = self.nodes[node].host.as_mut() else { return };
+        self.trace.note(now, &format!("h{}", node + 1));
+        self.trace.input(now, &input);
+        host.handle(now, input);
+        self.drain(node);
+    }
+
+    fn drain(&mut self, node: usize) {
+        loop {
+            let Some(output) = self.nodes[node].host.as_mut().and_then(|h| h.poll_output()) else { return };
+            self.trace.output(self.now, &output);
+            match output {
+                Output::Io { id, op } => self.submit(node, id, op),
+                Output::Send(m) => self.send(m),
+                Output::Role { term, is_leader, .. } => {
+                    let n = &mut self.nodes[node];
+                    n.term = term;
+                    n.leader = is_leader;
+                    self.stats.elections += is_leader as u64;
+                }
+                Output::Recovered(_) => self.stats.recoveries += 1,
+                Output::WalFull { .. } => self.stats.wal_full += 1,
+                Output::WalRoom { .. } => {}
+                Output::Stopped(reason) => return self.on_stopped(node, reason),
+                Output::LeaseWait { .. } | Output::Stalled { .. } | Output::Unstalled => {
+                    unreachable!("clustered engines take no lease and watch no stalls")
+                }
+            }
+        }
+    }
+
+    /// A stop is judged: losing leadership, a failed write or read is an
+    /// engine doing its job (it restarts); anything else is a failure.
+    fn on_stopped(&mut self, node: usize, reason: StopReason) {
+        match reason {
+            StopReason::Deposed { .. } => self.stats.deposed += 1,
+            StopReason::WalWriteFailed { .. } | StopReason::WalReadFailed { .. } => {}
+            other => {
+                let detail = format!("host {} stopped: {other:?}", node + 1);
+                return self.checker.fail(invariant::UNEXPECTED_STOP, detail);
+            }
+        }
+        self.kill(node);
+        let restart = self.scenario.latencies.restart;
+        self.after(Die::Restart, restart, Event::Restart { node });
+    }
+
+    fn send(&mut self, m: PeerMessage) {
+        if m.get_msg_type() == PeerMessageType::MsgAppend {
+            self.model.on_append_sent(m.from, m.term);
+        }
+        let c = &self.scenario.cluster;
+        let (loss, dup, net) = (c.net_loss, c.net_duplicate, c.net);
+        if self.fault(Die::Network, loss) {
+            self.stats.messages_lost += 1;
+            return;
+        }
+        if self.fault(Die::Network, dup) {
+            self.stats.messages_duplicated += 1;
+            self.after(Die::Network, net, Event::Deliver(m.clone()));
+        }
+        self.after(Die::Network, net, Event::Deliver(m));
+    }
+
+    // ---- requests ----
+
+    fn submit(&mut self, node: usize, id: IoId, op: IoOp) {
+        let gen = self.nodes[node].gen;
+        let lat = self.scenario.latencies.clone();
+        match op {
+            IoOp::Wal(op) => {
+                let latency = if matches!(op, WalOp::Replicate(_)) { lat.disk_write } else { lat.disk_other };
+                self.after(Die::DiskLatency, latency, Event::Complete { node, gen, id, op: IoOp::Wal(op) });
+            }
+            op @ IoOp::Offsets(_) => {
+                self.after(Die::OffsetsLatency, lat.offsets, Event::Complete { node, gen, id, op })
+            }
+            IoOp::Plugin(PluginOp::SinkApply(apply)) => {
+                self.model.on_dispatch(node, &apply.records);
+                self.after(Die::SinkLatency, lat.sink, Event::SinkEffect { node, gen, id, apply });
+            }
+            IoOp::Plugin(PluginOp::SourceAck { source, acks }) => {
+                self.model.on_ack(node, source, &acks);
+                let op = IoOp::Plugin(PluginOp::SourceAck { source, acks });
+                self.after(Die::PluginLatency, lat.source, Event::Complete { node, gen, id, op });
+            }
+            op @ IoOp::Plugin(_) => self.after(Die::PluginLatency, lat.source, Event::Complete { node, gen, id, op }),
+            IoOp::Lease(_) => unreachable!("clustered engines take no lease"),
+        }
+    }
+
+    fn complete(&mut self, node: usize, op: IoOp) -> Result<IoReply, IoError> {
+        match op {
+            IoOp::Wal(op) => self.complete_wal(node, op),
+            IoOp::Offsets(OffsetsOp::Read) => Ok(IoReply::Offsets(self.nodes[node].offsets.read())),
+            IoOp::Offsets(OffsetsOp::Write { entries }) => {
+                for e in &entries {
+                    self.model.on_offsets(node, e.key, e.value.position);
+                }
+                for (key, old, new) in self.nodes[node].offsets.write(&entries) {
+                    self.checker.on_offsets_changed(key, old, new);
+                }
+                Ok(IoReply::Done)
+            }
+            IoOp::Plugin(op) => self.complete_plugin(node, op),
+            IoOp::Lease(_) => unreachable!("clustered engines take no lease"),
+        }
+    }
+
+    fn complete_wal(&mut self, node: usize, op: WalOp) -> Result<IoReply, IoError> {
+        let f = &self.scenario.faults;
+        let (fsync_fail, read_fail) = (f.fsync_fail, f.read_fail);
+        let fails = match &op {
+            WalOp::Sync | WalOp::Replicate(_) => self.fault(Die::FsyncFail, fsync_fail),
+            WalOp::ReadGroups { .. } => {
+                self.stats.read_backs += 1;
+                let failed = self.fault(Die::ReadFail, read_fail);
+                self.stats.read_fails += failed as u64;
+                failed
+            }
+            _ => false,
+        };
+        let written = match &op {
+            WalOp::Replicate(r) if !fails => Some((r.groups.clone(), r.hard_state.is_some())),
+            _ => None,
+        };
+        let result = self.nodes[node].wal.perform(0, op, fails);
+        if let (Some((groups, hard_state)), Ok(_)) = (written, &result) {
+            let truncated = self.model.durable_groups(node, &groups);
+            if hard_state {
+                let commit = saved_commit(&self.nodes[node].wal);
+                self.model.on_commit_saved(node, commit);
+            }
+            if truncated {
+                self.stats.truncations += 1;
+                let segments = self.nodes[node].wal.segments_durable();
+                let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+                self.model.check_truncated(node, scan(&refs, false).map_err(|c| format!("{c:?}")));
+            }
+        }
+        result
+    }
+
+    fn complete_plugin(&mut self, node: usize, op: PluginOp) -> Result<IoReply, IoError> {
+        let fails = !matches!(op, PluginOp::SourceOpen { .. } | PluginOp::SinkProgress { .. })
+            && self.fault(Die::SourceFail, self.scenario.faults.source_fail);
+        if fails {
+            self.stats.source_failures += 1;
+            return Err(IoError::Failed);
+        }
+        match op {
+            PluginOp::SourceOpen { source, resume } => {
+                // Only the newest leader's resume is judged: a deposed one
+                // that has not noticed yet resumes stale, and harmlessly.
+                let newest = self.nodes.iter().map(|n| n.term).max().unwrap_or(0);
+                if self.nodes[node].leader && self.nodes[node].term == newest {
+                    let offsets = &self.nodes[node].offsets;
+                    self.checker.on_resume(source, &resume, |key| offsets.position(key));
+                }
+                self.nodes[node].sources[source.0 as usize].open(&resume);
+                Ok(IoReply::Done)
+            }
+            PluginOp::SourceRead { source, records_max } => {
+                let now = self.now;
+                let (batches, exhausted) = self.nodes[node].sources[source.0 as usize].read(records_max, now);
+                Ok(IoReply::Batches { batches, exhausted })
+            }
+            PluginOp::SourceAck { source, acks } => {
+                let src = &self.nodes[node].sources[source.0 as usize];
+                self.checker.on_ack(source, &acks, |p| src.sent(p));
+                self.nodes[node].sources[source.0 as usize].ack(&acks);
+                Ok(IoReply::Done)
+            }
+            PluginOp::SchemaDecide { .. } => {
+                self.stats.schema_decisions += 1;
+                Ok(IoReply::Schema { accept: true, reason: String::new() })
+            }
+            PluginOp::SinkApply(_) => unreachable!("sink applies go through SinkEffect"),
+            PluginOp::SinkProgress { sink } => Ok(IoReply::SinkProgress(self.sinks[sink.0 as usize].progress())),
+        }
+    }
+
+    /// A sink applies a batch (whether or not its sender still runs: the
+    /// request has left it); the reply reaches the sender if it does.
+    fn sink_effect(&mut self, node: usize, gen: u64, id: IoId, apply: SinkApply) {
+        let f = &self.scenario.faults;
+        let (retryable, lost_reply) = (f.sink_retryable, f.sink_lost_reply);
+        let lat = self.scenario.latencies.sink;
+        if self.fault(Die::SinkRetryable, retryable) {
+            self.stats.sink_retryable += 1;
+            let result = Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, rows: 0 });
+            return self.after(Die::SinkLatency, (lat.0 / 2, lat.0), Event::Reply { node, gen, id, result });
+        }
+        let took_effect = self.sinks[apply.sink.0 as usize].apply(apply.id, apply.stream, apply.seq);
+        self.checker.on_apply(&apply, took_effect);
+        let outcome = if took_effect { SinkOutcome::Applied } else { SinkOutcome::AlreadyApplied };
+        let result = if self.fault(Die::SinkLostReply, lost_reply) {
+            self.stats.sink_lost_replies += 1;
+            Err(IoError::Ambiguous)
+        } else {
+            Ok(IoReply::Sink { outcome, rows: apply.records.len() as u64 })
+        };
+        self.after(Die::SinkLatency, (lat.0 / 2, lat.0), Event::Reply { node, gen, id, result });
+    }
+}
+
+/// The commit index a host's hard-state file holds durably.
+fn saved_commit(wal: &SimWal) -> u64 {
+    let file = wal.hard_state().expect("clustered hosts have disks");
+    skippr_core::replication::hard_state::decode_file(file).ok().flatten().map_or(0, |s| s.hard.commit)
+}

@@ -1,0 +1,287 @@
+//! The clustered checker's model of durability: what each host holds
+//! durably (LSN → term of every group its disk has synced), from which it
+//! derives what is *committed* (the same group durable on a majority of
+//! voters), and the positions committed groups carry. It asserts, at every
+//! ack, offsets write and dispatch, that what is acted on is committed; that
+//! the committed prefix never shrinks (no majority ever loses a committed
+//! group); and, from the append messages it sees, that no term has two
+//! leaders. It reads only disks, requests and messages, never an engine's
+//! own bookkeeping.
+//!
+//! A group durable on a majority is not always committed in raft's sense
+//! (an older term's entry can still be replaced, the case of figure 8 of
+//! the raft paper), so the committed prefix here may shrink; what must
+//! never happen is that it shrinks below a position some host already
+//! acted on (acked, stored as an offset, or handed to a sink): that is an
+//! acknowledged position a minority's loss would take away.
+
+use crate::checker::Violation;
+use skippr_core::replication::entry::EntryGroup;
+use skippr_core::wal::{check_group, Frame, ScannedSegment};
+use skippr_core::{PartitionKey, Position, SourceId};
+use std::collections::BTreeMap;
+
+pub mod invariant {
+    pub const ACK_BEFORE_MAJORITY: &str = "ack-before-majority";
+    pub const OFFSETS_BEFORE_MAJORITY: &str = "offsets-before-majority";
+    pub const DISPATCH_BEFORE_MAJORITY: &str = "dispatch-before-majority";
+    pub const COMMITTED_LOST: &str = "committed-lost";
+    pub const TWO_LEADERS: &str = "two-leaders-in-a-term";
+    pub const PREFIXES_DIFFER: &str = "committed-prefixes-differ";
+    pub const TRUNCATION_LEFT_BYTES: &str = "truncation-left-bytes";
+    pub const COMMIT_BEFORE_QUORUM: &str = "commit-before-quorum";
+}
+
+#[derive(Default)]
+pub struct Model {
+    hosts: usize,
+    /// Per host: LSN → term of every group durably on its disk.
+    durable: Vec<BTreeMap<u64, u64>>,
+    /// (LSN, term) → the partition ends its source batches carry.
+    ends: BTreeMap<(u64, u64), Vec<(PartitionKey, u64)>>,
+    /// Every LSN up to this is committed (durable on a majority with the
+    /// same term), and the term of each.
+    committed: Vec<u64>,
+    /// The highest end each partition reached in committed groups.
+    committed_ends: BTreeMap<PartitionKey, u64>,
+    /// The highest position acted on per partition (acked, stored, or
+    /// handed to a sink), and how.
+    acted: BTreeMap<PartitionKey, (u64, &'static str)>,
+    /// term → the host that sent appends in it.
+    leaders: BTreeMap<u64, u64>,
+    pub violation: Option<Violation>,
+}
+
+impl Model {
+    pub fn new(hosts: usize) -> Model {
+        Model { hosts, durable: vec![BTreeMap::from([(0, 0)]); hosts], committed: vec![0], ..Model::default() }
+    }
+
+    fn fail(&mut self, invariant: &'static str, detail: String) {
+        if self.violation.is_none() {
+            self.violation = Some(Violation { invariant, detail });
+        }
+    }
+
+    /// Host `h` made these groups durable, replacing what followed the
+    /// first of them. True when that replaced groups it held (its tail was
+    /// truncated, whatever its requests said).
+    pub fn durable_groups(&mut self, h: usize, groups: &[EntryGroup]) -> bool {
+        let Some(first) = groups.first() else { return false };
+        let from = first.place.lsn.0;
+        let replaced = !self.durable[h].split_off(&from).is_empty();
+        for g in groups {
+            let Some((group, _)) = check_group(g.place.segment, g.place.lsn, &g.bytes) else {
+                let detail = format!("host {} wrote a group at LSN {} that does not decode", h + 1, g.place.lsn.0);
+                self.fail(invariant::PREFIXES_DIFFER, detail);
+                return replaced;
+            };
+            let term = group.epoch.0;
+            self.durable[h].insert(g.place.lsn.0, term);
+            self.ends.entry((g.place.lsn.0, term)).or_insert_with(|| batch_ends(&group.frames));
+        }
+        self.advance(from);
+        replaced
+    }
+
+    /// After a truncation: the host's disk, scanned, must hold exactly the
+    /// log its requests wrote (no group of the replaced tail admitted, no
+    /// remnant of one that breaks the scan).
+    pub fn check_truncated(&mut self, h: usize, scanned: Result<Vec<ScannedSegment>, String>) {
+        let found: Result<BTreeMap<u64, u64>, String> =
+            scanned.map(|s| s.iter().flat_map(|s| &s.groups).map(|g| (g.lsn.0, g.epoch.0)).collect());
+        match found {
+            Ok(found) if found == self.durable[h] => {}
+            Ok(found) => {
+                let detail = format!(
+                    "host {} truncated its tail, and its disk scans to LSN {:?} where it wrote to {:?}",
+                    h + 1,
+                    found.keys().last(),
+                    self.durable[h].keys().last()
+                );
+                self.fail(invariant::TRUNCATION_LEFT_BYTES, detail);
+            }
+            Err(e) => {
+                let detail = format!("host {} truncated its tail, and its disk no longer scans: {e}", h + 1);
+                self.fail(invariant::TRUNCATION_LEFT_BYTES, detail);
+            }
+        }
+    }
+
+    /// Host `h`'s durable image after a crash, scanned from its disk.
+    pub fn rescanned(&mut self, h: usize, scanned: &[ScannedSegment]) {
+        self.durable[h] = scanned.iter().flat_map(|s| &s.groups).map(|g| (g.lsn.0, g.epoch.0)).collect();
+        for g in scanned.iter().flat_map(|s| &s.groups) {
+            self.ends.entry((g.lsn.0, g.epoch.0)).or_insert_with(|| batch_ends(&g.frames));
+        }
+        self.advance(0);
+    }
+
+    /// Re-checks the committed prefix from `from` on (where a host's
+    /// durable log changed), moves it forward as far as majorities reach,
+    /// and checks that nothing acted on fell out of it.
+    fn advance(&mut self, from: u64) {
+        let majority = self.hosts / 2 + 1;
+        let holders = |durable: &[BTreeMap<u64, u64>], lsn: u64, term: u64| {
+            durable.iter().filter(|d| d.get(&lsn) == Some(&term)).count()
+        };
+        let lost = (from as usize..self.committed.len())
+            .find(|&lsn| holders(&self.durable, lsn as u64, self.committed[lsn]) < majority);
+        if let Some(lsn) = lost {
+            self.committed.truncate(lsn);
+            self.committed_ends.clear();
+            for (lsn, &term) in self.committed.iter().enumerate() {
+                for &(key, end) in self.ends.get(&(lsn as u64, term)).map(Vec::as_slice).unwrap_or(&[]) {
+                    let e = self.committed_ends.entry(key).or_insert(0);
+                    *e = (*e).max(end);
+                }
+            }
+        }
+        loop {
+            let next = self.committed.len() as u64;
+            let mut terms: BTreeMap<u64, usize> = BTreeMap::new();
+            for d in &self.durable {
+                if let Some(&t) = d.get(&next) {
+                    *terms.entry(t).or_default() += 1;
+                }
+            }
+            let Some((&term, _)) = terms.iter().find(|(_, &n)| n >= majority) else { break };
+            self.committed.push(term);
+            for &(key, end) in self.ends.get(&(next, term)).map(Vec::as_slice).unwrap_or(&[]) {
+                let e = self.committed_ends.entry(key).or_insert(0);
+                *e = (*e).max(end);
+            }
+        }
+        if lost.is_some() {
+            let acted: Vec<_> = self.acted.iter().map(|(k, v)| (*k, *v)).collect();
+            for (key, (pos, how)) in acted {
+                if pos > self.committed_end(key) {
+                    let detail = format!(
+                        "{key} was {how} through {pos}, and a majority now holds it only through {}",
+                        self.committed_end(key)
+                    );
+                    return self.fail(invariant::COMMITTED_LOST, detail);
+                }
+            }
+        }
+    }
+
+    fn acted_on(&mut self, key: PartitionKey, pos: u64, how: &'static str) {
+        let a = self.acted.entry(key).or_insert((0, how));
+        if pos > a.0 {
+            *a = (pos, how);
+        }
+    }
+
+    fn committed_end(&self, key: PartitionKey) -> u64 {
+        self.committed_ends.get(&key).copied().unwrap_or(0)
+    }
+
+    /// A source is acked through these positions.
+    pub fn on_ack(&mut self, host: usize, source: SourceId, acks: &[(u32, Position)]) {
+        for &(partition, pos) in acks {
+            let key = PartitionKey { source, partition };
+            if pos.0 > self.committed_end(key) {
+                let detail = format!(
+                    "host {} acked {key} through {} while a majority holds it through {}",
+                    host + 1,
+                    pos.0,
+                    self.committed_end(key)
+                );
+                self.fail(invariant::ACK_BEFORE_MAJORITY, detail);
+            }
+            self.acted_on(key, pos.0, "acked");
+        }
+    }
+
+    pub fn on_offsets(&mut self, host: usize, key: PartitionKey, position: Position) {
+        if position.0 > self.committed_end(key) {
+            let detail = format!(
+                "host {} stored {key} at {} while a majority holds it through {}",
+                host + 1,
+                position.0,
+                self.committed_end(key)
+            );
+            self.fail(invariant::OFFSETS_BEFORE_MAJORITY, detail);
+        }
+        self.acted_on(key, position.0, "stored as an offset");
+    }
+
+    /// A sink is handed these records (bytes as the simulated sources make
+    /// them: source, partition, position first).
+    pub fn on_dispatch<'a>(&mut self, host: usize, records: impl IntoIterator<Item = &'a [u8]>) {
+        for r in records {
+            if r.len() < 6 {
+                continue; // the exactly-once checker names foreign bytes
+            }
+            let key = PartitionKey { source: SourceId(r[0] as u16), partition: r[1] as u32 };
+            let pos = u32::from_le_bytes(r[2..6].try_into().expect("four bytes")) as u64;
+            if pos >= self.committed_end(key) {
+                let detail = format!(
+                    "host {} dispatched {key} position {pos} while a majority holds it through {}",
+                    host + 1,
+                    self.committed_end(key)
+                );
+                return self.fail(invariant::DISPATCH_BEFORE_MAJORITY, detail);
+            }
+            self.acted_on(key, pos + 1, "handed to a sink");
+        }
+    }
+
+    /// Host `h` saved `commit` as its commit index: a majority must hold
+    /// every group up to it.
+    pub fn on_commit_saved(&mut self, h: usize, commit: u64) {
+        if commit >= self.committed.len() as u64 {
+            let detail = format!(
+                "host {} saved commit index {commit}; a majority holds groups only through LSN {}",
+                h + 1,
+                self.committed.len() - 1
+            );
+            self.fail(invariant::COMMIT_BEFORE_QUORUM, detail);
+        }
+    }
+
+    /// Host `from` sent an append in `term`: only that term's leader does.
+    pub fn on_append_sent(&mut self, from: u64, term: u64) {
+        let leader = *self.leaders.entry(term).or_insert(from);
+        if leader != from {
+            self.fail(invariant::TWO_LEADERS, format!("hosts {leader} and {from} both sent appends in term {term}"));
+        }
+    }
+
+    /// At the end: every host's durable log agrees with the committed
+    /// prefix up to the commit index its hard-state file holds (past it, a
+    /// stale uncommitted tail may wait for its leader to replace it).
+    pub fn check_prefixes(&mut self, commits: &[u64]) {
+        for (h, &commit) in commits.iter().enumerate() {
+            let upto = (commit as usize + 1).min(self.committed.len());
+            for (lsn, &term) in self.committed[..upto].iter().enumerate() {
+                match self.durable[h].get(&(lsn as u64)) {
+                    None => {
+                        let detail = format!("host {} saved commit index {commit} but lacks LSN {lsn}", h + 1);
+                        return self.fail(invariant::PREFIXES_DIFFER, detail);
+                    }
+                    Some(&t) if t != term => {
+                        let detail = format!("host {} holds LSN {lsn} of term {t}, committed in term {term}", h + 1);
+                        return self.fail(invariant::PREFIXES_DIFFER, detail);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    pub fn terms(&self) -> usize {
+        self.leaders.len()
+    }
+}
+
+fn batch_ends(frames: &[Frame]) -> Vec<(PartitionKey, u64)> {
+    frames
+        .iter()
+        .filter_map(|f| match f {
+            Frame::SourceBatch(b) => Some((b.key, b.end.0)),
+            _ => None,
+        })
+        .collect()
+}
