@@ -213,8 +213,11 @@ impl DiskWal {
         let mut touched = BTreeSet::new();
         for g in &r.groups {
             if let Some(o) = g.opens {
+                // Zeroed, as the disk driver creates every segment (it writes
+                // zeros through the file): a segment a truncation removed and
+                // a later group opens again holds nothing of its old self.
                 let header = skippr_core::wal::encode_header(g.place.segment, o.epoch);
-                self.disk.create(g.place.segment, &header, o.segment_bytes as usize);
+                self.disk.create_zeroed(g.place.segment, &header, o.segment_bytes as usize);
             }
             if !self.disk.write(g.place.segment, g.place.offset as usize, &g.bytes) {
                 return Err(IoError::Failed);

@@ -101,6 +101,16 @@ impl SimDisk {
         self.files.insert(segment, file);
     }
 
+    /// Creates a file of `size` zero bytes starting with `header`, unsynced,
+    /// reusing no deleted file's bytes.
+    pub fn create_zeroed(&mut self, segment: SegmentId, header: &[u8], size: usize) {
+        self.changes += 1;
+        let bytes = vec![0; size];
+        let mut file = File { current: bytes.clone(), durable: bytes, unsynced: Vec::new(), linked: false };
+        write_at(&mut file, 0, header);
+        self.files.insert(segment, file);
+    }
+
     pub fn write(&mut self, segment: SegmentId, offset: usize, bytes: &[u8]) -> bool {
         match self.files.get_mut(&segment) {
             Some(file) if offset + bytes.len() <= file.current.len() => {

@@ -77,6 +77,11 @@ impl Host {
                 }
                 RaftNews::Serving { term } => self.serve(term),
                 RaftNews::Deposed { term } => self.stop(StopReason::Deposed { term }),
+                RaftNews::LeaderConfirmed => {
+                    if let startup::Doubt::Confirmed(stop) = self.startup.resolve_doubt(self.fx.now) {
+                        self.stop(stop);
+                    }
+                }
                 RaftNews::Stop(stop) => self.stop(stop),
             }
         }

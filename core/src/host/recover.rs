@@ -165,7 +165,17 @@ impl Host {
     /// took over meanwhile (it moved the offsets, or deleted a segment this
     /// writer was reading): look at the lease first, and report losing it
     /// if so.
+    ///
+    /// In clustered mode a shared sink ahead of this host's WAL may mean a
+    /// newer leader applied batches this one never heard of: a quorum is
+    /// asked to confirm the leadership first (a deposed host stops as
+    /// deposed instead).
     fn stop_unless_lease_lost(&mut self, stop: StopReason) {
+        if let Some(raft) = self.authority.raft() {
+            self.startup.doubt(stop, self.fx.now);
+            let news = raft.confirm_leadership(&mut self.fx);
+            return self.on_raft_news(news);
+        }
         match self.authority.lease() {
             Some(lease) => {
                 self.startup.doubt(stop, self.fx.now);

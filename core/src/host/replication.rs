@@ -69,6 +69,8 @@ pub(super) enum RaftNews {
     Deposed {
         term: u64,
     },
+    /// A quorum confirmed this host still leads (after `confirm_leadership`).
+    LeaderConfirmed,
     Stop(StopReason),
 }
 
@@ -244,6 +246,15 @@ impl Replication {
         fx.io(Pending::RaftFetch, IoOp::Wal(WalOp::ReadGroups { places }));
     }
 
+    /// A finding that may only mean another host leads now (a shared sink
+    /// ahead of this host's WAL): a quorum is asked whether this host
+    /// still leads before the finding is believed.
+    pub(super) fn confirm_leadership(&mut self, fx: &mut Effects) -> Vec<RaftNews> {
+        let Some(r) = self.replica.as_mut() else { return Vec::new() };
+        r.confirm_leadership(b"doubt".to_vec());
+        self.drain(fx)
+    }
+
     /// The next group goes here: (LSN, segment, offset) from where the log
     /// ends, and the epoch (the term) it carries.
     pub(super) fn log_end(&self) -> crate::replication::entry::LogEnd {
@@ -316,6 +327,7 @@ impl Replication {
                     }
                 }
                 ReplicaOutput::Failed(e) => news.push(RaftNews::Stop(cluster_log(e))),
+                ReplicaOutput::LeaderConfirmed(_) => news.push(RaftNews::LeaderConfirmed),
             }
         }
         if let Err(stop) = self.send_persist(fx) {

@@ -134,6 +134,7 @@ impl World {
                     }
                 }
                 ReplicaOutput::Failed(e) => return Err(format!("host {}: {e}", i + 1)),
+                ReplicaOutput::LeaderConfirmed(_) => {}
             }
         }
         Ok(())

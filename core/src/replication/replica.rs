@@ -57,6 +57,8 @@ pub enum ReplicaOutput {
     Role { term: u64, leader: u64, is_leader: bool },
     /// An entry is not a group this host may write: it stops.
     Failed(EntryError),
+    /// A quorum confirmed this host's leadership after `read_index(ctx)`.
+    LeaderConfirmed(Vec<u8>),
 }
 
 #[derive(Debug)]
@@ -163,6 +165,13 @@ impl Replica {
         Ok(())
     }
 
+    /// Asks a quorum to confirm this host still leads (raft's read index);
+    /// the answer comes as `LeaderConfirmed(ctx)`, or never if it does not.
+    pub fn confirm_leadership(&mut self, ctx: Vec<u8>) {
+        self.raw.read_index(ctx);
+        self.pump();
+    }
+
     /// The persisting request `number` completed: its waiting messages
     /// leave, then raft-rs hears of it.
     pub fn persisted(&mut self, number: u64) {
@@ -195,6 +204,9 @@ impl Replica {
             }
             let mut rd = self.raw.ready();
             self.out.extend(rd.take_messages().into_iter().map(ReplicaOutput::Send));
+            for rs in rd.take_read_states() {
+                self.out.push_back(ReplicaOutput::LeaderConfirmed(rs.request_ctx));
+            }
             assert!(rd.snapshot().get_metadata().index == 0, "snapshots are not built yet (issue #12, item 6)");
             let committed = rd.take_committed_entries();
             let entries = rd.take_entries();
