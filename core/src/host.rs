@@ -174,7 +174,7 @@ impl Host {
             Input::Shutdown => self.on_shutdown(),
             Input::Peer(m) => {
                 let news = match self.authority.raft() {
-                    Some(r) => r.step(&mut self.fx, m),
+                    Some(r) => r.step(&mut self.fx, *m),
                     None => Vec::new(), // not clustered: nobody to hear it
                 };
                 self.on_raft_news(news);

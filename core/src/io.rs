@@ -29,7 +29,7 @@ pub enum Input {
     Shutdown,
     /// A raft message from a peer (clustered mode; the transport has
     /// checked that it comes from the peer it names).
-    Peer(PeerMessage),
+    Peer(Box<PeerMessage>),
 }
 
 /// A raft message between hosts (raft-rs's protobuf type).
@@ -73,7 +73,7 @@ pub enum Output {
     },
     /// A raft message for the peer `message.to` (clustered mode). Sent at
     /// most once; raft retransmits what is lost.
-    Send(PeerMessage),
+    Send(Box<PeerMessage>),
     /// This host's raft term or role changed (clustered mode): `leader` is
     /// the leader's node id as far as this host knows (0: none).
     Role {

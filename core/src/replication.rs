@@ -47,6 +47,12 @@ pub fn raft_config(id: u64, limits: &Limits) -> raft::Config {
         max_inflight_msgs: 4,
         max_committed_size_per_ready: 4 * limits.group_bytes_max,
         max_uncommitted_size: limits.pending_bytes_max,
+        // Followers learn a new commit index from the next append or
+        // heartbeat rather than from an empty append per commit: only the
+        // leader acts on commits, and each empty append costs every
+        // follower a hard-state save.
+        skip_bcast_commit: true,
+        batch_append: true,
         ..raft::Config::default()
     }
 }

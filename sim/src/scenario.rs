@@ -366,7 +366,7 @@ impl Scenario {
             freeze: c.rate(0.5, 0.2, 0.6),
         };
         // Long enough for a few elections (ten ticks each) while faults are on.
-        let elections = Instant::from_micros(base * 10 * c.range(20, 60));
+        let elections = Instant::from_micros(base * 10 * c.range(8, 24));
         self.fault_phase_end = self.fault_phase_end.max(elections);
         self.limits.wal_bytes_max = 1 << 40;
         self.stop_when_exhausted = false;

@@ -46,6 +46,16 @@ impl Trace {
         }
     }
 
+    /// Which host of a cluster the next input goes to (no text is made
+    /// unless the trace is printed).
+    pub fn host(&mut self, now: Instant, node: usize) {
+        self.u64(now.as_micros());
+        self.u64(0x686f_7374_0000_0000 | node as u64);
+        if self.print {
+            self.lines.push(format!("{now} -- h{}", node + 1));
+        }
+    }
+
     pub fn input(&mut self, now: Instant, input: &Input) {
         self.u64(now.as_micros());
         match input {

@@ -289,7 +289,7 @@ impl Replication {
         let Some(r) = self.replica.as_mut() else { return news };
         while let Some(out) = r.poll() {
             match out {
-                ReplicaOutput::Send(m) => fx.emit(Output::Send(m)),
+                ReplicaOutput::Send(m) => fx.emit(Output::Send(Box::new(m))),
                 ReplicaOutput::Persist(p) => self.queued.push_back(p),
                 ReplicaOutput::Committed(groups) => {
                     for c in groups {

@@ -16,7 +16,8 @@
 //! leader's own writer carries one.
 
 use crate::ids::*;
-use crate::wal::{check_group, encode_group, encode_header, Frame, GroupPlace, SEGMENT_HEADER_BYTES};
+use crate::wal::{encode_group, encode_header, group_shape, Frame, GroupPlace, SEGMENT_HEADER_BYTES};
+use bytes::Bytes;
 use std::fmt;
 
 pub const ENVELOPE_VERSION: u8 = 1;
@@ -60,7 +61,8 @@ pub struct EntryGroup {
     pub place: GroupPlace,
     pub opens: Option<Opening>,
     pub sealed: bool,
-    pub bytes: Vec<u8>,
+    /// A slice of the entry's data (no copy), or a derived fence.
+    pub bytes: Bytes,
 }
 
 /// An entry that is not the group its place and index say: a leader's bug
@@ -132,14 +134,14 @@ impl LogEnd {
     /// place, which must be `next`'s (a segment that opens may give itself
     /// another size), and bytes that are one whole group at `index` of
     /// epoch `term` that fits its segment.
-    pub fn group_for(&self, index: u64, term: u64, data: &[u8]) -> Result<EntryGroup, EntryError> {
+    pub fn group_for(&self, index: u64, term: u64, data: &Bytes) -> Result<EntryGroup, EntryError> {
         let err = |what| EntryError { index, what };
         if index != self.lsn.0 + 1 {
             return Err(err("it does not follow the end of the log"));
         }
         let (place, bytes) = if data.is_empty() {
             let place = self.next(Epoch(term));
-            (place, encode_group(place.segment, Epoch(term), Lsn(index), &[&Frame::Fence]))
+            (place, Bytes::from(encode_group(place.segment, Epoch(term), Lsn(index), &[&Frame::Fence])))
         } else {
             let (place, bytes) = decode_entry(data).ok_or(err("its envelope is not one this version writes"))?;
             let expected = self.next(place.opens.map_or(Epoch(term), |o| o.epoch));
@@ -150,12 +152,14 @@ impl LogEnd {
                 return Err(err("its place is not where the log ends"));
             }
             let place = if size_given { place } else { expected };
-            (place, bytes.to_vec())
+            let at = data.len() - bytes.len();
+            (place, data.slice(at..))
         };
-        let Some((group, sealed)) = check_group(place.segment, Lsn(index), &bytes) else {
+        let Some(shape) = group_shape(place.segment, Lsn(index), &bytes) else {
             return Err(err("its bytes are not one whole commit group at its index"));
         };
-        if group.epoch != Epoch(term) {
+        let sealed = shape.sealed;
+        if shape.epoch != Epoch(term) {
             return Err(err("its group's epoch is not the entry's term"));
         }
         let size = place.opens.map_or(self.segment_bytes, |o| o.segment_bytes);
@@ -214,7 +218,7 @@ mod tests {
         let (mut end, first) = genesis(size);
         let mut segments = vec![first];
         let mut push = |end: &mut LogEnd, index: u64, term: u64, data: Vec<u8>| {
-            let g = end.group_for(index, term, &data).unwrap();
+            let g = end.group_for(index, term, &Bytes::from(data)).unwrap();
             let seg = g.place.segment.0 as usize;
             if let Some(o) = g.opens {
                 assert_eq!(g.place.offset, SEGMENT_HEADER_BYTES as u64);
@@ -253,19 +257,20 @@ mod tests {
         let at = end.next(Epoch(1));
         let group = encode_group(at.segment, Epoch(1), Lsn(1), &[&batch_frame(1)]);
         let wrong = Placement { offset: at.offset + 8, ..at };
-        let e = end.group_for(1, 1, &encode_entry(&wrong, &group)).unwrap_err();
+        let b = |v: Vec<u8>| Bytes::from(v);
+        let e = end.group_for(1, 1, &b(encode_entry(&wrong, &group))).unwrap_err();
         assert_eq!(e.what, "its place is not where the log ends");
-        let e = end.group_for(1, 2, &encode_entry(&at, &group)).unwrap_err();
+        let e = end.group_for(1, 2, &b(encode_entry(&at, &group))).unwrap_err();
         assert_eq!(e.what, "its group's epoch is not the entry's term");
-        let e = end.group_for(2, 1, &encode_entry(&at, &group)).unwrap_err();
+        let e = end.group_for(2, 1, &b(encode_entry(&at, &group))).unwrap_err();
         assert_eq!(e.what, "it does not follow the end of the log");
-        let e = end.group_for(1, 1, &encode_entry(&at, &group[..group.len() - 1])).unwrap_err();
+        let e = end.group_for(1, 1, &b(encode_entry(&at, &group[..group.len() - 1]))).unwrap_err();
         assert_eq!(e.what, "its bytes are not one whole commit group at its index");
         let opens = Placement { opens: Some(Opening { epoch: Epoch(1), segment_bytes: 4096 }), ..at };
-        let e = end.group_for(1, 1, &encode_entry(&opens, &group)).unwrap_err();
+        let e = end.group_for(1, 1, &b(encode_entry(&opens, &group))).unwrap_err();
         assert_eq!(e.what, "its place is not where the log ends");
         let small = LogEnd { segment_bytes: at.offset + 10, ..end };
-        let e = small.group_for(1, 1, &encode_entry(&at, &group)).unwrap_err();
+        let e = small.group_for(1, 1, &b(encode_entry(&at, &group))).unwrap_err();
         assert_eq!(e.what, "its group runs past the end of its segment");
     }
 }

@@ -57,7 +57,9 @@ pub fn slot_offset(seq: u64) -> u64 {
     (seq % 2) * SLOT_BYTES as u64
 }
 
-/// The slot's bytes (exactly `SLOT_BYTES`) for state `seq`.
+/// The bytes that begin the slot of state `seq`: its header and payload,
+/// written at the slot's start. What follows them in the slot is left as it
+/// is (the checksum covers only these), so a save is one small write.
 pub fn encode_slot(seq: u64, hard: &HardState, conf: &ConfState) -> Result<Vec<u8>, HardStateError> {
     let mut payload = Vec::new();
     for part in [hard.write_to_bytes(), conf.write_to_bytes()] {
@@ -68,7 +70,7 @@ pub fn encode_slot(seq: u64, hard: &HardState, conf: &ConfState) -> Result<Vec<u
     if HEADER_BYTES + payload.len() > SLOT_BYTES {
         return Err(HardStateError::TooLarge { bytes: payload.len() });
     }
-    let mut slot = vec![0u8; SLOT_BYTES];
+    let mut slot = vec![0u8; HEADER_BYTES + payload.len()];
     slot[0..8].copy_from_slice(MAGIC);
     slot[8..12].copy_from_slice(&VERSION.to_le_bytes());
     slot[16..24].copy_from_slice(&seq.to_le_bytes());
@@ -108,14 +110,13 @@ fn decode_slot(slot: &[u8]) -> Option<Saved> {
 /// The current state in the file's bytes: `None` for a fresh file (empty or
 /// all zeros); otherwise the valid slot with the higher sequence number.
 pub fn decode_file(file: &[u8]) -> Result<Option<Saved>, HardStateError> {
-    if file.iter().all(|&b| b == 0) {
-        return Ok(None);
-    }
-    if file.len() != FILE_BYTES {
-        return Err(HardStateError::Corrupt { what: "it is not two slots long" });
-    }
-    let slots = [decode_slot(&file[..SLOT_BYTES]), decode_slot(&file[SLOT_BYTES..])];
+    let slots = match file.len() == FILE_BYTES {
+        true => [decode_slot(&file[..SLOT_BYTES]), decode_slot(&file[SLOT_BYTES..])],
+        false => [None, None],
+    };
     match slots {
+        [None, None] if file.iter().all(|&b| b == 0) => Ok(None),
+        [None, None] if file.len() != FILE_BYTES => Err(HardStateError::Corrupt { what: "it is not two slots long" }),
         [None, None] => Err(HardStateError::Corrupt { what: "neither slot holds a valid state" }),
         [Some(a), None] | [None, Some(a)] => Ok(Some(a)),
         [Some(a), Some(b)] => Ok(Some(if a.seq >= b.seq { a } else { b })),
@@ -134,7 +135,8 @@ mod tests {
         let mut file = vec![0u8; FILE_BYTES];
         for (seq, (hard, conf)) in saves {
             let at = slot_offset(*seq) as usize;
-            file[at..at + SLOT_BYTES].copy_from_slice(&encode_slot(*seq, hard, conf).unwrap());
+            let slot = encode_slot(*seq, hard, conf).unwrap();
+            file[at..at + slot.len()].copy_from_slice(&slot);
         }
         file
     }
@@ -164,6 +166,16 @@ mod tests {
         }
         file[SLOT_BYTES + HEADER_BYTES + 2] ^= 0x10;
         assert_eq!(decode_file(&file).unwrap().unwrap().hard.term, 3);
+    }
+
+    #[test]
+    fn a_shorter_state_saved_over_a_longer_one_in_its_slot_is_read_alone() {
+        let max = HardState { term: u64::MAX, vote: u64::MAX, commit: u64::MAX, ..Default::default() };
+        let long = (max, ConfState::from((vec![1, 2, 3, 4, 5], vec![6, 7])));
+        let file = file_with(&[(6, long), (8, state(1, 1, 1))]);
+        let saved = decode_file(&file).unwrap().unwrap();
+        assert_eq!((saved.seq, saved.hard.term), (8, 1), "the bytes left after it are not part of it");
+        assert!(encode_slot(8, &state(1, 1, 1).0, &state(1, 1, 1).1).unwrap().len() < 64, "a save is one small write");
     }
 
     #[test]

@@ -289,8 +289,7 @@ impl Log {
         let term = self.term_of(index).expect("read back within the log");
         let place = self.place(index);
         let mut e = Entry { index, term, ..Entry::default() };
-        let lone_fence = crate::wal::check_group(place.segment, Lsn(index), bytes)
-            .is_some_and(|(g, _)| matches!(g.frames.as_slice(), [crate::wal::Frame::Fence]));
+        let lone_fence = crate::wal::group_shape(place.segment, Lsn(index), bytes).is_some_and(|g| g.lone_fence);
         if !lone_fence {
             let placement = Placement { segment: place.segment, offset: place.offset, opens: self.opening(index) };
             e.data = encode_entry(&placement, bytes).into();
@@ -302,9 +301,10 @@ impl Log {
     pub fn group_of(&self, entry: &Entry) -> EntryGroup {
         let place = self.place(entry.index);
         let bytes = if entry.data.is_empty() {
-            encode_group(place.segment, Epoch(entry.term), Lsn(entry.index), &[&Frame::Fence])
+            bytes::Bytes::from(encode_group(place.segment, Epoch(entry.term), Lsn(entry.index), &[&Frame::Fence]))
         } else {
-            decode_entry(&entry.data).expect("checked when appended").1.to_vec()
+            let group = decode_entry(&entry.data).expect("checked when appended").1;
+            entry.data.slice(entry.data.len() - group.len()..)
         };
         let sealed = self.end_after(entry.index).sealed;
         EntryGroup { place, opens: self.opening(entry.index), sealed, bytes }

@@ -41,6 +41,8 @@ pub struct Replica {
     /// before their request completes.
     ack_early: bool,
     vote_unsaved: bool,
+    /// The hard state last handed over to be saved.
+    saved_hard: HardState,
 }
 
 #[derive(Debug)]
@@ -84,6 +86,7 @@ impl Replica {
     /// `seed` drives its election jitter.
     pub fn new(id: u64, log: Log, applied: u64, limits: &Limits, seed: u64) -> Result<Replica, raft::Error> {
         let config = raft::Config { applied, ..raft_config(id, limits) };
+        let saved_hard = log.hard_state().clone();
         let raw = RawNode::new(&config, log, &logger())?;
         let seen = (raw.raft.term, raw.raft.state);
         Ok(Replica {
@@ -96,6 +99,7 @@ impl Replica {
             out: VecDeque::new(),
             ack_early: false,
             vote_unsaved: false,
+            saved_hard,
         })
     }
 
@@ -217,12 +221,22 @@ impl Replica {
                     return;
                 }
             };
-            let hard = rd.hs().cloned().map(|hs| {
+            let persisted = rd.take_persisted_messages();
+            let mut hard = rd.hs().cloned().map(|hs| {
                 self.raw.mut_store().set_hard_state(hs.clone());
                 let saved = HardState { vote: if self.vote_unsaved { 0 } else { hs.vote }, ..hs };
                 (saved, self.log().conf_state().clone())
             });
-            let persisted = rd.take_persisted_messages();
+            // A new commit index alone need not be durable at once (raft
+            // recovers it from its leader): it rides the next save, and a
+            // restart before that rebuilds state through the older index.
+            let commit_only = |h: &HardState| h.term == self.saved_hard.term && h.vote == self.saved_hard.vote;
+            if entries.is_empty() && persisted.is_empty() && hard.as_ref().is_some_and(|(h, _)| commit_only(h)) {
+                hard = None;
+            }
+            if let Some((h, _)) = &hard {
+                self.saved_hard = h.clone();
+            }
             let number = rd.number();
             if !committed.is_empty() {
                 let log = self.raw.store();

@@ -228,6 +228,51 @@ impl Scan<'_> {
     }
 }
 
+/// What a whole commit group is, checked without decoding its frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupShape {
+    pub epoch: Epoch,
+    /// Frames before the commit record.
+    pub frames: u32,
+    pub sealed: bool,
+    /// The group is a lone fence (raft's empty entry in clustered mode).
+    pub lone_fence: bool,
+}
+
+/// Checks that `bytes` are exactly one whole commit group of `segment` at
+/// `lsn` (every frame's checksum, one LSN and epoch, the commit record
+/// counting the frames and closing the bytes, nothing after a seal) and
+/// returns its shape, decoding no payload but the commit record's.
+pub fn group_shape(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<GroupShape> {
+    let (mut at, mut frames, mut epoch, mut sealed, mut first) = (0, 0u32, None, false, None);
+    loop {
+        if at >= bytes.len() || frames as usize >= GROUP_FRAMES_MAX {
+            return None;
+        }
+        let (l, e, kind, payload, len) = frame_parts(segment, &bytes[at..], true).ok()?;
+        if l != lsn || epoch.is_some_and(|x| x != e) {
+            return None;
+        }
+        epoch = Some(e);
+        match kind {
+            FrameKind::Commit => {
+                let Ok(Frame::Commit(c)) = decode_payload(kind, payload) else { return None };
+                if c.frames != frames || c.bytes as usize != at || at + len != bytes.len() {
+                    return None;
+                }
+                let lone_fence = frames == 1 && first == Some(FrameKind::Fence);
+                return Some(GroupShape { epoch: e, frames, sealed, lone_fence });
+            }
+            _ if sealed => return None, // nothing but the commit record follows a seal
+            FrameKind::Seal => sealed = true,
+            _ => {}
+        }
+        first.get_or_insert(kind);
+        frames += 1;
+        at += len;
+    }
+}
+
 /// Checks that `bytes` are exactly one whole commit group of `segment` at
 /// `lsn`: every frame's checksum, one LSN and epoch throughout, the commit
 /// record closing the bytes. Returns the group (offsets relative to the

@@ -37,7 +37,7 @@ enum Event {
     Complete { node: usize, gen: u64, id: IoId, op: IoOp },
     SinkEffect { node: usize, gen: u64, id: IoId, apply: SinkApply },
     Reply { node: usize, gen: u64, id: IoId, result: Result<IoReply, IoError> },
-    Deliver(PeerMessage),
+    Deliver(Box<PeerMessage>),
     Crash { power: bool },
     Restart { node: usize },
     Partition,
@@ -59,12 +59,16 @@ struct Node {
     /// The term and role it last reported.
     term: u64,
     leader: bool,
+    /// Its engine's next deadline, as of its last input.
+    timer: Option<Instant>,
 }
 
 pub struct ClusterWorld {
     scenario: Scenario,
     opts: RunOptions,
-    queue: BTreeMap<(Instant, u64), Event>,
+    /// Boxed: the tree moves its values as it rebalances, and a raft
+    /// message or a request is large.
+    queue: BTreeMap<(Instant, u64), Box<Event>>,
     seq: u64,
     now: Instant,
     dice: Dice,
@@ -117,6 +121,7 @@ impl ClusterWorld {
                     frozen_until: None,
                     term: 0,
                     leader: false,
+                    timer: None,
                 }
             })
             .collect();
@@ -186,7 +191,7 @@ impl ClusterWorld {
 
     fn at(&mut self, at: Instant, event: Event) {
         self.seq += 1;
-        self.queue.insert((at, self.seq), event);
+        self.queue.insert((at, self.seq), Box::new(event));
     }
 
     /// Schedules `event` after a delay in `lo..=hi` microseconds drawn from `die`.
@@ -233,7 +238,7 @@ impl ClusterWorld {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, n)| {
-                    let t = n.host.as_ref()?.poll_timeout()?.0;
+                    let t = n.timer?;
                     Some((n.frozen_until.map_or(t, |w| t.max(w)), i))
                 })
                 .min();
@@ -251,7 +256,7 @@ impl ClusterWorld {
                 }
                 _ => {
                     let (_, event) = self.queue.pop_first().expect("an event is due");
-                    self.fire(event);
+                    self.fire(*event);
                 }
             }
             if !self.faulting && self.checker.complete() {
@@ -383,6 +388,7 @@ impl ClusterWorld {
         n.gen = 0;
         n.leader = false;
         n.frozen_until = None;
+        n.timer = None;
         self.trace.note(self.now, &format!("h{} killed", node + 1));
     }
 
@@ -426,7 +432,7 @@ impl ClusterWorld {
     fn feed(&mut self, node: usize, input: Input) {
         let now = self.now;
         let Some(host) = self.nodes[node].host.as_mut() else { return };
-        self.trace.note(now, &format!("h{}", node + 1));
+        self.trace.host(now, node);
         self.trace.input(now, &input);
         host.handle(now, input);
         self.drain(node);
@@ -434,7 +440,11 @@ impl ClusterWorld {
 
     fn drain(&mut self, node: usize) {
         loop {
-            let Some(output) = self.nodes[node].host.as_mut().and_then(|h| h.poll_output()) else { return };
+            let Some(output) = self.nodes[node].host.as_mut().and_then(|h| h.poll_output()) else {
+                let n = &mut self.nodes[node];
+                n.timer = n.host.as_ref().and_then(|h| h.poll_timeout()).map(|t| t.0);
+                return;
+            };
             self.trace.output(self.now, &output);
             match output {
                 Output::Io { id, op } => self.submit(node, id, op),
@@ -472,7 +482,7 @@ impl ClusterWorld {
         self.after(Die::Restart, restart, Event::Restart { node });
     }
 
-    fn send(&mut self, m: PeerMessage) {
+    fn send(&mut self, m: Box<PeerMessage>) {
         if m.get_msg_type() == PeerMessageType::MsgAppend {
             self.model.on_append_sent(m.from, m.term);
         }

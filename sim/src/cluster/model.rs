@@ -17,7 +17,7 @@
 
 use crate::checker::Violation;
 use skippr_core::replication::entry::EntryGroup;
-use skippr_core::wal::{check_group, Frame, ScannedSegment};
+use skippr_core::wal::{check_group, group_shape, Frame, ScannedSegment};
 use skippr_core::{PartitionKey, Position, SourceId};
 use std::collections::BTreeMap;
 
@@ -71,14 +71,18 @@ impl Model {
         let from = first.place.lsn.0;
         let replaced = !self.durable[h].split_off(&from).is_empty();
         for g in groups {
-            let Some((group, _)) = check_group(g.place.segment, g.place.lsn, &g.bytes) else {
+            let Some(shape) = group_shape(g.place.segment, g.place.lsn, &g.bytes) else {
                 let detail = format!("host {} wrote a group at LSN {} that does not decode", h + 1, g.place.lsn.0);
                 self.fail(invariant::PREFIXES_DIFFER, detail);
                 return replaced;
             };
-            let term = group.epoch.0;
+            let term = shape.epoch.0;
             self.durable[h].insert(g.place.lsn.0, term);
-            self.ends.entry((g.place.lsn.0, term)).or_insert_with(|| batch_ends(&group.frames));
+            // Decoded once per group, whichever host writes it first.
+            self.ends.entry((g.place.lsn.0, term)).or_insert_with(|| {
+                check_group(g.place.segment, g.place.lsn, &g.bytes)
+                    .map_or(Vec::new(), |(group, _)| batch_ends(&group.frames))
+            });
         }
         self.advance(from);
         replaced

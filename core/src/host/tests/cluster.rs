@@ -39,7 +39,8 @@ struct Cluster {
     seed: u64,
     mutations: Mutations,
     nodes: Vec<Node>,
-    net: Vec<PeerMessage>,
+    #[allow(clippy::vec_box)] // the engine hands messages over boxed
+    net: Vec<Box<PeerMessage>>,
     now: Instant,
     rng: u64,
     /// seq → (compaction id, record positions), shared by every host.
