@@ -203,7 +203,10 @@ impl Host {
             self.wal.segment_age_deadline(&self.cfg.limits).map(|at| (at, Timer::SegmentAge)),
             self.drain_deadline.map(|at| (at, Timer::Drain)),
             self.stall.deadline().map(|at| (at, Timer::Stall)),
-            self.authority.raft_ref().and_then(|r| r.deadline()).map(|at| (at, Timer::Raft)),
+            self.authority
+                .raft_ref()
+                .and_then(|r| r.deadline(self.cfg.limits.stall_report_after))
+                .map(|at| (at, Timer::Raft)),
         ])
     }
 
@@ -291,7 +294,7 @@ impl Host {
             StallAction::Stop { what, for_ } => self.stop(StopReason::Stalled { what, for_ }),
         }
         if let Some(r) = self.authority.raft() {
-            let news = r.on_timeout(&mut self.fx);
+            let news = r.on_timeout(&mut self.fx, self.cfg.limits.stall_report_after);
             self.on_raft_news(news);
         }
     }

@@ -100,7 +100,12 @@ impl Host {
         for frame in scanned.frames {
             self.committed.apply(place.lsn, &frame);
             match frame {
-                Frame::SourceBatch(b) => self.records.push(b.key, place, b.records),
+                Frame::SourceBatch(b) => {
+                    // Every host materializes offsets from its committed log
+                    // into its own store.
+                    self.offsets.committed(b.key, &self.committed.partitions[&b.key], false);
+                    self.records.push(b.key, place, b.records);
+                }
                 Frame::CompactionDone(done) => {
                     for (key, p) in &self.committed.partitions {
                         if p.stream == done.stream {
@@ -127,6 +132,15 @@ impl Host {
         let end = self.authority.held_raft().log_end();
         self.wal.follow_log(&end, self.fx.now);
         self.fenced();
+    }
+
+    /// Clustered mode: a host that does not serve still writes the offsets
+    /// its committed log holds into its own store (`pump` writes them for
+    /// one that serves).
+    pub(super) fn materialize_offsets(&mut self) {
+        if self.authority.raft_ref().is_some_and(|r| !r.serving()) {
+            self.offsets.write(&mut self.fx, &self.committed);
+        }
     }
 
     /// Clustered mode: the writer's next group goes where the log ends, and

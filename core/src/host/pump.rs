@@ -14,6 +14,9 @@ impl Host {
             self.ensure_spare();
             self.start_commit();
         }
+        if self.phase == Phase::Recovering {
+            self.materialize_offsets();
+        }
         if matches!(self.phase, Phase::Recovering | Phase::Stopped) {
             return;
         }

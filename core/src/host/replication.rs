@@ -54,6 +54,10 @@ pub(super) struct Replication {
     proposed: Option<Lsn>,
     /// Planted bugs of clustered mode.
     mutations: Mutations,
+    /// Since when this host has known no leader, or, leading, has waited
+    /// for its proposal to commit; and whether that was reported.
+    no_quorum_since: Option<Instant>,
+    stall_reported: bool,
 }
 
 /// What raft decided, for the coordinator to route.
@@ -96,6 +100,8 @@ impl Replication {
             landed_early: Default::default(),
             proposed: None,
             mutations,
+            no_quorum_since: Some(now),
+            stall_reported: false,
         }
     }
 
@@ -157,17 +163,45 @@ impl Replication {
         Ok((scanned, segment_bytes))
     }
 
-    pub(super) fn deadline(&self) -> Option<Instant> {
-        self.replica.as_ref().map(|_| self.next_tick)
+    pub(super) fn deadline(&self, report_after: Option<crate::time::Duration>) -> Option<Instant> {
+        let tick = self.replica.as_ref().map(|_| self.next_tick)?;
+        let stall = match (self.no_quorum_since, report_after, self.stall_reported) {
+            (Some(since), Some(after), false) => Some(since + after),
+            _ => None,
+        };
+        Some(stall.map_or(tick, |s| s.min(tick)))
     }
 
-    pub(super) fn on_timeout(&mut self, fx: &mut Effects) -> Vec<RaftNews> {
+    /// A visible stall: no leader known, or, leading, no commit of a
+    /// proposed group, for `report_after` (without a majority nothing more
+    /// is acknowledged; the pipeline waits, it never runs on fewer copies).
+    fn watch_quorum(&mut self, fx: &mut Effects, report_after: Option<crate::time::Duration>) {
+        match (self.no_quorum_since, report_after) {
+            (Some(since), Some(after)) if !self.stall_reported && fx.now >= since + after => {
+                self.stall_reported = true;
+                fx.emit(Output::Stalled { what: "raft quorum", for_: fx.now - since });
+            }
+            (None, _) if self.stall_reported => {
+                self.stall_reported = false;
+                fx.emit(Output::Unstalled);
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn on_timeout(
+        &mut self,
+        fx: &mut Effects,
+        report_after: Option<crate::time::Duration>,
+    ) -> Vec<RaftNews> {
         let Some(r) = self.replica.as_mut() else { return Vec::new() };
         if fx.now >= self.next_tick {
             r.tick();
             self.next_tick = fx.now + self.config.tick;
         }
-        self.drain(fx)
+        let news = self.drain(fx);
+        self.watch_quorum(fx, report_after);
+        news
     }
 
     pub(super) fn step(&mut self, fx: &mut Effects, m: PeerMessage) -> Vec<RaftNews> {
@@ -275,6 +309,7 @@ impl Replication {
             (offset == SEGMENT_HEADER_BYTES as u64).then_some(Opening { epoch: Epoch(r.term()), segment_bytes });
         let data = encode_entry(&Placement { segment, offset, opens }, bytes);
         self.proposed = Some(Lsn(r.log().last_index() + 1));
+        self.no_quorum_since.get_or_insert(fx.now);
         if r.propose(data).is_err() {
             // Refused: no longer the leader, or a leader transfer under way.
             let term = self.led.unwrap_or(0);
@@ -292,6 +327,9 @@ impl Replication {
                 ReplicaOutput::Send(m) => fx.emit(Output::Send(Box::new(m))),
                 ReplicaOutput::Persist(p) => self.queued.push_back(p),
                 ReplicaOutput::Committed(groups) => {
+                    if groups.iter().any(|c| Some(c.group.place.lsn) == self.proposed) || !self.serving {
+                        self.no_quorum_since = None;
+                    }
                     for c in groups {
                         if self.landed_early.remove(&c.group.place.lsn) {
                             continue;
@@ -311,6 +349,11 @@ impl Replication {
                 }
                 ReplicaOutput::Role { term, leader, is_leader } => {
                     fx.emit(Output::Role { term, leader, is_leader });
+                    match leader {
+                        0 => self.no_quorum_since = self.no_quorum_since.or(Some(fx.now)),
+                        _ if !is_leader => self.no_quorum_since = None,
+                        _ => {}
+                    }
                     if let Some(led) = self.led {
                         if !is_leader || term != led {
                             news.push(RaftNews::Deposed { term: led });

@@ -30,6 +30,8 @@ pub struct Replica {
     withheld: u64,
     /// (term, role) when last looked at.
     seen: (u64, StateRole),
+    /// The leader's id when last looked at (0: none known).
+    seen_leader: u64,
     /// Persisting requests in flight, oldest first: the `Ready`'s number
     /// and the messages that wait for it.
     persisting: VecDeque<(u64, Vec<Message>)>,
@@ -94,6 +96,7 @@ impl Replica {
             jitter: TickJitter::new(seed, id),
             withheld: 0,
             seen,
+            seen_leader: 0,
             persisting: VecDeque::new(),
             fetching: None,
             out: VecDeque::new(),
@@ -286,11 +289,18 @@ impl Replica {
     /// that keeps split votes from repeating), and the engine hears of it.
     fn observe(&mut self) {
         let now = (self.raw.raft.term, self.raw.raft.state);
+        let leader = self.raw.raft.leader_id;
         if now != self.seen {
             self.seen = now;
+            self.seen_leader = leader;
             self.withheld = self.jitter.draw();
-            let (term, leader, is_leader) = (now.0, self.raw.raft.leader_id, now.1 == StateRole::Leader);
+            let (term, is_leader) = (now.0, now.1 == StateRole::Leader);
             self.out.push_back(ReplicaOutput::Role { term, leader, is_leader });
+        } else if leader != self.seen_leader {
+            // A follower learned its leader within the term (no jitter: the
+            // election is over).
+            self.seen_leader = leader;
+            self.out.push_back(ReplicaOutput::Role { term: now.0, leader, is_leader: false });
         }
     }
 }

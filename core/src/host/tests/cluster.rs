@@ -11,14 +11,18 @@ use crate::mutation::Mutations;
 use crate::replication::entry::genesis;
 use crate::replication::hard_state::FILE_BYTES;
 use crate::time::Duration;
+use std::collections::BTreeSet;
 
 const HOSTS: u64 = 3;
 const RECORDS: u64 = 600;
 
 fn cluster_config(node: u64, seed: u64, mutations: Mutations) -> HostConfig {
+    let mut limits = config().limits;
+    limits.stall_report_after = Some(Duration::from_secs(20));
     HostConfig {
         seed: seed * 10 + node,
         mutations,
+        limits,
         cluster: Some(ClusterConfig { node, voters: (1..=HOSTS).collect(), tick: Duration::from_millis(100) }),
         ..config()
     }
@@ -48,6 +52,10 @@ struct Cluster {
     failure: Option<String>,
     kills: u64,
     deposed: u64,
+    /// (host, true) for every `Stalled`, (host, false) for every `Unstalled`.
+    stalls: Vec<(usize, bool)>,
+    /// Every message is lost.
+    cut: bool,
     leaders: BTreeMap<u64, u64>,
 }
 
@@ -77,6 +85,8 @@ impl Cluster {
             failure: None,
             kills: 0,
             deposed: 0,
+            stalls: Vec::new(),
+            cut: false,
             leaders: BTreeMap::new(),
         };
         for i in 0..HOSTS as usize {
@@ -108,6 +118,8 @@ impl Cluster {
             match out {
                 Output::Io { id, op } => self.nodes[i].held.push((id, op)),
                 Output::Send(m) => self.net.push(m),
+                Output::Stalled { what: "raft quorum", .. } => self.stalls.push((i, true)),
+                Output::Unstalled => self.stalls.push((i, false)),
                 Output::Role { term, is_leader: true, .. }
                     if *self.leaders.entry(term).or_insert(i as u64 + 1) != i as u64 + 1 =>
                 {
@@ -223,7 +235,7 @@ impl Cluster {
             40..=79 if !self.net.is_empty() => {
                 let at = self.next(self.net.len() as u64) as usize;
                 let m = self.net.swap_remove(at);
-                if self.next(30) != 0 {
+                if self.next(30) != 0 && !self.cut {
                     let to = m.to as usize - 1;
                     self.handle(to, Input::Peer(m));
                 }
@@ -268,7 +280,7 @@ fn run(seed: u64, mutations: Mutations) -> Cluster {
     }
     for _ in 0..400_000 {
         c.step(false);
-        if c.failure.is_some() || (c.delivered().len() as u64 >= RECORDS && c.converged()) {
+        if c.failure.is_some() || (c.delivered().len() as u64 >= RECORDS && c.converged() && c.materialized()) {
             break;
         }
     }
@@ -276,6 +288,11 @@ fn run(seed: u64, mutations: Mutations) -> Cluster {
 }
 
 impl Cluster {
+    /// Every host's offsets store holds the last position.
+    fn materialized(&self) -> bool {
+        self.nodes.iter().all(|n| n.offsets.get(&key0()).is_some_and(|v| v[..8] == RECORDS.to_le_bytes()))
+    }
+
     /// Every host runs and holds the same segments, byte for byte.
     fn converged(&self) -> bool {
         self.nodes.iter().all(|n| n.host.is_some() && n.segments == self.nodes[0].segments)
@@ -293,6 +310,13 @@ impl Cluster {
         }
         if !self.converged() {
             return Err("the hosts' segments differ".into());
+        }
+        // Every host materializes offsets from its committed log, leader or not.
+        for (i, n) in self.nodes.iter().enumerate() {
+            let stored = n.offsets.get(&key0()).map(|v| OffsetValue::decode(v).expect("24 bytes").position.0);
+            if stored != Some(RECORDS) {
+                return Err(format!("host {} stored {stored:?} for {RECORDS} committed records", i + 1));
+            }
         }
         Ok(())
     }
@@ -320,4 +344,26 @@ fn acknowledging_appends_before_they_are_durable_breaks_exactly_once() {
     let verdict = |seed| std::panic::catch_unwind(|| run(seed, m).verdict()).unwrap_or_else(|_| Err("panicked".into()));
     let caught: Vec<String> = (0..12).filter_map(|seed| verdict(seed).err()).collect();
     assert!(!caught.is_empty(), "ack-before-persist went unnoticed");
+}
+
+#[test]
+fn hosts_that_reach_no_majority_report_a_stall_and_its_end() {
+    let mut c = Cluster::new(3, Mutations::NONE);
+    c.cut = true;
+    while c.now < Instant::from_micros(30_000_000) {
+        c.step(false);
+    }
+    assert_eq!(c.failure, None);
+    let stalled: BTreeSet<usize> = c.stalls.iter().filter(|s| s.1).map(|s| s.0).collect();
+    assert_eq!(stalled.len(), HOSTS as usize, "every host reports the stall: {:?}", c.stalls);
+    assert!(c.sink.is_empty(), "nothing is delivered without a majority");
+    c.cut = false;
+    for _ in 0..200_000 {
+        c.step(false);
+        if c.stalls.iter().filter(|s| !s.1).count() == HOSTS as usize {
+            break;
+        }
+    }
+    let ended: BTreeSet<usize> = c.stalls.iter().filter(|s| !s.1).map(|s| s.0).collect();
+    assert_eq!(ended.len(), HOSTS as usize, "every host reports its end once a leader is known: {:?}", c.stalls);
 }
