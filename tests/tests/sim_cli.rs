@@ -87,6 +87,11 @@ fn list_mutations_names_every_planted_bug() {
         "offsets-regress",
         "ignore-missing-segments",
         "read-back-wrong-partition",
+        "commit-before-quorum",
+        "ack-before-persist",
+        "vote-not-persisted",
+        "no-truncate-on-conflict",
+        "serve-before-term-commit",
     ];
     assert_eq!(names, expected, "the planted bugs, as the README lists them");
 }

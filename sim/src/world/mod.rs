@@ -58,6 +58,18 @@ pub enum Outcome {
     Fail(Violation),
 }
 
+impl Outcome {
+    /// A run whose engine panicked: the assertion's message is the finding.
+    pub fn panicked(panic: Box<dyn std::any::Any + Send>) -> Outcome {
+        let msg = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "panic".into());
+        Outcome::Fail(Violation { invariant: invariant::CORE_ASSERTION, detail: msg })
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct RunStats {
     pub source_records: u64,
@@ -211,14 +223,7 @@ impl World {
         self.plan_faults();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.main_loop()));
         let outcome = match result {
-            Err(panic) => {
-                let msg = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "panic".into());
-                Outcome::Fail(Violation { invariant: invariant::CORE_ASSERTION, detail: msg })
-            }
+            Err(panic) => Outcome::panicked(panic),
             Ok(()) => match (&self.checker.violation, &self.fail_closed) {
                 (Some(v), _) => Outcome::Fail(v.clone()),
                 (None, Some(why)) => Outcome::FailClosed(why.clone()),
