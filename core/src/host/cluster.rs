@@ -96,7 +96,6 @@ impl Host {
             let what = format!("the committed group at LSN {} does not decode", place.lsn.0);
             return self.stop(StopReason::ClusterLog { what });
         };
-        let sinks = self.cfg.sinks.len() as u16;
         for frame in scanned.frames {
             self.committed.apply(place.lsn, &frame);
             match frame {
@@ -106,14 +105,7 @@ impl Host {
                     self.offsets.committed(b.key, &self.committed.partitions[&b.key], false);
                     self.records.push(b.key, place, b.records);
                 }
-                Frame::CompactionDone(done) => {
-                    for (key, p) in &self.committed.partitions {
-                        if p.stream == done.stream {
-                            let floor = (0..sinks).map(|s| self.committed.acked(SinkId(s), *key)).min();
-                            self.records.prune(*key, floor.unwrap_or_default());
-                        }
-                    }
-                }
+                Frame::CompactionDone(done) => self.prune_acked(done.stream),
                 _ => {}
             }
         }

@@ -64,16 +64,20 @@ impl Host {
                     self.dispatch(plan.sink, plan.stream);
                 }
             }
-            Frame::CompactionDone(done) => {
-                let sinks = self.cfg.sinks.len() as u16;
-                for (key, p) in &self.committed.partitions {
-                    if p.stream == done.stream {
-                        let floor = (0..sinks).map(|s| self.committed.acked(SinkId(s), *key)).min();
-                        self.records.prune(*key, floor.unwrap_or_default());
-                    }
-                }
-            }
+            Frame::CompactionDone(done) => self.prune_acked(done.stream),
             _ => {}
+        }
+    }
+
+    /// A sink acknowledged a batch of `stream`: the records every sink has
+    /// acknowledged are no longer held.
+    pub(super) fn prune_acked(&mut self, stream: StreamId) {
+        let sinks = self.cfg.sinks.len() as u16;
+        for (key, p) in &self.committed.partitions {
+            if p.stream == stream {
+                let floor = (0..sinks).map(|s| self.committed.acked(SinkId(s), *key)).min();
+                self.records.prune(*key, floor.unwrap_or_default());
+            }
         }
     }
 }
