@@ -179,6 +179,7 @@ impl Host {
                 };
                 self.on_raft_news(news);
             }
+            Input::Join { node, replaces } => self.on_join(node, replaces),
         }
         if self.phase != Phase::Stopped {
             self.pump();
@@ -296,6 +297,7 @@ impl Host {
         if let Some(r) = self.authority.raft() {
             let news = r.on_timeout(&mut self.fx, self.cfg.limits.stall_report_after);
             self.on_raft_news(news);
+            self.plan_membership();
         }
     }
 

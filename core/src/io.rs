@@ -30,6 +30,14 @@ pub enum Input {
     /// A raft message from a peer (clustered mode; the transport has
     /// checked that it comes from the peer it names).
     Peer(Box<PeerMessage>),
+    /// Clustered mode, to the leader: let host `node` (started by `cluster
+    /// join` on an empty DATA_DIR) join as a learner in place of the lost
+    /// voter `replaces`; it is promoted, and `replaces` removed for good,
+    /// once it has caught up. Refusals come back as `JoinRefused`.
+    Join {
+        node: u64,
+        replaces: u64,
+    },
 }
 
 /// A raft message between hosts (raft-rs's protobuf type).
@@ -80,6 +88,12 @@ pub enum Output {
         term: u64,
         leader: u64,
         is_leader: bool,
+    },
+    /// A `Join` was refused, and why (this host does not lead, the id is
+    /// taken or removed, another change is under way).
+    JoinRefused {
+        node: u64,
+        why: &'static str,
     },
     /// The engine stopped; no further output follows.
     Stopped(StopReason),
@@ -448,6 +462,10 @@ pub enum StopReason {
     /// (acknowledged groups missing from its disk, a damaged hard-state
     /// file, an entry that is not a group it may write): it must not vote.
     ClusterLog { what: String },
+    /// Clustered mode: this host takes no part in the cluster: its
+    /// DATA_DIR has no cluster identity (never initialized, or wiped),
+    /// belongs to another node id, or its id was removed.
+    NotMember { what: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

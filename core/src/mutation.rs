@@ -62,6 +62,10 @@ pub enum Mutation {
     /// Clustered mode: a new leader serves (sources, sinks, acks) as soon as
     /// it is elected, before a group of its own term has committed.
     ServeBeforeTermCommit,
+    /// Clustered mode: a host whose DATA_DIR is empty (wiped, its data
+    /// lost) starts as a fresh voter under its old id instead of refusing,
+    /// so it may vote for a log that lacks what it had acknowledged.
+    WipedPeerVotes,
 }
 
 impl Mutation {
@@ -92,6 +96,7 @@ impl Mutation {
         Mutation::VoteNotPersisted,
         Mutation::NoTruncateOnConflict,
         Mutation::ServeBeforeTermCommit,
+        Mutation::WipedPeerVotes,
     ];
 
     pub fn name(self) -> &'static str {
@@ -118,6 +123,7 @@ impl Mutation {
             Mutation::NoTruncateOnConflict => "no-truncate-on-conflict",
             Mutation::CommitBeforeQuorum => "commit-before-quorum",
             Mutation::ServeBeforeTermCommit => "serve-before-term-commit",
+            Mutation::WipedPeerVotes => "wiped-peer-votes",
         }
     }
 

@@ -18,6 +18,7 @@ pub use raft::eraftpb::{ConfState, HardState};
 pub mod entry;
 pub mod hard_state;
 pub mod log;
+pub mod membership;
 pub mod replica;
 pub mod terms;
 

@@ -55,7 +55,7 @@ impl CommittedState {
                 }
             }
             Frame::Snapshot(s) => self.restore(s),
-            Frame::Seal | Frame::Commit(_) | Frame::Fence => {}
+            Frame::Seal | Frame::Commit(_) | Frame::Fence | Frame::Membership(_) => {}
         }
     }
 

@@ -122,7 +122,7 @@ pub async fn drive(
                     info!(wal = %backends.place, bytes, "the WAL is below its size limit again; sources resume");
                 }
                 Output::Stopped(reason) => return reason,
-                Output::Send(_) | Output::Role { .. } => {
+                Output::Send(_) | Output::Role { .. } | Output::JoinRefused { .. } => {
                     unreachable!("clustered mode is refused at start-up until its transport is built (issue #13)")
                 }
                 Output::LeaseWait { holder, generation } => info!(

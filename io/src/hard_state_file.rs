@@ -4,9 +4,13 @@
 //! then `fdatasync`. A crash mid-write leaves the other slot, so opening
 //! always finds the last state that was saved in full. Clustered mode only
 //! (issue #12, in progress).
+//!
+//! `skipprd cluster init` and `cluster join` create the file (`init`) with
+//! its first state, which names the cluster and this host's node id; a
+//! host without the file has no cluster identity and takes no part.
 
 use crate::disk_wal::sync_dir;
-use skippr_core::replication::hard_state::{decode_file, encode_slot, slot_offset, Saved, FILE_BYTES};
+use skippr_core::replication::hard_state::{decode_file, encode_slot, slot_offset, Members, Saved, FILE_BYTES};
 use skippr_core::replication::{ConfState, HardState};
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -22,18 +26,30 @@ pub struct HardStateFile {
 }
 
 impl HardStateFile {
-    /// Opens the file in `dir`, creating it (two zeroed slots, file and
-    /// directory synced) if it is not there, and reads the current state:
-    /// `None` for a fresh file. A file with no valid slot is an error that
-    /// names it: the host must not vote without knowing its term and vote.
+    /// Creates the file in `dir` holding `bytes` (`hard_state::first_file`),
+    /// mode 0600, file and directory synced. Refused if the file exists: a
+    /// DATA_DIR belongs to one node of one cluster.
+    pub fn init(dir: &Path, bytes: &[u8]) -> io::Result<()> {
+        assert_eq!(bytes.len(), FILE_BYTES, "a whole hard-state file");
+        let path = dir.join(FILE_NAME);
+        let fresh = OpenOptions::new().create_new(true).write(true).mode(0o600).open(&path).map_err(|e| {
+            let what = match e.kind() {
+                io::ErrorKind::AlreadyExists => "it already belongs to a cluster node".to_string(),
+                _ => e.to_string(),
+            };
+            io::Error::new(e.kind(), format!("{}: {what}", path.display()))
+        })?;
+        fresh.write_all_at(bytes, 0)?;
+        fresh.sync_all()?;
+        sync_dir(dir)
+    }
+
+    /// Opens the file in `dir` and reads the current state (`None` for a
+    /// file of zeros). A missing file is `NotFound`; one with no valid
+    /// slot is an error that names it: the host must not vote without
+    /// knowing its term and vote.
     pub fn open(dir: &Path) -> io::Result<(HardStateFile, Option<Saved>)> {
         let path = dir.join(FILE_NAME);
-        if !path.exists() {
-            let fresh = OpenOptions::new().create_new(true).write(true).mode(0o600).open(&path)?;
-            fresh.write_all_at(&vec![0u8; FILE_BYTES], 0)?;
-            fresh.sync_all()?;
-            sync_dir(dir)?;
-        }
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
         let bytes = std::fs::read(&path)?;
         let saved = decode_file(&bytes)
@@ -42,9 +58,9 @@ impl HardStateFile {
         Ok((HardStateFile { file, path, next_seq }, saved))
     }
 
-    /// Saves `hard` and `conf` durably in the slot the current state is not in.
-    pub fn save(&mut self, hard: &HardState, conf: &ConfState) -> io::Result<()> {
-        let slot = encode_slot(self.next_seq, hard, conf)
+    /// Saves the state durably in the slot the current state is not in.
+    pub fn save(&mut self, hard: &HardState, conf: &ConfState, members: &Members) -> io::Result<()> {
+        let slot = encode_slot(self.next_seq, hard, conf, members)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{}: {e}", self.path.display())))?;
         self.file.write_all_at(&slot, slot_offset(self.next_seq))?;
         self.file.sync_data()?;
@@ -67,28 +83,39 @@ mod tests {
         ConfState::from((vec![1, 2, 3], vec![]))
     }
 
+    fn members() -> Members {
+        Members { cluster: 9, node: 2, segment_bytes: 1 << 20, ..Members::default() }
+    }
+
     #[test]
     fn saves_alternate_slots_and_the_last_full_save_is_found_again() {
         let tmp = tempfile::tempdir().unwrap();
+        let e = HardStateFile::open(tmp.path()).err().expect("no file, no identity");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        let first = skippr_core::replication::hard_state::first_file(&members(), &[1, 2, 3]).unwrap();
+        HardStateFile::init(tmp.path(), &first).unwrap();
+        let e = HardStateFile::init(tmp.path(), &first).unwrap_err().to_string();
+        assert!(e.contains("already belongs to a cluster node"), "{e}");
         let (mut f, saved) = HardStateFile::open(tmp.path()).unwrap();
-        assert_eq!(saved, None, "a fresh file holds no state");
+        let saved = saved.expect("init wrote the first state");
+        assert_eq!((saved.seq, saved.members.node, saved.conf.voters.clone()), (1, 2, vec![1, 2, 3]));
         let path = tmp.path().join(FILE_NAME);
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
-        for term in 1..=3 {
-            f.save(&hard(term, 2, 10 * term), &conf()).unwrap();
+        for term in 1..=2 {
+            f.save(&hard(term, 2, 10 * term), &conf(), &members()).unwrap();
         }
         drop(f);
         let (mut f, saved) = HardStateFile::open(tmp.path()).unwrap();
         let saved = saved.unwrap();
-        assert_eq!((saved.seq, saved.hard.term, saved.hard.commit), (2, 3, 30));
-        f.save(&hard(4, 1, 41), &conf()).unwrap();
+        assert_eq!((saved.seq, saved.hard.term, saved.hard.commit), (3, 2, 20));
+        f.save(&hard(4, 1, 41), &conf(), &members()).unwrap();
         // A crash tore the next save (seq 4, slot 0): the previous stands.
         let mut bytes = std::fs::read(&path).unwrap();
         let torn = slot_offset(4) as usize;
         bytes[torn + 40..torn + SLOT_BYTES].fill(0xee);
         std::fs::write(&path, &bytes).unwrap();
         let (_, saved) = HardStateFile::open(tmp.path()).unwrap();
-        assert_eq!(saved.unwrap().hard.term, 4, "seq 3, in the other slot");
+        assert_eq!(saved.unwrap().hard.term, 2, "seq 3, in the other slot");
     }
 
     #[test]

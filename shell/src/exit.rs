@@ -55,7 +55,7 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::WalWriteFailed { .. } | StopReason::WalReadFailed { .. } => WAL_WRITE,
         StopReason::SinkFatal { .. } => SINK_FATAL,
         StopReason::SourceProtocol { .. } => SOURCE_PROTOCOL,
-        StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } => CONFIG,
+        StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } | StopReason::NotMember { .. } => CONFIG,
         StopReason::SchemaRejected { .. } => SCHEMA_REJECTED,
         StopReason::Fenced { .. } | StopReason::LeaseLost { .. } | StopReason::Deposed { .. } => FENCED,
         StopReason::Stalled { .. } => STALLED,

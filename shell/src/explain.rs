@@ -159,5 +159,6 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
         StopReason::ClusterLog { what } => {
             format!("this host's clustered WAL cannot be trusted, so it will not vote: {what} ({})", wal.root())
         }
+        StopReason::NotMember { what } => format!("this host takes no part in the cluster: {what} ({})", wal.root()),
     }
 }

@@ -101,6 +101,26 @@ impl SimWal {
         }
     }
 
+    /// `cluster init` or `cluster join`: the hard-state file's first bytes.
+    pub fn init_hard_state(&mut self, file: Vec<u8>) {
+        if let SimWal::Disk(d) = self {
+            d.hard_state = file;
+        }
+    }
+
+    /// The host's data is gone for good (a disk replaced): no segment, no
+    /// hard-state file.
+    pub fn wipe(&mut self) {
+        if let SimWal::Disk(d) = self {
+            for id in d.disk.list() {
+                d.disk.delete(id);
+            }
+            d.hard_state.fill(0);
+            d.durable_ends.clear();
+            d.newest_append = None;
+        }
+    }
+
     /// What each segment holds durably (what a power cut would leave).
     pub fn segments_durable(&self) -> Vec<(SegmentId, Vec<u8>)> {
         match self {

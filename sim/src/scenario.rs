@@ -238,6 +238,9 @@ pub struct ClusterSpec {
     pub partitions: u32,
     /// A crash freezes the host instead (it wakes later, maybe deposed).
     pub freeze: f64,
+    /// One host's data is wiped during the fault phase (its disk lost for
+    /// good); it comes back through `cluster join` under a new id.
+    pub wipe: bool,
 }
 
 impl Scenario {
@@ -364,10 +367,12 @@ impl Scenario {
             net_duplicate: c.rate(0.5, 0.001, 0.05),
             partitions: if c.chance(0.3) { 0 } else { c.range(1, 4) as u32 },
             freeze: c.rate(0.5, 0.2, 0.6),
+            wipe: false,
         };
         // Long enough for a few elections (ten ticks each) while faults are on.
         let elections = Instant::from_micros(base * 10 * c.range(8, 24));
         self.fault_phase_end = self.fault_phase_end.max(elections);
+        self.cluster.wipe = c.chance(0.4);
         self.limits.wal_bytes_max = 1 << 40;
         self.stop_when_exhausted = false;
         self.faults.rot = false;
@@ -431,11 +436,13 @@ impl Scenario {
     }
 
     /// Host `node` of the cluster (ids from 1), in its `incarnation`.
-    pub fn cluster_host_config(&self, mutations: Mutations, node: usize, incarnation: u64) -> HostConfig {
+    /// The configuration of the host in slot `node` (1-based) running as
+    /// raft node `id` (its slot number, or a new id after `cluster join`).
+    pub fn cluster_host_config(&self, mutations: Mutations, node: usize, id: u64, incarnation: u64) -> HostConfig {
         let seed_mix = (node as u64) << 40 | incarnation;
         let mut cfg = self.host_config(mutations, seed_mix);
         cfg.cluster = Some(ClusterConfig {
-            node: node as u64,
+            node: id,
             voters: (1..=self.cluster.hosts as u64).collect(),
             tick: self.cluster.ticks[node - 1],
         });

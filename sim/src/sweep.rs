@@ -108,7 +108,7 @@ const FAULT_KINDS: usize = 24;
 
 /// The faults of a run and the rare engine paths it took, by the names
 /// `--stats` prints them under.
-fn faults(s: &RunStats) -> [(&'static str, u64); 35] {
+fn faults(s: &RunStats) -> [(&'static str, u64); 38] {
     [
         ("crashes", s.crashes),
         ("crashes that cut the power", s.power_cuts),
@@ -132,6 +132,7 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 35] {
         ("WAL reads for a sink that failed", s.read_fails),
         ("clustered: partitions", s.partitions),
         ("clustered: hosts frozen", s.freezes),
+        ("clustered: hosts wiped", s.wipes),
         ("clustered: raft messages lost", s.messages_lost),
         ("clustered: raft messages duplicated", s.messages_duplicated),
         ("a commit that landed as the lease may have lapsed, verified", s.late_commits_verified),
@@ -143,6 +144,8 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 35] {
         ("clustered: more than one term had a leader", s.terms.saturating_sub(1)),
         ("clustered: a leader stopped on losing leadership", s.deposed),
         ("clustered: a conflicting uncommitted tail truncated", s.truncations),
+        ("clustered: a wiped host joined under a new id", s.joins),
+        ("clustered: a joined host promoted to voter", s.promotions),
         ("clustered: two truncations", s.truncations.saturating_sub(1)),
         ("clustered: a host restarted", s.restarts.saturating_sub(3)),
     ]
@@ -208,6 +211,10 @@ impl Totals {
         t.partitions += s.partitions;
         t.freezes += s.freezes;
         t.truncations += s.truncations;
+        t.wipes += s.wipes;
+        t.joins += s.joins;
+        t.promotions += s.promotions;
+        t.joins_refused += s.joins_refused;
         t.messages_lost += s.messages_lost;
         t.messages_duplicated += s.messages_duplicated;
         t.steps += s.steps;
@@ -259,6 +266,10 @@ impl Totals {
             ("clustered: partitions", t.partitions as f64 / n),
             ("clustered: hosts frozen", t.freezes as f64 / n),
             ("clustered: truncated tails", t.truncations as f64 / n),
+            ("clustered: hosts wiped", t.wipes as f64 / n),
+            ("clustered: wiped hosts joined again", t.joins as f64 / n),
+            ("clustered: joined hosts promoted", t.promotions as f64 / n),
+            ("clustered: joins refused", t.joins_refused as f64 / n),
             ("clustered: raft messages lost", t.messages_lost as f64 / n),
             ("clustered: raft messages duplicated", t.messages_duplicated as f64 / n),
             ("engine steps", t.steps as f64 / n),

@@ -73,6 +73,11 @@ impl Trace {
                 self.u64(4);
                 self.message(m);
             }
+            Input::Join { node, replaces } => {
+                self.u64(5);
+                self.u64(*node);
+                self.u64(*replaces);
+            }
         }
         if self.print {
             self.lines.push(format!("{now} -> {}", describe_input(input)));
@@ -121,6 +126,11 @@ impl Trace {
                 self.u64(19);
                 self.u64(*term);
                 self.u64(*leader ^ (*is_leader as u64) << 63);
+            }
+            Output::JoinRefused { node, why } => {
+                self.u64(20);
+                self.u64(*node);
+                self.update(why.as_bytes());
             }
         }
         if self.print {
@@ -311,6 +321,7 @@ pub fn describe_input(input: &Input) -> String {
         Input::Timeout => "timeout".into(),
         Input::Shutdown => "shutdown".into(),
         Input::Peer(m) => format!("peer {}", describe_message(m)),
+        Input::Join { node, replaces } => format!("join node {node} in place of {replaces}"),
     }
 }
 
@@ -377,6 +388,7 @@ pub fn describe_output(output: &Output) -> String {
         Output::Role { term, leader, is_leader } => {
             format!("role term={term} leader={leader}{}", if *is_leader { " (this host)" } else { "" })
         }
+        Output::JoinRefused { node, why } => format!("join of node {node} refused: {why}"),
     }
 }
 

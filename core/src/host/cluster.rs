@@ -14,13 +14,15 @@ use super::replication::RaftNews;
 use super::*;
 use crate::recovery::{rebuild, WalDamage};
 use crate::replication::entry::EntryGroup;
+use crate::replication::membership::Join;
 use crate::wal::{check_group, Frame};
 
 impl Host {
     pub(super) fn on_hard_state_read(&mut self, result: Result<Vec<u8>, IoError>) {
         let Ok(file) = result else { return self.fx.retry_later(Retry::HardStateRead) };
         self.fx.succeeded(Retry::HardStateRead);
-        if let Err(stop) = self.authority.held_raft().on_hard_state(&file) {
+        let segment_bytes = self.cfg.limits.segment_bytes;
+        if let Err(stop) = self.authority.held_raft().on_hard_state(&file, segment_bytes) {
             return self.stop(stop);
         }
         self.fx.io(Pending::WalList, IoOp::Wal(WalOp::List));
@@ -31,12 +33,9 @@ impl Host {
     /// groups wait for raft), no fence (raft's own entry at a new term is
     /// one) and no plugins until this host serves.
     pub(super) fn restore_cluster(&mut self, segments: &[(SegmentId, &[u8])]) {
-        if segments.is_empty() {
-            let what = "this DATA_DIR holds no WAL of a cluster: run `skipprd cluster init` on it first";
-            return self.stop(StopReason::ClusterLog { what: what.into() });
-        }
         let now = self.fx.now;
-        let (scanned, segment_bytes) = match self.authority.held_raft().restore(segments, &self.cfg.limits, now) {
+        let restored = self.authority.held_raft().restore(&mut self.fx, segments, &self.cfg.limits, now);
+        let (scanned, segment_bytes) = match restored {
             Ok(restored) => restored,
             Err(stop) => return self.stop(stop),
         };
@@ -147,9 +146,25 @@ impl Host {
     }
 
     pub(super) fn send_proposal(&mut self) {
-        let Some((segment, offset, bytes)) = self.wal.take_proposal() else { return };
+        let Some((segment, offset, bytes, change)) = self.wal.take_proposal() else { return };
         let segment_bytes = self.cfg.limits.segment_bytes;
-        let news = self.authority.held_raft().propose(&mut self.fx, segment, offset, &bytes, segment_bytes);
+        let news = self.authority.held_raft().propose(&mut self.fx, segment, offset, &bytes, segment_bytes, change);
         self.on_raft_news(news);
+    }
+
+    /// A serving leader's next membership change rides the WAL writer's
+    /// next group, as one of its frames.
+    pub(super) fn plan_membership(&mut self) {
+        let Some(r) = self.authority.raft() else { return };
+        if let Some(change) = r.next_change() {
+            self.wal.push(Frame::Membership(change));
+        }
+    }
+
+    pub(super) fn on_join(&mut self, node: u64, replaces: u64) {
+        match self.authority.raft() {
+            Some(r) => r.ask_join(&mut self.fx, Join { node, replaces }),
+            None => self.fx.emit(Output::JoinRefused { node, why: "this host is not in clustered mode" }),
+        }
     }
 }

@@ -14,9 +14,10 @@ use crate::config::{ClusterConfig, Limits};
 use crate::ids::*;
 use crate::io::{IoOp, Output, PeerMessage, Replicate, StopReason, WalOp};
 use crate::mutation::{Mutation, Mutations};
-use crate::replication::entry::{encode_entry, Opening, Placement};
-use crate::replication::hard_state::{decode_file, encode_slot, slot_offset};
+use crate::replication::entry::{encode_entry, genesis, EntryGroup, Opening, Placement};
+use crate::replication::hard_state::{decode_file, encode_slot, slot_offset, Members};
 use crate::replication::log::Log;
+use crate::replication::membership::Join;
 use crate::replication::replica::{CommittedGroup, Persist, Replica, ReplicaOutput};
 use crate::replication::{ConfState, HardState};
 use crate::time::Instant;
@@ -28,7 +29,9 @@ pub(super) struct Replication {
     seed: u64,
     replica: Option<Replica>,
     /// The hard state read at start, until the log is restored.
-    loaded: Option<(HardState, ConfState)>,
+    loaded: Option<(HardState, ConfState, Members)>,
+    /// A membership change is among the WAL writer's pending frames.
+    change_queued: bool,
     /// The sequence number of the next hard-state save.
     next_seq: u64,
     /// The term this host leads, once it has seen itself become leader.
@@ -89,6 +92,7 @@ impl Replication {
             seed,
             replica: None,
             loaded: None,
+            change_queued: false,
             next_seq: 1,
             led: None,
             serving: false,
@@ -113,16 +117,44 @@ impl Replication {
         self.serving && self.replica.as_ref().is_some_and(|r| r.is_leader())
     }
 
-    /// The hard-state file's bytes at start. A fresh file (zeros) holds no
-    /// state: the cluster's voters from the configuration, term 0.
-    pub(super) fn on_hard_state(&mut self, file: &[u8]) -> Result<(), StopReason> {
+    /// The hard-state file's bytes at start. `cluster init` or `cluster
+    /// join` wrote its first state; a file that holds none (missing, or
+    /// zeros) means this DATA_DIR has no cluster identity: never
+    /// initialized, or wiped. Such a host takes no part, since a voter that
+    /// forgot what it acknowledged could elect a log that lacks it; if its
+    /// data was lost it comes back under a new id with `cluster join`.
+    pub(super) fn on_hard_state(&mut self, file: &[u8], segment_bytes: u64) -> Result<(), StopReason> {
+        let not_member = |what: String| StopReason::NotMember { what };
         let saved = decode_file(file).map_err(cluster_log)?;
+        let node = self.config.node;
         self.loaded = Some(match saved {
             Some(s) => {
+                if s.members.node != node {
+                    return Err(not_member(format!(
+                        "its DATA_DIR belongs to node {} of cluster {:016x}, and it is configured as node {node}",
+                        s.members.node, s.members.cluster
+                    )));
+                }
+                if s.members.removed.contains(&node) {
+                    return Err(not_member(format!(
+                        "node {node} was removed from the cluster and is refused forever; bring this host back \
+                         under a new id with `skipprd cluster join`"
+                    )));
+                }
                 self.next_seq = s.seq + 1;
-                (s.hard, s.conf)
+                (s.hard, s.conf, s.members)
             }
-            None => (HardState::default(), ConfState::from((self.config.voters.clone(), vec![]))),
+            None if self.mutations.has(Mutation::WipedPeerVotes) => {
+                // The planted bug: an empty DATA_DIR taken for a new voter.
+                let members = Members { node, segment_bytes, ..Members::default() };
+                (HardState::default(), ConfState::from((self.config.voters.clone(), vec![])), members)
+            }
+            None => {
+                return Err(not_member(format!(
+                    "its DATA_DIR holds no cluster identity (node {node}): run `skipprd cluster init` on every host \
+                     of a new cluster, or, if this host's data was lost, `skipprd cluster join` under a new node id"
+                )))
+            }
         });
         Ok(())
     }
@@ -133,15 +165,27 @@ impl Replication {
     /// state from; later groups wait for raft) and the log's segment size.
     pub(super) fn restore(
         &mut self,
+        fx: &mut Effects,
         segments: &[(SegmentId, &[u8])],
         limits: &Limits,
         now: Instant,
     ) -> Result<(Vec<ScannedSegment>, u64), StopReason> {
-        let (hard, conf) = self.loaded.take().expect("the hard state is read before the segments");
+        let (hard, conf, members) = self.loaded.take().expect("the hard state is read before the segments");
         let commit = hard.commit;
-        let (log, mut scanned) = Log::restore(hard, conf, segments).map_err(cluster_log)?;
+        let empty = || crate::wal::scan(segments, false).is_ok_and(|s| s.iter().all(|s| s.groups.is_empty()));
+        let (log, mut scanned) = if hard == HardState::default() && empty() {
+            // A host's first start (or a retry of one whose first write
+            // failed): its WAL begins with the genesis group, written
+            // before anything raft does.
+            self.write_genesis(fx, members.segment_bytes);
+            let (end, first) = genesis(members.segment_bytes);
+            let scanned = crate::wal::scan(&[(SegmentId(0), &first)], false).expect("the genesis group scans");
+            (Log::new(hard, conf, (0, 0), end), scanned)
+        } else {
+            Log::restore(hard, conf, segments).map_err(cluster_log)?
+        };
         let segment_bytes = log.end().segment_bytes;
-        let mut replica = Replica::new(self.config.node, log, commit, limits, self.seed).map_err(cluster_log)?;
+        let mut replica = Replica::new(log, members, commit, limits, self.seed).map_err(cluster_log)?;
         if self.mutations.has(Mutation::AckBeforePersist) {
             replica.plant_ack_before_persist();
         }
@@ -161,6 +205,21 @@ impl Replication {
             }
         }
         Ok((scanned, segment_bytes))
+    }
+
+    /// Segment 0 with the genesis group, as the first request.
+    fn write_genesis(&mut self, fx: &mut Effects, segment_bytes: u64) {
+        let (end, first) = genesis(segment_bytes);
+        let offset = SEGMENT_HEADER_BYTES as u64;
+        let group = EntryGroup {
+            place: GroupPlace { lsn: Lsn(0), segment: SegmentId(0), offset, len: end.end - offset },
+            opens: Some(Opening { epoch: Epoch(0), segment_bytes }),
+            sealed: false,
+            bytes: first[offset as usize..].to_vec().into(),
+        };
+        let op = Replicate { remove: Vec::new(), zero: Vec::new(), groups: vec![group], hard_state: None };
+        self.in_flight = Some(Vec::new());
+        fx.io(Pending::WalReplicate(SegmentId(0)), IoOp::Wal(WalOp::Replicate(op)));
     }
 
     pub(super) fn deadline(&self, report_after: Option<crate::time::Duration>) -> Option<Instant> {
@@ -245,8 +304,8 @@ impl Replication {
             hard = p.hard.or(hard);
         }
         let hard_state = match hard {
-            Some((hs, cs)) => {
-                let slot = encode_slot(self.next_seq, &hs, &cs).map_err(cluster_log)?;
+            Some((hs, cs, members)) => {
+                let slot = encode_slot(self.next_seq, &hs, &cs, &members).map_err(cluster_log)?;
                 let at = slot_offset(self.next_seq);
                 self.next_seq += 1;
                 Some((at, slot))
@@ -295,7 +354,33 @@ impl Replication {
         self.replica.as_ref().expect("serving implies a replica").log().end()
     }
 
-    /// Proposes the group the WAL writer built at (`segment`, `offset`).
+    /// A leader is asked to let a host join (`Input::Join`).
+    pub(super) fn ask_join(&mut self, fx: &mut Effects, join: Join) {
+        let result = match self.replica.as_mut() {
+            Some(r) if self.serving => r.ask_join(join),
+            _ => Err("this host does not lead the cluster: ask the leader"),
+        };
+        if let Err(why) = result {
+            fx.emit(Output::JoinRefused { node: join.node, why });
+        }
+    }
+
+    /// The membership change a serving leader should make next, as the
+    /// bytes of the frame that carries it, if one is due and none is queued
+    /// or pending.
+    pub(super) fn next_change(&mut self) -> Option<Vec<u8>> {
+        if !self.serving() || self.change_queued {
+            return None;
+        }
+        use protobuf::Message as _;
+        let cc = self.replica.as_mut()?.next_change()?;
+        self.change_queued = true;
+        Some(cc.write_to_bytes().expect("a conf change encodes"))
+    }
+
+    /// Proposes the group the WAL writer built at (`segment`, `offset`); one
+    /// holding a membership change (`change`, its frame's bytes) goes as a
+    /// conf-change entry.
     pub(super) fn propose(
         &mut self,
         fx: &mut Effects,
@@ -303,6 +388,7 @@ impl Replication {
         offset: u64,
         bytes: &[u8],
         segment_bytes: u64,
+        change: Option<Vec<u8>>,
     ) -> Vec<RaftNews> {
         let r = self.replica.as_mut().expect("serving implies a replica");
         let opens =
@@ -310,7 +396,17 @@ impl Replication {
         let data = encode_entry(&Placement { segment, offset, opens }, bytes);
         self.proposed = Some(Lsn(r.log().last_index() + 1));
         self.no_quorum_since.get_or_insert(fx.now);
-        if r.propose(data).is_err() {
+        let proposed = match change {
+            Some(cc) => {
+                self.change_queued = false;
+                match r.propose_change(&cc, data) {
+                    Err(raft::Error::ConfChangeError(what)) => return vec![RaftNews::Stop(cluster_log(what))],
+                    other => other,
+                }
+            }
+            None => r.propose(data),
+        };
+        if proposed.is_err() {
             // Refused: no longer the leader, or a leader transfer under way.
             let term = self.led.unwrap_or(0);
             return vec![RaftNews::Deposed { term }];
@@ -371,6 +467,12 @@ impl Replication {
                 }
                 ReplicaOutput::Failed(e) => news.push(RaftNews::Stop(cluster_log(e))),
                 ReplicaOutput::LeaderConfirmed(_) => news.push(RaftNews::LeaderConfirmed),
+                ReplicaOutput::Removed => news.push(RaftNews::Stop(StopReason::NotMember {
+                    what: format!(
+                        "node {} was removed from the cluster (another host took its place); it is refused forever",
+                        self.config.node
+                    ),
+                })),
             }
         }
         if let Err(stop) = self.send_persist(fx) {

@@ -7,7 +7,7 @@
 //! the WAL's own scan, as exactly the log raft agreed on.
 
 use super::entry::{encode_entry, genesis};
-use super::hard_state::{decode_file, encode_slot, slot_offset, FILE_BYTES};
+use super::hard_state::{decode_file, encode_slot, slot_offset, Members, FILE_BYTES};
 use super::log::Log;
 use super::replica::{Persist, Replica, ReplicaOutput};
 use crate::config::Limits;
@@ -54,6 +54,10 @@ fn limits() -> Limits {
     Limits { group_bytes_max: 1 << 10, pending_bytes_max: 8 << 10, ..Limits::default() }
 }
 
+fn members(node: u64) -> Members {
+    Members { cluster: 1, node, segment_bytes: SEGMENT_BYTES, ..Members::default() }
+}
+
 impl World {
     fn new(seed: u64, plant: fn(&mut Replica)) -> World {
         let hosts = (1..=HOSTS)
@@ -61,7 +65,7 @@ impl World {
                 let (end, first) = genesis(SEGMENT_BYTES);
                 let conf = ConfState::from(((1..=HOSTS).collect::<Vec<_>>(), vec![]));
                 let log = Log::new(HardState::default(), conf, (0, 0), end);
-                let mut replica = Replica::new(id, log, 0, &limits(), seed).expect("a valid config");
+                let mut replica = Replica::new(log, members(id), 0, &limits(), seed).expect("a valid config");
                 plant(&mut replica);
                 let mut segment = first;
                 segment.resize(SEGMENT_BYTES as usize, 0);
@@ -135,6 +139,7 @@ impl World {
                 }
                 ReplicaOutput::Failed(e) => return Err(format!("host {}: {e}", i + 1)),
                 ReplicaOutput::LeaderConfirmed(_) => {}
+                ReplicaOutput::Removed => return Err(format!("host {} was removed", i + 1)),
             }
         }
         Ok(())
@@ -158,8 +163,8 @@ impl World {
             let term = h.replica.log().term_of(g.place.lsn.0).unwrap_or(0);
             h.durable.insert(g.place.lsn.0, term);
         }
-        if let Some((hard, conf)) = &p.hard {
-            let slot = encode_slot(h.hard_seq, hard, conf).expect("fits a slot");
+        if let Some((hard, conf, members)) = &p.hard {
+            let slot = encode_slot(h.hard_seq, hard, conf, members).expect("fits a slot");
             let at = slot_offset(h.hard_seq) as usize;
             h.hard_file[at..at + slot.len()].copy_from_slice(&slot);
             h.hard_seq += 1;
@@ -202,7 +207,8 @@ impl World {
                 (g.lsn.0, g.epoch.0, h.disk[&seg.id][g.offset as usize..g.end as usize].to_vec())
             })
             .collect();
-        let mut replica = Replica::new(i as u64 + 1, log, commit, &limits(), seed).map_err(|e| format!("{e}"))?;
+        let mut replica =
+            Replica::new(log, members(i as u64 + 1), commit, &limits(), seed).map_err(|e| format!("{e}"))?;
         (self.plant)(&mut replica);
         h.replica = replica;
         Ok(())

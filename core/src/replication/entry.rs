@@ -14,10 +14,16 @@
 //! the new term, and its place from where the log ends (`LogEnd::next`).
 //! A fence may open a segment without a snapshot; the next group of the
 //! leader's own writer carries one.
+//!
+//! A membership change is a group too: one the leader's writer built with a
+//! `Membership` frame among its frames. Its entry is a raft conf-change
+//! entry whose data is the change (raft-rs reads it) and whose context is
+//! the envelope and the group; the group's frame holds the same bytes.
 
 use crate::ids::*;
-use crate::wal::{encode_group, encode_header, group_shape, Frame, GroupPlace, SEGMENT_HEADER_BYTES};
+use crate::wal::{check_group, encode_group, encode_header, group_shape, Frame, GroupPlace, SEGMENT_HEADER_BYTES};
 use bytes::Bytes;
+use raft::eraftpb::{Entry, EntryType};
 use std::fmt;
 
 pub const ENVELOPE_VERSION: u8 = 1;
@@ -170,6 +176,29 @@ impl LogEnd {
         Ok(EntryGroup { place: gp, opens: place.opens, sealed, bytes })
     }
 
+    /// The group a raft entry stands for (see `group_for`). A conf-change
+    /// entry's group is its context, and must hold, in its one membership
+    /// frame, the change the entry's data makes.
+    pub fn group_for_entry(&self, e: &Entry) -> Result<EntryGroup, EntryError> {
+        let err = |what| EntryError { index: e.index, what };
+        match e.get_entry_type() {
+            EntryType::EntryNormal => self.group_for(e.index, e.term, &e.data),
+            EntryType::EntryConfChangeV2 if e.context.is_empty() => Err(err(
+                "a membership change without its group (an automatic leave, which this version never asks for)",
+            )),
+            EntryType::EntryConfChangeV2 => {
+                let g = self.group_for(e.index, e.term, &e.context)?;
+                match membership_change(&g) {
+                    Some(cc) if cc == e.data.as_ref() => Ok(g),
+                    _ => Err(err("its group does not hold the membership change the entry makes")),
+                }
+            }
+            EntryType::EntryConfChange => {
+                Err(err("a conf change of raft's first version, which this version never makes"))
+            }
+        }
+    }
+
     /// The end after `group`, which `group_for` placed after this one.
     pub fn after(&self, group: &EntryGroup) -> LogEnd {
         LogEnd {
@@ -180,6 +209,18 @@ impl LogEnd {
             segment_bytes: group.opens.map_or(self.segment_bytes, |o| o.segment_bytes),
         }
     }
+}
+
+/// The membership change a group holds: the payload of its one
+/// `Membership` frame (none if it has none, or more than one).
+pub fn membership_change(g: &EntryGroup) -> Option<Vec<u8>> {
+    let (group, _) = check_group(g.place.segment, g.place.lsn, &g.bytes)?;
+    let mut changes = group.frames.into_iter().filter_map(|f| match f {
+        Frame::Membership(cc) => Some(cc),
+        _ => None,
+    });
+    let first = changes.next()?;
+    changes.next().is_none().then_some(first)
 }
 
 #[cfg(test)]

@@ -9,8 +9,15 @@
 //! A slot is `magic "SKPRHST\0" | version u32 | crc u32 | seq u64 | len u32
 //! | payload[len] | zeros`, the CRC32C covering the version and everything
 //! from `seq` to the payload's end; the payload is the hard state and the
-//! configuration in raft-rs's own protobuf encoding, each prefixed by its
-//! length. The slot with the higher valid `seq` is the current state.
+//! configuration in raft-rs's own protobuf encoding, then the host's
+//! `Members` record (little-endian), each prefixed by its length. The slot
+//! with the higher valid `seq` is the current state.
+//!
+//! `skipprd cluster init` (and `cluster join`) write the first slot: the
+//! cluster's id, this host's node id and the cluster's segment size, with
+//! the initial configuration (every voter for `init`, none for `join`: a
+//! joining host learns its membership from the log). A host whose file is
+//! missing has no identity and takes no part.
 
 use protobuf::Message as _;
 use raft::eraftpb::{ConfState, HardState};
@@ -29,6 +36,70 @@ pub struct Saved {
     pub seq: u64,
     pub hard: HardState,
     pub conf: ConfState,
+    pub members: Members,
+}
+
+/// Who this host is, in which cluster, and what the membership changes it
+/// applied leave behind beyond raft-rs's `ConfState`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Members {
+    /// The cluster's id, the same on every host (`cluster init` draws it).
+    pub cluster: u64,
+    /// This host's raft node id.
+    pub node: u64,
+    /// The cluster's segment size: a host's first segment gets it.
+    pub segment_bytes: u64,
+    /// Ids removed from the cluster, ascending: refused forever.
+    pub removed: Vec<u64>,
+    /// (learner, the voter it replaces) for each learner that joined in
+    /// place of a lost host and is not yet promoted, ascending.
+    pub replacing: Vec<(u64, u64)>,
+}
+
+impl Members {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(36 + 8 * self.removed.len() + 16 * self.replacing.len());
+        for v in [self.cluster, self.node, self.segment_bytes] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&(self.removed.len() as u32).to_le_bytes());
+        for id in &self.removed {
+            out.extend_from_slice(&id.to_le_bytes());
+        }
+        out.extend_from_slice(&(self.replacing.len() as u32).to_le_bytes());
+        for (learner, old) in &self.replacing {
+            out.extend_from_slice(&learner.to_le_bytes());
+            out.extend_from_slice(&old.to_le_bytes());
+        }
+        out
+    }
+
+    fn decode(mut b: &[u8]) -> Option<Members> {
+        let mut u64_ = || -> Option<u64> {
+            let v = u64::from_le_bytes(b.get(0..8)?.try_into().ok()?);
+            b = &b[8..];
+            Some(v)
+        };
+        let (cluster, node, segment_bytes) = (u64_()?, u64_()?, u64_()?);
+        let mut m = Members { cluster, node, segment_bytes, ..Members::default() };
+        let count = |b: &mut &[u8]| -> Option<usize> {
+            let n = u32::from_le_bytes(b.get(0..4)?.try_into().ok()?) as usize;
+            *b = &b[4..];
+            Some(n)
+        };
+        let take = |b: &mut &[u8]| -> Option<u64> {
+            let v = u64::from_le_bytes(b.get(0..8)?.try_into().ok()?);
+            *b = &b[8..];
+            Some(v)
+        };
+        for _ in 0..count(&mut b)? {
+            m.removed.push(take(&mut b)?);
+        }
+        for _ in 0..count(&mut b)? {
+            m.replacing.push((take(&mut b)?, take(&mut b)?));
+        }
+        b.is_empty().then_some(m)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,12 +131,12 @@ pub fn slot_offset(seq: u64) -> u64 {
 /// The bytes that begin the slot of state `seq`: its header and payload,
 /// written at the slot's start. What follows them in the slot is left as it
 /// is (the checksum covers only these), so a save is one small write.
-pub fn encode_slot(seq: u64, hard: &HardState, conf: &ConfState) -> Result<Vec<u8>, HardStateError> {
+pub fn encode_slot(seq: u64, hard: &HardState, conf: &ConfState, members: &Members) -> Result<Vec<u8>, HardStateError> {
     let mut payload = Vec::new();
-    for part in [hard.write_to_bytes(), conf.write_to_bytes()] {
-        let part = part.expect("raft-rs's states always encode");
+    let raft = [hard.write_to_bytes(), conf.write_to_bytes()].map(|p| p.expect("raft-rs's states always encode"));
+    for part in [&raft[0], &raft[1], &members.encode()] {
         payload.extend_from_slice(&(part.len() as u32).to_le_bytes());
-        payload.extend_from_slice(&part);
+        payload.extend_from_slice(part);
     }
     if HEADER_BYTES + payload.len() > SLOT_BYTES {
         return Err(HardStateError::TooLarge { bytes: payload.len() });
@@ -79,6 +150,18 @@ pub fn encode_slot(seq: u64, hard: &HardState, conf: &ConfState) -> Result<Vec<u
     let crc = slot_crc(&slot, payload.len());
     slot[12..16].copy_from_slice(&crc.to_le_bytes());
     Ok(slot)
+}
+
+/// The whole file `cluster init` writes (`voters`: every voter of the new
+/// cluster), or `cluster join` (`voters` empty): term 0, no vote, nothing
+/// committed, in slot 1.
+pub fn first_file(members: &Members, voters: &[u64]) -> Result<Vec<u8>, HardStateError> {
+    let mut file = vec![0u8; FILE_BYTES];
+    let conf = ConfState::from((voters.to_vec(), vec![]));
+    let slot = encode_slot(1, &HardState::default(), &conf, members)?;
+    let at = slot_offset(1) as usize;
+    file[at..at + slot.len()].copy_from_slice(&slot);
+    Ok(file)
 }
 
 fn slot_crc(slot: &[u8], len: usize) -> u32 {
@@ -104,7 +187,8 @@ fn decode_slot(slot: &[u8]) -> Option<Saved> {
     };
     let hard = HardState::parse_from_bytes(part()?).ok()?;
     let conf = ConfState::parse_from_bytes(part()?).ok()?;
-    Some(Saved { seq, hard, conf })
+    let members = Members::decode(part()?)?;
+    Some(Saved { seq, hard, conf, members })
 }
 
 /// The current state in the file's bytes: `None` for a fresh file (empty or
@@ -131,11 +215,15 @@ mod tests {
         (HardState { term, vote, commit, ..Default::default() }, ConfState::from((vec![1, 2, 3], vec![4])))
     }
 
+    fn members() -> Members {
+        Members { cluster: 77, node: 2, segment_bytes: 1 << 20, removed: vec![5, 9], replacing: vec![(10, 4 << 56)] }
+    }
+
     fn file_with(saves: &[(u64, (HardState, ConfState))]) -> Vec<u8> {
         let mut file = vec![0u8; FILE_BYTES];
         for (seq, (hard, conf)) in saves {
             let at = slot_offset(*seq) as usize;
-            let slot = encode_slot(*seq, hard, conf).unwrap();
+            let slot = encode_slot(*seq, hard, conf, &members()).unwrap();
             file[at..at + slot.len()].copy_from_slice(&slot);
         }
         file
@@ -149,6 +237,7 @@ mod tests {
         let saved = decode_file(&file).unwrap().unwrap();
         assert_eq!((saved.seq, saved.hard.term, saved.hard.vote, saved.hard.commit), (7, 4, 2, 41));
         assert_eq!((saved.conf.voters.clone(), saved.conf.learners.clone()), (vec![1, 2, 3], vec![4]));
+        assert_eq!(saved.members, members());
         assert_eq!(slot_offset(6), 0);
         assert_eq!(slot_offset(7), SLOT_BYTES as u64);
     }
@@ -175,7 +264,8 @@ mod tests {
         let file = file_with(&[(6, long), (8, state(1, 1, 1))]);
         let saved = decode_file(&file).unwrap().unwrap();
         assert_eq!((saved.seq, saved.hard.term), (8, 1), "the bytes left after it are not part of it");
-        assert!(encode_slot(8, &state(1, 1, 1).0, &state(1, 1, 1).1).unwrap().len() < 64, "a save is one small write");
+        let one = encode_slot(8, &state(1, 1, 1).0, &state(1, 1, 1).1, &Members::default()).unwrap();
+        assert!(one.len() < 96, "a save is one small write");
     }
 
     #[test]
@@ -193,6 +283,6 @@ mod tests {
     fn a_configuration_too_large_for_a_slot_is_refused() {
         let (hard, _) = state(1, 1, 1);
         let conf = ConfState::from(((1..3000u64).map(|i| i << 40).collect::<Vec<_>>(), vec![]));
-        assert!(matches!(encode_slot(1, &hard, &conf), Err(HardStateError::TooLarge { .. })));
+        assert!(matches!(encode_slot(1, &hard, &conf, &members()), Err(HardStateError::TooLarge { .. })));
     }
 }

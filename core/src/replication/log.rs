@@ -14,11 +14,11 @@
 //! conflicting append truncates. What is durable is raft-rs's business
 //! (told by `on_persist_ready`) and the WAL's.
 
-use super::entry::{decode_entry, encode_entry, EntryError, EntryGroup, LogEnd, Opening, Placement};
+use super::entry::{decode_entry, encode_entry, membership_change, EntryError, EntryGroup, LogEnd, Opening, Placement};
 use super::terms::TermRuns;
 use crate::ids::*;
 use crate::wal::{encode_group, Frame, GroupPlace};
-use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, StorageError};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
@@ -185,6 +185,10 @@ impl Log {
         &self.conf
     }
 
+    pub fn set_conf_state(&mut self, conf: ConfState) {
+        self.conf = conf;
+    }
+
     pub fn set_hard_state(&mut self, hard: HardState) {
         self.hard = hard;
     }
@@ -235,7 +239,7 @@ impl Log {
             self.held.truncate(first.saturating_sub(self.held_from) as usize);
         }
         for e in entries {
-            let g = self.end().group_for(e.index, e.term, &e.data)?;
+            let g = self.end().group_for_entry(e)?;
             self.ends.push_back(self.end().after(&g));
             self.terms.push(e.index, e.term);
             self.held.push_back(e.clone());
@@ -284,27 +288,48 @@ impl Log {
     /// Rebuilds the entry at `index` from its group's bytes read back from
     /// the WAL: the envelope a follower needs, or raft-rs's empty entry
     /// where the group is a lone fence (a follower derives the same bytes
-    /// from it at the same place).
+    /// from it at the same place), or a conf-change entry where the group
+    /// holds a membership change.
     pub fn entry_read_back(&self, index: u64, bytes: &[u8]) -> Entry {
         let term = self.term_of(index).expect("read back within the log");
         let place = self.place(index);
         let mut e = Entry { index, term, ..Entry::default() };
-        let lone_fence = crate::wal::group_shape(place.segment, Lsn(index), bytes).is_some_and(|g| g.lone_fence);
-        if !lone_fence {
-            let placement = Placement { segment: place.segment, offset: place.offset, opens: self.opening(index) };
-            e.data = encode_entry(&placement, bytes).into();
+        let shape = crate::wal::group_shape(place.segment, Lsn(index), bytes);
+        if shape.is_some_and(|g| g.lone_fence) {
+            return e;
         }
+        let placement = Placement { segment: place.segment, offset: place.offset, opens: self.opening(index) };
+        let data = bytes::Bytes::from(encode_entry(&placement, bytes));
+        if shape.is_some_and(|g| g.membership) {
+            let group = EntryGroup {
+                place,
+                opens: placement.opens,
+                sealed: false,
+                bytes: data.slice(data.len() - bytes.len()..),
+            };
+            if let Some(cc) = membership_change(&group) {
+                e.set_entry_type(EntryType::EntryConfChangeV2);
+                e.data = cc.into();
+                e.context = data;
+                return e;
+            }
+        }
+        e.data = data;
         e
     }
 
     /// The committed group of `entry`, for the engine to apply.
     pub fn group_of(&self, entry: &Entry) -> EntryGroup {
         let place = self.place(entry.index);
-        let bytes = if entry.data.is_empty() {
+        let data = match entry.get_entry_type() {
+            EntryType::EntryConfChangeV2 => &entry.context,
+            _ => &entry.data,
+        };
+        let bytes = if data.is_empty() {
             bytes::Bytes::from(encode_group(place.segment, Epoch(entry.term), Lsn(entry.index), &[&Frame::Fence]))
         } else {
-            let group = decode_entry(&entry.data).expect("checked when appended").1;
-            entry.data.slice(entry.data.len() - group.len()..)
+            let group = decode_entry(data).expect("checked when appended").1;
+            data.slice(data.len() - group.len()..)
         };
         let sealed = self.end_after(entry.index).sealed;
         EntryGroup { place, opens: self.opening(entry.index), sealed, bytes }

@@ -15,11 +15,14 @@
 //! when that host's acknowledgement, which waits for its fsync, says so.
 
 use super::entry::{EntryError, EntryGroup};
+use super::hard_state::Members;
 use super::log::{Appended, Log};
+use super::membership::{sorted, Join, Membership};
 use super::{raft_config, TickJitter};
 use crate::config::Limits;
 use crate::wal::GroupPlace;
-use raft::eraftpb::{ConfState, HardState, Message};
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChangeV2, ConfState, EntryType, HardState, Message};
 use raft::{RawNode, StateRole};
 use std::collections::VecDeque;
 
@@ -45,6 +48,7 @@ pub struct Replica {
     vote_unsaved: bool,
     /// The hard state last handed over to be saved.
     saved_hard: HardState,
+    membership: Membership,
 }
 
 #[derive(Debug)]
@@ -63,14 +67,17 @@ pub enum ReplicaOutput {
     Failed(EntryError),
     /// A quorum confirmed this host's leadership after `read_index(ctx)`.
     LeaderConfirmed(Vec<u8>),
+    /// A committed membership change removed this host's own id.
+    Removed,
 }
 
 #[derive(Debug)]
 pub struct Persist {
     pub number: u64,
     pub appended: Appended,
-    /// The hard state to save once the groups are durable.
-    pub hard: Option<(HardState, ConfState)>,
+    /// The hard state to save once the groups are durable, with the
+    /// configuration and membership record as of its commit index.
+    pub hard: Option<(HardState, ConfState, Members)>,
 }
 
 #[derive(Debug)]
@@ -84,9 +91,10 @@ fn logger() -> slog::Logger {
 }
 
 impl Replica {
-    /// Node `id` over `log`, having applied everything up to `applied`;
-    /// `seed` drives its election jitter.
-    pub fn new(id: u64, log: Log, applied: u64, limits: &Limits, seed: u64) -> Result<Replica, raft::Error> {
+    /// Node `members.node` over `log`, having applied everything up to
+    /// `applied`; `seed` drives its election jitter.
+    pub fn new(log: Log, members: Members, applied: u64, limits: &Limits, seed: u64) -> Result<Replica, raft::Error> {
+        let id = members.node;
         let config = raft::Config { applied, ..raft_config(id, limits) };
         let saved_hard = log.hard_state().clone();
         let raw = RawNode::new(&config, log, &logger())?;
@@ -103,6 +111,7 @@ impl Replica {
             ack_early: false,
             vote_unsaved: false,
             saved_hard,
+            membership: Membership::new(members),
         })
     }
 
@@ -154,9 +163,22 @@ impl Replica {
         self.pump();
     }
 
+    pub fn members(&self) -> &Members {
+        self.membership.members()
+    }
+
+    /// The configuration as this host applied it.
+    pub fn conf(&self) -> ConfState {
+        sorted(self.raw.raft.prs().conf().to_conf_state())
+    }
+
     /// A message from a peer. One raft-rs refuses (a stale term, a peer it
-    /// does not know) is dropped: raft retransmits what matters.
+    /// does not know) is dropped, and so is one from a removed id: raft
+    /// retransmits what matters.
     pub fn step(&mut self, m: Message) {
+        if self.membership.refuses(m.from) {
+            return;
+        }
         let _ = self.raw.step(m);
         self.pump();
     }
@@ -168,6 +190,42 @@ impl Replica {
     pub fn propose(&mut self, data: Vec<u8>) -> Result<(), raft::Error> {
         debug_assert_eq!(self.raw.raft.raft_log.last_index(), self.log().last_index(), "readies handled");
         self.raw.propose(Vec::new(), data)?;
+        self.pump();
+        Ok(())
+    }
+
+    /// A leader is asked to let a new host join in place of a lost voter.
+    pub fn ask_join(&mut self, join: Join) -> Result<(), &'static str> {
+        if !self.is_leader() {
+            return Err("this host does not lead the cluster: ask the leader");
+        }
+        let conf = self.conf();
+        self.membership.ask(join, &conf)
+    }
+
+    /// The membership change this leader should propose next, if one is
+    /// due and raft-rs has none pending.
+    pub fn next_change(&mut self) -> Option<ConfChangeV2> {
+        if !self.is_leader() || self.raw.raft.has_pending_conf() {
+            return None;
+        }
+        let conf = self.conf();
+        let commit = self.commit_index();
+        let prs = self.raw.raft.prs();
+        self.membership.next_change(&conf, |id| prs.get(id).is_some_and(|p| p.matched >= commit))
+    }
+
+    /// Proposes a group holding membership change `cc` (its frame's bytes)
+    /// as a conf-change entry. Refused as `propose` is; raft-rs may also
+    /// ignore a change it does not allow now and keep an empty entry in its
+    /// place, which would lose the group's other frames: that is an error.
+    pub fn propose_change(&mut self, cc: &[u8], data: Vec<u8>) -> Result<(), raft::Error> {
+        let change = ConfChangeV2::parse_from_bytes(cc).map_err(|e| raft::Error::ConfChangeError(e.to_string()))?;
+        let pending = self.raw.raft.has_pending_conf();
+        self.raw.propose_conf_change(data, change)?;
+        if pending || !self.raw.raft.has_pending_conf() {
+            return Err(raft::Error::ConfChangeError("raft-rs ignored the membership change".into()));
+        }
         self.pump();
         Ok(())
     }
@@ -216,6 +274,14 @@ impl Replica {
             }
             assert!(rd.snapshot().get_metadata().index == 0, "snapshots are not built yet (issue #12, item 6)");
             let committed = rd.take_committed_entries();
+            let mut conf_changed = false;
+            for e in committed.iter().filter(|e| e.get_entry_type() == EntryType::EntryConfChangeV2) {
+                conf_changed = true;
+                if let Err(what) = self.apply_change(&e.data) {
+                    self.out.push_back(ReplicaOutput::Failed(EntryError { index: e.index, what }));
+                    return;
+                }
+            }
             let entries = rd.take_entries();
             let appended = match self.raw.mut_store().append(&entries) {
                 Ok(a) => a,
@@ -225,19 +291,31 @@ impl Replica {
                 }
             };
             let persisted = rd.take_persisted_messages();
-            let mut hard = rd.hs().cloned().map(|hs| {
+            // The configuration saved goes with the commit index saved: never
+            // past what this host applied (a restart applies from there, and
+            // so applies again any change not yet in the saved configuration).
+            let applied = committed.last().map_or(self.raw.raft.raft_log.applied, |e| e.index);
+            if let Some(hs) = rd.hs() {
                 self.raw.mut_store().set_hard_state(hs.clone());
-                let saved = HardState { vote: if self.vote_unsaved { 0 } else { hs.vote }, ..hs };
-                (saved, self.log().conf_state().clone())
-            });
+            }
+            let mut hard =
+                rd.hs().cloned().or_else(|| conf_changed.then(|| self.log().hard_state().clone())).map(|hs| {
+                    let commit = hs.commit.min(applied);
+                    let saved = HardState { vote: if self.vote_unsaved { 0 } else { hs.vote }, commit, ..hs };
+                    (saved, self.log().conf_state().clone(), self.membership.members().clone())
+                });
             // A new commit index alone need not be durable at once (raft
             // recovers it from its leader): it rides the next save, and a
             // restart before that rebuilds state through the older index.
             let commit_only = |h: &HardState| h.term == self.saved_hard.term && h.vote == self.saved_hard.vote;
-            if entries.is_empty() && persisted.is_empty() && hard.as_ref().is_some_and(|(h, _)| commit_only(h)) {
+            if entries.is_empty()
+                && persisted.is_empty()
+                && !conf_changed
+                && hard.as_ref().is_some_and(|(h, _, _)| commit_only(h))
+            {
                 hard = None;
             }
-            if let Some((h, _)) = &hard {
+            if let Some((h, _, _)) = &hard {
                 self.saved_hard = h.clone();
             }
             let number = rd.number();
@@ -265,6 +343,22 @@ impl Replica {
             self.raw.mut_store().release_through(durable);
         }
         self.want_reads();
+    }
+
+    /// Applies a committed membership change (raft-rs's `ConfChangeV2`
+    /// bytes) to raft, the log's saved configuration and the membership
+    /// record; this host's own removal is reported.
+    fn apply_change(&mut self, data: &[u8]) -> Result<(), &'static str> {
+        let cc = ConfChangeV2::parse_from_bytes(data).map_err(|_| "a committed membership change does not decode")?;
+        let before = self.conf();
+        let after = self.raw.apply_conf_change(&cc).map_err(|_| "raft-rs refused a committed membership change")?;
+        let after = sorted(after);
+        self.membership.applied(&cc, &before, &after);
+        self.raw.mut_store().set_conf_state(after);
+        if self.membership.self_removed() {
+            self.out.push_back(ReplicaOutput::Removed);
+        }
+        Ok(())
     }
 
     /// Entries raft-rs wanted that memory no longer holds: one read at a

@@ -30,6 +30,7 @@ pub enum FrameKind {
     Seal = 6,
     Commit = 7,
     Fence = 8,
+    Membership = 9,
 }
 
 impl FrameKind {
@@ -43,6 +44,7 @@ impl FrameKind {
             6 => FrameKind::Seal,
             7 => FrameKind::Commit,
             8 => FrameKind::Fence,
+            9 => FrameKind::Membership,
             _ => return None,
         })
     }
@@ -169,6 +171,11 @@ pub enum Frame {
     /// A new writer's first group: from here on, groups of a lower epoch
     /// (a writer that lost the lease and did not notice) are not the WAL's.
     Fence,
+    /// Clustered mode: a change of the cluster's members, raft-rs's
+    /// `ConfChangeV2` in its own protobuf encoding. A group holding one is
+    /// a conf-change entry of the raft log; every host applies it to raft
+    /// when it commits, and the committed state ignores it.
+    Membership(Vec<u8>),
 }
 
 impl Frame {
@@ -182,6 +189,7 @@ impl Frame {
             Frame::Seal => FrameKind::Seal,
             Frame::Commit(_) => FrameKind::Commit,
             Frame::Fence => FrameKind::Fence,
+            Frame::Membership(_) => FrameKind::Membership,
         }
     }
 

@@ -28,6 +28,7 @@ impl Frame {
                     + s.names.encoded_len()
             }
             Frame::Seal | Frame::Fence => 0,
+            Frame::Membership(cc) => cc.len(),
             Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
         }
     }
@@ -95,6 +96,7 @@ impl Frame {
                 }
             }
             Frame::Seal | Frame::Fence => {}
+            Frame::Membership(cc) => w.buf.extend_from_slice(cc),
             Frame::Commit(c) => {
                 w.u32(c.frames);
                 w.u32(c.bytes);
@@ -195,6 +197,7 @@ pub(super) fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, D
         }
         FrameKind::Seal => Frame::Seal,
         FrameKind::Fence => Frame::Fence,
+        FrameKind::Membership => Frame::Membership(r.take_up_to(r.remaining()).to_vec()),
         FrameKind::Commit => Frame::Commit(CommitRecord { frames: r.u32()?, bytes: r.u32()? }),
     };
     if !r.is_empty() {

@@ -237,6 +237,8 @@ pub struct GroupShape {
     pub sealed: bool,
     /// The group is a lone fence (raft's empty entry in clustered mode).
     pub lone_fence: bool,
+    /// The group holds a membership change (a raft conf-change entry).
+    pub membership: bool,
 }
 
 /// Checks that `bytes` are exactly one whole commit group of `segment` at
@@ -245,6 +247,7 @@ pub struct GroupShape {
 /// returns its shape, decoding no payload but the commit record's.
 pub fn group_shape(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<GroupShape> {
     let (mut at, mut frames, mut epoch, mut sealed, mut first) = (0, 0u32, None, false, None);
+    let mut membership = false;
     loop {
         if at >= bytes.len() || frames as usize >= GROUP_FRAMES_MAX {
             return None;
@@ -261,10 +264,11 @@ pub fn group_shape(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<GroupSh
                     return None;
                 }
                 let lone_fence = frames == 1 && first == Some(FrameKind::Fence);
-                return Some(GroupShape { epoch: e, frames, sealed, lone_fence });
+                return Some(GroupShape { epoch: e, frames, sealed, lone_fence, membership });
             }
             _ if sealed => return None, // nothing but the commit record follows a seal
             FrameKind::Seal => sealed = true,
+            FrameKind::Membership => membership = true,
             _ => {}
         }
         first.get_or_insert(kind);

@@ -23,7 +23,7 @@ use crate::trace::Trace;
 use crate::world::{Outcome, RunOptions, RunReport, RunStats};
 use model::Model;
 use skippr_core::io::{OffsetsOp, PluginOp, WalOp};
-use skippr_core::replication::entry::genesis;
+use skippr_core::replication::hard_state::{decode_file, first_file, Members};
 use skippr_core::wal::scan;
 use skippr_core::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -37,18 +37,49 @@ const QUIET_BUDGET: Duration = Duration::from_secs(20);
 const STEPS_MAX: u64 = 1_000_000;
 
 enum Event {
-    Complete { node: usize, gen: u64, id: IoId, op: IoOp },
-    SinkEffect { node: usize, gen: u64, id: IoId, apply: SinkApply },
-    Reply { node: usize, gen: u64, id: IoId, result: Result<IoReply, IoError> },
+    Complete {
+        node: usize,
+        gen: u64,
+        id: IoId,
+        op: IoOp,
+    },
+    SinkEffect {
+        node: usize,
+        gen: u64,
+        id: IoId,
+        apply: SinkApply,
+    },
+    Reply {
+        node: usize,
+        gen: u64,
+        id: IoId,
+        result: Result<IoReply, IoError>,
+    },
     Deliver(Box<PeerMessage>),
-    Crash { power: bool },
-    Restart { node: usize },
+    Crash {
+        power: bool,
+    },
+    Restart {
+        node: usize,
+    },
     Partition,
     Heal,
     EndFaultPhase,
+    /// One host's data is lost for good.
+    Wipe,
+    /// The operator asks the leader again to let the joining host in.
+    AskJoin {
+        node: usize,
+    },
 }
 
 struct Node {
+    /// Its raft node id: its slot number, until it joins again under a new one.
+    id: u64,
+    /// After a wipe: the id it had, until it has joined under a new one.
+    wiped_from: Option<u64>,
+    /// Joined under a new id in place of this one, not yet promoted.
+    joining: Option<u64>,
     host: Option<Host>,
     /// The live engine's generation (unique in the run); 0 while down.
     gen: u64,
@@ -81,8 +112,11 @@ pub struct ClusterWorld {
     sinks: Vec<SimSink>,
     checker: Checker,
     model: Model,
-    /// Links (from, to) that drop everything.
+    /// Links (from, to) between slots (1-based) that drop everything.
     blocked: BTreeSet<(u64, u64)>,
+    /// Raft node id → the slot running it.
+    slot_of: BTreeMap<u64, usize>,
+    next_id: u64,
     faulting: bool,
     done: bool,
     trace: Trace,
@@ -110,11 +144,12 @@ impl ClusterWorld {
                     .map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone(), scenario.streams, switch))
                     .collect();
                 let mut wal = SimWal::disk(seed ^ (h as u64 + 1) << 48);
-                // `cluster init`: every host starts with the same genesis segment.
-                let (_, first) = genesis(scenario.limits.segment_bytes);
-                let d = wal.disk_mut().expect("a disk");
-                d.init(SegmentId(0), &first, scenario.limits.segment_bytes as usize);
+                // `cluster init` on every host: the cluster's id and the host's.
+                wal.init_hard_state(identity(seed, h as u64 + 1, &scenario, hosts));
                 Node {
+                    id: h as u64 + 1,
+                    wiped_from: None,
+                    joining: None,
                     host: None,
                     gen: 0,
                     starts: 0,
@@ -141,6 +176,8 @@ impl ClusterWorld {
             nodes,
             next_gen: 0,
             blocked: BTreeSet::new(),
+            slot_of: (0..hosts).map(|h| (h as u64 + 1, h)).collect(),
+            next_id: hosts as u64 + 1,
             faulting: true,
             done: false,
             stats: RunStats::default(),
@@ -215,6 +252,10 @@ impl ClusterWorld {
             let at = Instant::from_micros(self.faults_rng.range(0, end));
             self.at(at, Event::Partition);
         }
+        if self.scenario.cluster.wipe {
+            let at = Instant::from_micros(self.faults_rng.range(end / 10, end * 6 / 10));
+            self.at(at, Event::Wipe);
+        }
         self.at(Instant::from_micros(end), Event::EndFaultPhase);
         for node in 0..self.nodes.len() {
             self.at(Instant::ZERO, Event::Restart { node });
@@ -285,7 +326,10 @@ impl ClusterWorld {
     fn fire(&mut self, event: Event) {
         let node = match &event {
             Event::Complete { node, .. } | Event::SinkEffect { node, .. } | Event::Reply { node, .. } => Some(*node),
-            Event::Deliver(m) => Some(m.to as usize - 1),
+            Event::Deliver(m) => match self.slot_of.get(&m.to) {
+                Some(&slot) => Some(slot),
+                None => return, // an id that no host runs (any longer)
+            },
             _ => None,
         };
         let event = match node {
@@ -309,11 +353,14 @@ impl ClusterWorld {
                 }
             }
             Event::Deliver(m) => {
-                let to = m.to as usize - 1;
-                if !self.blocked.contains(&(m.from, m.to)) && self.nodes[to].host.is_some() {
+                let to = self.slot_of[&m.to];
+                let from = self.slot_of.get(&m.from).map_or(0, |&s| s as u64 + 1);
+                if !self.blocked.contains(&(from, to as u64 + 1)) && self.nodes[to].host.is_some() {
                     self.feed(to, Input::Peer(m));
                 }
             }
+            Event::Wipe => self.wipe(),
+            Event::AskJoin { node } => self.ask_join(node),
             Event::Crash { power } => self.crash(power),
             Event::Restart { node } => self.start(node),
             Event::Partition => self.partition(),
@@ -343,7 +390,7 @@ impl ClusterWorld {
         n.starts += 1;
         n.gen = self.next_gen;
         n.leader = false;
-        let cfg = self.scenario.cluster_host_config(self.opts.mutations, node + 1, n.starts);
+        let cfg = self.scenario.cluster_host_config(self.opts.mutations, node + 1, n.id, n.starts);
         let host = Host::new(cfg, self.now).expect("the scenario's configuration is valid");
         self.nodes[node].host = Some(host);
         self.trace.note(self.now, &format!("h{} starts", node + 1));
@@ -376,6 +423,79 @@ impl ClusterWorld {
         self.rescan(node);
         let restart = self.scenario.latencies.restart;
         self.after(Die::Restart, restart, Event::Restart { node });
+    }
+
+    /// A host's disk is lost for good (the checker still counts what it
+    /// held toward the majorities it was part of). It restarts on the empty
+    /// disk and must refuse to take part until it has joined again.
+    fn wipe(&mut self) {
+        let alive: Vec<usize> =
+            (0..self.nodes.len()).filter(|&i| self.nodes[i].host.is_some() && !self.nodes[i].leader).collect();
+        let r = self.dice.roll(Die::ClusterFault);
+        let longest = self.model.longest().filter(|h| alive.contains(h));
+        let node = match longest {
+            Some(h) if r.chance(0.5) => h,
+            _ => match alive.get(r.range(0, alive.len().max(1) as u64 - 1) as usize) {
+                Some(&h) => h,
+                None => return,
+            },
+        };
+        self.stats.wipes += 1;
+        self.kill(node);
+        self.trace.note(self.now, &format!("h{} wiped", node + 1));
+        let n = &mut self.nodes[node];
+        n.wal.wipe();
+        n.offsets = SimOffsets::new(false);
+        n.wiped_from = Some(n.id);
+        self.model.wipe(node);
+        let restart = self.scenario.latencies.restart;
+        self.after(Die::Restart, restart, Event::Restart { node });
+    }
+
+    /// The operator brings a wiped host back: `cluster join` writes its new
+    /// identity (a new id, the cluster's first voters as its starting
+    /// configuration), it starts as a learner, and the leader is asked to
+    /// let it in.
+    fn join(&mut self, node: usize, old: u64) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let file = identity(self.scenario.seed, id, &self.scenario, self.nodes.len());
+        let n = &mut self.nodes[node];
+        n.wal.init_hard_state(file);
+        self.slot_of.remove(&n.id);
+        n.id = id;
+        n.wiped_from = None;
+        n.joining = Some(old);
+        self.slot_of.insert(id, node);
+        self.stats.joins += 1;
+        self.trace.note(self.now, &format!("h{} joins as node {id} in place of {old}", node + 1));
+        let restart = self.scenario.latencies.restart;
+        self.after(Die::Restart, restart, Event::Restart { node });
+        self.after(Die::ClusterFault, restart, Event::AskJoin { node });
+    }
+
+    /// Asks the host that leads (as far as the operator can tell) to let
+    /// the joining host in, until the joining host's own saved
+    /// configuration has it as a voter.
+    fn ask_join(&mut self, node: usize) {
+        let Some(old) = self.nodes[node].joining else { return };
+        let id = self.nodes[node].id;
+        let promoted = self.nodes[node]
+            .wal
+            .hard_state()
+            .and_then(|f| decode_file(f).ok().flatten())
+            .is_some_and(|s| s.conf.voters.contains(&id) && s.conf.voters_outgoing.is_empty());
+        if promoted {
+            self.nodes[node].joining = None;
+            self.stats.promotions += 1;
+            self.trace.note(self.now, &format!("node {id} is a voter"));
+            return;
+        }
+        if let Some(leader) = (0..self.nodes.len()).find(|&i| self.nodes[i].leader && self.nodes[i].host.is_some()) {
+            self.feed(leader, Input::Join { node: id, replaces: old });
+        }
+        let span = 10 * self.scenario.cluster.ticks[0].as_micros();
+        self.after(Die::ClusterFault, (span / 2, span), Event::AskJoin { node });
     }
 
     fn kill(&mut self, node: usize) {
@@ -454,6 +574,7 @@ impl ClusterWorld {
                 Output::Recovered(_) => self.stats.recoveries += 1,
                 Output::WalFull { .. } => self.stats.wal_full += 1,
                 Output::WalRoom { .. } => {}
+                Output::JoinRefused { .. } => self.stats.joins_refused += 1,
                 Output::Stopped(reason) => return self.on_stopped(node, reason),
                 Output::LeaseWait { .. } | Output::Stalled { .. } | Output::Unstalled => {
                     unreachable!("clustered engines take no lease and watch no stalls")
@@ -468,6 +589,13 @@ impl ClusterWorld {
         match reason {
             StopReason::Deposed { .. } => self.stats.deposed += 1,
             StopReason::WalWriteFailed { .. } | StopReason::WalReadFailed { .. } => {}
+            StopReason::NotMember { .. } if self.nodes[node].wiped_from.is_some() => {
+                // An empty DATA_DIR refused, as it must be: the operator runs
+                // `cluster join`.
+                let old = self.nodes[node].wiped_from.expect("checked");
+                self.kill(node);
+                return self.join(node, old);
+            }
             other => {
                 let detail = format!("host {} stopped: {other:?}", node + 1);
                 return self.checker.fail(invariant::UNEXPECTED_STOP, detail);
@@ -637,8 +765,22 @@ impl ClusterWorld {
     }
 }
 
+fn cluster_id(seed: u64) -> u64 {
+    seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
+}
+
+/// What `cluster init` (node ids 1..=hosts) or `cluster join` (a later id)
+/// writes: the cluster's id, the node's, the segment size, and the
+/// cluster's first voters as the configuration to start from.
+fn identity(seed: u64, node: u64, scenario: &Scenario, hosts: usize) -> Vec<u8> {
+    let members =
+        Members { cluster: cluster_id(seed), node, segment_bytes: scenario.limits.segment_bytes, ..Members::default() };
+    let voters: Vec<u64> = (1..=hosts as u64).collect();
+    first_file(&members, &voters).expect("a small configuration fits")
+}
+
 /// The commit index a host's hard-state file holds durably.
 fn saved_commit(wal: &SimWal) -> u64 {
     let file = wal.hard_state().expect("clustered hosts have disks");
-    skippr_core::replication::hard_state::decode_file(file).ok().flatten().map_or(0, |s| s.hard.commit)
+    decode_file(file).ok().flatten().map_or(0, |s| s.hard.commit)
 }

@@ -37,6 +37,11 @@ pub struct Model {
     hosts: usize,
     /// Per host: LSN → term of every group durably on its disk.
     durable: Vec<BTreeMap<u64, u64>>,
+    /// Per host: what its disk held when it was wiped. A wipe is the loss
+    /// of one host, which the cluster must survive, so what it held still
+    /// counts toward the majority it helped form; a group that then drops
+    /// out of every other host's disk is lost all the same.
+    wiped: Vec<BTreeMap<u64, u64>>,
     /// (LSN, term) → the partition ends its source batches carry.
     ends: BTreeMap<(u64, u64), Vec<(PartitionKey, u64)>>,
     /// Every LSN up to this is committed (durable on a majority with the
@@ -54,7 +59,19 @@ pub struct Model {
 
 impl Model {
     pub fn new(hosts: usize) -> Model {
-        Model { hosts, durable: vec![BTreeMap::from([(0, 0)]); hosts], committed: vec![0], ..Model::default() }
+        Model { hosts, durable: vec![BTreeMap::new(); hosts], wiped: vec![BTreeMap::new(); hosts], ..Model::default() }
+    }
+
+    /// Host `h`'s data is gone for good.
+    pub fn wipe(&mut self, h: usize) {
+        let held = std::mem::take(&mut self.durable[h]);
+        self.wiped[h].extend(held);
+        self.advance(0);
+    }
+
+    /// The longest durable log, and on which host.
+    pub fn longest(&self) -> Option<usize> {
+        (0..self.hosts).max_by_key(|&h| (self.durable[h].keys().last().copied(), h))
     }
 
     fn fail(&mut self, invariant: &'static str, detail: String) {
@@ -126,11 +143,13 @@ impl Model {
     /// and checks that nothing acted on fell out of it.
     fn advance(&mut self, from: u64) {
         let majority = self.hosts / 2 + 1;
-        let holders = |durable: &[BTreeMap<u64, u64>], lsn: u64, term: u64| {
-            durable.iter().filter(|d| d.get(&lsn) == Some(&term)).count()
+        let holders = |lsn: u64, term: u64| {
+            (0..self.hosts)
+                .filter(|&h| self.durable[h].get(&lsn) == Some(&term) || self.wiped[h].get(&lsn) == Some(&term))
+                .count()
         };
-        let lost = (from as usize..self.committed.len())
-            .find(|&lsn| holders(&self.durable, lsn as u64, self.committed[lsn]) < majority);
+        let lost =
+            (from as usize..self.committed.len()).find(|&lsn| holders(lsn as u64, self.committed[lsn]) < majority);
         if let Some(lsn) = lost {
             self.committed.truncate(lsn);
             self.committed_ends.clear();
@@ -144,8 +163,9 @@ impl Model {
         loop {
             let next = self.committed.len() as u64;
             let mut terms: BTreeMap<u64, usize> = BTreeMap::new();
-            for d in &self.durable {
-                if let Some(&t) = d.get(&next) {
+            for h in 0..self.hosts {
+                let (d, w) = (self.durable[h].get(&next), self.wiped[h].get(&next));
+                for &t in d.iter().chain(w.iter().filter(|&&w| Some(w) != d)).copied() {
                     *terms.entry(t).or_default() += 1;
                 }
             }
@@ -235,11 +255,11 @@ impl Model {
     /// Host `h` saved `commit` as its commit index: a majority must hold
     /// every group up to it.
     pub fn on_commit_saved(&mut self, h: usize, commit: u64) {
-        if commit >= self.committed.len() as u64 {
+        if commit > 0 && commit >= self.committed.len() as u64 {
             let detail = format!(
                 "host {} saved commit index {commit}; a majority holds groups only through LSN {}",
                 h + 1,
-                self.committed.len() - 1
+                self.committed.len().saturating_sub(1)
             );
             self.fail(invariant::COMMIT_BEFORE_QUORUM, detail);
         }

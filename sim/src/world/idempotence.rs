@@ -75,7 +75,9 @@ fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets)
                 Output::LeaseWait { .. } => unreachable!("recovering alone takes no lease"),
                 Output::WalFull { .. } | Output::WalRoom { .. } => unreachable!("sources are read only after recovery"),
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
-                Output::Send(_) | Output::Role { .. } => unreachable!("recovering alone is not clustered"),
+                Output::Send(_) | Output::Role { .. } | Output::JoinRefused { .. } => {
+                    unreachable!("recovering alone is not clustered")
+                }
             }
         }
         let Some((id, op)) = queue.pop_front() else {

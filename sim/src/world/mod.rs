@@ -121,6 +121,12 @@ pub struct RunStats {
     pub partitions: u64,
     pub freezes: u64,
     pub truncations: u64,
+    /// Clustered mode: hosts wiped, rejoined under a new id, promoted to
+    /// voter, and joins a host refused (not the leader, a change under way).
+    pub wipes: u64,
+    pub joins: u64,
+    pub promotions: u64,
+    pub joins_refused: u64,
     pub messages_lost: u64,
     pub messages_duplicated: u64,
     pub steps: u64,
@@ -486,7 +492,9 @@ impl World {
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
                 Output::WalFull { .. } => self.stats.wal_full += 1,
                 Output::WalRoom { .. } => {}
-                Output::Send(_) | Output::Role { .. } => unreachable!("this world runs one host, not a cluster"),
+                Output::Send(_) | Output::Role { .. } | Output::JoinRefused { .. } => {
+                    unreachable!("this world runs one host, not a cluster")
+                }
                 Output::Stopped(reason) if who == Who::Zombie => self.on_zombie_stopped(reason),
                 Output::Stopped(reason) => self.on_stopped(reason),
             }

@@ -8,8 +8,7 @@
 use super::*;
 use crate::config::ClusterConfig;
 use crate::mutation::Mutations;
-use crate::replication::entry::genesis;
-use crate::replication::hard_state::FILE_BYTES;
+use crate::replication::hard_state::{first_file, Members};
 use crate::time::Duration;
 use std::collections::BTreeSet;
 
@@ -59,15 +58,19 @@ struct Cluster {
     leaders: BTreeMap<u64, u64>,
 }
 
+/// What `cluster init` writes into host `node`'s DATA_DIR.
+fn init_file(node: u64) -> Vec<u8> {
+    let members = Members { cluster: 7, node, segment_bytes: config().limits.segment_bytes, ..Members::default() };
+    first_file(&members, &(1..=HOSTS).collect::<Vec<_>>()).unwrap()
+}
+
 impl Cluster {
     fn new(seed: u64, mutations: Mutations) -> Cluster {
-        let (_, mut first) = genesis(config().limits.segment_bytes);
-        first.resize(config().limits.segment_bytes as usize, 0);
         let nodes = (1..=HOSTS)
-            .map(|_| Node {
+            .map(|node| Node {
                 host: None,
-                segments: BTreeMap::from([(SegmentId(0), first.clone())]),
-                hard: vec![0; FILE_BYTES],
+                segments: BTreeMap::new(),
+                hard: init_file(node),
                 offsets: BTreeMap::new(),
                 held: Vec::new(),
                 cursor: 0,

@@ -107,7 +107,7 @@ impl Harness {
                     Output::WalFull { .. } => self.wal_full.push(true),
                     Output::WalRoom { .. } => self.wal_full.push(false),
                     Output::Recovered(_) | Output::Stalled { .. } | Output::Unstalled => {}
-                    Output::Send(_) | Output::Role { .. } => unreachable!("not clustered"),
+                    Output::Send(_) | Output::Role { .. } | Output::JoinRefused { .. } => unreachable!("not clustered"),
                 }
             }
             let Some(i) = self.held.iter().position(|(_, op)| is_storage(op)) else {

@@ -92,6 +92,10 @@ pub(super) enum Appended {
 mod group;
 pub(super) use group::SnapshotSource;
 
+/// Clustered mode: a group to propose (segment, offset, bytes, the
+/// membership change among its frames).
+pub(super) type Proposal = (SegmentId, u64, Arc<Vec<u8>>, Option<Vec<u8>>);
+
 impl WalWriter {
     /// Takes over the write position recovery found.
     pub(super) fn restore(&mut self, wal: &mut RecoveredWal, now: Instant) {
@@ -129,13 +133,17 @@ impl WalWriter {
     }
 
     /// Clustered mode: the group built to go next, to propose: (segment,
-    /// offset, bytes).
-    pub(super) fn take_proposal(&mut self) -> Option<(SegmentId, u64, Arc<Vec<u8>>)> {
+    /// offset, bytes, the membership change among its frames, if any).
+    pub(super) fn take_proposal(&mut self) -> Option<Proposal> {
         if !std::mem::take(&mut self.to_propose) {
             return None;
         }
         let c = self.commit.as_ref().expect("a proposal is the group in flight");
-        Some((c.segment, c.offset, c.bytes.clone()))
+        let change = c.frames.iter().find_map(|f| match f {
+            Frame::Membership(cc) => Some(cc.clone()),
+            _ => None,
+        });
+        Some((c.segment, c.offset, c.bytes.clone(), change))
     }
 
     /// Clustered mode: raft committed the group at `lsn`. True when it is
