@@ -8,6 +8,7 @@
 mod alloc;
 mod bench;
 mod chaos;
+mod cluster;
 mod config;
 mod exit;
 mod explain;
@@ -48,6 +49,22 @@ enum Command {
     /// Benchmarks (see BENCHMARKS.md).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Clustered mode: give a DATA_DIR its cluster identity.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Make an empty DATA_DIR one of a new cluster's first voters: writes
+    /// the cluster id, this node's id and the first voters into its raft
+    /// hard-state file, and prints the cluster id.
+    Init(cluster::IdentityArgs),
+    /// Make an empty DATA_DIR a host that joins an existing cluster under a
+    /// new node id (a host whose data was lost): it starts as a learner, and
+    /// the leader promotes it once it has caught up, removing the id it
+    /// replaces for good.
+    Join(cluster::IdentityArgs),
 }
 
 #[derive(Subcommand)]
@@ -129,6 +146,8 @@ fn main() {
                 exit::CONFIG
             }
         },
+        Command::Cluster(ClusterCommand::Init(args)) => cluster::identity(args, false),
+        Command::Cluster(ClusterCommand::Join(args)) => cluster::identity(args, true),
         Command::Bench(BenchCommand::Wal(args)) => bench::wal(args),
         Command::Bench(BenchCommand::E2e(args)) => bench::e2e(args),
         Command::Offsets(OffsetsCommand::Show { data_dir, store }) => match store.table() {

@@ -14,7 +14,8 @@ fn flags_for(name: &str) -> (&'static str, Vec<&'static str>) {
         | "ack-before-persist"
         | "vote-not-persisted"
         | "no-truncate-on-conflict"
-        | "serve-before-term-commit" => ("0..10000", vec!["--wal", "clustered"]),
+        | "serve-before-term-commit"
+        | "wiped-peer-votes" => ("0..10000", vec!["--wal", "clustered"]),
         _ => ("0..10000", vec![]),
     }
 }
@@ -23,7 +24,7 @@ fn flags_for(name: &str) -> (&'static str, Vec<&'static str>) {
 fn every_planted_bug_is_caught_by_a_checker_invariant() {
     let list = skipprd(&["sim", "--list-mutations"]);
     let names: Vec<String> = stdout(&list).lines().map(str::to_string).collect();
-    assert_eq!(names.len(), 22, "{names:?}");
+    assert_eq!(names.len(), 23, "{names:?}");
     let mut report = Vec::new();
     for name in &names {
         let (range, extra) = flags_for(name);

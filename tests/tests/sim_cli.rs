@@ -92,6 +92,7 @@ fn list_mutations_names_every_planted_bug() {
         "vote-not-persisted",
         "no-truncate-on-conflict",
         "serve-before-term-commit",
+        "wiped-peer-votes",
     ];
     assert_eq!(names, expected, "the planted bugs, as the README lists them");
 }

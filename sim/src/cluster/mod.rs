@@ -450,6 +450,16 @@ impl ClusterWorld {
         self.model.wipe(node);
         let restart = self.scenario.latencies.restart;
         self.after(Die::Restart, restart, Event::Restart { node });
+        // Sometimes the leader goes down too, for a few election timeouts:
+        // the lost disk was one of the majority that holds the newest
+        // commits, and the hosts left must not elect a log without them.
+        let leader = (0..self.nodes.len()).find(|&i| self.nodes[i].leader && self.nodes[i].host.is_some());
+        if let Some(leader) = leader.filter(|_| self.dice.roll(Die::ClusterFault).chance(0.5)) {
+            self.stats.crashes += 1;
+            self.kill(leader);
+            let span = 30 * self.scenario.cluster.ticks[leader].as_micros();
+            self.after(Die::Restart, (span, span * 2), Event::Restart { node: leader });
+        }
     }
 
     /// The operator brings a wiped host back: `cluster join` writes its new

@@ -368,3 +368,32 @@ fn hosts_that_reach_no_majority_report_a_stall_and_its_end() {
     let ended: BTreeSet<usize> = c.stalls.iter().filter(|s| !s.1).map(|s| s.0).collect();
     assert_eq!(ended.len(), HOSTS as usize, "every host reports its end once a leader is known: {:?}", c.stalls);
 }
+
+#[test]
+fn a_host_whose_data_dir_was_wiped_refuses_to_take_part() {
+    let wiped = |mutations: Mutations| {
+        let mut c = Cluster::new(1, mutations);
+        while c.delivered().len() < 20 && c.failure.is_none() {
+            c.step(false);
+        }
+        assert_eq!(c.failure, None);
+        // Host 3's disk is lost for good; it restarts on the empty one.
+        c.nodes[2].host = None;
+        c.nodes[2].segments.clear();
+        c.nodes[2].hard.fill(0);
+        c.start(2);
+        for _ in 0..200 {
+            c.step(false);
+        }
+        c.failure.unwrap_or_default()
+    };
+    let failure = wiped(Mutations::NONE);
+    assert!(failure.contains("NotMember") && failure.contains("no cluster identity"), "{failure}");
+    assert!(failure.contains("cluster join"), "the refusal says what to do: {failure}");
+    // The planted bug takes the empty DATA_DIR for a new voter under the
+    // old id: it takes part, until raft-rs meets a leader whose commit
+    // index its empty log lacks (its own guard against a lost log).
+    let m = Mutations::NONE.with(crate::Mutation::WipedPeerVotes);
+    let planted = std::panic::catch_unwind(|| wiped(m));
+    assert!(planted.as_ref().map_or(true, |f| !f.contains("NotMember")), "{planted:?}");
+}
