@@ -358,7 +358,7 @@ impl Replication {
     pub(super) fn ask_join(&mut self, fx: &mut Effects, join: Join) {
         let result = match self.replica.as_mut() {
             Some(r) if self.serving => r.ask_join(join),
-            _ => Err("this host does not lead the cluster: ask the leader"),
+            _ => Err(crate::replication::membership::NOT_LEADER),
         };
         if let Err(why) = result {
             fx.emit(Output::JoinRefused { node: join.node, why });

@@ -16,6 +16,9 @@
 use super::hard_state::Members;
 use raft::eraftpb::{ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState};
 
+/// Why a join asked of a host that does not lead is refused.
+pub const NOT_LEADER: &str = "this host does not lead the cluster: ask the leader";
+
 /// A host asks to join in place of a lost voter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Join {

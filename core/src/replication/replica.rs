@@ -197,7 +197,7 @@ impl Replica {
     /// A leader is asked to let a new host join in place of a lost voter.
     pub fn ask_join(&mut self, join: Join) -> Result<(), &'static str> {
         if !self.is_leader() {
-            return Err("this host does not lead the cluster: ask the leader");
+            return Err(super::membership::NOT_LEADER);
         }
         let conf = self.conf();
         self.membership.ask(join, &conf)
