@@ -180,6 +180,13 @@ impl Host {
                 self.on_raft_news(news);
             }
             Input::Join { node, replaces } => self.on_join(node, replaces),
+            Input::SnapshotServed { to, ok } => {
+                let news = match self.authority.raft() {
+                    Some(r) => r.snapshot_served(&mut self.fx, to, ok),
+                    None => Vec::new(),
+                };
+                self.on_raft_news(news);
+            }
         }
         if self.phase != Phase::Stopped {
             self.pump();
@@ -373,8 +380,13 @@ impl Host {
             }
             Pending::WalAppend => self.on_append(id, done(result)),
             Pending::WalDelete(segment) => {
-                if self.wal.on_deleted(&mut self.fx, segment, result.is_ok()) && self.startup.deleting_junk() {
+                let deleted = self.wal.on_deleted(&mut self.fx, segment, result.is_ok());
+                if deleted && self.startup.deleting_junk() {
                     self.delete_junk();
+                } else if deleted && self.phase == Phase::Running && !self.wal.deletes_queued() && self.wal.is_full() {
+                    // Reaching the size limit asked for no snapshot while
+                    // deletions were queued; none is left to ask later.
+                    self.wal.make_room(&self.committed.acked, self.cfg.sinks.len() as u16);
                 }
             }
             Pending::OffsetsWrite => self.offsets.on_written(&mut self.fx, id, result.is_ok(), &self.committed),

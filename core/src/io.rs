@@ -38,6 +38,12 @@ pub enum Input {
         node: u64,
         replaces: u64,
     },
+    /// Clustered mode, to the leader: the transfer of a snapshot's segments
+    /// to node `to` ended, having served them all (`ok`) or not.
+    SnapshotServed {
+        to: u64,
+        ok: bool,
+    },
 }
 
 /// A raft message between hosts (raft-rs's protobuf type).
@@ -141,6 +147,25 @@ pub enum WalOp {
     /// Clustered mode: read the raft hard-state file (`DATA_DIR/raft-state`;
     /// zeros where there is none yet). Answer: `HardState`.
     ReadHardState,
+    /// Clustered mode: install a snapshot (see `Install`). Answer: `Done`
+    /// once the new WAL and hard state are durable; an error leaves the old
+    /// ones as they were.
+    InstallSnapshot(Install),
+}
+
+/// A snapshot to install: copy the manifest's segments from peer `from`
+/// (the bytes it names, zeros after them, each file at its size) into a
+/// staging area, check them (`replication::snapshot::check_install`),
+/// then replace every segment of the WAL with them and write the hard
+/// state's slot, atomically: a crash leaves the old WAL and hard state or
+/// the new ones, never a mix. `from` serves the transfer and reports its
+/// end to its engine (`Input::SnapshotServed`).
+#[derive(Debug)]
+pub struct Install {
+    pub from: u64,
+    pub manifest: crate::replication::snapshot::Manifest,
+    /// (offset in the hard-state file, slot bytes).
+    pub hard_state: (u64, Vec<u8>),
 }
 
 /// What one raft `Ready` asks of the disk, in this order, each step durable
@@ -466,6 +491,9 @@ pub enum StopReason {
     /// DATA_DIR has no cluster identity (never initialized, or wiped),
     /// belongs to another node id, or its id was removed.
     NotMember { what: String },
+    /// Clustered mode: this host installed a snapshot from its leader (its
+    /// WAL now ends at `index`); it restarts to recover from it.
+    SnapshotInstalled { index: u64 },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

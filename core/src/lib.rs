@@ -43,7 +43,7 @@ pub use ids::{
     CompactionId, CompactionSeq, Epoch, IoId, Lsn, PartitionKey, Position, SegmentId, SinkId, SourceId, StreamId,
 };
 pub use io::{
-    Input, IoError, IoOp, IoReply, LeaseOp, LeaseRow, OffsetEntry, OffsetRow, OffsetsOp, Output, PeerMessage,
+    Input, Install, IoError, IoOp, IoReply, LeaseOp, LeaseRow, OffsetEntry, OffsetRow, OffsetsOp, Output, PeerMessage,
     PeerMessageType, PluginOp, Records, RecoverySummary, Replicate, ResumePoint, SinkApply, SinkOutcome, SourceBatchIn,
     StopReason, Timer, WalListing, WalOp,
 };

@@ -97,14 +97,37 @@ pub struct SegmentSummary {
     /// every record of the segment lies below it.
     pub ends: BTreeMap<PartitionKey, Position>,
     pub sealed: bool,
+    pub head: Head,
+}
+
+/// How a segment opens, as far as its groups have been noted. A WAL whose
+/// older segments were deleted must open with a snapshot; in clustered mode
+/// raft's lone fences (a new leader's empty entry) may come before it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Head {
+    #[default]
+    Empty,
+    /// Only lone fences so far, the last at `lsn`.
+    Fences {
+        lsn: Lsn,
+    },
+    Snapshot,
+    Other,
 }
 
 impl SegmentSummary {
     pub fn new(id: SegmentId, lsn: Lsn) -> Self {
-        SegmentSummary { id, last_lsn: lsn, ends: BTreeMap::new(), sealed: false }
+        SegmentSummary { id, last_lsn: lsn, ends: BTreeMap::new(), sealed: false, head: Head::Empty }
     }
 
     pub fn note(&mut self, lsn: Lsn, frame: &Frame) {
+        self.head = match (self.head, frame) {
+            (Head::Fences { lsn: l }, _) if l == lsn => Head::Other,
+            (Head::Empty | Head::Fences { .. }, Frame::Fence) => Head::Fences { lsn },
+            (Head::Empty | Head::Fences { .. }, Frame::Snapshot(_)) => Head::Snapshot,
+            (Head::Empty | Head::Fences { .. }, _) => Head::Other,
+            (head, _) => head,
+        };
         self.last_lsn = lsn;
         match frame {
             Frame::SourceBatch(b) => {
@@ -160,7 +183,9 @@ pub fn rebuild(scanned: Vec<ScannedSegment>, check_head: bool) -> Result<Recover
         let mut summary = SegmentSummary::new(seg.id, seg.groups[0].lsn);
         for group in seg.groups {
             wal.epoch_max = wal.epoch_max.max(group.epoch);
-            if first_group {
+            // Raft's lone fences may come before a clustered WAL's snapshot.
+            let lone_fence = group.lsn != Lsn(0) && matches!(group.frames.as_slice(), [Frame::Fence]);
+            if first_group && !lone_fence {
                 first_group = false;
                 let starts_with_snapshot = matches!(group.frames.first(), Some(Frame::Snapshot(_)));
                 if group.lsn != Lsn(0) && !starts_with_snapshot {

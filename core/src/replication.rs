@@ -20,6 +20,7 @@ pub mod hard_state;
 pub mod log;
 pub mod membership;
 pub mod replica;
+pub mod snapshot;
 pub mod terms;
 
 /// Ticks a follower waits without hearing from a leader before it
@@ -29,6 +30,10 @@ pub const ELECTION_TICKS: usize = 10;
 pub const HEARTBEAT_TICKS: usize = 2;
 /// At most this many ticks are withheld after a term or role change.
 pub const JITTER_TICKS_MAX: u64 = ELECTION_TICKS as u64;
+/// A snapshot's transfer that has not ended after this many ticks of its
+/// leader counts as failed: raft-rs hears so (`report_snapshot`), may send
+/// another, and the segments it pinned may go.
+pub const SNAPSHOT_TICKS: u64 = 10 * ELECTION_TICKS as u64;
 
 /// raft-rs's configuration for node `id`: pre-vote and check-quorum on, the
 /// election timeout pinned to one value, and its buffers capped by the

@@ -91,7 +91,7 @@ impl DiskWal {
             to_io_error(&e)
         };
         match op {
-            WalOp::Replicate(_) | WalOp::ReadHardState => {
+            WalOp::Replicate(_) | WalOp::ReadHardState | WalOp::InstallSnapshot(_) => {
                 unreachable!("clustered mode is refused at start-up until the daemon runs it (issue #13)")
             }
             WalOp::Sync => self.sync_all().map(|_| IoReply::Done).map_err(|e| failed("syncing the WAL", e)),

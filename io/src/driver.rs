@@ -356,6 +356,7 @@ fn op_name(op: &IoOp) -> &'static str {
         IoOp::Wal(WalOp::Delete { .. }) => "wal-delete",
         IoOp::Wal(WalOp::Replicate(_)) => "wal-replicate",
         IoOp::Wal(WalOp::ReadHardState) => "wal-read-hard-state",
+        IoOp::Wal(WalOp::InstallSnapshot(_)) => "wal-install-snapshot",
         IoOp::Offsets(OffsetsOp::Read) => "offsets-read",
         IoOp::Offsets(OffsetsOp::Write { .. }) => "offsets-write",
         IoOp::Plugin(PluginOp::SourceOpen { .. }) => "source-open",

@@ -96,7 +96,9 @@ impl S3Wal {
     /// visible, so a sync is nothing to do; a creation is its header object.
     pub async fn perform(&self, op: WalOp) -> Result<IoReply, IoError> {
         match op {
-            WalOp::Replicate(_) | WalOp::ReadHardState => unreachable!("clustered mode keeps its WAL on local disks"),
+            WalOp::Replicate(_) | WalOp::ReadHardState | WalOp::InstallSnapshot(_) => {
+                unreachable!("clustered mode keeps its WAL on local disks")
+            }
             WalOp::Sync => Ok(IoReply::Done),
             WalOp::List => self.list().await.map(IoReply::Segments),
             WalOp::Read { segment } => self.read(segment).await.map(IoReply::SegmentBytes),

@@ -57,7 +57,10 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::SourceProtocol { .. } => SOURCE_PROTOCOL,
         StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } | StopReason::NotMember { .. } => CONFIG,
         StopReason::SchemaRejected { .. } => SCHEMA_REJECTED,
-        StopReason::Fenced { .. } | StopReason::LeaseLost { .. } | StopReason::Deposed { .. } => FENCED,
+        StopReason::Fenced { .. }
+        | StopReason::LeaseLost { .. }
+        | StopReason::Deposed { .. }
+        | StopReason::SnapshotInstalled { .. } => FENCED,
         StopReason::Stalled { .. } => STALLED,
     }
 }

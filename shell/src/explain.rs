@@ -160,5 +160,10 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
             format!("this host's clustered WAL cannot be trusted, so it will not vote: {what} ({})", wal.root())
         }
         StopReason::NotMember { what } => format!("this host takes no part in the cluster: {what} ({})", wal.root()),
+        StopReason::SnapshotInstalled { index } => format!(
+            "this host was too far behind its leader and installed the leader's segments through LSN {index}; \
+             the next start recovers from them ({})",
+            wal.root()
+        ),
     }
 }

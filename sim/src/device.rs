@@ -129,6 +129,14 @@ impl SimWal {
         }
     }
 
+    /// Clustered mode: a snapshot's segments replace the WAL (`DiskWal::install`).
+    pub fn install(&mut self, segments: &[(SegmentId, Vec<u8>)], hard_state: &(u64, Vec<u8>), fails: bool) -> bool {
+        match self {
+            SimWal::Disk(d) => d.install(segments, hard_state, fails),
+            SimWal::S3(_) => unreachable!("clustered mode keeps its WAL on disks"),
+        }
+    }
+
     /// An operator deletes the segment by hand.
     pub fn remove(&mut self, segment: SegmentId) {
         match self {
@@ -214,7 +222,29 @@ impl DiskWal {
             WalOp::ReadHardState => Ok(IoReply::HardState(self.hard_state.clone())),
             WalOp::Replicate(_) if fails => Err(IoError::Failed),
             WalOp::Replicate(r) => self.replicate(r),
+            WalOp::InstallSnapshot(_) => unreachable!("the world installs snapshots: it reads another host's disk"),
         }
+    }
+
+    /// A snapshot's segments, staged and checked, replace every segment and
+    /// the hard state at once (the world's step is atomic: no crash falls
+    /// inside it); a failed sync leaves the old WAL.
+    pub fn install(&mut self, segments: &[(SegmentId, Vec<u8>)], hard_state: &(u64, Vec<u8>), fails: bool) -> bool {
+        if fails {
+            return false;
+        }
+        for old in self.disk.list() {
+            self.disk.delete(old);
+        }
+        self.durable_ends.clear();
+        for (id, bytes) in segments {
+            self.disk.create_zeroed(*id, &bytes[..skippr_core::wal::SEGMENT_HEADER_BYTES], bytes.len());
+            let written = self.disk.write(*id, 0, bytes) && self.disk.sync(*id, true, false);
+            assert!(written, "a fresh file takes its bytes");
+        }
+        let (at, slot) = hard_state;
+        self.hard_state[*at as usize..*at as usize + slot.len()].copy_from_slice(slot);
+        true
     }
 
     /// A raft `Ready` made durable, step by step in the order the request
@@ -297,7 +327,9 @@ impl S3Wal {
                 self.bucket.delete_rest(segment);
                 Ok(IoReply::Done)
             }
-            WalOp::Replicate(_) | WalOp::ReadHardState => unreachable!("clustered mode keeps its WAL on disks"),
+            WalOp::Replicate(_) | WalOp::ReadHardState | WalOp::InstallSnapshot(_) => {
+                unreachable!("clustered mode keeps its WAL on disks")
+            }
         }
     }
 

@@ -353,9 +353,8 @@ impl Scenario {
         self
     }
 
-    /// Clustered mode's draws, on a stream of their own. Segments are
-    /// never deleted in this mode yet, so the WAL's size limit is lifted;
-    /// `--once` needs the terminal entry of the next issue, so it is off.
+    /// Clustered mode's draws, on a stream of their own. `--once` needs the
+    /// terminal entry of the next issue, so it is off.
     pub fn draw_cluster(&mut self, hosts: usize) {
         let mut c = Rng::new(self.seed, Stream::Cluster);
         let base = c.range(500, 2_000);
@@ -373,7 +372,6 @@ impl Scenario {
         let elections = Instant::from_micros(base * 10 * c.range(8, 24));
         self.fault_phase_end = self.fault_phase_end.max(elections);
         self.cluster.wipe = c.chance(0.4);
-        self.limits.wal_bytes_max = 1 << 40;
         self.stop_when_exhausted = false;
         self.faults.rot = false;
         self.faults.no_space = 0.0;

@@ -215,6 +215,8 @@ impl Totals {
         t.joins += s.joins;
         t.promotions += s.promotions;
         t.joins_refused += s.joins_refused;
+        t.snapshots += s.snapshots;
+        t.snapshot_failures += s.snapshot_failures;
         t.messages_lost += s.messages_lost;
         t.messages_duplicated += s.messages_duplicated;
         t.steps += s.steps;
@@ -270,6 +272,8 @@ impl Totals {
             ("clustered: wiped hosts joined again", t.joins as f64 / n),
             ("clustered: joined hosts promoted", t.promotions as f64 / n),
             ("clustered: joins refused", t.joins_refused as f64 / n),
+            ("clustered: snapshots installed", t.snapshots as f64 / n),
+            ("clustered: snapshot transfers failed", t.snapshot_failures as f64 / n),
             ("clustered: raft messages lost", t.messages_lost as f64 / n),
             ("clustered: raft messages duplicated", t.messages_duplicated as f64 / n),
             ("engine steps", t.steps as f64 / n),

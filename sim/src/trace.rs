@@ -78,6 +78,11 @@ impl Trace {
                 self.u64(*node);
                 self.u64(*replaces);
             }
+            Input::SnapshotServed { to, ok } => {
+                self.u64(6);
+                self.u64(*to);
+                self.u64(*ok as u64);
+            }
         }
         if self.print {
             self.lines.push(format!("{now} -> {}", describe_input(input)));
@@ -254,6 +259,13 @@ impl Trace {
             }
             IoOp::Wal(WalOp::Delete { segment }) => self.u64(34 ^ segment.0 << 8),
             IoOp::Wal(WalOp::ReadHardState) => self.u64(51),
+            IoOp::Wal(WalOp::InstallSnapshot(i)) => {
+                self.u64(53);
+                self.u64(i.from);
+                self.update(&i.manifest.encode());
+                self.u64(i.hard_state.0);
+                self.update(&i.hard_state.1);
+            }
             IoOp::Wal(WalOp::Replicate(r)) => {
                 self.u64(52);
                 r.remove.iter().for_each(|s| self.u64(s.0));
@@ -322,6 +334,9 @@ pub fn describe_input(input: &Input) -> String {
         Input::Shutdown => "shutdown".into(),
         Input::Peer(m) => format!("peer {}", describe_message(m)),
         Input::Join { node, replaces } => format!("join node {node} in place of {replaces}"),
+        Input::SnapshotServed { to, ok } => {
+            format!("snapshot served to node {to}: {}", if *ok { "done" } else { "failed" })
+        }
     }
 }
 
@@ -407,6 +422,13 @@ pub fn describe_op(op: &IoOp) -> String {
         }
         IoOp::Wal(WalOp::Delete { segment }) => format!("wal-delete {}", segment.0),
         IoOp::Wal(WalOp::ReadHardState) => "wal-read-hard-state".into(),
+        IoOp::Wal(WalOp::InstallSnapshot(i)) => format!(
+            "wal-install-snapshot from={} index={} term={} segments={:?}",
+            i.from,
+            i.manifest.index,
+            i.manifest.term,
+            i.manifest.segments.iter().map(|s| s.id.0).collect::<Vec<_>>()
+        ),
         IoOp::Wal(WalOp::Replicate(r)) => {
             let groups: Vec<String> = r
                 .groups

@@ -56,6 +56,12 @@ impl Host {
         self.wal.set_replicated();
         self.wal.restore(&mut wal, now);
         self.committed = wal.state;
+        // Every host's store holds what its committed log says, also what
+        // it recovered without applying (a snapshot installed, a crash
+        // before the last write): written again, the store keeps the newer.
+        for (key, p) in &self.committed.partitions {
+            self.offsets.committed(*key, p, false);
+        }
         self.records = wal.records;
         self.records.set_cache_max(self.cfg.limits.record_cache_bytes);
     }
@@ -95,6 +101,8 @@ impl Host {
             let what = format!("the committed group at LSN {} does not decode", place.lsn.0);
             return self.stop(StopReason::ClusterLog { what });
         };
+        self.wal.note_replicated(place, &scanned.frames);
+        let snapshot = scanned.frames.iter().any(|f| matches!(f, Frame::Snapshot(_)));
         for frame in scanned.frames {
             self.committed.apply(place.lsn, &frame);
             match frame {
@@ -107,6 +115,12 @@ impl Host {
                 Frame::CompactionDone(done) => self.prune_acked(done.stream),
                 _ => {}
             }
+        }
+        if snapshot {
+            // The deletion rule, with the acknowledgements committed so far
+            // (the frontier the leader's own rule uses may only be ahead).
+            let sinks = self.cfg.sinks.len() as u16;
+            self.wal.plan_deletions(place.lsn, &self.committed.acked, sinks, false);
         }
     }
 

@@ -64,9 +64,18 @@ impl Host {
         self.send_proposal();
     }
 
+    /// Clustered mode: every host deletes its own segments, each once
+    /// raft's log starts after it (not while a snapshot's transfer or a
+    /// lagging follower's read needs it).
     pub(super) fn delete_next(&mut self) {
-        let may_write = self.may_write();
-        self.wal.delete_next(&mut self.fx, may_write);
+        let may_delete = match (self.authority.raft(), self.wal.next_delete()) {
+            (Some(r), Some((segment, justified_at))) => {
+                r.compact_to(&mut self.fx, SegmentId(segment.0 + 1), justified_at)
+            }
+            (Some(_), None) => false,
+            (None, _) => self.may_write(),
+        };
+        self.wal.delete_next(&mut self.fx, may_delete);
     }
 
     fn read_sources(&mut self) {

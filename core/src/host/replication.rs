@@ -12,7 +12,7 @@
 use super::effects::{Effects, Pending, Retry};
 use crate::config::{ClusterConfig, Limits};
 use crate::ids::*;
-use crate::io::{IoOp, Output, PeerMessage, Replicate, StopReason, WalOp};
+use crate::io::{Install, IoOp, Output, PeerMessage, Replicate, StopReason, WalOp};
 use crate::mutation::{Mutation, Mutations};
 use crate::replication::entry::{encode_entry, genesis, EntryGroup, Opening, Placement};
 use crate::replication::hard_state::{decode_file, encode_slot, slot_offset, Members};
@@ -49,6 +49,13 @@ pub(super) struct Replication {
     /// zeroing must come after what the `Ready`s before it wrote).
     queued: VecDeque<Persist>,
     in_flight: Option<Vec<u64>>,
+    /// The request in flight installs a snapshot ending at this index: once
+    /// it is durable, this host restarts to recover from it.
+    installing: Option<u64>,
+    /// The commit index the hard-state file holds durably, and the one the
+    /// request in flight saves.
+    saved_commit: u64,
+    saving_commit: Option<u64>,
     /// The planted bug `commit-before-quorum`: the groups of the request in
     /// flight, and the LSNs already taken as committed.
     in_flight_groups: Vec<crate::replication::entry::EntryGroup>,
@@ -100,6 +107,9 @@ impl Replication {
             fetching: None,
             queued: VecDeque::new(),
             in_flight: None,
+            installing: None,
+            saved_commit: 0,
+            saving_commit: None,
             in_flight_groups: Vec::new(),
             landed_early: Default::default(),
             proposed: None,
@@ -171,7 +181,6 @@ impl Replication {
         now: Instant,
     ) -> Result<(Vec<ScannedSegment>, u64), StopReason> {
         let (hard, conf, members) = self.loaded.take().expect("the hard state is read before the segments");
-        let commit = hard.commit;
         let empty = || crate::wal::scan(segments, false).is_ok_and(|s| s.iter().all(|s| s.groups.is_empty()));
         let (log, mut scanned) = if hard == HardState::default() && empty() {
             // A host's first start (or a retry of one whose first write
@@ -185,6 +194,8 @@ impl Replication {
             Log::restore(hard, conf, segments).map_err(cluster_log)?
         };
         let segment_bytes = log.end().segment_bytes;
+        let commit = log.hard_state().commit;
+        self.saved_commit = commit;
         let mut replica = Replica::new(log, members, commit, limits, self.seed).map_err(cluster_log)?;
         if self.mutations.has(Mutation::AckBeforePersist) {
             replica.plant_ack_before_persist();
@@ -219,6 +230,7 @@ impl Replication {
         };
         let op = Replicate { remove: Vec::new(), zero: Vec::new(), groups: vec![group], hard_state: None };
         self.in_flight = Some(Vec::new());
+        self.installing = None;
         fx.io(Pending::WalReplicate(SegmentId(0)), IoOp::Wal(WalOp::Replicate(op)));
     }
 
@@ -284,8 +296,48 @@ impl Replication {
             self.landed_early.insert(g.place.lsn);
             news.push(RaftNews::Committed(CommittedGroup { term, group: g }));
         }
+        let installed = self.installing.take();
+        if let Some(commit) = self.saving_commit.take() {
+            self.saved_commit = self.saved_commit.max(commit);
+        }
         news.extend(self.drain(fx));
+        if let Some(index) = installed {
+            // The leader hears first (the messages waiting for the install
+            // have left); the committed state is rebuilt by recovery.
+            news.push(RaftNews::Stop(StopReason::SnapshotInstalled { index }));
+        }
         news
+    }
+
+    /// Leading: the transfer of a snapshot to `to` ended.
+    pub(super) fn snapshot_served(&mut self, fx: &mut Effects, to: u64, ok: bool) -> Vec<RaftNews> {
+        let Some(r) = self.replica.as_mut() else { return Vec::new() };
+        r.snapshot_served(to, ok);
+        self.drain(fx)
+    }
+
+    /// The segments before `first_kept` may be deleted once raft's log
+    /// starts after them (see `Replica::compact_to`), and once the saved
+    /// commit index reaches `justified_at`, the snapshot whose commit made
+    /// them deletable: a restart rebuilds state only through the saved
+    /// index, and must find there the acknowledgements that let them go.
+    /// A commit index alone is saved lazily; here a save is asked for.
+    pub(super) fn compact_to(&mut self, fx: &mut Effects, first_kept: SegmentId, justified_at: Lsn) -> bool {
+        let Some(r) = self.replica.as_mut() else { return false };
+        if self.saved_commit < justified_at.0 {
+            if self.in_flight.is_none() && self.queued.is_empty() {
+                let (hs, cs, members) = r.hard_to_save();
+                let Ok(slot) = encode_slot(self.next_seq, &hs, &cs, &members) else { return false };
+                let hard_state = Some((slot_offset(self.next_seq), slot));
+                self.next_seq += 1;
+                self.saving_commit = Some(hs.commit);
+                self.in_flight = Some(Vec::new());
+                let op = Replicate { remove: Vec::new(), zero: Vec::new(), groups: Vec::new(), hard_state };
+                fx.io(Pending::WalReplicate(SegmentId(0)), IoOp::Wal(WalOp::Replicate(op)));
+            }
+            return false;
+        }
+        r.compact_to(first_kept)
     }
 
     /// Sends the next request if none is in flight.
@@ -294,10 +346,28 @@ impl Replication {
             return Ok(());
         }
         let Some(first) = self.queued.pop_front() else { return Ok(()) };
+        if let Some(install) = first.install {
+            let (from, manifest) = *install;
+            let (hs, cs, members) = first.hard.expect("an install saves its hard state");
+            let slot = encode_slot(self.next_seq, &hs, &cs, &members).map_err(cluster_log)?;
+            let hard_state = (slot_offset(self.next_seq), slot);
+            self.next_seq += 1;
+            self.in_flight = Some(vec![first.number]);
+            self.installing = Some(manifest.index);
+            self.saving_commit = Some(hs.commit);
+            let segment = manifest.segments[0].id;
+            let op = WalOp::InstallSnapshot(Install { from, manifest, hard_state });
+            fx.io(Pending::WalReplicate(segment), IoOp::Wal(op));
+            return Ok(());
+        }
         let mut numbers = vec![first.number];
         let (mut remove, mut zero, mut groups, mut hard) =
             (first.appended.remove, first.appended.zero, first.appended.groups, first.hard);
-        while self.queued.front().is_some_and(|p| p.appended.remove.is_empty() && p.appended.zero.is_empty()) {
+        while self
+            .queued
+            .front()
+            .is_some_and(|p| p.appended.remove.is_empty() && p.appended.zero.is_empty() && p.install.is_none())
+        {
             let p = self.queued.pop_front().expect("front exists");
             numbers.push(p.number);
             groups.extend(p.appended.groups);
@@ -305,6 +375,7 @@ impl Replication {
         }
         let hard_state = match hard {
             Some((hs, cs, members)) => {
+                self.saving_commit = Some(hs.commit);
                 let slot = encode_slot(self.next_seq, &hs, &cs, &members).map_err(cluster_log)?;
                 let at = slot_offset(self.next_seq);
                 self.next_seq += 1;

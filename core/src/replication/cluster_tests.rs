@@ -455,7 +455,15 @@ fn a_host_whose_disk_lost_committed_groups_refuses_to_start() {
     let e = Log::restore(saved.hard.clone(), saved.conf.clone(), &refs).err().expect("refused");
     assert!(matches!(e, super::log::RestoreError::CommitLost { .. }), "{e:?}");
     assert!(e.to_string().contains("acknowledged groups are gone"), "{e}");
+    // Without its first segment, raft's log starts at the next one's first
+    // group (as after deletions); whether older segments may be missing is
+    // recovery's to judge, from the snapshot that segment opens with.
     let refs: Vec<(SegmentId, &[u8])> = h.disk.iter().skip(1).map(|(s, b)| (*s, b.as_slice())).collect();
+    let (log, scanned) = Log::restore(saved.hard.clone(), saved.conf.clone(), &refs).expect("restored");
+    let first = scanned.iter().find_map(|s| s.groups.first()).expect("a group").lsn.0;
+    assert_eq!(log.base().0, first);
+    assert!(log.hard_state().commit >= first);
+    let refs: Vec<(SegmentId, &[u8])> = h.disk.iter().filter(|(s, _)| s.0 == 0).map(|(s, b)| (*s, &b[..0])).collect();
     let e = Log::restore(saved.hard, saved.conf, &refs).err().expect("refused");
     assert_eq!(e, super::log::RestoreError::NoGenesis);
 }

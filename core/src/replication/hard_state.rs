@@ -57,7 +57,7 @@ pub struct Members {
 }
 
 impl Members {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(36 + 8 * self.removed.len() + 16 * self.replacing.len());
         for v in [self.cluster, self.node, self.segment_bytes] {
             out.extend_from_slice(&v.to_le_bytes());
@@ -74,7 +74,7 @@ impl Members {
         out
     }
 
-    fn decode(mut b: &[u8]) -> Option<Members> {
+    pub(crate) fn decode(mut b: &[u8]) -> Option<Members> {
         let mut u64_ = || -> Option<u64> {
             let v = u64::from_le_bytes(b.get(0..8)?.try_into().ok()?);
             b = &b[8..];

@@ -15,6 +15,8 @@
 //! (told by `on_persist_ready`) and the WAL's.
 
 use super::entry::{decode_entry, encode_entry, membership_change, EntryError, EntryGroup, LogEnd, Opening, Placement};
+use super::hard_state::Members;
+use super::snapshot::{Manifest, ManifestSegment};
 use super::terms::TermRuns;
 use crate::ids::*;
 use crate::wal::{encode_group, Frame, GroupPlace};
@@ -26,8 +28,9 @@ use std::collections::{BTreeMap, VecDeque};
 pub struct Log {
     hard: HardState,
     conf: ConfState,
-    /// The index and term just before the first entry raft-rs may ask for
-    /// (genesis, or where older segments were deleted).
+    /// The index and term just before the first entry raft-rs may ask for:
+    /// the first group on this host's disk (genesis, or the first of the
+    /// oldest segment left after deletions or a snapshot's install).
     base: (u64, u64),
     base_end: LogEnd,
     terms: TermRuns,
@@ -42,6 +45,13 @@ pub struct Log {
     /// The planted bug `no-truncate-on-conflict`: a conflicting tail is
     /// overwritten in place, its leftovers neither removed nor zeroed.
     no_truncate: bool,
+    /// Everything up to this index is applied and durable here: a snapshot
+    /// may be taken there, and segments deleted below it.
+    durable: u64,
+    /// The index of the last membership change applied, and the membership
+    /// record as of it (a snapshot carries both).
+    conf_changed_at: u64,
+    members: Members,
 }
 
 /// Entries raft-rs asked for that are not in memory.
@@ -113,12 +123,20 @@ impl Log {
             header_epochs: BTreeMap::new(),
             fetch: RefCell::default(),
             no_truncate: false,
+            durable: base.0,
+            conf_changed_at: 0,
+            members: Members::default(),
         }
     }
 
     /// The log a host finds on its disk at start: `segments` (sorted by
-    /// id, each the whole segment) scanned as the WAL, from the genesis
-    /// group on, and the hard state last saved. Entries past `hard.commit`
+    /// id, each the whole segment) scanned as the WAL, from its first group
+    /// on (genesis, or the first after deleted segments: raft's log starts
+    /// after it), and the hard state last saved. Every group on disk up to
+    /// the first one is committed (segments go only once a committed
+    /// snapshot after them is applied), so a saved commit index below it,
+    /// left by a crash between a deletion or install and the next save, is
+    /// raised to it. Entries past `hard.commit`
     /// are held in memory (raft-rs will commit or truncate them); what is
     /// committed is read back when wanted. A commit index past the last
     /// durable group means acknowledged data is gone: the host must not
@@ -134,14 +152,16 @@ impl Log {
             let last = s.groups.len().saturating_sub(1);
             s.groups.iter().enumerate().map(move |(i, g)| (s, g, s.sealed && i == last))
         });
-        let Some((first_seg, genesis, sealed)) = groups.next() else { return Err(RestoreError::NoGenesis) };
-        if genesis.lsn != Lsn(0) || first_seg.id != SegmentId(0) {
+        let Some((first_seg, first, sealed)) = groups.next() else { return Err(RestoreError::NoGenesis) };
+        if first.lsn == Lsn(0) && first_seg.id != SegmentId(0) {
             return Err(RestoreError::NoGenesis);
         }
         let size = |id: SegmentId| segments.iter().find(|s| s.0 == id).map_or(0, |s| s.1.len() as u64);
         let end =
-            LogEnd { lsn: Lsn(0), segment: first_seg.id, end: genesis.end, sealed, segment_bytes: size(first_seg.id) };
-        let mut log = Log::new(hard, conf, (0, 0), end);
+            LogEnd { lsn: first.lsn, segment: first_seg.id, end: first.end, sealed, segment_bytes: size(first_seg.id) };
+        let mut hard = hard;
+        hard.commit = hard.commit.max(first.lsn.0);
+        let mut log = Log::new(hard, conf, (first.lsn.0, first.epoch.0), end);
         for (seg, group, sealed) in groups {
             let end = LogEnd { lsn: group.lsn, segment: seg.id, end: group.end, sealed, segment_bytes: size(seg.id) };
             if let (Some(epoch), true) = (seg.header_epoch, group.offset == crate::wal::SEGMENT_HEADER_BYTES as u64) {
@@ -155,6 +175,7 @@ impl Log {
             return Err(RestoreError::CommitLost { commit: log.hard.commit, last });
         }
         log.held_from = log.hard.commit + 1;
+        log.durable = log.hard.commit;
         for index in log.held_from..=last {
             let place = log.place(index);
             let bytes = &segments.iter().find(|s| s.0 == place.segment).expect("scanned").1
@@ -191,6 +212,74 @@ impl Log {
 
     pub fn set_hard_state(&mut self, hard: HardState) {
         self.hard = hard;
+    }
+
+    /// The first index raft-rs may ask for, less one: the first group on
+    /// disk.
+    pub fn base(&self) -> (u64, u64) {
+        self.base
+    }
+
+    /// Everything up to `index` is applied and durable here.
+    pub fn set_durable(&mut self, index: u64) {
+        self.durable = index;
+    }
+
+    /// A membership change at `index` was applied, leaving `members`.
+    pub fn set_members(&mut self, index: u64, members: Members) {
+        self.conf_changed_at = index;
+        self.members = members;
+    }
+
+    /// The segments before `first_kept` are about to be deleted: the log
+    /// now starts at the first group of `first_kept`, which must be
+    /// applied and durable here (false, and nothing changes, until it is).
+    pub fn compact_to(&mut self, first_kept: SegmentId) -> bool {
+        if self.base_end.segment >= first_kept {
+            return true;
+        }
+        let Some(k) = self.ends.iter().position(|e| e.segment >= first_kept) else { return false };
+        let index = self.base.0 + 1 + k as u64;
+        if index > self.durable || index >= self.held_from {
+            return false;
+        }
+        let term = self.term_of(index).expect("within the log");
+        self.base_end = self.ends[k];
+        self.ends.drain(..=k);
+        self.base = (index, term);
+        self.terms.compact(index);
+        self.header_epochs.retain(|s, _| *s >= first_kept);
+        true
+    }
+
+    /// The manifest of a snapshot at `index`: the segments from the first
+    /// on disk to the one holding `index`, each with the bytes up to its
+    /// last group at or before `index`.
+    pub fn manifest(&self, index: u64) -> Manifest {
+        let mut segments: Vec<ManifestSegment> = Vec::new();
+        for i in self.base.0..=index {
+            let e = self.end_after(i);
+            match segments.last_mut() {
+                Some(s) if s.id == e.segment => s.bytes = e.end,
+                _ => segments.push(ManifestSegment { id: e.segment, bytes: e.end, size: e.segment_bytes }),
+            }
+        }
+        let term = self.term_of(index).expect("within the log");
+        let sealed = self.end_after(index).sealed;
+        Manifest { index, term, sealed, segments, members: self.members.clone() }
+    }
+
+    /// A snapshot's segments replaced this host's WAL: the log is the
+    /// manifest's, ending at its index.
+    pub fn installed(&mut self, m: &Manifest) {
+        let last = m.segments.last().expect("a manifest names segments");
+        let end =
+            LogEnd { lsn: Lsn(m.index), segment: last.id, end: last.bytes, sealed: m.sealed, segment_bytes: last.size };
+        let mut log = Log::new(self.hard.clone(), self.conf.clone(), (m.index, m.term), end);
+        log.no_truncate = self.no_truncate;
+        log.conf_changed_at = m.index;
+        log.members = self.members.clone();
+        *self = log;
     }
 
     fn end_after(&self, index: u64) -> LogEnd {
@@ -397,9 +486,21 @@ impl raft::Storage for Log {
         Ok(Log::last_index(self))
     }
 
-    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        // Snapshots as manifests are not built yet (issue #12, item 6): a
-        // follower behind the oldest segment waits.
-        Err(store_err(StorageError::SnapshotTemporarilyUnavailable))
+    /// A snapshot at the last index applied and durable here, as a
+    /// manifest. Not while a membership change past that index is applied
+    /// (the configuration sent must be the one at the index): raft-rs asks
+    /// again later.
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        let index = self.durable;
+        if index < request_index || index < self.base.0 || self.conf_changed_at > index {
+            return Err(store_err(StorageError::SnapshotTemporarilyUnavailable));
+        }
+        let manifest = self.manifest(index);
+        let mut snap = Snapshot { data: manifest.encode().into(), ..Snapshot::default() };
+        let meta = snap.mut_metadata();
+        meta.index = index;
+        meta.term = manifest.term;
+        meta.set_conf_state(self.conf.clone());
+        Ok(snap)
     }
 }

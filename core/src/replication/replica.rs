@@ -18,13 +18,15 @@ use super::entry::{EntryError, EntryGroup};
 use super::hard_state::Members;
 use super::log::{Appended, Log};
 use super::membership::{sorted, Join, Membership};
-use super::{raft_config, TickJitter};
+use super::snapshot::Manifest;
+use super::{raft_config, TickJitter, SNAPSHOT_TICKS};
 use crate::config::Limits;
+use crate::ids::SegmentId;
 use crate::wal::GroupPlace;
 use protobuf::Message as _;
-use raft::eraftpb::{ConfChangeV2, ConfState, EntryType, HardState, Message};
-use raft::{RawNode, StateRole};
-use std::collections::VecDeque;
+use raft::eraftpb::{ConfChangeV2, ConfState, EntryType, HardState, Message, MessageType};
+use raft::{ProgressState, RawNode, SnapshotStatus, StateRole};
+use std::collections::{BTreeMap, VecDeque};
 
 pub struct Replica {
     raw: RawNode<Log>,
@@ -49,6 +51,12 @@ pub struct Replica {
     /// The hard state last handed over to be saved.
     saved_hard: HardState,
     membership: Membership,
+    /// Leading: followers sent a snapshot whose transfer has not ended, and
+    /// the ticks left before it counts as failed. While any is open, the
+    /// segments it names stay (`pinned`).
+    transfers: BTreeMap<u64, u64>,
+    /// Following: the `Ready` whose snapshot is being installed.
+    installing: Option<(u64, Manifest)>,
 }
 
 #[derive(Debug)]
@@ -78,6 +86,10 @@ pub struct Persist {
     /// The hard state to save once the groups are durable, with the
     /// configuration and membership record as of its commit index.
     pub hard: Option<(HardState, ConfState, Members)>,
+    /// A snapshot to install (then `appended` is empty): copy the
+    /// manifest's segments from node `from` and swap them in for the whole
+    /// WAL, together with `hard`.
+    pub install: Option<Box<(u64, Manifest)>>,
 }
 
 #[derive(Debug)]
@@ -97,6 +109,8 @@ impl Replica {
         let id = members.node;
         let config = raft::Config { applied, ..raft_config(id, limits) };
         let saved_hard = log.hard_state().clone();
+        let mut log = log;
+        log.set_members(0, members.clone());
         let raw = RawNode::new(&config, log, &logger())?;
         let seen = (raw.raft.term, raw.raft.state);
         Ok(Replica {
@@ -112,6 +126,8 @@ impl Replica {
             vote_unsaved: false,
             saved_hard,
             membership: Membership::new(members),
+            transfers: BTreeMap::new(),
+            installing: None,
         })
     }
 
@@ -160,7 +176,52 @@ impl Replica {
         } else {
             self.raw.tick();
         }
+        let expired: Vec<u64> = self
+            .transfers
+            .iter_mut()
+            .filter_map(|(&to, left)| {
+                *left = left.saturating_sub(1);
+                (*left == 0).then_some(to)
+            })
+            .collect();
+        for to in expired {
+            self.transfers.remove(&to);
+            self.raw.report_snapshot(to, SnapshotStatus::Failure);
+        }
         self.pump();
+    }
+
+    /// Leading: the transfer of a snapshot's segments to `to` ended (it
+    /// copied them all, or the copy failed); raft-rs hears the outcome.
+    pub fn snapshot_served(&mut self, to: u64, ok: bool) {
+        if self.transfers.remove(&to).is_some() {
+            self.raw.report_snapshot(to, if ok { SnapshotStatus::Finish } else { SnapshotStatus::Failure });
+            self.pump();
+        }
+    }
+
+    /// The hard state to save now, out of raft-rs's `Ready`s (none may be
+    /// waiting or in flight): its term and vote, the commit index as far
+    /// as it is applied, the configuration and membership as of it.
+    pub fn hard_to_save(&mut self) -> (HardState, ConfState, Members) {
+        let hs = self.raw.raft.hard_state();
+        let commit = hs.commit.min(self.raw.raft.raft_log.applied);
+        let saved = HardState { vote: if self.vote_unsaved { 0 } else { hs.vote }, commit, ..hs };
+        self.saved_hard = saved.clone();
+        (saved, self.log().conf_state().clone(), self.membership.members().clone())
+    }
+
+    /// A snapshot's transfer is open: its segments must stay.
+    pub fn pinned(&self) -> bool {
+        !self.transfers.is_empty()
+    }
+
+    /// The segments before `first_kept` are about to be deleted: raft's log
+    /// starts after them. False while they are needed (a snapshot's
+    /// transfer, a read for a lagging follower) or the group that starts
+    /// `first_kept` is not applied and durable here.
+    pub fn compact_to(&mut self, first_kept: SegmentId) -> bool {
+        !self.pinned() && self.fetching.is_none() && self.raw.mut_store().compact_to(first_kept)
     }
 
     pub fn members(&self) -> &Members {
@@ -242,6 +303,9 @@ impl Replica {
     pub fn persisted(&mut self, number: u64) {
         let (n, messages) = self.persisting.pop_front().expect("a request was in flight");
         assert_eq!(n, number, "persisting requests complete in order");
+        if let Some((_, manifest)) = self.installing.take_if(|(i, _)| *i == number) {
+            self.raw.mut_store().installed(&manifest);
+        }
         self.out.extend(messages.into_iter().map(ReplicaOutput::Send));
         self.raw.on_persist_ready(number);
         self.pump();
@@ -268,16 +332,27 @@ impl Replica {
                 break;
             }
             let mut rd = self.raw.ready();
+            for m in rd.messages().iter().filter(|m| m.get_msg_type() == MessageType::MsgSnapshot) {
+                // The transfer starts when the follower asks for the
+                // segments; it must end within this many ticks.
+                self.transfers.insert(m.to, SNAPSHOT_TICKS);
+            }
+            if !rd.snapshot().is_empty() {
+                if let Err(e) = self.install(rd) {
+                    self.out.push_back(ReplicaOutput::Failed(e));
+                    return;
+                }
+                continue;
+            }
             self.out.extend(rd.take_messages().into_iter().map(ReplicaOutput::Send));
             for rs in rd.take_read_states() {
                 self.out.push_back(ReplicaOutput::LeaderConfirmed(rs.request_ctx));
             }
-            assert!(rd.snapshot().get_metadata().index == 0, "snapshots are not built yet (issue #12, item 6)");
             let committed = rd.take_committed_entries();
             let mut conf_changed = false;
             for e in committed.iter().filter(|e| e.get_entry_type() == EntryType::EntryConfChangeV2) {
                 conf_changed = true;
-                if let Err(what) = self.apply_change(&e.data) {
+                if let Err(what) = self.apply_change(e.index, &e.data) {
                     self.out.push_back(ReplicaOutput::Failed(EntryError { index: e.index, what }));
                     return;
                 }
@@ -337,24 +412,74 @@ impl Replica {
                 } else {
                     self.persisting.push_back((number, persisted));
                 }
-                self.out.push_back(ReplicaOutput::Persist(Persist { number, appended, hard }));
+                self.out.push_back(ReplicaOutput::Persist(Persist { number, appended, hard, install: None }));
             }
             let durable = self.raw.raft.raft_log.persisted.min(self.raw.raft.raft_log.applied);
             self.raw.mut_store().release_through(durable);
+            self.raw.mut_store().set_durable(durable);
         }
+        let prs = self.raw.raft.prs();
+        self.transfers.retain(|id, _| prs.get(*id).is_some_and(|p| p.state == ProgressState::Snapshot));
         self.want_reads();
+    }
+
+    /// A `Ready` with a snapshot from the leader (raft-rs has dropped this
+    /// host's log past its commit index for it): one request copies the
+    /// manifest's segments and swaps them in, with the hard state that
+    /// makes them committed; raft-rs hears of it when that is durable.
+    fn install(&mut self, mut rd: raft::Ready) -> Result<(), EntryError> {
+        let snap = rd.snapshot().clone();
+        let meta = snap.get_metadata();
+        let index = meta.index;
+        let manifest = Manifest::decode(&snap.data)
+            .filter(|m| m.index == index && m.term == meta.term && !m.segments.is_empty())
+            .ok_or(EntryError { index, what: "a snapshot's manifest does not decode" })?;
+        assert!(rd.entries().is_empty() && rd.committed_entries().is_empty(), "raft-rs sends a snapshot alone");
+        let conf = sorted(meta.get_conf_state().clone());
+        let hs = rd.hs().cloned().unwrap_or_else(|| self.log().hard_state().clone());
+        let hs = HardState { commit: index, ..hs };
+        let saved = HardState { vote: if self.vote_unsaved { 0 } else { hs.vote }, ..hs.clone() };
+        self.saved_hard = saved.clone();
+        let mut members = self.membership.members().clone();
+        members.removed = manifest.members.removed.clone();
+        members.replacing = manifest.members.replacing.clone();
+        let store = self.raw.mut_store();
+        store.set_hard_state(hs);
+        store.set_conf_state(conf.clone());
+        store.set_members(index, members.clone());
+        self.out.extend(rd.take_messages().into_iter().map(ReplicaOutput::Send));
+        for rs in rd.take_read_states() {
+            self.out.push_back(ReplicaOutput::LeaderConfirmed(rs.request_ctx));
+        }
+        let persisted = rd.take_persisted_messages();
+        let number = rd.number();
+        let from = self.raw.raft.leader_id;
+        self.raw.advance_append_async(rd);
+        self.persisting.push_back((number, persisted));
+        self.installing = Some((number, manifest.clone()));
+        let hard = Some((saved, conf, members));
+        self.out.push_back(ReplicaOutput::Persist(Persist {
+            number,
+            appended: Appended::default(),
+            hard,
+            install: Some(Box::new((from, manifest))),
+        }));
+        Ok(())
     }
 
     /// Applies a committed membership change (raft-rs's `ConfChangeV2`
     /// bytes) to raft, the log's saved configuration and the membership
     /// record; this host's own removal is reported.
-    fn apply_change(&mut self, data: &[u8]) -> Result<(), &'static str> {
+    fn apply_change(&mut self, index: u64, data: &[u8]) -> Result<(), &'static str> {
         let cc = ConfChangeV2::parse_from_bytes(data).map_err(|_| "a committed membership change does not decode")?;
         let before = self.conf();
         let after = self.raw.apply_conf_change(&cc).map_err(|_| "raft-rs refused a committed membership change")?;
         let after = sorted(after);
         self.membership.applied(&cc, &before, &after);
-        self.raw.mut_store().set_conf_state(after);
+        let members = self.membership.members().clone();
+        let store = self.raw.mut_store();
+        store.set_conf_state(after);
+        store.set_members(index, members);
         if self.membership.self_removed() {
             self.out.push_back(ReplicaOutput::Removed);
         }

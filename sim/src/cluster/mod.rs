@@ -24,6 +24,7 @@ use crate::world::{Outcome, RunOptions, RunReport, RunStats};
 use model::Model;
 use skippr_core::io::{OffsetsOp, PluginOp, WalOp};
 use skippr_core::replication::hard_state::{decode_file, first_file, Members};
+use skippr_core::replication::snapshot::check_install;
 use skippr_core::wal::scan;
 use skippr_core::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,6 +71,13 @@ enum Event {
     /// The operator asks the leader again to let the joining host in.
     AskJoin {
         node: usize,
+    },
+    /// A host's transfer of a snapshot to node `to` ended.
+    Served {
+        node: usize,
+        gen: u64,
+        to: u64,
+        ok: bool,
     },
 }
 
@@ -325,7 +333,10 @@ impl ClusterWorld {
 
     fn fire(&mut self, event: Event) {
         let node = match &event {
-            Event::Complete { node, .. } | Event::SinkEffect { node, .. } | Event::Reply { node, .. } => Some(*node),
+            Event::Complete { node, .. }
+            | Event::SinkEffect { node, .. }
+            | Event::Reply { node, .. }
+            | Event::Served { node, .. } => Some(*node),
             Event::Deliver(m) => match self.slot_of.get(&m.to) {
                 Some(&slot) => Some(slot),
                 None => return, // an id that no host runs (any longer)
@@ -357,6 +368,11 @@ impl ClusterWorld {
                 let from = self.slot_of.get(&m.from).map_or(0, |&s| s as u64 + 1);
                 if !self.blocked.contains(&(from, to as u64 + 1)) && self.nodes[to].host.is_some() {
                     self.feed(to, Input::Peer(m));
+                }
+            }
+            Event::Served { node, gen, to, ok } => {
+                if self.nodes[node].gen == gen {
+                    self.feed(node, Input::SnapshotServed { to, ok });
                 }
             }
             Event::Wipe => self.wipe(),
@@ -599,6 +615,7 @@ impl ClusterWorld {
         match reason {
             StopReason::Deposed { .. } => self.stats.deposed += 1,
             StopReason::WalWriteFailed { .. } | StopReason::WalReadFailed { .. } => {}
+            StopReason::SnapshotInstalled { .. } => {}
             StopReason::NotMember { .. } if self.nodes[node].wiped_from.is_some() => {
                 // An empty DATA_DIR refused, as it must be: the operator runs
                 // `cluster join`.
@@ -678,7 +695,65 @@ impl ClusterWorld {
         }
     }
 
+    /// A snapshot's install: the segments the manifest names are copied
+    /// from the durable disk of the host that sent it (if it still runs,
+    /// is not frozen, and still has them as the manifest says), checked,
+    /// and swapped in; the sender hears how its transfer ended.
+    fn install(&mut self, node: usize, i: Install) -> Result<IoReply, IoError> {
+        let sender = self.slot_of.get(&i.from).copied().filter(|&s| {
+            let n = &self.nodes[s];
+            n.host.is_some() && n.frozen_until.is_none_or(|w| w <= self.now)
+        });
+        let copied: Option<Vec<(SegmentId, Vec<u8>)>> = sender.and_then(|s| {
+            let on_disk = self.nodes[s].wal.segments_durable();
+            i.manifest
+                .segments
+                .iter()
+                .map(|m| {
+                    let bytes = &on_disk.iter().find(|(id, _)| *id == m.id)?.1;
+                    let mut copy = bytes.get(..m.bytes as usize)?.to_vec();
+                    copy.resize(m.size as usize, 0);
+                    Some((m.id, copy))
+                })
+                .collect()
+        });
+        let checked = copied.filter(|c| {
+            let refs: Vec<(SegmentId, &[u8])> = c.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+            check_install(&i.manifest, &refs).is_ok()
+        });
+        if let Some(s) = sender {
+            let (gen, to, ok) = (self.nodes[s].gen, self.nodes[node].id, checked.is_some());
+            self.at(self.now, Event::Served { node: s, gen, to, ok });
+        }
+        let Some(segments) = checked else {
+            self.stats.snapshot_failures += 1;
+            return Err(IoError::Failed);
+        };
+        let fails = self.fault(Die::FsyncFail, self.scenario.faults.fsync_fail);
+        if !self.nodes[node].wal.install(&segments, &i.hard_state, fails) {
+            return Err(IoError::Failed);
+        }
+        self.stats.snapshots += 1;
+        self.trace.note(self.now, &format!("h{} installed a snapshot at {}", node + 1, i.manifest.index));
+        let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+        match scan(&refs, false) {
+            Ok(scanned) => self.model.installed(node, &scanned),
+            Err(c) => self.checker.fail(invariant::CORE_ASSERTION, format!("host {} install: {c:?}", node + 1)),
+        }
+        let commit = saved_commit(&self.nodes[node].wal);
+        self.model.on_commit_saved(node, commit);
+        Ok(IoReply::Done)
+    }
+
     fn complete_wal(&mut self, node: usize, op: WalOp) -> Result<IoReply, IoError> {
+        let op = match op {
+            WalOp::InstallSnapshot(i) => return self.install(node, i),
+            WalOp::Delete { segment } => {
+                self.stats.segments_deleted += 1;
+                WalOp::Delete { segment }
+            }
+            op => op,
+        };
         let f = &self.scenario.faults;
         let (fsync_fail, read_fail) = (f.fsync_fail, f.read_fail);
         let fails = match &op {

@@ -111,14 +111,17 @@ impl Model {
     pub fn check_truncated(&mut self, h: usize, scanned: Result<Vec<ScannedSegment>, String>) {
         let found: Result<BTreeMap<u64, u64>, String> =
             scanned.map(|s| s.iter().flat_map(|s| &s.groups).map(|g| (g.lsn.0, g.epoch.0)).collect());
+        // What lies before the disk's first group was deleted, not truncated.
+        let first = found.as_ref().ok().and_then(|f| f.keys().next().copied()).unwrap_or(0);
+        let written: BTreeMap<u64, u64> = self.durable[h].range(first..).map(|(l, t)| (*l, *t)).collect();
         match found {
-            Ok(found) if found == self.durable[h] => {}
+            Ok(found) if found == written => {}
             Ok(found) => {
                 let detail = format!(
                     "host {} truncated its tail, and its disk scans to LSN {:?} where it wrote to {:?}",
                     h + 1,
                     found.keys().last(),
-                    self.durable[h].keys().last()
+                    written.keys().last()
                 );
                 self.fail(invariant::TRUNCATION_LEFT_BYTES, detail);
             }
@@ -129,9 +132,31 @@ impl Model {
         }
     }
 
-    /// Host `h`'s durable image after a crash, scanned from its disk.
+    /// Host `h`'s durable image after a crash, scanned from its disk. What
+    /// lies before its first group was deleted under the deletion rule,
+    /// having been applied there: it still counts as held.
     pub fn rescanned(&mut self, h: usize, scanned: &[ScannedSegment]) {
-        self.durable[h] = scanned.iter().flat_map(|s| &s.groups).map(|g| (g.lsn.0, g.epoch.0)).collect();
+        let found: BTreeMap<u64, u64> = scanned.iter().flat_map(|s| &s.groups).map(|g| (g.lsn.0, g.epoch.0)).collect();
+        let before = found.keys().next().map_or(BTreeMap::new(), |&first| {
+            let mut d = std::mem::take(&mut self.durable[h]);
+            d.split_off(&first);
+            d
+        });
+        self.durable[h] = before.into_iter().chain(found).collect();
+        for g in scanned.iter().flat_map(|s| &s.groups) {
+            self.ends.entry((g.lsn.0, g.epoch.0)).or_insert_with(|| batch_ends(&g.frames));
+        }
+        self.advance(0);
+    }
+
+    /// Host `h` installed a snapshot: its disk holds the scanned groups and
+    /// nothing else, and everything before them is committed (what the
+    /// leader deleted, having applied it), so it is held as committed.
+    pub fn installed(&mut self, h: usize, scanned: &[ScannedSegment]) {
+        let found: BTreeMap<u64, u64> = scanned.iter().flat_map(|s| &s.groups).map(|g| (g.lsn.0, g.epoch.0)).collect();
+        let first = found.keys().next().copied().unwrap_or(0);
+        let committed = self.committed.iter().enumerate().take(first as usize).map(|(l, &t)| (l as u64, t));
+        self.durable[h] = committed.chain(found).collect();
         for g in scanned.iter().flat_map(|s| &s.groups) {
             self.ends.entry((g.lsn.0, g.epoch.0)).or_insert_with(|| batch_ends(&g.frames));
         }

@@ -127,6 +127,10 @@ pub struct RunStats {
     pub joins: u64,
     pub promotions: u64,
     pub joins_refused: u64,
+    /// Clustered mode: snapshots installed, and transfers that failed (the
+    /// sender gone, or its segments no longer the manifest's).
+    pub snapshots: u64,
+    pub snapshot_failures: u64,
     pub messages_lost: u64,
     pub messages_duplicated: u64,
     pub steps: u64,

@@ -9,6 +9,7 @@ use super::*;
 use crate::config::ClusterConfig;
 use crate::mutation::Mutations;
 use crate::replication::hard_state::{first_file, Members};
+use crate::replication::snapshot::check_install;
 use crate::time::Duration;
 use std::collections::BTreeSet;
 
@@ -51,6 +52,8 @@ struct Cluster {
     failure: Option<String>,
     kills: u64,
     deposed: u64,
+    /// Snapshots installed.
+    installs: u64,
     /// (host, true) for every `Stalled`, (host, false) for every `Unstalled`.
     stalls: Vec<(usize, bool)>,
     /// Every message is lost.
@@ -88,6 +91,7 @@ impl Cluster {
             failure: None,
             kills: 0,
             deposed: 0,
+            installs: 0,
             stalls: Vec::new(),
             cut: false,
             leaders: BTreeMap::new(),
@@ -128,7 +132,7 @@ impl Cluster {
                 {
                     self.failure = Some(format!("two leaders in term {term}"));
                 }
-                Output::Stopped(StopReason::Deposed { .. }) => {
+                Output::Stopped(StopReason::Deposed { .. } | StopReason::SnapshotInstalled { .. }) => {
                     // Crash-only: the engine stops, the driver starts it again.
                     self.deposed += 1;
                     self.nodes[i].host = None;
@@ -152,6 +156,24 @@ impl Cluster {
     }
 
     fn perform(&mut self, i: usize, op: IoOp) -> Result<IoReply, IoError> {
+        if let IoOp::Wal(WalOp::InstallSnapshot(install)) = op {
+            // The transfer: the manifest's bytes of the sender's segments.
+            let from = &self.nodes[install.from as usize - 1].segments;
+            let mut copied = BTreeMap::new();
+            for m in &install.manifest.segments {
+                let mut bytes = from.get(&m.id).ok_or(IoError::Failed)?[..m.bytes as usize].to_vec();
+                bytes.resize(m.size as usize, 0);
+                copied.insert(m.id, bytes);
+            }
+            let refs: Vec<(SegmentId, &[u8])> = copied.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+            check_install(&install.manifest, &refs).map_err(|_| IoError::Failed)?;
+            let n = &mut self.nodes[i];
+            n.segments = copied;
+            let (at, slot) = &install.hard_state;
+            n.hard[*at as usize..*at as usize + slot.len()].copy_from_slice(slot);
+            self.installs += 1;
+            return Ok(IoReply::Done);
+        }
         let n = &mut self.nodes[i];
         Ok(match op {
             IoOp::Wal(WalOp::Sync) => IoReply::Done,
@@ -164,6 +186,10 @@ impl Cluster {
                     .map(|p| n.segments[&p.segment][p.offset as usize..(p.offset + p.len) as usize].to_vec())
                     .collect(),
             ),
+            IoOp::Wal(WalOp::Delete { segment }) => {
+                n.segments.remove(&segment);
+                IoReply::Done
+            }
             IoOp::Wal(WalOp::Replicate(r)) => {
                 for s in &r.remove {
                     n.segments.remove(s);
@@ -296,9 +322,16 @@ impl Cluster {
         self.nodes.iter().all(|n| n.offsets.get(&key0()).is_some_and(|v| v[..8] == RECORDS.to_le_bytes()))
     }
 
-    /// Every host runs and holds the same segments, byte for byte.
+    /// Every host runs, and their segments agree: the same newest one, and
+    /// the same bytes in every one they share (each deletes older ones on
+    /// its own).
     fn converged(&self) -> bool {
-        self.nodes.iter().all(|n| n.host.is_some() && n.segments == self.nodes[0].segments)
+        let first = &self.nodes[0].segments;
+        self.nodes.iter().all(|n| {
+            n.host.is_some()
+                && n.segments.keys().last() == first.keys().last()
+                && n.segments.iter().all(|(id, bytes)| first.get(id).is_none_or(|b| b == bytes))
+        })
     }
 
     /// The run kept the contract: no host failed, every record reached the
@@ -335,6 +368,31 @@ fn three_hosts_deliver_every_record_exactly_once_through_kills_and_leader_change
         terms += c.leaders.len();
     }
     assert!(kills > 0 && terms > 6, "hosts were killed ({kills}) and leaders changed ({terms} terms)");
+}
+
+#[test]
+fn a_host_that_missed_deleted_segments_catches_up_from_a_snapshot() {
+    let mut c = Cluster::new(2, Mutations::NONE);
+    c.nodes[2].host = None;
+    let behind = |c: &Cluster| c.nodes[..2].iter().all(|n| !n.segments.contains_key(&SegmentId(0)));
+    for _ in 0..400_000 {
+        c.step(false);
+        if c.failure.is_some() || (c.delivered().len() as u64 >= RECORDS && behind(&c)) {
+            break;
+        }
+    }
+    assert!(behind(&c), "the two running hosts deleted the first segment");
+    assert_eq!(c.installs, 0);
+    c.start(2);
+    for _ in 0..400_000 {
+        c.step(false);
+        if c.failure.is_some() || (c.converged() && c.materialized()) {
+            break;
+        }
+    }
+    c.verdict().unwrap();
+    assert!(c.installs > 0, "the third host installed the leader's segments");
+    assert!(!c.nodes[2].segments.contains_key(&SegmentId(0)));
 }
 
 #[test]

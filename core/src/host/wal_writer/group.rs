@@ -43,11 +43,14 @@ impl WalWriter {
         let mut len = COMMIT_FRAME_BYTES as u64;
         let mut snapshot_acked = None;
         let mut seal_now = false;
-        if at.fresh || self.snapshot_wanted {
+        // A segment raft's fence opened is opened, for recovery, by the
+        // writer's first group in it.
+        let opens = at.fresh || self.head_open(at.segment);
+        if opens || self.snapshot_wanted {
             self.snapshot_wanted = false;
             let snapshot = Frame::Snapshot(snap.committed.snapshot(snap.drop_frontier, snap.names));
             let snapshot_len = snapshot.encoded_len() as u64;
-            if at.fresh || len + snapshot_len <= at.room {
+            if opens || len + snapshot_len <= at.room {
                 len += snapshot_len;
                 frames.push(snapshot);
                 snapshot_acked = Some(snap.committed.acked.clone());

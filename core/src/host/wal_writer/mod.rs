@@ -33,6 +33,10 @@ pub(super) struct WalWriter {
     commit: Option<InflightCommit>,
     deletes: VecDeque<SegmentId>,
     deleting: bool,
+    /// The LSN of the snapshot whose commit queued the latest deletions:
+    /// clustered mode deletes only once the saved commit index covers it
+    /// (recovery must find the acknowledgements that justified them).
+    deletes_justified_at: Lsn,
     /// Sealed segments became deletable since the last snapshot: the next
     /// group carries a snapshot so they can go.
     snapshot_wanted: bool,
@@ -47,8 +51,10 @@ pub(super) struct WalWriter {
     /// The WAL was at its size limit when last looked at.
     full: bool,
     /// Clustered mode: groups are proposed to raft, which decides when
-    /// they are durable on a majority; no segment is created or deleted
-    /// here (a group that opens a segment creates it on every host).
+    /// they are durable on a majority; no segment is created here (a group
+    /// that opens a segment creates it on every host). Every host deletes
+    /// its own segments by the deletion rule, once raft's log starts after
+    /// them.
     replicated: bool,
     /// Clustered mode: the group in flight waits to be proposed.
     to_propose: bool,
@@ -146,6 +152,28 @@ impl WalWriter {
         Some((c.segment, c.offset, c.bytes.clone(), change))
     }
 
+    /// Clustered mode: a group not of this writer (another leader's, or
+    /// raft's own fence) was applied: the summaries follow it as `land`
+    /// makes them follow the writer's own.
+    pub(super) fn note_replicated(&mut self, place: GroupPlace, frames: &[Frame]) {
+        if self.segments.back().is_none_or(|s| s.id != place.segment) {
+            self.segments.push_back(SegmentSummary::new(place.segment, place.lsn));
+        }
+        let summary = self.segments.back_mut().expect("pushed above");
+        for frame in frames {
+            summary.note(place.lsn, frame);
+        }
+    }
+
+    /// Clustered mode: the segment the next group goes to holds only raft's
+    /// lone fences so far, so that group opens it with a snapshot.
+    pub(super) fn head_open(&self, segment: SegmentId) -> bool {
+        self.replicated
+            && self.segments.back().is_some_and(|s| {
+                s.id == segment && matches!(s.head, crate::recovery::Head::Empty | crate::recovery::Head::Fences { .. })
+            })
+    }
+
     /// Clustered mode: raft committed the group at `lsn`. True when it is
     /// the one in flight (it lands next).
     pub(super) fn replicated_commit(&mut self, lsn: Lsn) -> bool {
@@ -191,6 +219,11 @@ impl WalWriter {
         let changed = full != self.full;
         self.full = full;
         (full, changed)
+    }
+
+    /// The WAL was at its size limit when last looked at.
+    pub(super) fn is_full(&self) -> bool {
+        self.full
     }
 
     pub(super) fn pending_bytes(&self) -> u64 {
@@ -381,8 +414,15 @@ impl WalWriter {
             if !self.oldest_segment_compacted(acked, sinks) && !ignore_acks {
                 break;
             }
+            // Clustered mode: the segment left first must open with a
+            // snapshot, or recovery could not start from it.
+            let next_head = self.segments.get(1).map(|s| s.head);
+            if self.replicated && next_head != Some(crate::recovery::Head::Snapshot) {
+                break;
+            }
             let seg = self.segments.pop_front().expect("front exists");
             self.deletes.push_back(seg.id);
+            self.deletes_justified_at = lsn;
         }
     }
 
@@ -404,13 +444,19 @@ impl WalWriter {
         !self.deletes.is_empty()
     }
 
+    /// The segment the next deletion would delete, if one may start, and
+    /// the LSN the commit that queued it must be saved through.
+    pub(super) fn next_delete(&self) -> Option<(SegmentId, Lsn)> {
+        self.deletes.front().map(|&s| (s, self.deletes_justified_at)).filter(|_| !self.deleting)
+    }
+
     /// Sends the oldest queued deletion, one at a time. A writer that may
     /// have lost its authority deletes nothing: a newer writer may be
     /// reading these segments.
+    /// (Clustered mode: `may_write` says raft's log starts after the
+    /// segment.)
     pub(super) fn delete_next(&mut self, fx: &mut Effects, may_write: bool) {
-        // Clustered mode deletes nothing yet: a follower behind a deleted
-        // segment needs a snapshot (issue #12, item 6).
-        if self.deleting || !may_write || self.replicated {
+        if self.deleting || !may_write {
             return;
         }
         if let Some(&segment) = self.deletes.front() {
