@@ -37,6 +37,11 @@ pub struct ClusterConfig {
     /// membership itself lives in each host's hard-state file).
     pub voters: Vec<u64>,
     pub tick: Duration,
+    /// The offsets store is one every host shares (DynamoDB, its keys
+    /// scoped to the cluster's id): only a leader serving its own term
+    /// writes it, each value conditional on its raft index. Otherwise each
+    /// host keeps its own (redb) and writes what its committed log holds.
+    pub shared_offsets: bool,
 }
 
 /// The writer lease's timing, all in this host's monotonic time. A holder's

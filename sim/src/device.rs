@@ -129,6 +129,17 @@ impl SimWal {
         }
     }
 
+    /// Clustered mode: the first `steps` steps of a request's truncation,
+    /// and no more (the host dies in the middle of it).
+    pub fn truncate_partly(&mut self, r: &skippr_core::Replicate, steps: usize) {
+        match self {
+            SimWal::Disk(d) => {
+                d.truncate(r, steps);
+            }
+            SimWal::S3(_) => unreachable!("clustered mode keeps its WAL on disks"),
+        }
+    }
+
     /// Clustered mode: a snapshot's segments replace the WAL (`DiskWal::install`).
     pub fn install(&mut self, segments: &[(SegmentId, Vec<u8>)], hard_state: &(u64, Vec<u8>), fails: bool) -> bool {
         match self {
@@ -250,15 +261,8 @@ impl DiskWal {
     /// A raft `Ready` made durable, step by step in the order the request
     /// gives, each step synced before the next.
     fn replicate(&mut self, r: skippr_core::Replicate) -> Result<IoReply, IoError> {
-        for segment in &r.remove {
-            self.disk.delete(*segment);
-            self.durable_ends.remove(segment);
-        }
-        for p in &r.zero {
-            let zeros = vec![0; p.len as usize];
-            if !self.disk.write(p.segment, p.offset as usize, &zeros) || !self.disk.sync(p.segment, false, false) {
-                return Err(IoError::Failed);
-            }
+        if !self.truncate(&r, usize::MAX) {
+            return Err(IoError::Failed);
         }
         let mut touched = BTreeSet::new();
         for g in &r.groups {
@@ -285,6 +289,22 @@ impl DiskWal {
             self.hard_state[at as usize..at as usize + slot.len()].copy_from_slice(&slot);
         }
         Ok(IoReply::Done)
+    }
+
+    /// The first `steps` steps of a request's truncation (removals, then
+    /// zeroed groups), each durable before the next.
+    pub fn truncate(&mut self, r: &skippr_core::Replicate, steps: usize) -> bool {
+        for segment in r.remove.iter().take(steps) {
+            self.disk.delete(*segment);
+            self.durable_ends.remove(segment);
+        }
+        for p in r.zero.iter().take(steps.saturating_sub(r.remove.len())) {
+            let zeros = vec![0; p.len as usize];
+            if !self.disk.write(p.segment, p.offset as usize, &zeros) || !self.disk.sync(p.segment, false, false) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Flips a durable bit in a segment that a later durable commit

@@ -100,10 +100,12 @@ pub enum Die {
     Network,
     /// Clustered mode: partitions, freezes, which host a fault hits.
     ClusterFault,
+    /// Clustered mode: a crash in the middle of a truncation, and where.
+    Truncation,
 }
 
 impl Die {
-    pub const ALL: [Die; 22] = [
+    pub const ALL: [Die; 23] = [
         Die::DiskLatency,
         Die::S3Latency,
         Die::OffsetsLatency,
@@ -126,6 +128,7 @@ impl Die {
         Die::ReadFail,
         Die::Network,
         Die::ClusterFault,
+        Die::Truncation,
     ];
 }
 

@@ -241,6 +241,9 @@ pub struct ClusterSpec {
     /// One host's data is wiped during the fault phase (its disk lost for
     /// good); it comes back through `cluster join` under a new id.
     pub wipe: bool,
+    /// One offsets store for all hosts (DynamoDB), written only by a
+    /// serving leader; otherwise each host has its own.
+    pub shared_offsets: bool,
 }
 
 impl Scenario {
@@ -367,11 +370,13 @@ impl Scenario {
             partitions: if c.chance(0.3) { 0 } else { c.range(1, 4) as u32 },
             freeze: c.rate(0.5, 0.2, 0.6),
             wipe: false,
+            shared_offsets: false,
         };
         // Long enough for a few elections (ten ticks each) while faults are on.
         let elections = Instant::from_micros(base * 10 * c.range(8, 24));
         self.fault_phase_end = self.fault_phase_end.max(elections);
         self.cluster.wipe = c.chance(0.4);
+        self.cluster.shared_offsets = c.chance(0.3);
         self.stop_when_exhausted = false;
         self.faults.rot = false;
         self.faults.no_space = 0.0;
@@ -443,6 +448,7 @@ impl Scenario {
             node: id,
             voters: (1..=self.cluster.hosts as u64).collect(),
             tick: self.cluster.ticks[node - 1],
+            shared_offsets: self.cluster.shared_offsets,
         });
         cfg
     }

@@ -104,11 +104,11 @@ pub struct Totals {
 
 /// How many of the entries of `faults` are faults; the rare engine paths
 /// follow them.
-const FAULT_KINDS: usize = 24;
+const FAULT_KINDS: usize = 25;
 
 /// The faults of a run and the rare engine paths it took, by the names
 /// `--stats` prints them under.
-fn faults(s: &RunStats) -> [(&'static str, u64); 38] {
+fn faults(s: &RunStats) -> [(&'static str, u64); 40] {
     [
         ("crashes", s.crashes),
         ("crashes that cut the power", s.power_cuts),
@@ -133,6 +133,7 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 38] {
         ("clustered: partitions", s.partitions),
         ("clustered: hosts frozen", s.freezes),
         ("clustered: hosts wiped", s.wipes),
+        ("clustered: hosts that died in the middle of a truncation", s.truncations_interrupted),
         ("clustered: raft messages lost", s.messages_lost),
         ("clustered: raft messages duplicated", s.messages_duplicated),
         ("a commit that landed as the lease may have lapsed, verified", s.late_commits_verified),
@@ -147,6 +148,7 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 38] {
         ("clustered: a wiped host joined under a new id", s.joins),
         ("clustered: a joined host promoted to voter", s.promotions),
         ("clustered: two truncations", s.truncations.saturating_sub(1)),
+        ("clustered: a snapshot installed", s.snapshots),
         ("clustered: a host restarted", s.restarts.saturating_sub(3)),
     ]
 }
@@ -217,6 +219,7 @@ impl Totals {
         t.joins_refused += s.joins_refused;
         t.snapshots += s.snapshots;
         t.snapshot_failures += s.snapshot_failures;
+        t.truncations_interrupted += s.truncations_interrupted;
         t.messages_lost += s.messages_lost;
         t.messages_duplicated += s.messages_duplicated;
         t.steps += s.steps;
@@ -274,6 +277,7 @@ impl Totals {
             ("clustered: joins refused", t.joins_refused as f64 / n),
             ("clustered: snapshots installed", t.snapshots as f64 / n),
             ("clustered: snapshot transfers failed", t.snapshot_failures as f64 / n),
+            ("clustered: hosts that died in the middle of a truncation", t.truncations_interrupted as f64 / n),
             ("clustered: raft messages lost", t.messages_lost as f64 / n),
             ("clustered: raft messages duplicated", t.messages_duplicated as f64 / n),
             ("engine steps", t.steps as f64 / n),

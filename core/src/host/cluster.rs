@@ -141,9 +141,9 @@ impl Host {
 
     /// Clustered mode: a host that does not serve still writes the offsets
     /// its committed log holds into its own store (`pump` writes them for
-    /// one that serves).
+    /// one that serves); a store all hosts share is the leader's alone.
     pub(super) fn materialize_offsets(&mut self) {
-        if self.authority.raft_ref().is_some_and(|r| !r.serving()) {
+        if self.authority.raft_ref().is_some_and(|r| !r.serving() && !r.shared_offsets()) {
             self.offsets.write(&mut self.fx, &self.committed);
         }
     }

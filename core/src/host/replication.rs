@@ -123,6 +123,10 @@ impl Replication {
         self.loaded.is_some() || self.replica.is_some()
     }
 
+    pub(super) fn shared_offsets(&self) -> bool {
+        self.config.shared_offsets
+    }
+
     pub(super) fn serving(&self) -> bool {
         self.serving && self.replica.as_ref().is_some_and(|r| r.is_leader())
     }

@@ -36,6 +36,8 @@ use std::collections::{BTreeMap, BTreeSet};
 const QUIET_BUDGET: Duration = Duration::from_secs(20);
 /// A run that takes more steps than this has stalled.
 const STEPS_MAX: u64 = 1_000_000;
+/// How often, while faults are on, a host dies in the middle of a truncation.
+const TRUNCATION_CRASH: f64 = 0.3;
 
 enum Event {
     Complete {
@@ -461,7 +463,9 @@ impl ClusterWorld {
         self.trace.note(self.now, &format!("h{} wiped", node + 1));
         let n = &mut self.nodes[node];
         n.wal.wipe();
-        n.offsets = SimOffsets::new(false);
+        if !self.scenario.cluster.shared_offsets {
+            n.offsets = SimOffsets::new(false);
+        }
         n.wiped_from = Some(n.id);
         self.model.wipe(node);
         let restart = self.scenario.latencies.restart;
@@ -680,12 +684,13 @@ impl ClusterWorld {
     fn complete(&mut self, node: usize, op: IoOp) -> Result<IoReply, IoError> {
         match op {
             IoOp::Wal(op) => self.complete_wal(node, op),
-            IoOp::Offsets(OffsetsOp::Read) => Ok(IoReply::Offsets(self.nodes[node].offsets.read())),
+            IoOp::Offsets(OffsetsOp::Read) => Ok(IoReply::Offsets(self.nodes[self.store(node)].offsets.read())),
             IoOp::Offsets(OffsetsOp::Write { entries }) => {
                 for e in &entries {
                     self.model.on_offsets(node, e.key, e.value.position);
                 }
-                for (key, old, new) in self.nodes[node].offsets.write(&entries) {
+                let store = self.store(node);
+                for (key, old, new) in self.nodes[store].offsets.write(&entries) {
                     self.checker.on_offsets_changed(key, old, new);
                 }
                 Ok(IoReply::Done)
@@ -693,6 +698,22 @@ impl ClusterWorld {
             IoOp::Plugin(op) => self.complete_plugin(node, op),
             IoOp::Lease(_) => unreachable!("clustered engines take no lease"),
         }
+    }
+
+    /// The host dies after some of a truncation's steps, each durable: its
+    /// disk holds a prefix of the old log (newest segments removed first,
+    /// newest groups zeroed first), which the next start must take as it is.
+    fn crash_in_truncation(&mut self, node: usize, r: &Replicate, steps: usize) -> Result<IoReply, IoError> {
+        let done = self.dice.roll(Die::Truncation).range(0, steps as u64 - 1) as usize;
+        self.nodes[node].wal.truncate_partly(r, done);
+        self.stats.truncations_interrupted += 1;
+        self.trace.note(self.now, &format!("h{} dies after {done} of {steps} truncation steps", node + 1));
+        self.stats.crashes += 1;
+        self.kill(node);
+        self.rescan(node);
+        let restart = self.scenario.latencies.restart;
+        self.after(Die::Restart, restart, Event::Restart { node });
+        Err(IoError::Failed)
     }
 
     /// A snapshot's install: the segments the manifest names are copied
@@ -745,6 +766,16 @@ impl ClusterWorld {
         Ok(IoReply::Done)
     }
 
+    /// The offsets store host `node` writes: its own, or (shared, as
+    /// DynamoDB is) the one kept with the first host.
+    fn store(&self, node: usize) -> usize {
+        if self.scenario.cluster.shared_offsets {
+            0
+        } else {
+            node
+        }
+    }
+
     fn complete_wal(&mut self, node: usize, op: WalOp) -> Result<IoReply, IoError> {
         let op = match op {
             WalOp::InstallSnapshot(i) => return self.install(node, i),
@@ -754,6 +785,12 @@ impl ClusterWorld {
             }
             op => op,
         };
+        if let WalOp::Replicate(r) = &op {
+            let steps = r.remove.len() + r.zero.len();
+            if steps > 0 && self.fault(Die::Truncation, TRUNCATION_CRASH) {
+                return self.crash_in_truncation(node, r, steps);
+            }
+        }
         let f = &self.scenario.faults;
         let (fsync_fail, read_fail) = (f.fsync_fail, f.read_fail);
         let fails = match &op {
@@ -800,7 +837,7 @@ impl ClusterWorld {
                 // that has not noticed yet resumes stale, and harmlessly.
                 let newest = self.nodes.iter().map(|n| n.term).max().unwrap_or(0);
                 if self.nodes[node].leader && self.nodes[node].term == newest {
-                    let offsets = &self.nodes[node].offsets;
+                    let offsets = &self.nodes[self.store(node)].offsets;
                     self.checker.on_resume(source, &resume, |key| offsets.position(key));
                 }
                 self.nodes[node].sources[source.0 as usize].open(&resume);

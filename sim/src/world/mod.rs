@@ -131,6 +131,8 @@ pub struct RunStats {
     /// sender gone, or its segments no longer the manifest's).
     pub snapshots: u64,
     pub snapshot_failures: u64,
+    /// Clustered mode: hosts that died in the middle of a truncation.
+    pub truncations_interrupted: u64,
     pub messages_lost: u64,
     pub messages_duplicated: u64,
     pub steps: u64,

@@ -23,7 +23,12 @@ fn cluster_config(node: u64, seed: u64, mutations: Mutations) -> HostConfig {
         seed: seed * 10 + node,
         mutations,
         limits,
-        cluster: Some(ClusterConfig { node, voters: (1..=HOSTS).collect(), tick: Duration::from_millis(100) }),
+        cluster: Some(ClusterConfig {
+            node,
+            voters: (1..=HOSTS).collect(),
+            tick: Duration::from_millis(100),
+            shared_offsets: false,
+        }),
         ..config()
     }
 }
@@ -54,6 +59,11 @@ struct Cluster {
     deposed: u64,
     /// Snapshots installed.
     installs: u64,
+    /// One offsets store for all hosts (kept with host 1), and how many
+    /// offsets writes hosts sent while not leading.
+    shared_offsets: bool,
+    follower_writes: u64,
+    leading: Vec<bool>,
     /// (host, true) for every `Stalled`, (host, false) for every `Unstalled`.
     stalls: Vec<(usize, bool)>,
     /// Every message is lost.
@@ -92,6 +102,9 @@ impl Cluster {
             kills: 0,
             deposed: 0,
             installs: 0,
+            shared_offsets: false,
+            follower_writes: 0,
+            leading: vec![false; HOSTS as usize],
             stalls: Vec::new(),
             cut: false,
             leaders: BTreeMap::new(),
@@ -113,8 +126,10 @@ impl Cluster {
         let node = &mut self.nodes[i];
         node.starts += 1;
         node.held.clear();
-        let cfg = cluster_config(i as u64 + 1, self.seed, self.mutations);
-        let cfg = HostConfig { seed: cfg.seed + node.starts * 1000, ..cfg };
+        let mut cfg = cluster_config(i as u64 + 1, self.seed, self.mutations);
+        cfg.seed += node.starts * 1000;
+        cfg.cluster.as_mut().expect("clustered").shared_offsets = self.shared_offsets;
+        self.leading[i] = false;
         node.host = Some(Host::new(cfg, self.now).unwrap());
         self.drain(i);
     }
@@ -122,8 +137,16 @@ impl Cluster {
     fn drain(&mut self, i: usize) {
         loop {
             let Some(out) = self.nodes[i].host.as_mut().and_then(|h| h.poll_output()) else { return };
+            if let Output::Role { is_leader, .. } = out {
+                self.leading[i] = is_leader;
+            }
             match out {
-                Output::Io { id, op } => self.nodes[i].held.push((id, op)),
+                Output::Io { id, op } => {
+                    if !self.leading[i] && matches!(op, IoOp::Offsets(OffsetsOp::Write { .. })) {
+                        self.follower_writes += 1;
+                    }
+                    self.nodes[i].held.push((id, op))
+                }
                 Output::Send(m) => self.net.push(m),
                 Output::Stalled { what: "raft quorum", .. } => self.stalls.push((i, true)),
                 Output::Unstalled => self.stalls.push((i, false)),
@@ -174,6 +197,19 @@ impl Cluster {
             self.installs += 1;
             return Ok(IoReply::Done);
         }
+        let store = if self.shared_offsets { 0 } else { i };
+        if let IoOp::Offsets(op) = op {
+            let n = &mut self.nodes[store];
+            return Ok(match op {
+                OffsetsOp::Read => IoReply::Offsets(n.offsets.iter().map(|(k, v)| (*k, v.clone(), None)).collect()),
+                OffsetsOp::Write { entries } => {
+                    for e in entries {
+                        n.offsets.insert(e.key, e.value.encode().to_vec());
+                    }
+                    IoReply::Done
+                }
+            });
+        }
         let n = &mut self.nodes[i];
         Ok(match op {
             IoOp::Wal(WalOp::Sync) => IoReply::Done,
@@ -208,15 +244,6 @@ impl Cluster {
                 }
                 if let Some((at, slot)) = &r.hard_state {
                     n.hard[*at as usize..*at as usize + slot.len()].copy_from_slice(slot);
-                }
-                IoReply::Done
-            }
-            IoOp::Offsets(OffsetsOp::Read) => {
-                IoReply::Offsets(n.offsets.iter().map(|(k, v)| (*k, v.clone(), None)).collect())
-            }
-            IoOp::Offsets(OffsetsOp::Write { entries }) => {
-                for e in entries {
-                    n.offsets.insert(e.key, e.value.encode().to_vec());
                 }
                 IoReply::Done
             }
@@ -319,7 +346,8 @@ fn run(seed: u64, mutations: Mutations) -> Cluster {
 impl Cluster {
     /// Every host's offsets store holds the last position.
     fn materialized(&self) -> bool {
-        self.nodes.iter().all(|n| n.offsets.get(&key0()).is_some_and(|v| v[..8] == RECORDS.to_le_bytes()))
+        let stores = if self.shared_offsets { 1 } else { HOSTS as usize };
+        self.nodes.iter().take(stores).all(|n| n.offsets.get(&key0()).is_some_and(|v| v[..8] == RECORDS.to_le_bytes()))
     }
 
     /// Every host runs, and their segments agree: the same newest one, and
@@ -347,8 +375,10 @@ impl Cluster {
         if !self.converged() {
             return Err("the hosts' segments differ".into());
         }
-        // Every host materializes offsets from its committed log, leader or not.
-        for (i, n) in self.nodes.iter().enumerate() {
+        // Every host materializes offsets from its committed log, leader or
+        // not, into its own store; a shared store is written by leaders.
+        let stores = if self.shared_offsets { 1 } else { HOSTS as usize };
+        for (i, n) in self.nodes.iter().enumerate().take(stores) {
             let stored = n.offsets.get(&key0()).map(|v| OffsetValue::decode(v).expect("24 bytes").position.0);
             if stored != Some(RECORDS) {
                 return Err(format!("host {} stored {stored:?} for {RECORDS} committed records", i + 1));
@@ -368,6 +398,33 @@ fn three_hosts_deliver_every_record_exactly_once_through_kills_and_leader_change
         terms += c.leaders.len();
     }
     assert!(kills > 0 && terms > 6, "hosts were killed ({kills}) and leaders changed ({terms} terms)");
+}
+
+#[test]
+fn a_shared_offsets_store_is_written_by_the_leader_alone() {
+    for seed in 0..4 {
+        let mut c = Cluster::new(seed, Mutations::NONE);
+        c.shared_offsets = true;
+        for i in 0..HOSTS as usize {
+            c.nodes[i].host = None;
+            c.start(i);
+        }
+        for _ in 0..60_000 {
+            c.step(true);
+        }
+        for _ in 0..400_000 {
+            c.step(false);
+            if c.failure.is_some() || (c.delivered().len() as u64 >= RECORDS && c.converged() && c.materialized()) {
+                break;
+            }
+        }
+        c.verdict().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        assert_eq!(c.follower_writes, 0, "seed {seed}: a host that did not lead wrote the shared store");
+    }
+    // Each host's own store is written by followers too: the count above
+    // sees a follower's write.
+    let c = run(0, Mutations::NONE);
+    assert!(c.follower_writes > 0);
 }
 
 #[test]
