@@ -419,7 +419,7 @@ fn replicated_groups_are_the_same_wal_on_every_host() {
 
 #[test]
 fn forgetting_the_vote_across_a_restart_is_caught() {
-    let caught = (0..12).filter(|&s| run(s, |r| r.plant_vote_not_persisted()).is_err()).count();
+    let caught = (0..40).filter(|&s| run(s, |r| r.plant_vote_not_persisted()).is_err()).count();
     assert!(caught > 0, "vote-not-persisted went unnoticed");
 }
 

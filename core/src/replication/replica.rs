@@ -37,9 +37,11 @@ pub struct Replica {
     seen: (u64, StateRole),
     /// The leader's id when last looked at (0: none known).
     seen_leader: u64,
-    /// Persisting requests in flight, oldest first: the `Ready`'s number
-    /// and the messages that wait for it.
-    persisting: VecDeque<(u64, Vec<Message>)>,
+    /// Persisting requests in flight, oldest first: the `Ready`'s number,
+    /// the messages that wait for it, and the last `Ready` raft-rs may hear
+    /// of as persisted when it completes (later ones that had nothing to
+    /// write ride it).
+    persisting: VecDeque<(u64, Vec<Message>, u64)>,
     /// The read of old entries in flight: its first index, and raft-rs's
     /// contexts to resume when it completes.
     fetching: Option<(u64, Vec<raft::GetEntriesContext>)>,
@@ -301,13 +303,13 @@ impl Replica {
     /// The persisting request `number` completed: its waiting messages
     /// leave, then raft-rs hears of it.
     pub fn persisted(&mut self, number: u64) {
-        let (n, messages) = self.persisting.pop_front().expect("a request was in flight");
+        let (n, messages, upto) = self.persisting.pop_front().expect("a request was in flight");
         assert_eq!(n, number, "persisting requests complete in order");
         if let Some((_, manifest)) = self.installing.take_if(|(i, _)| *i == number) {
             self.raw.mut_store().installed(&manifest);
         }
         self.out.extend(messages.into_iter().map(ReplicaOutput::Send));
-        self.raw.on_persist_ready(number);
+        self.raw.on_persist_ready(upto);
         self.pump();
     }
 
@@ -404,13 +406,26 @@ impl Replica {
             if let Some(index) = last_committed {
                 self.raw.advance_apply_to(index);
             }
-            let nothing = appended == Appended::default() && hard.is_none() && persisted.is_empty();
-            if !nothing {
+            if appended == Appended::default() && hard.is_none() {
+                // Nothing to write (a follower's heartbeat answer, a
+                // rejection): its messages wait only for the requests before
+                // it, and leave at once when there are none.
+                match self.persisting.back_mut() {
+                    Some((_, waiting, upto)) => {
+                        waiting.extend(persisted);
+                        *upto = number;
+                    }
+                    None => {
+                        self.out.extend(persisted.into_iter().map(ReplicaOutput::Send));
+                        self.raw.on_persist_ready(number);
+                    }
+                }
+            } else {
                 if self.ack_early {
                     self.out.extend(persisted.into_iter().map(ReplicaOutput::Send));
-                    self.persisting.push_back((number, Vec::new()));
+                    self.persisting.push_back((number, Vec::new(), number));
                 } else {
-                    self.persisting.push_back((number, persisted));
+                    self.persisting.push_back((number, persisted, number));
                 }
                 self.out.push_back(ReplicaOutput::Persist(Persist { number, appended, hard, install: None }));
             }
@@ -455,7 +470,7 @@ impl Replica {
         let number = rd.number();
         let from = self.raw.raft.leader_id;
         self.raw.advance_append_async(rd);
-        self.persisting.push_back((number, persisted));
+        self.persisting.push_back((number, persisted, number));
         self.installing = Some((number, manifest.clone()));
         let hard = Some((saved, conf, members));
         self.out.push_back(ReplicaOutput::Persist(Persist {

@@ -818,7 +818,7 @@ impl ClusterWorld {
                 self.stats.truncations += 1;
                 let segments = self.nodes[node].wal.segments_durable();
                 let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(s, b)| (*s, b.as_slice())).collect();
-                self.model.check_truncated(node, scan(&refs, false).map_err(|c| format!("{c:?}")));
+                self.model.check_truncated(node, &refs, scan(&refs, false).map_err(|c| format!("{c:?}")));
             }
         }
         result

@@ -17,8 +17,8 @@
 
 use crate::checker::Violation;
 use skippr_core::replication::entry::EntryGroup;
-use skippr_core::wal::{check_group, group_shape, Frame, ScannedSegment};
-use skippr_core::{PartitionKey, Position, SourceId};
+use skippr_core::wal::{check_group, group_shape, Frame, GroupPlace, ScannedSegment};
+use skippr_core::{Lsn, PartitionKey, Position, SegmentId, SourceId};
 use std::collections::BTreeMap;
 
 pub mod invariant {
@@ -37,6 +37,10 @@ pub struct Model {
     hosts: usize,
     /// Per host: LSN → term of every group durably on its disk.
     durable: Vec<BTreeMap<u64, u64>>,
+    /// Per host: where each group it wrote or was found on its disk lies,
+    /// and the groups (LSN, term, place) its last truncation replaced.
+    places: Vec<BTreeMap<u64, GroupPlace>>,
+    replaced: Vec<Vec<(u64, u64, GroupPlace)>>,
     /// Per host: what its disk held when it was wiped. A wipe is the loss
     /// of one host, which the cluster must survive, so what it held still
     /// counts toward the majority it helped form; a group that then drops
@@ -59,7 +63,14 @@ pub struct Model {
 
 impl Model {
     pub fn new(hosts: usize) -> Model {
-        Model { hosts, durable: vec![BTreeMap::new(); hosts], wiped: vec![BTreeMap::new(); hosts], ..Model::default() }
+        Model {
+            hosts,
+            durable: vec![BTreeMap::new(); hosts],
+            places: vec![BTreeMap::new(); hosts],
+            replaced: vec![Vec::new(); hosts],
+            wiped: vec![BTreeMap::new(); hosts],
+            ..Model::default()
+        }
     }
 
     /// Host `h`'s data is gone for good.
@@ -86,7 +97,11 @@ impl Model {
     pub fn durable_groups(&mut self, h: usize, groups: &[EntryGroup]) -> bool {
         let Some(first) = groups.first() else { return false };
         let from = first.place.lsn.0;
-        let replaced = !self.durable[h].split_off(&from).is_empty();
+        let old = self.durable[h].split_off(&from);
+        let old_places = self.places[h].split_off(&from);
+        let replaced = !old.is_empty();
+        self.replaced[h] =
+            old.iter().filter_map(|(lsn, term)| old_places.get(lsn).map(|p| (*lsn, *term, *p))).collect();
         for g in groups {
             let Some(shape) = group_shape(g.place.segment, g.place.lsn, &g.bytes) else {
                 let detail = format!("host {} wrote a group at LSN {} that does not decode", h + 1, g.place.lsn.0);
@@ -95,6 +110,7 @@ impl Model {
             };
             let term = shape.epoch.0;
             self.durable[h].insert(g.place.lsn.0, term);
+            self.places[h].insert(g.place.lsn.0, g.place);
             // Decoded once per group, whichever host writes it first.
             self.ends.entry((g.place.lsn.0, term)).or_insert_with(|| {
                 check_group(g.place.segment, g.place.lsn, &g.bytes)
@@ -107,8 +123,31 @@ impl Model {
 
     /// After a truncation: the host's disk, scanned, must hold exactly the
     /// log its requests wrote (no group of the replaced tail admitted, no
-    /// remnant of one that breaks the scan).
-    pub fn check_truncated(&mut self, h: usize, scanned: Result<Vec<ScannedSegment>, String>) {
+    /// remnant of one that breaks the scan), and no group of the replaced
+    /// tail may still validate where it was (`segments`: the durable disk).
+    pub fn check_truncated(
+        &mut self,
+        h: usize,
+        segments: &[(SegmentId, &[u8])],
+        scanned: Result<Vec<ScannedSegment>, String>,
+    ) {
+        for (lsn, term, p) in std::mem::take(&mut self.replaced[h]) {
+            let bytes = segments
+                .iter()
+                .find(|s| s.0 == p.segment)
+                .and_then(|s| s.1.get(p.offset as usize..(p.offset + p.len) as usize));
+            let survives = bytes.and_then(|b| group_shape(p.segment, Lsn(lsn), b)).is_some_and(|g| g.epoch.0 == term);
+            if survives {
+                let detail = format!(
+                    "host {} truncated its tail, and the replaced group at LSN {lsn} (term {term}) still validates \
+                     in segment {} at byte {}",
+                    h + 1,
+                    p.segment.0,
+                    p.offset
+                );
+                return self.fail(invariant::TRUNCATION_LEFT_BYTES, detail);
+            }
+        }
         let found: Result<BTreeMap<u64, u64>, String> =
             scanned.map(|s| s.iter().flat_map(|s| &s.groups).map(|g| (g.lsn.0, g.epoch.0)).collect());
         // What lies before the disk's first group was deleted, not truncated.
@@ -136,6 +175,7 @@ impl Model {
     /// lies before its first group was deleted under the deletion rule,
     /// having been applied there: it still counts as held.
     pub fn rescanned(&mut self, h: usize, scanned: &[ScannedSegment]) {
+        self.places[h] = places_of(scanned);
         let found: BTreeMap<u64, u64> = scanned.iter().flat_map(|s| &s.groups).map(|g| (g.lsn.0, g.epoch.0)).collect();
         let before = found.keys().next().map_or(BTreeMap::new(), |&first| {
             let mut d = std::mem::take(&mut self.durable[h]);
@@ -153,6 +193,7 @@ impl Model {
     /// nothing else, and everything before them is committed (what the
     /// leader deleted, having applied it), so it is held as committed.
     pub fn installed(&mut self, h: usize, scanned: &[ScannedSegment]) {
+        self.places[h] = places_of(scanned);
         let found: BTreeMap<u64, u64> = scanned.iter().flat_map(|s| &s.groups).map(|g| (g.lsn.0, g.epoch.0)).collect();
         let first = found.keys().next().copied().unwrap_or(0);
         let committed = self.committed.iter().enumerate().take(first as usize).map(|(l, &t)| (l as u64, t));
@@ -303,6 +344,9 @@ impl Model {
     /// stale uncommitted tail may wait for its leader to replace it).
     pub fn check_prefixes(&mut self, commits: &[u64]) {
         for (h, &commit) in commits.iter().enumerate() {
+            if commit == 0 {
+                continue; // nothing committed known (a joined host that has not started yet)
+            }
             let upto = (commit as usize + 1).min(self.committed.len());
             for (lsn, &term) in self.committed[..upto].iter().enumerate() {
                 match self.durable[h].get(&(lsn as u64)) {
@@ -323,6 +367,15 @@ impl Model {
     pub fn terms(&self) -> usize {
         self.leaders.len()
     }
+}
+
+fn places_of(scanned: &[ScannedSegment]) -> BTreeMap<u64, GroupPlace> {
+    let places = scanned.iter().flat_map(|s| {
+        s.groups
+            .iter()
+            .map(|g| (g.lsn.0, GroupPlace { lsn: g.lsn, segment: s.id, offset: g.offset, len: g.end - g.offset }))
+    });
+    places.collect()
 }
 
 fn batch_ends(frames: &[Frame]) -> Vec<(PartitionKey, u64)> {
