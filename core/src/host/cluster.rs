@@ -117,8 +117,9 @@ impl Host {
             }
         }
         if snapshot {
-            // The deletion rule, with the acknowledgements committed so far
-            // (the frontier the leader's own rule uses may only be ahead).
+            // The deletion rule, with the acknowledgements committed through
+            // this group (the leader's own rule uses those committed when it
+            // built the snapshot, which may only be behind).
             let sinks = self.cfg.sinks.len() as u16;
             self.wal.plan_deletions(place.lsn, &self.committed.acked, sinks, false);
         }

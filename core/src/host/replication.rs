@@ -330,11 +330,8 @@ impl Replication {
         let Some(r) = self.replica.as_mut() else { return false };
         if self.saved_commit < justified_at.0 {
             if self.in_flight.is_none() && self.queued.is_empty() {
-                let (hs, cs, members) = r.hard_to_save();
-                let Ok(slot) = encode_slot(self.next_seq, &hs, &cs, &members) else { return false };
-                let hard_state = Some((slot_offset(self.next_seq), slot));
-                self.next_seq += 1;
-                self.saving_commit = Some(hs.commit);
+                let saved = r.hard_to_save();
+                let Ok(hard_state) = self.slot(saved).map(Some) else { return false };
                 self.in_flight = Some(Vec::new());
                 let op = Replicate { remove: Vec::new(), zero: Vec::new(), groups: Vec::new(), hard_state };
                 fx.io(Pending::WalReplicate(SegmentId(0)), IoOp::Wal(WalOp::Replicate(op)));
@@ -342,6 +339,19 @@ impl Replication {
             return false;
         }
         r.compact_to(first_kept)
+    }
+
+    /// The next hard-state save's slot (its offset in the file, its bytes),
+    /// for the request about to go, which saves this commit index.
+    fn slot(
+        &mut self,
+        (hs, cs, members): (HardState, ConfState, Members),
+    ) -> Result<(u64, Vec<u8>), crate::replication::hard_state::HardStateError> {
+        let slot = encode_slot(self.next_seq, &hs, &cs, &members)?;
+        let at = slot_offset(self.next_seq);
+        self.next_seq += 1;
+        self.saving_commit = Some(hs.commit);
+        Ok((at, slot))
     }
 
     /// Sends the next request if none is in flight.
@@ -352,13 +362,9 @@ impl Replication {
         let Some(first) = self.queued.pop_front() else { return Ok(()) };
         if let Some(install) = first.install {
             let (from, manifest) = *install;
-            let (hs, cs, members) = first.hard.expect("an install saves its hard state");
-            let slot = encode_slot(self.next_seq, &hs, &cs, &members).map_err(cluster_log)?;
-            let hard_state = (slot_offset(self.next_seq), slot);
-            self.next_seq += 1;
+            let hard_state = self.slot(first.hard.expect("an install saves its hard state")).map_err(cluster_log)?;
             self.in_flight = Some(vec![first.number]);
             self.installing = Some(manifest.index);
-            self.saving_commit = Some(hs.commit);
             let segment = manifest.segments[0].id;
             let op = WalOp::InstallSnapshot(Install { from, manifest, hard_state });
             fx.io(Pending::WalReplicate(segment), IoOp::Wal(op));
@@ -377,16 +383,7 @@ impl Replication {
             groups.extend(p.appended.groups);
             hard = p.hard.or(hard);
         }
-        let hard_state = match hard {
-            Some((hs, cs, members)) => {
-                self.saving_commit = Some(hs.commit);
-                let slot = encode_slot(self.next_seq, &hs, &cs, &members).map_err(cluster_log)?;
-                let at = slot_offset(self.next_seq);
-                self.next_seq += 1;
-                Some((at, slot))
-            }
-            None => None,
-        };
+        let hard_state = hard.map(|saved| self.slot(saved)).transpose().map_err(cluster_log)?;
         let segment = groups.first().map_or(SegmentId(0), |g| g.place.segment);
         if self.mutations.has(Mutation::CommitBeforeQuorum) {
             self.in_flight_groups = groups.clone();

@@ -107,11 +107,16 @@ fn logger() -> slog::Logger {
 impl Replica {
     /// Node `members.node` over `log`, having applied everything up to
     /// `applied`; `seed` drives its election jitter.
-    pub fn new(log: Log, members: Members, applied: u64, limits: &Limits, seed: u64) -> Result<Replica, raft::Error> {
+    pub fn new(
+        mut log: Log,
+        members: Members,
+        applied: u64,
+        limits: &Limits,
+        seed: u64,
+    ) -> Result<Replica, raft::Error> {
         let id = members.node;
         let config = raft::Config { applied, ..raft_config(id, limits) };
         let saved_hard = log.hard_state().clone();
-        let mut log = log;
         log.set_members(0, members.clone());
         let raw = RawNode::new(&config, log, &logger())?;
         let seen = (raw.raft.term, raw.raft.state);
@@ -208,9 +213,15 @@ impl Replica {
     pub fn hard_to_save(&mut self) -> (HardState, ConfState, Members) {
         let hs = self.raw.raft.hard_state();
         let commit = hs.commit.min(self.raw.raft.raft_log.applied);
-        let saved = HardState { vote: if self.vote_unsaved { 0 } else { hs.vote }, commit, ..hs };
+        let saved = self.as_saved(HardState { commit, ..hs });
         self.saved_hard = saved.clone();
         (saved, self.log().conf_state().clone(), self.membership.members().clone())
+    }
+
+    /// The hard state as it is saved (the planted bug `vote-not-persisted`
+    /// saves it without the vote).
+    fn as_saved(&self, hs: HardState) -> HardState {
+        HardState { vote: if self.vote_unsaved { 0 } else { hs.vote }, ..hs }
     }
 
     /// A snapshot's transfer is open: its segments must stay.
@@ -378,7 +389,7 @@ impl Replica {
             let mut hard =
                 rd.hs().cloned().or_else(|| conf_changed.then(|| self.log().hard_state().clone())).map(|hs| {
                     let commit = hs.commit.min(applied);
-                    let saved = HardState { vote: if self.vote_unsaved { 0 } else { hs.vote }, commit, ..hs };
+                    let saved = self.as_saved(HardState { commit, ..hs });
                     (saved, self.log().conf_state().clone(), self.membership.members().clone())
                 });
             // A new commit index alone need not be durable at once (raft
@@ -453,7 +464,7 @@ impl Replica {
         let conf = sorted(meta.get_conf_state().clone());
         let hs = rd.hs().cloned().unwrap_or_else(|| self.log().hard_state().clone());
         let hs = HardState { commit: index, ..hs };
-        let saved = HardState { vote: if self.vote_unsaved { 0 } else { hs.vote }, ..hs.clone() };
+        let saved = self.as_saved(hs.clone());
         self.saved_hard = saved.clone();
         let mut members = self.membership.members().clone();
         members.removed = manifest.members.removed.clone();

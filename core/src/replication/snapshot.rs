@@ -81,6 +81,20 @@ impl Manifest {
         let members = Members::decode(b.get(at..)?)?;
         Some(Manifest { index, term, sealed, segments, members })
     }
+
+    /// The files to install, cut from the sender's segments (`segment`
+    /// gives one's bytes): each manifest segment's bytes, then zeros to its
+    /// size. `None` when the sender lacks a segment or its bytes.
+    pub fn copy_from<'a>(&self, segment: impl Fn(SegmentId) -> Option<&'a [u8]>) -> Option<Vec<(SegmentId, Vec<u8>)>> {
+        self.segments
+            .iter()
+            .map(|m| {
+                let mut copy = segment(m.id)?.get(..m.bytes as usize)?.to_vec();
+                copy.resize(m.size as usize, 0);
+                Some((m.id, copy))
+            })
+            .collect()
+    }
 }
 
 /// Checks segments copied for `manifest` before they replace a host's WAL:

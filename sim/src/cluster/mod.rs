@@ -725,18 +725,9 @@ impl ClusterWorld {
             let n = &self.nodes[s];
             n.host.is_some() && n.frozen_until.is_none_or(|w| w <= self.now)
         });
-        let copied: Option<Vec<(SegmentId, Vec<u8>)>> = sender.and_then(|s| {
+        let copied = sender.and_then(|s| {
             let on_disk = self.nodes[s].wal.segments_durable();
-            i.manifest
-                .segments
-                .iter()
-                .map(|m| {
-                    let bytes = &on_disk.iter().find(|(id, _)| *id == m.id)?.1;
-                    let mut copy = bytes.get(..m.bytes as usize)?.to_vec();
-                    copy.resize(m.size as usize, 0);
-                    Some((m.id, copy))
-                })
-                .collect()
+            i.manifest.copy_from(|id| on_disk.iter().find(|s| s.0 == id).map(|s| s.1.as_slice()))
         });
         let checked = copied.filter(|c| {
             let refs: Vec<(SegmentId, &[u8])> = c.iter().map(|(s, b)| (*s, b.as_slice())).collect();

@@ -79,6 +79,11 @@ fn init_file(node: u64) -> Vec<u8> {
 
 impl Cluster {
     fn new(seed: u64, mutations: Mutations) -> Cluster {
+        Cluster::with_offsets(seed, mutations, false)
+    }
+
+    /// `shared_offsets`: one offsets store for every host.
+    fn with_offsets(seed: u64, mutations: Mutations, shared_offsets: bool) -> Cluster {
         let nodes = (1..=HOSTS)
             .map(|node| Node {
                 host: None,
@@ -102,7 +107,7 @@ impl Cluster {
             kills: 0,
             deposed: 0,
             installs: 0,
-            shared_offsets: false,
+            shared_offsets,
             follower_writes: 0,
             leading: vec![false; HOSTS as usize],
             stalls: Vec::new(),
@@ -182,16 +187,11 @@ impl Cluster {
         if let IoOp::Wal(WalOp::InstallSnapshot(install)) = op {
             // The transfer: the manifest's bytes of the sender's segments.
             let from = &self.nodes[install.from as usize - 1].segments;
-            let mut copied = BTreeMap::new();
-            for m in &install.manifest.segments {
-                let mut bytes = from.get(&m.id).ok_or(IoError::Failed)?[..m.bytes as usize].to_vec();
-                bytes.resize(m.size as usize, 0);
-                copied.insert(m.id, bytes);
-            }
+            let copied = install.manifest.copy_from(|id| from.get(&id).map(Vec::as_slice)).ok_or(IoError::Failed)?;
             let refs: Vec<(SegmentId, &[u8])> = copied.iter().map(|(s, b)| (*s, b.as_slice())).collect();
             check_install(&install.manifest, &refs).map_err(|_| IoError::Failed)?;
             let n = &mut self.nodes[i];
-            n.segments = copied;
+            n.segments = copied.into_iter().collect();
             let (at, slot) = &install.hard_state;
             n.hard[*at as usize..*at as usize + slot.len()].copy_from_slice(slot);
             self.installs += 1;
@@ -327,7 +327,12 @@ fn batch8(from: u64, to: u64) -> SourceBatchIn {
 }
 
 fn run(seed: u64, mutations: Mutations) -> Cluster {
-    let mut c = Cluster::new(seed, mutations);
+    drive(Cluster::new(seed, mutations))
+}
+
+/// Faults (kills, lost messages) for a while, then none until every record
+/// is delivered and every host agrees, or a failure.
+fn drive(mut c: Cluster) -> Cluster {
     for _ in 0..60_000 {
         c.step(true);
         if c.failure.is_some() {
@@ -403,21 +408,7 @@ fn three_hosts_deliver_every_record_exactly_once_through_kills_and_leader_change
 #[test]
 fn a_shared_offsets_store_is_written_by_the_leader_alone() {
     for seed in 0..4 {
-        let mut c = Cluster::new(seed, Mutations::NONE);
-        c.shared_offsets = true;
-        for i in 0..HOSTS as usize {
-            c.nodes[i].host = None;
-            c.start(i);
-        }
-        for _ in 0..60_000 {
-            c.step(true);
-        }
-        for _ in 0..400_000 {
-            c.step(false);
-            if c.failure.is_some() || (c.delivered().len() as u64 >= RECORDS && c.converged() && c.materialized()) {
-                break;
-            }
-        }
+        let c = drive(Cluster::with_offsets(seed, Mutations::NONE, true));
         c.verdict().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         assert_eq!(c.follower_writes, 0, "seed {seed}: a host that did not lead wrote the shared store");
     }
