@@ -132,22 +132,29 @@ pub fn slot_offset(seq: u64) -> u64 {
 /// written at the slot's start. What follows them in the slot is left as it
 /// is (the checksum covers only these), so a save is one small write.
 pub fn encode_slot(seq: u64, hard: &HardState, conf: &ConfState, members: &Members) -> Result<Vec<u8>, HardStateError> {
-    let mut payload = Vec::new();
-    let raft = [hard.write_to_bytes(), conf.write_to_bytes()].map(|p| p.expect("raft-rs's states always encode"));
-    for part in [&raft[0], &raft[1], &members.encode()] {
-        payload.extend_from_slice(&(part.len() as u32).to_le_bytes());
-        payload.extend_from_slice(part);
+    let mut slot = Vec::with_capacity(256);
+    slot.extend_from_slice(MAGIC);
+    slot.extend_from_slice(&VERSION.to_le_bytes());
+    slot.extend_from_slice(&[0; 4]); // the checksum, below
+    slot.extend_from_slice(&seq.to_le_bytes());
+    slot.extend_from_slice(&[0; 4]); // the payload's length, below
+                                     // Each part is its length and its bytes, written in place.
+    let part = |slot: &mut Vec<u8>, write: &dyn Fn(&mut Vec<u8>)| {
+        let at = slot.len();
+        slot.extend_from_slice(&[0; 4]);
+        write(slot);
+        let len = (slot.len() - at - 4) as u32;
+        slot[at..at + 4].copy_from_slice(&len.to_le_bytes());
+    };
+    part(&mut slot, &|v| hard.write_to_vec(v).expect("raft-rs's states always encode"));
+    part(&mut slot, &|v| conf.write_to_vec(v).expect("raft-rs's states always encode"));
+    part(&mut slot, &|v| v.extend_from_slice(&members.encode()));
+    let len = slot.len() - HEADER_BYTES;
+    if slot.len() > SLOT_BYTES {
+        return Err(HardStateError::TooLarge { bytes: len });
     }
-    if HEADER_BYTES + payload.len() > SLOT_BYTES {
-        return Err(HardStateError::TooLarge { bytes: payload.len() });
-    }
-    let mut slot = vec![0u8; HEADER_BYTES + payload.len()];
-    slot[0..8].copy_from_slice(MAGIC);
-    slot[8..12].copy_from_slice(&VERSION.to_le_bytes());
-    slot[16..24].copy_from_slice(&seq.to_le_bytes());
-    slot[24..28].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    slot[HEADER_BYTES..HEADER_BYTES + payload.len()].copy_from_slice(&payload);
-    let crc = slot_crc(&slot, payload.len());
+    slot[24..28].copy_from_slice(&(len as u32).to_le_bytes());
+    let crc = slot_crc(&slot, len);
     slot[12..16].copy_from_slice(&crc.to_le_bytes());
     Ok(slot)
 }
@@ -168,8 +175,8 @@ fn slot_crc(slot: &[u8], len: usize) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&slot[8..12]), &slot[16..HEADER_BYTES + len])
 }
 
-/// The state one slot holds, if it is valid.
-fn decode_slot(slot: &[u8]) -> Option<Saved> {
+/// The sequence number of a slot whose header and checksum are valid.
+fn slot_seq(slot: &[u8]) -> Option<u64> {
     if slot.len() != SLOT_BYTES || &slot[0..8] != MAGIC || slot[8..12] != VERSION.to_le_bytes() {
         return None;
     }
@@ -177,7 +184,12 @@ fn decode_slot(slot: &[u8]) -> Option<Saved> {
     if HEADER_BYTES + len > SLOT_BYTES || slot_crc(slot, len) != u32::from_le_bytes(slot[12..16].try_into().unwrap()) {
         return None;
     }
-    let seq = u64::from_le_bytes(slot[16..24].try_into().unwrap());
+    Some(u64::from_le_bytes(slot[16..24].try_into().unwrap()))
+}
+
+/// The state a slot `slot_seq` found valid holds, if its parts decode.
+fn parse_slot(seq: u64, slot: &[u8]) -> Option<Saved> {
+    let len = u32::from_le_bytes(slot[24..28].try_into().unwrap()) as usize;
     let mut payload = &slot[HEADER_BYTES..HEADER_BYTES + len];
     let mut part = || -> Option<&[u8]> {
         let n = u32::from_le_bytes(payload.get(0..4)?.try_into().unwrap()) as usize;
@@ -192,18 +204,22 @@ fn decode_slot(slot: &[u8]) -> Option<Saved> {
 }
 
 /// The current state in the file's bytes: `None` for a fresh file (empty or
-/// all zeros); otherwise the valid slot with the higher sequence number.
+/// all zeros); otherwise the valid slot with the higher sequence number
+/// (the first on a tie). Only the slot chosen is parsed, and the other
+/// only if that one's parts do not decode.
 pub fn decode_file(file: &[u8]) -> Result<Option<Saved>, HardStateError> {
-    let slots = match file.len() == FILE_BYTES {
-        true => [decode_slot(&file[..SLOT_BYTES]), decode_slot(&file[SLOT_BYTES..])],
-        false => [None, None],
-    };
-    match slots {
-        [None, None] if file.iter().all(|&b| b == 0) => Ok(None),
-        [None, None] if file.len() != FILE_BYTES => Err(HardStateError::Corrupt { what: "it is not two slots long" }),
-        [None, None] => Err(HardStateError::Corrupt { what: "neither slot holds a valid state" }),
-        [Some(a), None] | [None, Some(a)] => Ok(Some(a)),
-        [Some(a), Some(b)] => Ok(Some(if a.seq >= b.seq { a } else { b })),
+    if file.len() == FILE_BYTES {
+        let (a, b) = file.split_at(SLOT_BYTES);
+        let mut valid: Vec<(u64, &[u8])> = [a, b].into_iter().filter_map(|s| slot_seq(s).map(|q| (q, s))).collect();
+        valid.sort_by_key(|&(seq, _)| std::cmp::Reverse(seq));
+        if let Some(saved) = valid.into_iter().find_map(|(seq, slot)| parse_slot(seq, slot)) {
+            return Ok(Some(saved));
+        }
+    }
+    match file.len() == FILE_BYTES {
+        _ if file.iter().all(|&b| b == 0) => Ok(None),
+        false => Err(HardStateError::Corrupt { what: "it is not two slots long" }),
+        true => Err(HardStateError::Corrupt { what: "neither slot holds a valid state" }),
     }
 }
 

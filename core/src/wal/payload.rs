@@ -110,6 +110,14 @@ pub(super) fn batch_key(payload: &[u8]) -> Option<PartitionKey> {
     get_key(&mut Reader::new(payload)).ok()
 }
 
+/// A source-batch payload's partition and end, without its records.
+pub(super) fn batch_end(payload: &[u8]) -> Option<(PartitionKey, Position)> {
+    let mut r = Reader::new(payload);
+    let key = get_key(&mut r).ok()?;
+    let _stream = r.u16().ok()?;
+    Some((key, Position(r.u64().ok()?)))
+}
+
 /// Visits the records of a source-batch payload in place, (position,
 /// bytes), without decoding them into owned records; returns the batch's
 /// partition.

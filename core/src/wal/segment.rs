@@ -10,7 +10,7 @@
 //! rot there after an acknowledgement loses it; see docs/ARCHITECTURE.md).
 
 use super::frame::*;
-use super::payload::{batch_key, decode_payload, visit_batch};
+use super::payload::{batch_end, batch_key, decode_payload, visit_batch};
 use crate::ids::*;
 
 pub const SEGMENT_MAGIC: [u8; 8] = *b"SKPRWAL\0";
@@ -246,6 +246,37 @@ pub struct GroupShape {
 /// counting the frames and closing the bytes, nothing after a seal) and
 /// returns its shape, decoding no payload but the commit record's.
 pub fn group_shape(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<GroupShape> {
+    walk_group(segment, lsn, bytes, |_, _| {})
+}
+
+/// `group_shape`, and the partition and end of each source batch in the
+/// group, read without decoding its records.
+pub fn group_batch_ends(
+    segment: SegmentId,
+    lsn: Lsn,
+    bytes: &[u8],
+) -> Option<(GroupShape, Vec<(PartitionKey, Position)>)> {
+    let mut ends = Vec::new();
+    let mut bad = false;
+    let shape = walk_group(segment, lsn, bytes, |kind, payload| {
+        if kind == FrameKind::SourceBatch {
+            match batch_end(payload) {
+                Some(end) => ends.push(end),
+                None => bad = true,
+            }
+        }
+    })?;
+    (!bad).then_some((shape, ends))
+}
+
+/// Checks a group's frames as `group_shape` says, handing each frame
+/// before the commit record to `each` (its kind and payload).
+fn walk_group(
+    segment: SegmentId,
+    lsn: Lsn,
+    bytes: &[u8],
+    mut each: impl FnMut(FrameKind, &[u8]),
+) -> Option<GroupShape> {
     let (mut at, mut frames, mut epoch, mut sealed, mut first) = (0, 0u32, None, false, None);
     let mut membership = false;
     loop {
@@ -271,6 +302,7 @@ pub fn group_shape(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<GroupSh
             FrameKind::Membership => membership = true,
             _ => {}
         }
+        each(kind, payload);
         first.get_or_insert(kind);
         frames += 1;
         at += len;

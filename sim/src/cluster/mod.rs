@@ -27,7 +27,8 @@ use skippr_core::replication::hard_state::{decode_file, first_file, Members};
 use skippr_core::replication::snapshot::check_install;
 use skippr_core::wal::scan;
 use skippr_core::*;
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 /// How long the quiet phase may take to converge, in simulated time:
 /// shorter than the single-host world's, since every simulated second of a
@@ -107,12 +108,41 @@ struct Node {
     timer: Option<Instant>,
 }
 
+/// A scheduled event. The heap's greatest is the earliest, and of events
+/// at one time the first scheduled: (time, seq) is unique, so the order is
+/// total and the same on every run.
+struct Queued {
+    at: Instant,
+    seq: u64,
+    event: Box<Event>,
+}
+
+impl Ord for Queued {
+    fn cmp(&self, other: &Queued) -> Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Queued) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Queued) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Queued {}
+
 pub struct ClusterWorld {
     scenario: Scenario,
     opts: RunOptions,
-    /// Boxed: the tree moves its values as it rebalances, and a raft
-    /// message or a request is large.
-    queue: BTreeMap<(Instant, u64), Box<Event>>,
+    /// Events by (time, order of scheduling); boxed, as the heap moves
+    /// its entries and a raft message or a request is large.
+    queue: BinaryHeap<Queued>,
     seq: u64,
     now: Instant,
     dice: Dice,
@@ -180,7 +210,7 @@ impl ClusterWorld {
             trace: Trace::new(opts.trace),
             dice: Dice::new(seed),
             faults_rng: Rng::new(seed, Stream::Crashes),
-            queue: BTreeMap::new(),
+            queue: BinaryHeap::new(),
             seq: 0,
             now: Instant::ZERO,
             nodes,
@@ -234,7 +264,7 @@ impl ClusterWorld {
 
     fn at(&mut self, at: Instant, event: Event) {
         self.seq += 1;
-        self.queue.insert((at, self.seq), Box::new(event));
+        self.queue.push(Queued { at, seq: self.seq, event: Box::new(event) });
     }
 
     /// Schedules `event` after a delay in `lo..=hi` microseconds drawn from `die`.
@@ -279,7 +309,7 @@ impl ClusterWorld {
                 return;
             }
             self.stats.steps += 1;
-            let next_event = self.queue.keys().next().map(|k| k.0);
+            let next_event = self.queue.peek().map(|q| q.at);
             let timer = self
                 .nodes
                 .iter()
@@ -302,8 +332,8 @@ impl ClusterWorld {
                     self.feed(node, Input::Timeout);
                 }
                 _ => {
-                    let (_, event) = self.queue.pop_first().expect("an event is due");
-                    self.fire(*event);
+                    let q = self.queue.pop().expect("an event is due");
+                    self.fire(*q.event);
                 }
             }
             if !self.faulting && self.checker.complete() {

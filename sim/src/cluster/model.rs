@@ -16,10 +16,14 @@
 //! acknowledged position a minority's loss would take away.
 
 use crate::checker::Violation;
+use bytes::Bytes;
 use skippr_core::replication::entry::EntryGroup;
-use skippr_core::wal::{check_group, group_shape, Frame, GroupPlace, ScannedSegment};
+use skippr_core::wal::{group_batch_ends, group_shape, Frame, GroupPlace, ScannedSegment};
 use skippr_core::{Lsn, PartitionKey, Position, SegmentId, SourceId};
 use std::collections::BTreeMap;
+
+/// Groups below the committed end whose validation is remembered.
+const SHAPES_KEPT: usize = 256;
 
 pub mod invariant {
     pub const ACK_BEFORE_MAJORITY: &str = "ack-before-majority";
@@ -46,6 +50,11 @@ pub struct Model {
     /// counts toward the majority it helped form; a group that then drops
     /// out of every other host's disk is lost all the same.
     wiped: Vec<BTreeMap<u64, u64>>,
+    /// LSN → the segment, bytes and term of the group last validated
+    /// there: another host writing the same bytes at the same place holds
+    /// the same group, without validating them again (a window near the
+    /// committed end; a miss only costs a validation).
+    shapes: BTreeMap<u64, (SegmentId, Bytes, u64)>,
     /// (LSN, term) → the partition ends its source batches carry.
     ends: BTreeMap<(u64, u64), Vec<(PartitionKey, u64)>>,
     /// Every LSN up to this is committed (durable on a majority with the
@@ -97,27 +106,43 @@ impl Model {
     pub fn durable_groups(&mut self, h: usize, groups: &[EntryGroup]) -> bool {
         let Some(first) = groups.first() else { return false };
         let from = first.place.lsn.0;
-        let old = self.durable[h].split_off(&from);
-        let old_places = self.places[h].split_off(&from);
-        let replaced = !old.is_empty();
-        self.replaced[h] =
-            old.iter().filter_map(|(lsn, term)| old_places.get(lsn).map(|p| (*lsn, *term, *p))).collect();
+        // Most writes only extend the log: nothing to split off.
+        let replaced = self.durable[h].range(from..).next().is_some();
+        self.replaced[h] = Vec::new();
+        if replaced || self.places[h].range(from..).next().is_some() {
+            let old = self.durable[h].split_off(&from);
+            let old_places = self.places[h].split_off(&from);
+            self.replaced[h] =
+                old.iter().filter_map(|(lsn, term)| old_places.get(lsn).map(|p| (*lsn, *term, *p))).collect();
+        }
         for g in groups {
-            let Some(shape) = group_shape(g.place.segment, g.place.lsn, &g.bytes) else {
-                let detail = format!("host {} wrote a group at LSN {} that does not decode", h + 1, g.place.lsn.0);
-                self.fail(invariant::PREFIXES_DIFFER, detail);
-                return replaced;
+            let lsn = g.place.lsn.0;
+            let seen = self.shapes.get(&lsn).filter(|(s, b, _)| *s == g.place.segment && *b == g.bytes);
+            let term = match seen {
+                Some(&(_, _, term)) => term,
+                None => {
+                    let Some(shape) = group_shape(g.place.segment, g.place.lsn, &g.bytes) else {
+                        let detail = format!("host {} wrote a group at LSN {lsn} that does not decode", h + 1);
+                        self.fail(invariant::PREFIXES_DIFFER, detail);
+                        return replaced;
+                    };
+                    self.shapes.insert(lsn, (g.place.segment, g.bytes.clone(), shape.epoch.0));
+                    shape.epoch.0
+                }
             };
-            let term = shape.epoch.0;
             self.durable[h].insert(g.place.lsn.0, term);
             self.places[h].insert(g.place.lsn.0, g.place);
-            // Decoded once per group, whichever host writes it first.
+            // Read once per group, whichever host writes it first.
             self.ends.entry((g.place.lsn.0, term)).or_insert_with(|| {
-                check_group(g.place.segment, g.place.lsn, &g.bytes)
-                    .map_or(Vec::new(), |(group, _)| batch_ends(&group.frames))
+                group_batch_ends(g.place.segment, g.place.lsn, &g.bytes)
+                    .map_or(Vec::new(), |(_, ends)| ends.into_iter().map(|(k, e)| (k, e.0)).collect())
             });
         }
         self.advance(from);
+        if self.shapes.len() > 2 * SHAPES_KEPT {
+            let keep_from = (self.committed.len() as u64).saturating_sub(SHAPES_KEPT as u64);
+            self.shapes = self.shapes.split_off(&keep_from);
+        }
         replaced
     }
 
