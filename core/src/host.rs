@@ -165,6 +165,9 @@ impl Host {
         if self.phase == Phase::Stopped {
             return;
         }
+        if let Some(r) = self.authority.raft() {
+            r.catch_up(now);
+        }
         match input {
             Input::IoDone { id, result } => {
                 let pending = self.fx.complete(id);

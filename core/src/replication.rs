@@ -27,7 +27,7 @@ pub mod terms;
 /// campaigns; a leader steps down after as many without a quorum.
 pub const ELECTION_TICKS: usize = 10;
 /// Ticks between a leader's heartbeats.
-pub const HEARTBEAT_TICKS: usize = 2;
+pub const HEARTBEAT_TICKS: usize = 3;
 /// At most this many ticks are withheld after a term or role change.
 pub const JITTER_TICKS_MAX: u64 = ELECTION_TICKS as u64;
 /// A snapshot's transfer that has not ended after this many ticks of its

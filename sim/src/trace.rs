@@ -147,16 +147,17 @@ impl Trace {
         self.update(&v.to_le_bytes());
     }
 
-    /// A raft message: its kind, ends, term, position and entries (the
-    /// entries' bytes are the WAL's groups, hashed).
+    /// A raft message: its kind, ends, term, position and entries (each
+    /// entry's index, term and length: its bytes are the WAL's groups, and
+    /// every host's requests that write them hash them).
     fn message(&mut self, m: &skippr_core::PeerMessage) {
         self.u64(m.get_msg_type() as u64 ^ m.from << 8 ^ m.to << 36);
         self.u64(m.term);
         self.u64(m.index ^ m.log_term << 40);
         self.u64(m.commit ^ (m.reject as u64) << 63);
         for e in &m.entries {
-            self.u64(e.index);
-            self.u64(xxh3_64(&e.data));
+            self.u64(e.index ^ (e.data.len() as u64) << 40);
+            self.u64(e.term);
         }
     }
 

@@ -238,13 +238,40 @@ impl Replication {
         fx.io(Pending::WalReplicate(SegmentId(0)), IoOp::Wal(WalOp::Replicate(op)));
     }
 
+    /// The next tick that may act: a follower's ticks before its election
+    /// timeout only count, so its timer is set past them (`catch_up` counts
+    /// them when something else happens first), and an idle cluster wakes
+    /// its followers rarely. A stall report that is to be lifted waits for
+    /// the next tick, as it always did.
     pub(super) fn deadline(&self, report_after: Option<crate::time::Duration>) -> Option<Instant> {
-        let tick = self.replica.as_ref().map(|_| self.next_tick)?;
+        let r = self.replica.as_ref()?;
+        let lifting = self.stall_reported && self.no_quorum_since.is_none();
+        let quiet = if lifting { Some(0) } else { r.ticks_to_effect().map(|k| k - 1) };
+        let tick = quiet.map(|q| self.next_tick + self.config.tick.saturating_mul(q));
         let stall = match (self.no_quorum_since, report_after, self.stall_reported) {
             (Some(since), Some(after), false) => Some(since + after),
             _ => None,
         };
-        Some(stall.map_or(tick, |s| s.min(tick)))
+        [stall, tick].into_iter().flatten().min()
+    }
+
+    /// Before any input at `now`: the ticks due by then that only count
+    /// (those before the one `deadline` waits for) are counted, so raft-rs
+    /// sees the time that passed exactly as if each had fired on time.
+    pub(super) fn catch_up(&mut self, now: Instant) {
+        let Some(r) = self.replica.as_mut() else { return };
+        if now < self.next_tick {
+            return;
+        }
+        let due = (now - self.next_tick).as_micros() / self.config.tick.as_micros() + 1;
+        let quiet = match r.ticks_to_effect() {
+            Some(k) => due.min(k - 1),
+            None => due,
+        };
+        if quiet > 0 && !(self.stall_reported && self.no_quorum_since.is_none()) {
+            r.tick_quietly(quiet);
+            self.next_tick = self.next_tick + self.config.tick.saturating_mul(quiet);
+        }
     }
 
     /// A visible stall: no leader known, or, leading, no commit of a

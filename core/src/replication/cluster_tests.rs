@@ -467,3 +467,57 @@ fn a_host_whose_disk_lost_committed_groups_refuses_to_start() {
     let e = Log::restore(saved.hard, saved.conf, &refs).err().expect("refused");
     assert_eq!(e, super::log::RestoreError::NoGenesis);
 }
+
+/// A follower's ticks before its election timeout only count: its timer is
+/// set past them (`ticks_to_effect`), and counting them at once
+/// (`tick_quietly`) leaves raft-rs exactly where ticking each would have.
+#[test]
+fn a_followers_quiet_ticks_counted_at_once_do_what_ticking_each_would() {
+    let fresh = |seed| {
+        let (end, _) = genesis(SEGMENT_BYTES);
+        let conf = ConfState::from(((1..=HOSTS).collect::<Vec<_>>(), vec![]));
+        let log = Log::new(HardState::default(), conf, (0, 0), end);
+        Replica::new(log, members(1), 0, &limits(), seed).expect("a valid config")
+    };
+    let outputs = |r: &mut Replica| std::iter::from_fn(|| r.poll()).map(|o| format!("{o:?}")).collect::<Vec<_>>();
+    let heartbeat = |term| {
+        let mut m = Message::default();
+        m.set_msg_type(raft::eraftpb::MessageType::MsgHeartbeat);
+        (m.from, m.to, m.term) = (2, 1, term);
+        m
+    };
+    for seed in 0..30 {
+        let (mut eager, mut lazy) = (fresh(seed), fresh(seed));
+        assert_eq!(outputs(&mut eager), outputs(&mut lazy));
+        for round in 0..4u64 {
+            // Hearing from a leader part way resets the election timeout.
+            let k = lazy.ticks_to_effect().expect("a voter campaigns in the end");
+            let before = (seed + round) % k;
+            for _ in 0..before {
+                eager.tick();
+            }
+            lazy.tick_quietly(before);
+            assert!(outputs(&mut eager).is_empty(), "seed {seed}: a tick before the timeout acted");
+            eager.step(heartbeat(round + 1));
+            lazy.step(heartbeat(round + 1));
+            assert_eq!(outputs(&mut eager), outputs(&mut lazy), "seed {seed}");
+            // Then no leader is heard from: the first tick that acts is the
+            // one `ticks_to_effect` named, and both campaign alike.
+            let k = lazy.ticks_to_effect().expect("a voter campaigns in the end");
+            let mut ticks = 0;
+            let acted = loop {
+                eager.tick();
+                ticks += 1;
+                let out = outputs(&mut eager);
+                if !out.is_empty() {
+                    break out;
+                }
+            };
+            assert_eq!(ticks, k, "seed {seed} round {round}");
+            lazy.tick_quietly(k - 1);
+            assert!(outputs(&mut lazy).is_empty());
+            lazy.tick();
+            assert_eq!(outputs(&mut lazy), acted, "seed {seed} round {round}");
+        }
+    }
+}

@@ -177,6 +177,39 @@ impl Replica {
         self.raw.store()
     }
 
+    /// How many ticks from now the first one that does anything falls
+    /// (1: the next; `None`: none ever does while nothing else happens).
+    /// A leader acts on most ticks (heartbeats, quorum checks, membership
+    /// changes), so it is always 1. A follower's ticks before its election
+    /// timeout only count: withheld ticks, then raft-rs's elapsed count.
+    pub fn ticks_to_effect(&self) -> Option<u64> {
+        let raft = &self.raw.raft;
+        if raft.state == StateRole::Leader {
+            return Some(1);
+        }
+        let transfer = self.transfers.values().min().copied();
+        let election = raft.promotable().then(|| {
+            let (elapsed, timeout) = (raft.election_elapsed, raft.randomized_election_timeout());
+            self.withheld + timeout.saturating_sub(elapsed).max(1) as u64
+        });
+        [transfer, election].into_iter().flatten().min()
+    }
+
+    /// `n` ticks that `ticks_to_effect` says only count, without the work
+    /// of a tick that may act. The same state as `n` calls of `tick`.
+    pub fn tick_quietly(&mut self, n: u64) {
+        debug_assert!(self.ticks_to_effect().is_none_or(|k| n < k), "{n} ticks are not all quiet");
+        let withheld = n.min(self.withheld);
+        self.withheld -= withheld;
+        for _ in withheld..n {
+            let acted = self.raw.tick();
+            debug_assert!(!acted, "a quiet tick acted");
+        }
+        for left in self.transfers.values_mut() {
+            *left -= n;
+        }
+    }
+
     pub fn tick(&mut self) {
         if self.withheld > 0 {
             self.withheld -= 1;

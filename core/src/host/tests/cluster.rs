@@ -14,6 +14,8 @@ use crate::time::Duration;
 use std::collections::BTreeSet;
 
 const HOSTS: u64 = 3;
+/// Every host's raft tick.
+const TICK: Duration = Duration::from_millis(100);
 const RECORDS: u64 = 600;
 
 fn cluster_config(node: u64, seed: u64, mutations: Mutations) -> HostConfig {
@@ -23,12 +25,7 @@ fn cluster_config(node: u64, seed: u64, mutations: Mutations) -> HostConfig {
         seed: seed * 10 + node,
         mutations,
         limits,
-        cluster: Some(ClusterConfig {
-            node,
-            voters: (1..=HOSTS).collect(),
-            tick: Duration::from_millis(100),
-            shared_offsets: false,
-        }),
+        cluster: Some(ClusterConfig { node, voters: (1..=HOSTS).collect(), tick: TICK, shared_offsets: false }),
         ..config()
     }
 }
@@ -42,6 +39,9 @@ struct Node {
     /// The next position this host's source hands out.
     cursor: u64,
     starts: u64,
+    /// When this host's clock next moves without a deadline of its own
+    /// (one tick after it last did).
+    pace: Instant,
 }
 
 struct Cluster {
@@ -93,6 +93,7 @@ impl Cluster {
                 held: Vec::new(),
                 cursor: 0,
                 starts: 0,
+                pace: Instant::ZERO,
             })
             .collect();
         let mut c = Cluster {
@@ -302,12 +303,22 @@ impl Cluster {
                 self.start(i);
             }
             _ => {
+                // Each host's clock moves a tick at a time even when its
+                // timer is set further (a follower's ticks that only count
+                // are not fired), so messages keep their pace next to the
+                // timers.
                 let next = (0..HOSTS as usize)
-                    .filter_map(|j| self.nodes[j].host.as_ref().and_then(|h| h.poll_timeout()).map(|(at, _)| (at, j)))
+                    .filter_map(|j| {
+                        let at = self.nodes[j].host.as_ref()?.poll_timeout()?.0;
+                        Some((at.min(self.nodes[j].pace.max(self.now)), at, j))
+                    })
                     .min();
-                if let Some((at, j)) = next {
-                    self.now = self.now.max(at);
-                    self.handle(j, Input::Timeout);
+                if let Some((when, at, j)) = next {
+                    self.now = self.now.max(when);
+                    self.nodes[j].pace = self.now + TICK;
+                    if at <= self.now {
+                        self.handle(j, Input::Timeout);
+                    }
                 }
             }
         }
