@@ -138,7 +138,9 @@ impl Model {
                     .map_or(Vec::new(), |(_, ends)| ends.into_iter().map(|(k, e)| (k, e.0)).collect())
             });
         }
-        self.advance(from);
+        // A log that only grew lost nothing: only a replaced tail is
+        // checked against the committed prefix again.
+        self.advance(if replaced { from } else { u64::MAX });
         if self.shapes.len() > 2 * SHAPES_KEPT {
             let keep_from = (self.committed.len() as u64).saturating_sub(SHAPES_KEPT as u64);
             self.shapes = self.shapes.split_off(&keep_from);
