@@ -1,5 +1,5 @@
-//! Consensus for the clustered WAL (issue #12, in progress): tikv/raft-rs,
-//! driven from inside the engine like every other part. This first piece
+//! Consensus for the clustered WAL (issues #12 and #13): tikv/raft-rs,
+//! driven from inside the engine like every other part. This module
 //! fixes how raft-rs is configured and shows, with three nodes in memory,
 //! that it runs deterministically under the engine's own ticks and seed.
 //!

@@ -188,7 +188,7 @@ impl Replica {
             return Some(1);
         }
         let transfer = self.transfers.values().min().copied();
-        let election = raft.promotable().then(|| {
+        let election = (raft.promotable() && self.installing.is_none()).then(|| {
             let (elapsed, timeout) = (raft.election_elapsed, raft.randomized_election_timeout());
             self.withheld + timeout.saturating_sub(elapsed).max(1) as u64
         });
@@ -202,18 +202,24 @@ impl Replica {
         let withheld = n.min(self.withheld);
         self.withheld -= withheld;
         for _ in withheld..n {
-            let acted = self.raw.tick();
-            debug_assert!(!acted, "a quiet tick acted");
+            if self.installing.is_none() {
+                let acted = self.raw.tick();
+                debug_assert!(!acted, "a quiet tick acted");
+            }
         }
         for left in self.transfers.values_mut() {
             *left -= n;
         }
     }
 
+    /// One tick. While a snapshot is being installed raft-rs hears none:
+    /// a follower that campaigned with the snapshot not yet durable would
+    /// make raft-rs read entries its log does not hold (it panics), and the
+    /// host restarts from the installed snapshot once it is durable anyway.
     pub fn tick(&mut self) {
         if self.withheld > 0 {
             self.withheld -= 1;
-        } else {
+        } else if self.installing.is_none() {
             self.raw.tick();
         }
         let expired: Vec<u64> = self
