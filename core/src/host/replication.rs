@@ -245,8 +245,7 @@ impl Replication {
     /// the next tick, as it always did.
     pub(super) fn deadline(&self, report_after: Option<crate::time::Duration>) -> Option<Instant> {
         let r = self.replica.as_ref()?;
-        let lifting = self.stall_reported && self.no_quorum_since.is_none();
-        let quiet = if lifting { Some(0) } else { r.ticks_to_effect().map(|k| k - 1) };
+        let quiet = if self.lifting_stall() { Some(0) } else { r.ticks_to_effect().map(|k| k - 1) };
         let tick = quiet.map(|q| self.next_tick + self.config.tick.saturating_mul(q));
         let stall = match (self.no_quorum_since, report_after, self.stall_reported) {
             (Some(since), Some(after), false) => Some(since + after),
@@ -259,19 +258,25 @@ impl Replication {
     /// (those before the one `deadline` waits for) are counted, so raft-rs
     /// sees the time that passed exactly as if each had fired on time.
     pub(super) fn catch_up(&mut self, now: Instant) {
-        let Some(r) = self.replica.as_mut() else { return };
-        if now < self.next_tick {
+        if now < self.next_tick || self.lifting_stall() {
             return;
         }
+        let Some(r) = self.replica.as_mut() else { return };
         let due = (now - self.next_tick).as_micros() / self.config.tick.as_micros() + 1;
         let quiet = match r.ticks_to_effect() {
             Some(k) => due.min(k - 1),
             None => due,
         };
-        if quiet > 0 && !(self.stall_reported && self.no_quorum_since.is_none()) {
+        if quiet > 0 {
             r.tick_quietly(quiet);
             self.next_tick = self.next_tick + self.config.tick.saturating_mul(quiet);
         }
+    }
+
+    /// A stall was reported and is over: its end is reported at the next
+    /// tick, so every tick fires until then.
+    fn lifting_stall(&self) -> bool {
+        self.stall_reported && self.no_quorum_since.is_none()
     }
 
     /// A visible stall: no leader known, or, leading, no commit of a

@@ -135,10 +135,11 @@ pub fn encode_slot(seq: u64, hard: &HardState, conf: &ConfState, members: &Membe
     let mut slot = Vec::with_capacity(256);
     slot.extend_from_slice(MAGIC);
     slot.extend_from_slice(&VERSION.to_le_bytes());
-    slot.extend_from_slice(&[0; 4]); // the checksum, below
+    // The checksum and the payload's length are filled in below.
+    slot.extend_from_slice(&[0; 4]);
     slot.extend_from_slice(&seq.to_le_bytes());
-    slot.extend_from_slice(&[0; 4]); // the payload's length, below
-                                     // Each part is its length and its bytes, written in place.
+    slot.extend_from_slice(&[0; 4]);
+    // Each part is its length and its bytes, written in place.
     let part = |slot: &mut Vec<u8>, write: &dyn Fn(&mut Vec<u8>)| {
         let at = slot.len();
         slot.extend_from_slice(&[0; 4]);

@@ -201,8 +201,8 @@ impl Replica {
         debug_assert!(self.ticks_to_effect().is_none_or(|k| n < k), "{n} ticks are not all quiet");
         let withheld = n.min(self.withheld);
         self.withheld -= withheld;
-        for _ in withheld..n {
-            if self.installing.is_none() {
+        if self.installing.is_none() {
+            for _ in withheld..n {
                 let acted = self.raw.tick();
                 debug_assert!(!acted, "a quiet tick acted");
             }

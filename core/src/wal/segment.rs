@@ -249,16 +249,12 @@ pub fn group_shape(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<GroupSh
     walk_group(segment, lsn, bytes, |_, _| {})
 }
 
-/// `group_shape`, and the partition and end of each source batch in the
-/// group, read without decoding its records.
-pub fn group_batch_ends(
-    segment: SegmentId,
-    lsn: Lsn,
-    bytes: &[u8],
-) -> Option<(GroupShape, Vec<(PartitionKey, Position)>)> {
+/// The partition and end of each source batch in a group `group_shape`
+/// accepts, read without decoding its records.
+pub fn group_batch_ends(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<Vec<(PartitionKey, Position)>> {
     let mut ends = Vec::new();
     let mut bad = false;
-    let shape = walk_group(segment, lsn, bytes, |kind, payload| {
+    walk_group(segment, lsn, bytes, |kind, payload| {
         if kind == FrameKind::SourceBatch {
             match batch_end(payload) {
                 Some(end) => ends.push(end),
@@ -266,7 +262,7 @@ pub fn group_batch_ends(
             }
         }
     })?;
-    (!bad).then_some((shape, ends))
+    (!bad).then_some(ends)
 }
 
 /// Checks a group's frames as `group_shape` says, handing each frame

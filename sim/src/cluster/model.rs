@@ -130,12 +130,12 @@ impl Model {
                     shape.epoch.0
                 }
             };
-            self.durable[h].insert(g.place.lsn.0, term);
-            self.places[h].insert(g.place.lsn.0, g.place);
+            self.durable[h].insert(lsn, term);
+            self.places[h].insert(lsn, g.place);
             // Read once per group, whichever host writes it first.
-            self.ends.entry((g.place.lsn.0, term)).or_insert_with(|| {
+            self.ends.entry((lsn, term)).or_insert_with(|| {
                 group_batch_ends(g.place.segment, g.place.lsn, &g.bytes)
-                    .map_or(Vec::new(), |(_, ends)| ends.into_iter().map(|(k, e)| (k, e.0)).collect())
+                    .map_or(Vec::new(), |ends| ends.into_iter().map(|(k, e)| (k, e.0)).collect())
             });
         }
         // A log that only grew lost nothing: only a replaced tail is
