@@ -20,10 +20,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use tracing::warn;
 
+mod install;
+mod replicated;
+
+pub use install::{InstallError, Staging, INSTALL_DIR};
+
 pub const WAL_DIR: &str = "wal";
 const SUFFIX: &str = ".seg";
 
 pub struct DiskWal {
+    data_dir: PathBuf,
     dir: PathBuf,
     /// The segment appends go to, and its size when opened.
     open: Mutex<Option<(SegmentId, File, u64)>>,
@@ -31,20 +37,28 @@ pub struct DiskWal {
     pub append_syncs: AtomicU64,
     /// The kernel refused `RWF_DSYNC` once: write, then `fdatasync`.
     no_dsync_flag: AtomicBool,
+    /// Clustered mode: `DATA_DIR/raft-state`, opened at its first save.
+    hard_state: Mutex<Option<File>>,
 }
 
 impl DiskWal {
-    /// Opens (creating if needed) `data_dir/wal`.
+    /// Opens (creating if needed) `data_dir/wal`, completing a snapshot's
+    /// install a crash interrupted after its commit (clustered mode).
     pub fn open(data_dir: &Path) -> io::Result<DiskWal> {
-        let dir = data_dir.join(WAL_DIR);
-        std::fs::create_dir_all(&dir)?;
-        sync_dir(data_dir)?;
-        Ok(DiskWal {
-            dir,
+        let wal = DiskWal {
+            data_dir: data_dir.to_path_buf(),
+            dir: data_dir.join(WAL_DIR),
             open: Mutex::new(None),
             append_syncs: AtomicU64::new(0),
             no_dsync_flag: AtomicBool::new(false),
-        })
+            hard_state: Mutex::new(None),
+        };
+        // A snapshot's install that committed before a crash is completed
+        // before anything reads the WAL.
+        wal.finish_install()?;
+        std::fs::create_dir_all(&wal.dir)?;
+        sync_dir(data_dir)?;
+        Ok(wal)
     }
 
     pub fn dir(&self) -> &Path {
@@ -91,8 +105,15 @@ impl DiskWal {
             to_io_error(&e)
         };
         match op {
-            WalOp::Replicate(_) | WalOp::ReadHardState | WalOp::InstallSnapshot(_) => {
-                unreachable!("clustered mode is refused at start-up until the daemon runs it (issue #13)")
+            WalOp::Replicate(r) => {
+                self.replicate(&r).map(|_| IoReply::Done).map_err(|e| failed("writing raft entries to the WAL", e))
+            }
+            WalOp::ReadHardState => self
+                .read_hard_state()
+                .map(IoReply::HardState)
+                .map_err(|e| failed("reading the raft hard-state file", e)),
+            WalOp::InstallSnapshot(_) => {
+                unreachable!("the driver installs snapshots: their segments come from a peer (`Staging`)")
             }
             WalOp::Sync => self.sync_all().map(|_| IoReply::Done).map_err(|e| failed("syncing the WAL", e)),
             WalOp::List => {
@@ -157,21 +178,46 @@ impl DiskWal {
         sync_dir(&self.dir)
     }
 
-    /// One commit group: one positioned write that returns once the bytes
-    /// are durable.
-    pub fn append(&self, segment: SegmentId, offset: u64, bytes: &[u8]) -> io::Result<()> {
+    /// The segment appends go to, opened if it is another, checked to
+    /// hold `len` bytes at `offset`.
+    fn open_for(
+        &self,
+        segment: SegmentId,
+        offset: u64,
+        len: usize,
+    ) -> io::Result<std::sync::MutexGuard<'_, Option<(SegmentId, File, u64)>>> {
         let mut open = self.open.lock().expect("not poisoned");
         if open.as_ref().is_none_or(|(id, ..)| *id != segment) {
             let file = OpenOptions::new().write(true).open(self.path(segment))?;
             // The file's own size, not today's setting: it may have been
             // created under another WAL_BYTES_PER_FILE. Appends never grow it.
-            let len = file.metadata()?.len();
-            *open = Some((segment, file, len));
+            let size = file.metadata()?.len();
+            *open = Some((segment, file, size));
         }
-        let (_, file, len) = open.as_ref().expect("set above");
-        if offset + bytes.len() as u64 > *len {
+        let (_, _, size) = open.as_ref().expect("set above");
+        if offset + len as u64 > *size {
             return Err(io::Error::other(format!("append past the end of segment {}", segment.0)));
         }
+        Ok(open)
+    }
+
+    /// A positioned write, not yet durable (`sync_segment` makes it so).
+    fn write_at(&self, segment: SegmentId, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let open = self.open_for(segment, offset, bytes.len())?;
+        open.as_ref().expect("opened").1.write_all_at(bytes, offset)
+    }
+
+    /// `fdatasync` of one segment.
+    fn sync_segment(&self, segment: SegmentId) -> io::Result<()> {
+        let open = self.open_for(segment, 0, 0)?;
+        open.as_ref().expect("opened").1.sync_data()
+    }
+
+    /// One commit group: one positioned write that returns once the bytes
+    /// are durable.
+    pub fn append(&self, segment: SegmentId, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let open = self.open_for(segment, offset, bytes.len())?;
+        let (_, file, _) = open.as_ref().expect("opened");
         self.append_syncs.fetch_add(1, Ordering::Relaxed);
         if !self.no_dsync_flag.load(Ordering::Relaxed) {
             match write_all_dsync(file, bytes, offset) {

@@ -16,6 +16,7 @@ pub mod hard_state_file;
 pub mod health;
 pub mod metrics;
 pub mod offsets_db;
+pub mod peer;
 pub mod plugin;
 pub mod s3_wal;
 
