@@ -19,6 +19,7 @@
 //! (`Net`), so the tests run it over turmoil's simulated one.
 
 pub mod tls;
+pub mod transfer;
 pub mod wire;
 
 use bytes::Bytes;
@@ -88,6 +89,11 @@ pub struct PeerConfig {
     pub connect_timeout: Duration,
     /// How long a chunk request waits for its answer.
     pub fetch_timeout: Duration,
+    /// How often a dialing host pings an accepting one.
+    pub keepalive: Duration,
+    /// A connection on which nothing arrived for this long is closed (and
+    /// dialled again): bytes were lost, or the peer stopped.
+    pub dead_after: Duration,
 }
 
 impl PeerConfig {
@@ -100,6 +106,8 @@ impl PeerConfig {
             queue: 4096,
             connect_timeout: Duration::from_secs(5),
             fetch_timeout: Duration::from_secs(10),
+            keepalive: Duration::from_millis(500),
+            dead_after: Duration::from_secs(3),
         }
     }
 }
@@ -368,9 +376,16 @@ impl<N: Net> Dial<N> {
     ) -> String {
         let (mut r, w) = tokio::io::split(stream);
         let mut w = BufWriter::with_capacity(64 << 10, w);
+        let mut keepalive = tokio::time::interval(self.cfg.keepalive);
         let write = async {
             loop {
-                let Some(frame) = frames.recv().await else { return "the transport stopped".to_string() };
+                let frame = tokio::select! {
+                    frame = frames.recv() => match frame {
+                        Some(frame) => frame,
+                        None => return "the transport stopped".to_string(),
+                    },
+                    _ = keepalive.tick() => Frame::Ping,
+                };
                 if let Err(e) = write_frame(&mut w, &frame).await {
                     return e.to_string();
                 }
@@ -386,7 +401,11 @@ impl<N: Net> Dial<N> {
         };
         let read = async {
             loop {
-                let (request, answer) = match read_frame(&mut r).await {
+                let Ok(frame) = tokio::time::timeout(self.cfg.dead_after, read_frame(&mut r)).await else {
+                    return format!("nothing arrived for {:?}", self.cfg.dead_after);
+                };
+                let (request, answer) = match frame {
+                    Ok(Some(Frame::Pong)) => continue,
                     Ok(Some(Frame::Chunk { request, bytes })) => (request, Ok(bytes)),
                     Ok(Some(Frame::ChunkFailed { request, reason })) => (request, Err(reason)),
                     Ok(Some(other)) => {
@@ -434,6 +453,8 @@ fn kind_name(f: &Frame) -> &'static str {
         Frame::ChunkFailed { .. } => "a failed chunk",
         Frame::TransferEnded { .. } => "a transfer's end",
         Frame::Join { .. } => "a join request",
+        Frame::Ping => "a ping",
+        Frame::Pong => "a pong",
     }
 }
 
@@ -568,7 +589,10 @@ impl Inbound {
         });
         let mut impostor_warned: Option<tokio::time::Instant> = None;
         let why = loop {
-            let frame = match read_frame(&mut r).await {
+            let Ok(frame) = tokio::time::timeout(self.cfg.dead_after, read_frame(&mut r)).await else {
+                break format!("nothing arrived for {:?}", self.cfg.dead_after);
+            };
+            let frame = match frame {
                 Ok(Some(f)) => f,
                 Ok(None) => break "the peer closed it".to_string(),
                 Err(e) => {
@@ -615,6 +639,11 @@ impl Inbound {
                         };
                         let _ = answers.send(answer).await;
                     });
+                }
+                Frame::Ping => {
+                    if answers.try_send(Frame::Pong).is_err() {
+                        debug!(peer = node, "a ping not answered: chunks are on their way");
+                    }
                 }
                 Frame::TransferEnded { ok } => {
                     if self.incoming.send(Incoming::Served { to: node, ok }).await.is_err() {

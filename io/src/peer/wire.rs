@@ -66,6 +66,11 @@ pub enum Frame {
         node: u64,
         replaces: u64,
     },
+    /// The dialing host's keepalive, answered by `Pong`: a connection on
+    /// which nothing arrives for a while is dead (bytes lost, a peer
+    /// stopped), whatever TCP says.
+    Ping,
+    Pong,
 }
 
 impl Frame {
@@ -80,6 +85,8 @@ impl Frame {
             Frame::ChunkFailed { .. } => 7,
             Frame::TransferEnded { .. } => 8,
             Frame::Join { .. } => 9,
+            Frame::Ping => 10,
+            Frame::Pong => 11,
         }
     }
 
@@ -95,7 +102,7 @@ impl Frame {
                 b.put_u64_le(*node);
                 b.put_u64_le(*fingerprint);
             }
-            Frame::Welcome => {}
+            Frame::Welcome | Frame::Ping | Frame::Pong => {}
             Frame::Refused { reason } => b.put_slice(reason.as_bytes()),
             Frame::Raft(m) => b.put_slice(m),
             Frame::Fetch { request, segment, offset, len } => {
@@ -172,6 +179,8 @@ impl Frame {
                 need(&body, 16)?;
                 Frame::Join { node: body.get_u64_le(), replaces: body.get_u64_le() }
             }
+            10 => Frame::Ping,
+            11 => Frame::Pong,
             _ => return Err("a frame of an unknown kind"),
         };
         if !body.is_empty() {
@@ -221,6 +230,8 @@ mod tests {
             Frame::TransferEnded { ok: true },
             Frame::TransferEnded { ok: false },
             Frame::Join { node: 4, replaces: 2 },
+            Frame::Ping,
+            Frame::Pong,
         ]
     }
 
