@@ -35,6 +35,17 @@ pub const JITTER_TICKS_MAX: u64 = ELECTION_TICKS as u64;
 /// another, and the segments it pinned may go.
 pub const SNAPSHOT_TICKS: u64 = 10 * ELECTION_TICKS as u64;
 
+/// A hash of the settings every host of a cluster must share: the segment
+/// size its identity names, the raft tick, and the election and heartbeat
+/// ticks. Peers compare it when they connect and refuse one that differs.
+pub fn settings_fingerprint(segment_bytes: u64, tick: crate::Duration) -> u64 {
+    let mut b = Vec::with_capacity(32);
+    for v in [segment_bytes, tick.as_micros(), ELECTION_TICKS as u64, HEARTBEAT_TICKS as u64] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    xxhash_rust::xxh3::xxh3_64(&b)
+}
+
 /// raft-rs's configuration for node `id`: pre-vote and check-quorum on, the
 /// election timeout pinned to one value, and its buffers capped by the
 /// engine's limits (a message carries at most a group's worth of entries,

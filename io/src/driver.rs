@@ -8,11 +8,12 @@ use crate::disk_wal::DiskWal;
 use crate::dynamo::Dynamo;
 use crate::metrics::Metrics;
 use crate::offsets_db::OffsetsDb;
+use crate::peer::{Incoming, Peers};
 use crate::plugin::{SchemaPlugin, Sink, Source};
 use crate::s3_wal::S3Wal;
 use skippr_core::io::{Input, IoOp, IoReply, LeaseOp, OffsetsOp, Output, PluginOp, SourceBatchIn, StopReason, WalOp};
 use skippr_core::{Host, IoError, IoId, SinkOutcome, StreamId};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
@@ -22,12 +23,14 @@ pub type SharedSink = Arc<Mutex<Box<dyn Sink>>>;
 pub type SharedSchema = Arc<Mutex<Box<dyn SchemaPlugin>>>;
 
 /// Where the WAL lives.
+#[derive(Clone)]
 pub enum WalBackend {
     Disk(Arc<DiskWal>),
     S3(Arc<S3Wal>),
 }
 
 /// Where offsets are materialized.
+#[derive(Clone)]
 pub enum OffsetsBackend {
     Disk(Arc<OffsetsDb>),
     Dynamo(Arc<Dynamo>),
@@ -51,7 +54,12 @@ pub struct Backends {
     /// Where the WAL is, and which endpoints serve it, for the stall report.
     pub place: String,
     pub endpoints: String,
+    /// Clustered mode: the peer transport (the WAL is on disk).
+    pub peers: Option<Arc<Peers>>,
 }
+
+/// How long a snapshot's copy may go without a chunk before it fails.
+const SNAPSHOT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Counts for the run's summary line.
 #[derive(Default)]
@@ -61,21 +69,29 @@ pub struct RunTotals {
     pub compactions: AtomicU64,
     /// Bytes of commit groups appended.
     pub wal_bytes: AtomicU64,
+    /// SIGTERM or SIGINT arrived (clustered mode restarts a deposed engine
+    /// only when it did not).
+    pub shutdown: AtomicBool,
 }
 
 type Completion = (IoId, Result<IoReply, IoError>);
 
-/// Runs the engine until it stops. `shutdown` delivers SIGTERM/SIGINT.
+/// Runs the engine until it stops. `shutdown` delivers SIGTERM/SIGINT;
+/// `peers` what the cluster's other hosts send (clustered mode).
 pub async fn drive(
     mut host: Host,
     backends: Backends,
     clock: Clock,
-    mut shutdown: mpsc::Receiver<()>,
+    shutdown: &mut mpsc::Receiver<()>,
+    mut peers: Option<&mut mpsc::Receiver<Incoming>>,
     totals: Arc<RunTotals>,
 ) -> StopReason {
     let (tx, mut rx) = mpsc::unbounded_channel::<Completion>();
     let backends = Arc::new(backends);
-    let mut shutdown_open = true;
+    let mut shutdown_open = !totals.shutdown.load(Ordering::Relaxed);
+    if !shutdown_open {
+        host.handle(clock.now(), Input::Shutdown);
+    }
     loop {
         while let Some(output) = host.poll_output() {
             match output {
@@ -122,9 +138,20 @@ pub async fn drive(
                     info!(wal = %backends.place, bytes, "the WAL is below its size limit again; sources resume");
                 }
                 Output::Stopped(reason) => return reason,
-                Output::Send(_) | Output::Role { .. } | Output::JoinRefused { .. } => {
-                    unreachable!("clustered mode is refused at start-up until its transport is built (issue #13)")
+                Output::Send(m) => match &backends.peers {
+                    Some(peers) => peers.send(&m),
+                    None => unreachable!("only clustered engines send raft messages"),
+                },
+                Output::Role { term, leader, is_leader } => {
+                    backends.metrics.raft_term.set(term as i64);
+                    backends.metrics.raft_is_leader.set(is_leader as i64);
+                    match (is_leader, leader) {
+                        (true, _) => info!(term, "this host leads the cluster"),
+                        (false, 0) => info!(term, "no leader known"),
+                        (false, leader) => info!(term, leader, "following node {leader}"),
+                    }
                 }
+                Output::JoinRefused { node, why } => warn!(node, "refused node {node}'s request to join: {why}"),
                 Output::LeaseWait { holder, generation } => info!(
                     holder = format!("{holder:016x}"),
                     generation,
@@ -144,14 +171,29 @@ pub async fn drive(
         }
         let deadline = host.poll_timeout();
         let sleep = deadline.map(|(at, _)| tokio::time::Instant::from_std(clock.to_std(at)));
+        let peer_input = async {
+            match peers.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             Some((id, result)) = rx.recv() => host.handle(clock.now(), Input::IoDone { id, result }),
+            Some(incoming) = peer_input => {
+                let input = match incoming {
+                    Incoming::Raft(m) => Input::Peer(m),
+                    Incoming::Served { to, ok } => Input::SnapshotServed { to, ok },
+                    Incoming::Join { node, replaces } => Input::Join { node, replaces },
+                };
+                host.handle(clock.now(), input)
+            }
             _ = async { tokio::time::sleep_until(sleep.expect("guarded")).await }, if sleep.is_some() => {
                 host.handle(clock.now(), Input::Timeout)
             }
             signal = shutdown.recv(), if shutdown_open => {
                 shutdown_open = false;
                 if signal.is_some() {
+                    totals.shutdown.store(true, Ordering::Relaxed);
                     info!("shutdown requested: draining");
                     host.handle(clock.now(), Input::Shutdown);
                 }
@@ -169,6 +211,13 @@ fn start(id: IoId, op: IoOp, b: &Arc<Backends>, tx: &mpsc::UnboundedSender<Compl
     let totals = Arc::clone(totals);
     let done = Done { id, tx: tx.clone() };
     match op {
+        IoOp::Wal(WalOp::InstallSnapshot(install)) => match (&b.wal, &b.peers) {
+            (WalBackend::Disk(wal), Some(peers)) => {
+                let (wal, peers) = (Arc::clone(wal), Arc::clone(peers));
+                done.task(async move { install_snapshot(wal, peers, install).await })
+            }
+            _ => unreachable!("only clustered engines install snapshots"),
+        },
         IoOp::Wal(op) => match &b.wal {
             WalBackend::Disk(wal) => {
                 let wal = Arc::clone(wal);
@@ -210,6 +259,46 @@ fn start(id: IoId, op: IoOp, b: &Arc<Backends>, tx: &mpsc::UnboundedSender<Compl
     }
 }
 
+/// A snapshot's install: its segments staged (resuming an interrupted
+/// transfer of the same manifest), copied from the leader chunk by chunk,
+/// checked and swapped in; the leader hears how it ended.
+async fn install_snapshot(
+    wal: Arc<DiskWal>,
+    peers: Arc<Peers>,
+    install: skippr_core::Install,
+) -> Result<IoReply, IoError> {
+    let from = install.from;
+    let index = install.manifest.index;
+    let bytes: u64 = install.manifest.segments.iter().map(|s| s.bytes).sum();
+    info!(from, index, bytes, segments = install.manifest.segments.len(), "installing a snapshot from the leader");
+    let started = std::time::Instant::now();
+    let result = async {
+        let (w, manifest) = (Arc::clone(&wal), install.manifest.clone());
+        let staging = tokio::task::spawn_blocking(move || w.stage(&manifest))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("cannot stage the snapshot under the DATA_DIR: {e}"))?;
+        crate::peer::transfer::copy(&peers, from, &staging, SNAPSHOT_PATIENCE).await?;
+        let hard_state = install.hard_state;
+        tokio::task::spawn_blocking(move || wal.install(staging, &hard_state))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("the snapshot was not installed: {e}"))
+    }
+    .await;
+    peers.transfer_ended(from, result.is_ok());
+    match result {
+        Ok(()) => {
+            info!(from, index, seconds = started.elapsed().as_secs_f64(), "snapshot installed");
+            Ok(IoReply::Done)
+        }
+        Err(e) => {
+            warn!(from, index, error = %e, "a snapshot's install failed; the old WAL is kept and raft sends another");
+            Err(IoError::Failed)
+        }
+    }
+}
+
 /// Where a request's completion goes.
 struct Done {
     id: IoId,
@@ -239,9 +328,12 @@ impl Done {
     }
 }
 
+/// The bytes of the commit groups a request writes (clustered mode: every
+/// host writes each group it replicates, its own and its leader's).
 fn appended_bytes(op: &WalOp) -> Option<usize> {
     match op {
         WalOp::Append { bytes, .. } => Some(bytes.len()),
+        WalOp::Replicate(r) if !r.groups.is_empty() => Some(r.groups.iter().map(|g| g.bytes.len()).sum()),
         _ => None,
     }
 }

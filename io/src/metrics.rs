@@ -35,6 +35,9 @@ pub struct Metrics {
     /// rest is read back from the WAL).
     pub records_cached_bytes: Gauge,
     pub records_held_bytes: Gauge,
+    /// Clustered mode: this host's raft term, and 1 while it leads.
+    pub raft_term: Gauge,
+    pub raft_is_leader: Gauge,
     /// The disk WAL's directory; `None` in S3 mode, where the size is not
     /// measured.
     wal_dir: Option<PathBuf>,
@@ -55,6 +58,13 @@ impl Metrics {
         let wal_full = Gauge::default();
         let records_cached_bytes = Gauge::default();
         let records_held_bytes = Gauge::default();
+        let (raft_term, raft_is_leader) = (Gauge::default(), Gauge::default());
+        registry.register("raft_term", "Clustered mode: this host's raft term", raft_term.clone());
+        registry.register(
+            "raft_is_leader",
+            "Clustered mode: 1 while this host leads the cluster",
+            raft_is_leader.clone(),
+        );
         registry.register(
             "wal_full",
             "1 while the WAL is at its size limit (WAL_MAX_BYTES) and sources are paused",
@@ -101,6 +111,8 @@ impl Metrics {
             wal_full,
             records_cached_bytes,
             records_held_bytes,
+            raft_term,
+            raft_is_leader,
             wal_dir,
         }
     }

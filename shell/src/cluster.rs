@@ -1,14 +1,159 @@
-//! `skipprd cluster init` and `cluster join`: give a DATA_DIR its cluster
-//! identity (the raft hard-state file's first state). A clustered host
-//! whose DATA_DIR has none refuses to start. The daemon itself does not run
-//! clustered mode yet (issue #13); these write what it will read.
+//! Clustered mode in the shell: `skipprd cluster init` and `cluster join`
+//! give a DATA_DIR its cluster identity (the raft hard-state file's first
+//! state), `cluster certs` makes a CA and node certificates for a quick
+//! start, and `start_peers` reads the identity and starts the peer
+//! transport for `skipprd run`. A clustered host whose DATA_DIR has no
+//! identity refuses to start.
 
+use crate::config::{ClusterSettings, OffsetsConfig, RunConfig};
 use crate::exit;
+use skippr_core::config::ClusterConfig;
 use skippr_core::replication::hard_state::{first_file, Members};
 use skippr_core::Limits;
 use skippr_io::hard_state_file::HardStateFile;
+use skippr_io::peer::tls::Tls;
+use skippr_io::peer::{Incoming, PeerConfig, Peers, TokioNet};
+use skippr_io::DiskWal;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// The raft tick of every daemon: elections after 10 ticks (1 s) without a
+/// leader, heartbeats every 3. Part of the settings fingerprint peers
+/// compare.
+pub const TICK: skippr_core::Duration = skippr_core::Duration::from_micros(100_000);
+
+/// A running host's part in the cluster.
+pub struct ClusterRun {
+    pub config: ClusterConfig,
+    pub peers: Arc<Peers>,
+    pub incoming: mpsc::Receiver<Incoming>,
+}
+
+/// The cluster identity in DATA_DIR's hard-state file.
+fn members(data_dir: &Path) -> Result<Members, (i32, String)> {
+    let none = || {
+        format!(
+            "{} holds no cluster identity: run `skipprd cluster init` on every host of a new cluster, or, if this \
+             host's data was lost, `skipprd cluster join` under a new node id",
+            data_dir.display()
+        )
+    };
+    match HardStateFile::open(data_dir) {
+        Ok((_, Some(saved))) => Ok(saved.members),
+        Ok((_, None)) => Err((exit::CONFIG, none())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err((exit::CONFIG, none())),
+        Err(e) => {
+            Err((exit::WAL_CORRUPT, format!("this host's raft state cannot be trusted, so it will not vote: {e}")))
+        }
+    }
+}
+
+/// The WAL's identity in a shared offsets store: the cluster's, the same on
+/// every host.
+pub fn wal_identity(data_dir: &Path) -> Result<String, String> {
+    members(data_dir).map(|m| format!("cluster://{:016x}/", m.cluster)).map_err(|(_, e)| e)
+}
+
+/// Checks the identity against the settings, loads the TLS files and
+/// starts the peer transport on this host's address.
+pub async fn start_peers(
+    cfg: &RunConfig,
+    c: &ClusterSettings,
+    wal: &Arc<DiskWal>,
+) -> Result<ClusterRun, (i32, String)> {
+    let members = members(&cfg.data_dir)?;
+    if members.node != c.node {
+        return Err((
+            exit::CONFIG,
+            format!(
+                "{} belongs to node {} of cluster {:016x}, but SKIPPR_CLUSTER_NODE_ID is {}: give each host its own \
+                 DATA_DIR and id",
+                cfg.data_dir.display(),
+                members.node,
+                members.cluster,
+                c.node
+            ),
+        ));
+    }
+    let tls = Tls::load(&c.tls, c.node).map_err(|e| (exit::CONFIG, e))?;
+    let fingerprint = skippr_core::replication::settings_fingerprint(members.segment_bytes, TICK);
+    let peer_config = PeerConfig::new(c.node, members.cluster, c.peers.clone(), fingerprint);
+    let reader = Arc::clone(wal) as Arc<dyn skippr_io::peer::SegmentReader>;
+    let (peers, incoming) = Peers::start(TokioNet, peer_config, tls, reader)
+        .await
+        .map_err(|e| (exit::CONFIG, format!("the peer transport cannot start: {e}")))?;
+    tracing::info!(
+        node = c.node,
+        cluster = format!("{:016x}", members.cluster),
+        listen = %c.peers[&c.node],
+        peers = c.peers.len() - 1,
+        "clustered mode: peer transport started (mutual TLS)"
+    );
+    let config = ClusterConfig {
+        node: c.node,
+        voters: c.peers.keys().copied().collect(),
+        tick: TICK,
+        shared_offsets: matches!(cfg.offsets, OffsetsConfig::Dynamodb { .. }),
+    };
+    Ok(ClusterRun { config, peers: Arc::new(peers), incoming })
+}
+
+#[derive(clap::Args)]
+pub struct CertsArgs {
+    /// Where to write `ca.pem`, `ca-key.pem` and `node-<ID>.pem`,
+    /// `node-<ID>-key.pem` for each node (created, mode 0700).
+    #[arg(long, value_name = "DIR")]
+    dir: PathBuf,
+    /// The node ids to make certificates for, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    nodes: Vec<u64>,
+}
+
+/// `skipprd cluster certs`: a new CA and a certificate per node, keys at
+/// mode 0600. Refuses to overwrite anything.
+pub fn certs(args: CertsArgs) -> i32 {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let fail = |what: String| {
+        eprintln!("skipprd cluster certs: {what}");
+        exit::CONFIG
+    };
+    if args.nodes.contains(&0) {
+        return fail("node ids must be positive".into());
+    }
+    let (ca, ca_key, nodes) = match skippr_io::peer::tls::generate(&args.nodes) {
+        Ok(g) => g,
+        Err(e) => return fail(format!("cannot make the certificates: {e}")),
+    };
+    let mut files = vec![("ca.pem".to_string(), ca, 0o644), ("ca-key.pem".to_string(), ca_key, 0o600)];
+    for (node, cert, key) in nodes {
+        files.push((format!("node-{node}.pem"), cert, 0o644));
+        files.push((format!("node-{node}-key.pem"), key, 0o600));
+    }
+    if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&args.dir) {
+        return fail(format!("{}: {e}", args.dir.display()));
+    }
+    if let Some((name, ..)) = files.iter().find(|(name, ..)| args.dir.join(name).exists()) {
+        return fail(format!("{} exists already; give an empty --dir", args.dir.join(name).display()));
+    }
+    for (name, pem, mode) in &files {
+        let path = args.dir.join(name);
+        let written = std::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(*mode)
+            .open(&path)
+            .and_then(|mut f| f.write_all(pem.as_bytes()).and_then(|()| f.sync_all()));
+        if let Err(e) = written {
+            return fail(format!("{}: {e}", path.display()));
+        }
+    }
+    println!("wrote {} files to {}", files.len(), args.dir.display());
+    println!("every host needs ca.pem and its own node-<ID>.pem and node-<ID>-key.pem; keep ca-key.pem off the hosts");
+    exit::OK
+}
 
 #[derive(clap::Args)]
 pub struct IdentityArgs {
@@ -80,7 +225,7 @@ pub fn identity(args: IdentityArgs, join: bool) -> i32 {
     }
     println!("cluster {cluster:016x}: node {} in {}", args.node_id, args.data_dir.display());
     if join {
-        println!("start it, then ask the leader to let node {} in (clustered daemons: issue #13)", args.node_id);
+        println!("start it, then ask the leader to let node {} in", args.node_id);
     }
     exit::OK
 }

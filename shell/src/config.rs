@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 /// Where the WAL lives. `run`, `wal verify` and `offsets` share these.
 #[derive(Args, Deserialize, Debug, Default, Clone)]
 pub struct WalArgs {
-    /// Where the WAL lives: `disk` (segment files under DATA_DIR/wal) or
-    /// `s3` (objects in a bucket, with a writer lease in DynamoDB)
-    /// [default: disk].
+    /// Where the WAL lives: `disk` (segment files under DATA_DIR/wal), `s3`
+    /// (objects in a bucket, with a writer lease in DynamoDB) or
+    /// `clustered` (DATA_DIR/wal on 3 or 5 hosts, replicated by raft; see
+    /// the --cluster-* settings) [default: disk].
     #[arg(long, env = "WAL_STORAGE", value_name = "KIND")]
     pub wal_storage: Option<String>,
     /// S3 mode: the bucket that holds the WAL.
@@ -40,6 +41,44 @@ impl WalArgs {
             wal_storage: self.wal_storage.clone().or(file.wal_storage),
             s3_bucket: self.s3_bucket.clone().or(file.s3_bucket),
             s3_prefix: self.s3_prefix.clone().or(file.s3_prefix),
+        }
+    }
+}
+
+/// Clustered mode: who this host is, where its peers are, and the TLS
+/// files that prove it.
+#[derive(Args, Deserialize, Debug, Default, Clone)]
+pub struct ClusterArgs {
+    /// Clustered mode: this host's raft node id, as `skipprd cluster init`
+    /// or `cluster join` gave it to its DATA_DIR.
+    #[arg(long, env = "SKIPPR_CLUSTER_NODE_ID", value_name = "ID")]
+    pub cluster_node_id: Option<u64>,
+    /// Clustered mode: every host's peer address, `ID=HOST:PORT` separated
+    /// by commas (such as `1=10.0.0.1:7001,2=10.0.0.2:7001,3=10.0.0.3:7001`);
+    /// this host listens on its own entry's address only.
+    #[arg(long, env = "SKIPPR_CLUSTER_PEERS", value_name = "LIST")]
+    pub cluster_peers: Option<String>,
+    /// Clustered mode: the cluster CA's certificate (PEM), which every
+    /// peer's certificate must be issued by (`skipprd cluster certs` makes one).
+    #[arg(long, env = "SKIPPR_CLUSTER_CA", value_name = "FILE")]
+    pub cluster_ca: Option<PathBuf>,
+    /// Clustered mode: this host's certificate (PEM), issued by the CA for
+    /// the name `skippr-node-<ID>`.
+    #[arg(long, env = "SKIPPR_CLUSTER_CERT", value_name = "FILE")]
+    pub cluster_cert: Option<PathBuf>,
+    /// Clustered mode: this host's private key (PEM), mode 0600.
+    #[arg(long, env = "SKIPPR_CLUSTER_KEY", value_name = "FILE")]
+    pub cluster_key: Option<PathBuf>,
+}
+
+impl ClusterArgs {
+    fn or(&self, file: ClusterArgs) -> ClusterArgs {
+        ClusterArgs {
+            cluster_node_id: self.cluster_node_id.or(file.cluster_node_id),
+            cluster_peers: self.cluster_peers.clone().or(file.cluster_peers),
+            cluster_ca: self.cluster_ca.clone().or(file.cluster_ca),
+            cluster_cert: self.cluster_cert.clone().or(file.cluster_cert),
+            cluster_key: self.cluster_key.clone().or(file.cluster_key),
         }
     }
 }
@@ -98,6 +137,9 @@ pub struct RunArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub wal: WalArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cluster: ClusterArgs,
     #[command(flatten)]
     #[serde(flatten)]
     pub offsets: OffsetsArgs,
@@ -250,6 +292,15 @@ pub enum SinkConfig {
 pub enum WalConfig {
     Disk,
     S3 { bucket: String, prefix: String },
+    Clustered(ClusterSettings),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterSettings {
+    pub node: u64,
+    /// Every host's address by node id, this one's included.
+    pub peers: BTreeMap<u64, String>,
+    pub tls: skippr_io::peer::tls::TlsFiles,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -302,9 +353,9 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     if let Some(t) = &table {
         skippr_io::dynamo::check_table_name(t)?;
     }
-    let wal = wal_config(&args.wal.or(file.wal))?;
+    let wal = wal_config(&args.wal.or(file.wal), &args.cluster.or(file.cluster))?;
     let lease_table = match (&wal, &table) {
-        (WalConfig::Disk, _) => None,
+        (WalConfig::Disk | WalConfig::Clustered(_), _) => None,
         (WalConfig::S3 { .. }, Some(t)) => Some(t.clone()),
         (WalConfig::S3 { .. }, None) => {
             return Err("WAL_STORAGE=s3 needs a DynamoDB table for the writer lease and offsets: set \
@@ -369,8 +420,14 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     };
     let plugin_timeout_seconds = args.plugin_timeout.or(file.plugin_timeout).unwrap_or(PLUGIN_TIMEOUT_SECONDS);
     positive("--plugin-timeout", plugin_timeout_seconds)?;
+    let sink = sink_config(&args.sink, file.sink, &data_dir)?;
+    if matches!(wal, WalConfig::Clustered(_)) && sink == SinkConfig::Stdout {
+        return Err("the stdout sink cannot be used in clustered mode: whichever host leads applies the batches, so \
+                    the sink must be one every host reaches (a shared directory with --sink dir, or a command)"
+            .into());
+    }
     Ok(RunConfig {
-        sink: sink_config(&args.sink, file.sink, &data_dir)?,
+        sink,
         source: source_config(&args.source, file.source)?,
         data_dir,
         wal,
@@ -400,7 +457,7 @@ const STALL_EXIT_SECONDS: f64 = 300.0;
 /// How long an external plugin may take to answer.
 const PLUGIN_TIMEOUT_SECONDS: f64 = 30.0;
 
-fn wal_config(wal: &WalArgs) -> Result<WalConfig, String> {
+fn wal_config(wal: &WalArgs, cluster: &ClusterArgs) -> Result<WalConfig, String> {
     match wal.storage() {
         "disk" => Ok(WalConfig::Disk),
         "s3" => Ok(WalConfig::S3 {
@@ -409,9 +466,68 @@ fn wal_config(wal: &WalArgs) -> Result<WalConfig, String> {
             )?,
             prefix: wal.prefix(),
         }),
-        "clustered" => Err("WAL_STORAGE=clustered is not built yet; use disk or s3".into()),
+        "clustered" => cluster_settings(cluster).map(WalConfig::Clustered),
         other => Err(format!("unknown WAL_STORAGE '{other}': use one of disk, s3, clustered")),
     }
+}
+
+fn cluster_settings(c: &ClusterArgs) -> Result<ClusterSettings, String> {
+    let node = c.cluster_node_id.ok_or(
+        "WAL_STORAGE=clustered needs this host's node id: set SKIPPR_CLUSTER_NODE_ID (the id `skipprd cluster init` \
+         or `cluster join` was given)",
+    )?;
+    let list = c.cluster_peers.as_deref().ok_or(
+        "WAL_STORAGE=clustered needs every host's address: set SKIPPR_CLUSTER_PEERS, such as \
+         1=10.0.0.1:7001,2=10.0.0.2:7001,3=10.0.0.3:7001",
+    )?;
+    let peers = parse_peers(list)?;
+    if !peers.contains_key(&node) {
+        return Err(format!(
+            "SKIPPR_CLUSTER_NODE_ID is {node}, but SKIPPR_CLUSTER_PEERS has no entry for node {node}: add \
+             {node}=HOST:PORT, the address this host listens on"
+        ));
+    }
+    if peers.len() < 2 {
+        return Err("SKIPPR_CLUSTER_PEERS names only this host: a cluster has 3 or 5 hosts".into());
+    }
+    let tls = match (&c.cluster_ca, &c.cluster_cert, &c.cluster_key) {
+        (Some(ca), Some(cert), Some(key)) => {
+            skippr_io::peer::tls::TlsFiles { ca: ca.clone(), cert: cert.clone(), key: key.clone() }
+        }
+        _ => {
+            return Err("WAL_STORAGE=clustered needs the cluster's TLS files: set SKIPPR_CLUSTER_CA, \
+                        SKIPPR_CLUSTER_CERT and SKIPPR_CLUSTER_KEY (`skipprd cluster certs` makes a CA and one \
+                        certificate per node)"
+                .into())
+        }
+    };
+    Ok(ClusterSettings { node, peers, tls })
+}
+
+/// `ID=HOST:PORT,...`: positive distinct ids, distinct addresses, each with
+/// a host and a port.
+pub fn parse_peers(list: &str) -> Result<BTreeMap<u64, String>, String> {
+    let mut peers: BTreeMap<u64, String> = BTreeMap::new();
+    for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let bad = |why: &str| format!("SKIPPR_CLUSTER_PEERS entry '{entry}' {why}; each entry is ID=HOST:PORT");
+        let (id, addr) = entry.split_once('=').ok_or_else(|| bad("has no '='"))?;
+        let id: u64 = id.trim().parse().ok().filter(|id| *id > 0).ok_or_else(|| bad("has no positive node id"))?;
+        let addr = addr.trim();
+        let port_ok = addr.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !port_ok {
+            return Err(bad("has no HOST:PORT address"));
+        }
+        if let Some((other, _)) = peers.iter().find(|(_, a)| a.as_str() == addr) {
+            return Err(format!("SKIPPR_CLUSTER_PEERS gives nodes {other} and {id} the same address {addr}"));
+        }
+        if peers.insert(id, addr.to_string()).is_some() {
+            return Err(format!("SKIPPR_CLUSTER_PEERS names node {id} twice"));
+        }
+    }
+    if peers.is_empty() {
+        return Err("SKIPPR_CLUSTER_PEERS is empty; it lists ID=HOST:PORT for every host".into());
+    }
+    Ok(peers)
 }
 
 fn source_config(args: &SourceArgs, file: SourceArgs) -> Result<SourceConfig, String> {
@@ -641,5 +757,59 @@ mod tests {
         assert!(resolve(&args).unwrap_err().contains("unknown field `recordz`"));
         let (_tmp, args) = with_file("once = true\n");
         assert!(resolve(&args).unwrap_err().contains("unknown field `once`"), "a flag only");
+    }
+}
+
+#[cfg(test)]
+mod cluster_tests {
+    use super::*;
+
+    fn clustered(node: Option<u64>, peers: Option<&str>, tls: bool) -> RunArgs {
+        let file = |name: &str| tls.then(|| PathBuf::from(name));
+        RunArgs {
+            wal: WalArgs { wal_storage: Some("clustered".into()), ..WalArgs::default() },
+            cluster: ClusterArgs {
+                cluster_node_id: node,
+                cluster_peers: peers.map(Into::into),
+                cluster_ca: file("ca.pem"),
+                cluster_cert: file("node.pem"),
+                cluster_key: file("node-key.pem"),
+            },
+            ..RunArgs::default()
+        }
+    }
+
+    const PEERS: &str = "1=127.0.0.1:7001, 2=127.0.0.1:7002,3=127.0.0.1:7003";
+
+    #[test]
+    fn a_clustered_host_names_itself_its_peers_and_its_tls_files() {
+        let c = resolve(&clustered(Some(2), Some(PEERS), true)).unwrap();
+        let WalConfig::Clustered(s) = c.wal else { panic!("{:?}", c.wal) };
+        assert_eq!(s.node, 2);
+        assert_eq!(s.peers.get(&3).map(String::as_str), Some("127.0.0.1:7003"));
+        assert_eq!(s.tls.key, PathBuf::from("node-key.pem"));
+        assert_eq!((c.offsets, c.lease_table), (OffsetsConfig::Disk, None), "no AWS unless asked for");
+        let err = |args: RunArgs| resolve(&args).unwrap_err();
+        assert!(err(clustered(None, Some(PEERS), true)).contains("SKIPPR_CLUSTER_NODE_ID"));
+        assert!(err(clustered(Some(4), Some(PEERS), true)).contains("has no entry for node 4"));
+        assert!(err(clustered(Some(1), None, true)).contains("SKIPPR_CLUSTER_PEERS"));
+        assert!(err(clustered(Some(1), Some(PEERS), false)).contains("SKIPPR_CLUSTER_CA"));
+        let mut stdout = clustered(Some(1), Some(PEERS), true);
+        stdout.sink.kind = Some("stdout".into());
+        assert!(err(stdout).contains("stdout sink cannot be used in clustered mode"));
+    }
+
+    #[test]
+    fn a_bad_peer_list_is_named() {
+        let err = |list: &str| parse_peers(list).unwrap_err();
+        assert!(err("1=127.0.0.1:7001,2=127.0.0.1:7001").contains("nodes 1 and 2 the same address 127.0.0.1:7001"));
+        assert!(err("1=a:1,1=b:2").contains("names node 1 twice"));
+        assert!(err("0=a:1").contains("no positive node id"));
+        assert!(err("x=a:1").contains("no positive node id"));
+        assert!(err("1=a").contains("no HOST:PORT"));
+        assert!(err("1=:7001").contains("no HOST:PORT"));
+        assert!(err("1 127.0.0.1:7001").contains("has no '='"));
+        assert!(err(" , ").contains("empty"));
+        assert_eq!(parse_peers("1=db-1:7001,2=[::1]:7002").unwrap().len(), 2);
     }
 }

@@ -65,6 +65,10 @@ enum ClusterCommand {
     /// the leader promotes it once it has caught up, removing the id it
     /// replaces for good.
     Join(cluster::IdentityArgs),
+    /// Make a cluster CA and one TLS certificate per node for a quick
+    /// start (keys at mode 0600); production clusters may use their own CA,
+    /// with each node's certificate issued for `skippr-node-<ID>`.
+    Certs(cluster::CertsArgs),
 }
 
 #[derive(Subcommand)]
@@ -148,6 +152,7 @@ fn main() {
         },
         Command::Cluster(ClusterCommand::Init(args)) => cluster::identity(args, false),
         Command::Cluster(ClusterCommand::Join(args)) => cluster::identity(args, true),
+        Command::Cluster(ClusterCommand::Certs(args)) => cluster::certs(args),
         Command::Bench(BenchCommand::Wal(args)) => bench::wal(args),
         Command::Bench(BenchCommand::E2e(args)) => bench::e2e(args),
         Command::Offsets(OffsetsCommand::Show { data_dir, store }) => match store.table() {

@@ -7,7 +7,7 @@
 use crate::config::{resolve, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig, WalConfig};
 use crate::exit;
 use crate::explain::{explain, WalPlace};
-use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations};
+use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations, StopReason};
 use skippr_io::driver::{SharedSchema, SharedSink, SharedSource};
 use skippr_io::dynamo::Dynamo;
 use skippr_io::metrics::Metrics;
@@ -35,7 +35,7 @@ pub fn main(args: RunArgs) -> i32 {
     crate::logging::init(cfg.json_logs);
     // One writer per WAL: on disk the directory lock says so; in S3 mode the
     // lease does.
-    let local = cfg.wal == WalConfig::Disk || cfg.offsets == OffsetsConfig::Disk;
+    let local = !matches!(cfg.wal, WalConfig::S3 { .. }) || cfg.offsets == OffsetsConfig::Disk;
     let _lock = match local.then(|| lock_data_dir(&cfg.data_dir)).transpose() {
         Ok(lock) => lock,
         Err(e) => {
@@ -74,8 +74,14 @@ fn lock_data_dir(dir: &Path) -> Result<File, String> {
     }
 }
 
-async fn run(cfg: RunConfig) -> i32 {
-    let started = std::time::Instant::now();
+/// The source, sink and schema plugin of one engine run.
+struct Plugins {
+    source: Box<dyn Source>,
+    sink: Box<dyn Sink>,
+    schema: Option<SharedSchema>,
+}
+
+fn plugins(cfg: &RunConfig) -> Result<Plugins, (i32, String)> {
     let timeout = std::time::Duration::from_secs_f64(cfg.plugin_timeout_seconds);
     let source: Box<dyn Source> = match &cfg.source {
         SourceConfig::Generator { streams, partitions, records, seed, rate } => {
@@ -83,75 +89,41 @@ async fn run(cfg: RunConfig) -> i32 {
         }
         SourceConfig::File { dir, stream, follow } => {
             if !dir.is_dir() {
-                eprintln!("skipprd run: the file source's directory {} does not exist", dir.display());
-                return exit::CONFIG;
+                return Err((exit::CONFIG, format!("the file source's directory {} does not exist", dir.display())));
             }
             Box::new(FileSource::new(dir, stream, *follow))
         }
-        SourceConfig::Command { command } => match ExternalSource::start("source", command, timeout) {
-            Ok(s) => Box::new(s),
-            Err(e) => {
-                eprintln!("skipprd run: {e}");
-                return exit::PLUGIN;
-            }
-        },
+        SourceConfig::Command { command } => {
+            Box::new(ExternalSource::start("source", command, timeout).map_err(|e| (exit::PLUGIN, e.to_string()))?)
+        }
     };
-    let streams = source.streams();
     let sink: Box<dyn Sink> = match &cfg.sink {
-        SinkConfig::Dir { dir } => match DirSink::open(dir) {
-            Ok(s) => Box::new(s),
-            Err(e) => {
-                eprintln!("skipprd run: {e}");
-                return exit::DATA_DIR;
-            }
-        },
+        SinkConfig::Dir { dir } => Box::new(DirSink::open(dir).map_err(|e| (exit::DATA_DIR, e.to_string()))?),
         SinkConfig::Stdout => Box::new(StdoutSink),
-        SinkConfig::Command { command } => match ExternalSink::start("sink", command, timeout) {
-            Ok(s) => Box::new(s),
-            Err(e) => {
-                eprintln!("skipprd run: {e}");
-                return exit::PLUGIN;
-            }
-        },
+        SinkConfig::Command { command } => {
+            Box::new(ExternalSink::start("sink", command, timeout).map_err(|e| (exit::PLUGIN, e.to_string()))?)
+        }
     };
     let schema: Option<SharedSchema> = match &cfg.schema_command {
         None => None,
-        Some(command) => match ExternalSchema::start("schema", command, timeout) {
-            Ok(s) => Some(Arc::new(Mutex::new(Box::new(s) as Box<dyn SchemaPlugin>))),
-            Err(e) => {
-                eprintln!("skipprd run: {e}");
-                return exit::PLUGIN;
-            }
-        },
-    };
-    let host_config = HostConfig {
-        // Per run: it seeds retry jitter and the low half of the writer epoch.
-        seed: run_seed(),
-        sources: vec!["source".into()],
-        sinks: vec!["sink".into()],
-        streams: streams.clone(),
-        limits: limits(&cfg),
-        stop_when_exhausted: cfg.once,
-        schema_plugin: cfg.schema_command.is_some(),
-        lease: cfg.lease_table.as_ref().map(|_| lease_config(cfg.lease_seconds)),
-        cluster: None,
-        mutations: Mutations::NONE,
-    };
-    let clock = Clock::start();
-    let host = match Host::new(host_config, clock.now()) {
-        Ok(h) => h,
-        Err(e) => {
-            eprintln!("skipprd run: {e}");
-            return exit::CONFIG;
+        Some(command) => {
+            let s = ExternalSchema::start("schema", command, timeout).map_err(|e| (exit::PLUGIN, e.to_string()))?;
+            Some(Arc::new(Mutex::new(Box::new(s) as Box<dyn SchemaPlugin>)))
         }
+    };
+    Ok(Plugins { source, sink, schema })
+}
+
+async fn run(cfg: RunConfig) -> i32 {
+    let started = std::time::Instant::now();
+    let fail = |(code, e): (i32, String)| {
+        error!("{e}");
+        eprintln!("skipprd run: {e}");
+        code
     };
     let stores = match open_stores(&cfg).await {
         Ok(s) => s,
-        Err((code, e)) => {
-            error!("{e}");
-            eprintln!("skipprd run: {e}");
-            return code;
-        }
+        Err(e) => return fail(e),
     };
     let (wal, offsets, lease, place, endpoints) = stores;
     let endpoints = endpoints.unwrap_or_else(|| "none (local disk)".into());
@@ -162,29 +134,69 @@ async fn run(cfg: RunConfig) -> i32 {
     let metrics = Arc::new(Metrics::new(metrics_dir));
     if let Some(addr) = cfg.metrics_addr {
         if let Err(e) = skippr_io::metrics::serve(Arc::clone(&metrics), addr) {
-            eprintln!("skipprd run: cannot serve metrics on {addr}: {e}");
-            return exit::CONFIG;
+            return fail((exit::CONFIG, format!("cannot serve metrics on {addr}: {e}")));
         }
     }
-    let shared_source: SharedSource = Arc::new(Mutex::new(source));
-    let shared_sink: SharedSink = Arc::new(Mutex::new(sink));
-    let backends = Backends {
-        wal,
-        offsets,
-        lease,
-        sources: vec![shared_source],
-        sinks: vec![shared_sink],
-        streams: Arc::new(streams),
-        sink_names: vec!["sink".into()],
-        schema,
-        metrics,
-        place: place.root(),
-        endpoints: endpoints.clone(),
+    let mut cluster = match (&cfg.wal, &wal) {
+        (WalConfig::Clustered(c), WalBackend::Disk(disk)) => match crate::cluster::start_peers(&cfg, c, disk).await {
+            Ok(started) => Some(started),
+            Err(e) => return fail(e),
+        },
+        _ => None,
     };
-    let shutdown = crate::signals::listen();
+    let mut shutdown = crate::signals::listen();
     let totals = Arc::new(RunTotals::default());
     info!(wal = place.root(), endpoints = %endpoints, once = cfg.once, allocator = crate::alloc::name(), "starting");
-    let reason = drive(host, backends, clock, shutdown, Arc::clone(&totals)).await;
+    let clock = Clock::start();
+    let reason = loop {
+        let Plugins { source, sink, schema } = match plugins(&cfg) {
+            Ok(p) => p,
+            Err(e) => return fail(e),
+        };
+        let streams = source.streams();
+        let host_config = HostConfig {
+            // Per run: it seeds retry jitter and the low half of the writer epoch.
+            seed: run_seed(),
+            sources: vec!["source".into()],
+            sinks: vec!["sink".into()],
+            streams: streams.clone(),
+            limits: limits(&cfg),
+            stop_when_exhausted: cfg.once,
+            schema_plugin: cfg.schema_command.is_some(),
+            lease: cfg.lease_table.as_ref().map(|_| lease_config(cfg.lease_seconds)),
+            cluster: cluster.as_ref().map(|c| c.config.clone()),
+            mutations: Mutations::NONE,
+        };
+        let host = match Host::new(host_config, clock.now()) {
+            Ok(h) => h,
+            Err(e) => return fail((exit::CONFIG, e.to_string())),
+        };
+        let backends = Backends {
+            wal: wal.clone(),
+            offsets: offsets.clone(),
+            lease: lease.clone(),
+            sources: vec![Arc::new(Mutex::new(source)) as SharedSource],
+            sinks: vec![Arc::new(Mutex::new(sink)) as SharedSink],
+            streams: Arc::new(streams),
+            sink_names: vec!["sink".into()],
+            schema,
+            metrics: Arc::clone(&metrics),
+            place: place.root(),
+            endpoints: endpoints.clone(),
+            peers: cluster.as_ref().map(|c| Arc::clone(&c.peers)),
+        };
+        let incoming = cluster.as_mut().map(|c| &mut c.incoming);
+        let reason = drive(host, backends, clock, &mut shutdown, incoming, Arc::clone(&totals)).await;
+        // A clustered engine stops when it loses leadership or installs a
+        // snapshot, dropping everything it held; it starts again as a
+        // follower from what its disk holds (crash-only).
+        let restart = matches!(reason, StopReason::Deposed { .. } | StopReason::SnapshotInstalled { .. });
+        if cluster.is_some() && restart && !totals.shutdown.load(Ordering::Relaxed) {
+            info!("{}; starting again as a follower", explain(&reason, &place));
+            continue;
+        }
+        break reason;
+    };
     let code = exit::for_stop(&reason);
     let message = explain(&reason, &place);
     if code == exit::OK {
@@ -214,7 +226,7 @@ type Stores = (WalBackend, OffsetsBackend, Option<Arc<Dynamo>>, WalPlace, Option
 /// bucket and table exist before anything runs.
 async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
     let remote = |e: String| (exit::REMOTE, e);
-    let needs_aws = cfg.wal != WalConfig::Disk || cfg.offsets != OffsetsConfig::Disk;
+    let needs_aws = matches!(cfg.wal, WalConfig::S3 { .. }) || cfg.offsets != OffsetsConfig::Disk;
     let sdk = match needs_aws {
         true => Some(cfg.aws.load().await.map_err(remote)?),
         false => None,
@@ -227,7 +239,7 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
         format!("s3 {s3}, dynamodb {dynamodb}")
     });
     let (wal, place) = match &cfg.wal {
-        WalConfig::Disk => {
+        WalConfig::Disk | WalConfig::Clustered(_) => {
             let wal = DiskWal::open(&cfg.data_dir)
                 .map_err(|e| (exit::DATA_DIR, format!("cannot open the WAL under {}: {e}", cfg.data_dir.display())))?;
             let place = WalPlace::Dir(wal.dir().to_path_buf());
@@ -244,6 +256,8 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
     let identity = match &cfg.wal {
         WalConfig::S3 { bucket, prefix } => skippr_io::dynamo::wal_identity(Some((bucket, prefix)), &cfg.data_dir),
         WalConfig::Disk => skippr_io::dynamo::wal_identity(None, &cfg.data_dir.join(skippr_io::disk_wal::WAL_DIR)),
+        // Every host writes the same keys: the cluster's, not a directory's.
+        WalConfig::Clustered(_) => crate::cluster::wal_identity(&cfg.data_dir).map_err(|e| (exit::CONFIG, e))?,
     };
     let dynamo = |table: String| {
         let (sdk, sources, location) = (sdk.clone(), sources.clone(), identity.clone());
