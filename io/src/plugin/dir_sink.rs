@@ -7,13 +7,18 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The built-in directory sink: each destination batch becomes
 /// `<dir>/<stream>/<seq, 20 digits>-<compaction_id>.jsonl`, one record per
-/// line as emitted, written to a temporary file, fsynced, renamed into place
-/// and the directory fsynced. A replay of an existing id with identical bytes
-/// is `already_applied`; different bytes, or another id under the same
-/// number, is `fatal`.
+/// line as emitted, written to a temporary file unique to the process,
+/// fsynced, linked into place only if that name is free (`link` fails with
+/// `EEXIST` otherwise, atomically), and the directory fsynced. A replay of
+/// an existing id with identical bytes is `already_applied`; different
+/// bytes, or another id under the same number, is `fatal`. So several
+/// processes may apply into one directory at once (a deposed clustered
+/// leader finishing an apply while its successor replays it): one link
+/// wins, the others find its bytes.
 pub struct DirSink {
     dir: PathBuf,
     /// Per stream, the ids already in place by sequence number.
@@ -90,20 +95,54 @@ impl Sink for DirSink {
             None => {}
         }
         std::fs::create_dir_all(&dir).map_err(|e| err("cannot create the directory of", e))?;
-        let tmp = dir.join(format!(".tmp-{}", file_name(seq, id)));
+        let n = TEMPORARIES.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".tmp-{}-{n}-{}", std::process::id(), file_name(seq, id)));
         let mut f = OpenOptions::new()
-            .create(true)
+            .create_new(true)
             .write(true)
-            .truncate(true)
             .mode(0o644)
             .open(&tmp)
             .map_err(|e| err("cannot write", e))?;
         f.write_all(&body).and_then(|_| f.sync_all()).map_err(|e| err("cannot write", e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| err("cannot rename into", e))?;
+        drop(f);
+        let linked = std::fs::hard_link(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        let outcome = match linked {
+            Ok(()) => SinkOutcome::Applied,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // Another process applied this batch first: its bytes must be ours.
+                let on_disk = std::fs::read(&path).map_err(|e| err("cannot read", e))?;
+                if on_disk != body {
+                    return Ok(SinkOutcome::Fatal);
+                }
+                SinkOutcome::AlreadyApplied
+            }
+            Err(e) => return Err(err("cannot link into", e)),
+        };
         File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| err("cannot sync the directory of", e))?;
+        if another_id_under(&dir, seq, id).map_err(|e| err("cannot list the directory of", e))? {
+            return Ok(SinkOutcome::Fatal);
+        }
         self.load(stream)?.insert(seq, id);
-        Ok(SinkOutcome::Applied)
+        Ok(outcome)
     }
+}
+
+/// Temporary files this process made, for unique names.
+static TEMPORARIES: AtomicU64 = AtomicU64::new(0);
+
+/// A batch of another id holds `seq` too (two WALs share the directory,
+/// or a bug): both are refused.
+fn another_id_under(dir: &Path, seq: u64, id: CompactionId) -> std::io::Result<bool> {
+    let prefix = format!("{seq:020}-");
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(&prefix) && parse_name(&name).is_some_and(|(_, other)| other != id) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]
