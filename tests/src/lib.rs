@@ -1,6 +1,8 @@
 //! Helpers for the end-to-end tests: find the `skipprd` binary built by the
 //! same `cargo` profile and run it as a real child process.
 
+pub mod cluster;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -359,10 +361,15 @@ pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
 }
 
 /// The daemon's `/metrics` page on loopback `port`, or "" while nothing
-/// answers there yet.
+/// answers there (yet, or within a second).
 pub fn scrape_metrics(port: u16) -> String {
     use std::io::{Read, Write};
-    let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let limit = std::time::Duration::from_secs(1);
+    // A stopped (SIGSTOP) daemon's kernel still accepts: never wait long.
+    let Ok(mut conn) = std::net::TcpStream::connect_timeout(&addr, limit) else { return String::new() };
+    let _ = conn.set_read_timeout(Some(limit));
+    let _ = conn.set_write_timeout(Some(limit));
     if conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").is_err() {
         return String::new();
     }

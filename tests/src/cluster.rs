@@ -1,0 +1,180 @@
+//! Three `skipprd run` processes on loopback ports, clustered: separate
+//! DATA_DIRs, one shared directory sink, certificates from `skipprd cluster
+//! certs`. Each process logs to its own file; the leader is found from the
+//! metrics each serves (`skippr_raft_is_leader`, `skippr_raft_term`).
+
+use crate::{scrape_metrics, skipprd, skipprd_bin, stderr, stdout};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Cluster {
+    pub root: PathBuf,
+    pub sink: PathBuf,
+    peer_ports: Vec<u16>,
+    metrics_ports: Vec<u16>,
+    /// Arguments every host runs with besides the cluster's own.
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    children: Vec<Option<Child>>,
+}
+
+/// A loopback port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Cluster {
+    /// Certificates and three initialized DATA_DIRs under `root`; nothing
+    /// runs yet.
+    pub fn new(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Cluster {
+        let certs = root.join("certs");
+        let out = skipprd(&["cluster", "certs", "--dir", certs.to_str().unwrap(), "--nodes", "1,2,3"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let init = |node: u64, id: Option<&str>| {
+            let data = root.join(format!("d{node}"));
+            let mut a =
+                vec!["cluster", "init", "--node-id", "", "--voters", "1,2,3", "--wal-bytes-per-file", "4194304"];
+            let node_s = node.to_string();
+            a[3] = &node_s;
+            if let Some(id) = id {
+                a.extend(["--cluster-id", id]);
+            }
+            a.push(data.to_str().unwrap());
+            let out = skipprd(&a);
+            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+            stdout(&out).split_whitespace().nth(1).unwrap().trim_end_matches(':').to_string()
+        };
+        let id = init(1, None);
+        init(2, Some(&id));
+        init(3, Some(&id));
+        Cluster {
+            root: root.to_path_buf(),
+            sink: root.join("sink"),
+            peer_ports: (0..3).map(|_| free_port()).collect(),
+            metrics_ports: (0..3).map(|_| free_port()).collect(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            children: vec![None, None, None],
+        }
+    }
+
+    pub fn peers(&self) -> String {
+        let entries: Vec<String> =
+            self.peer_ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect();
+        entries.join(",")
+    }
+
+    pub fn log(&self, node: u64) -> PathBuf {
+        self.root.join(format!("log{node}"))
+    }
+
+    /// The command that runs host `node`.
+    pub fn command(&self, node: u64) -> Command {
+        let certs = self.root.join("certs");
+        let mut c = Command::new(skipprd_bin());
+        c.arg("run")
+            .args(&self.args)
+            .env("WAL_STORAGE", "clustered")
+            .env("DATA_DIR", self.root.join(format!("d{node}")))
+            .env("SKIPPR_CLUSTER_NODE_ID", node.to_string())
+            .env("SKIPPR_CLUSTER_PEERS", self.peers())
+            .env("SKIPPR_CLUSTER_CA", certs.join("ca.pem"))
+            .env("SKIPPR_CLUSTER_CERT", certs.join(format!("node-{node}.pem")))
+            .env("SKIPPR_CLUSTER_KEY", certs.join(format!("node-{node}-key.pem")))
+            .env("SKIPPR_METRICS_ADDR", self.metrics_ports[node as usize - 1].to_string())
+            .args(["--sink-dir", self.sink.to_str().unwrap(), "--wal-bytes-per-file", "4194304"]);
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c
+    }
+
+    pub fn start(&mut self, node: u64) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log(node)).unwrap();
+        let child = self.command(node).stdout(log.try_clone().unwrap()).stderr(log).stdin(Stdio::null()).spawn();
+        self.children[node as usize - 1] = Some(child.unwrap());
+    }
+
+    pub fn start_all(&mut self) {
+        for n in 1..=3 {
+            self.start(n);
+        }
+    }
+
+    pub fn pid(&self, node: u64) -> Pid {
+        Pid::from_raw(self.children[node as usize - 1].as_ref().expect("running").id() as i32)
+    }
+
+    pub fn signal(&self, node: u64, signal: Signal) {
+        kill(self.pid(node), signal).unwrap();
+    }
+
+    /// SIGKILLs host `node` and reaps it.
+    pub fn kill(&mut self, node: u64) {
+        self.signal(node, Signal::SIGKILL);
+        let mut child = self.children[node as usize - 1].take().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// SIGTERMs host `node` and returns its exit code.
+    pub fn stop(&mut self, node: u64, limit: Duration) -> Option<i32> {
+        self.signal(node, Signal::SIGTERM);
+        let mut child = self.children[node as usize - 1].take().unwrap();
+        let until = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            if Instant::now() > until {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("host {node} did not stop within {limit:?} of SIGTERM: {}", self.tail(node));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// (term, is leader) as host `node` reports it, while it answers.
+    pub fn role(&self, node: u64) -> Option<(u64, bool)> {
+        let page = scrape_metrics(self.metrics_ports[node as usize - 1]);
+        let value =
+            |name: &str| page.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok()));
+        Some((value("skippr_raft_term ")?, value("skippr_raft_is_leader ")? == 1))
+    }
+
+    /// The running host that leads in the highest term, waiting for one.
+    pub fn leader(&self, limit: Duration) -> u64 {
+        let until = Instant::now() + limit;
+        loop {
+            let leader = (1..=3u64)
+                .filter(|n| self.children[*n as usize - 1].is_some())
+                .filter_map(|n| self.role(n).map(|(term, leads)| (term, leads, n)))
+                .filter(|(_, leads, _)| *leads)
+                .max();
+            if let Some((_, _, n)) = leader {
+                return n;
+            }
+            assert!(Instant::now() < until, "no leader within {limit:?}: {}", self.tail(1));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The last lines of host `node`'s log.
+    pub fn tail(&self, node: u64) -> String {
+        let text = std::fs::read_to_string(self.log(node)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in self.children.iter_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
