@@ -9,7 +9,7 @@
 use skippr_core::{CompactionId, Records, SinkOutcome};
 use skippr_io::plugin::{DirSink, Sink};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 const BATCHES: u64 = 40;
 const ROUNDS: usize = 25;
@@ -52,6 +52,7 @@ fn two_processes_applying_the_same_batches_at_once_land_each_once() {
             Command::new(&exe)
                 .args(["--exact", "two_processes_applying_the_same_batches_at_once_land_each_once", "--nocapture"])
                 .env("SKIPPR_DIR_SINK_CHILD", tmp.path())
+                .stdout(Stdio::null())
                 .spawn()
                 .unwrap()
         };
