@@ -88,6 +88,10 @@ pub async fn drive(
 ) -> StopReason {
     let (tx, mut rx) = mpsc::unbounded_channel::<Completion>();
     let backends = Arc::new(backends);
+    // A stall an earlier engine of this process reported is its own: this
+    // one reports its own.
+    backends.metrics.stalled.set(0);
+    backends.metrics.raft_no_quorum.set(0);
     let mut shutdown_open = !totals.shutdown.load(Ordering::Relaxed);
     if !shutdown_open {
         host.handle(clock.now(), Input::Shutdown);
@@ -107,6 +111,17 @@ pub async fn drive(
                         "recovered"
                     )
                 }
+                Output::Stalled { what: "raft quorum", for_ } => {
+                    backends.metrics.stalled.set(1);
+                    backends.metrics.raft_no_quorum.set(1);
+                    error!(
+                        last_error = %crate::health::last_warning().unwrap_or_else(|| "none logged".into()),
+                        "no raft leader with a majority for {:.0} s: nothing more is acknowledged until a majority of \
+                         the cluster's hosts run and reach each other (nothing committed is lost); check the other \
+                         hosts, SKIPPR_CLUSTER_PEERS and the network between them",
+                        for_.as_micros() as f64 / 1e6
+                    );
+                }
                 Output::Stalled { what, for_ } => {
                     backends.metrics.stalled.set(1);
                     let last = crate::health::last_warning().unwrap_or_else(|| "none logged".into());
@@ -118,6 +133,11 @@ pub async fn drive(
                          committed is lost); check that the endpoint is up and reachable",
                         for_.as_micros() as f64 / 1e6
                     );
+                }
+                Output::Unstalled if backends.peers.is_some() => {
+                    backends.metrics.stalled.set(0);
+                    backends.metrics.raft_no_quorum.set(0);
+                    info!("a raft leader with a majority again: the pipeline makes progress");
                 }
                 Output::Unstalled => {
                     backends.metrics.stalled.set(0);

@@ -38,6 +38,8 @@ pub struct Metrics {
     /// Clustered mode: this host's raft term, and 1 while it leads.
     pub raft_term: Gauge,
     pub raft_is_leader: Gauge,
+    /// 1 while no leader with a majority has been known for the stall time.
+    pub raft_no_quorum: Gauge,
     /// The disk WAL's directory; `None` in S3 mode, where the size is not
     /// measured.
     wal_dir: Option<PathBuf>,
@@ -58,7 +60,12 @@ impl Metrics {
         let wal_full = Gauge::default();
         let records_cached_bytes = Gauge::default();
         let records_held_bytes = Gauge::default();
-        let (raft_term, raft_is_leader) = (Gauge::default(), Gauge::default());
+        let (raft_term, raft_is_leader, raft_no_quorum) = (Gauge::default(), Gauge::default(), Gauge::default());
+        registry.register(
+            "raft_no_quorum",
+            "Clustered mode: 1 while no leader with a majority has been known for SKIPPR_STALL_SECONDS",
+            raft_no_quorum.clone(),
+        );
         registry.register("raft_term", "Clustered mode: this host's raft term", raft_term.clone());
         registry.register(
             "raft_is_leader",
@@ -113,6 +120,7 @@ impl Metrics {
             records_held_bytes,
             raft_term,
             raft_is_leader,
+            raft_no_quorum,
             wal_dir,
         }
     }

@@ -130,6 +130,16 @@ fn build(seconds: u64) -> turmoil::Sim<'static> {
         .build()
 }
 
+/// Three chatty hosts on a network simulated for `seconds`.
+fn three_chatty(seconds: u64) -> (turmoil::Sim<'static>, Arc<Mutex<Heard>>) {
+    let mut sim = build(seconds);
+    let heard = Arc::new(Mutex::new(Heard::default()));
+    for n in 1..=3 {
+        chatty(&mut sim, n, &heard);
+    }
+    (sim, heard)
+}
+
 /// How many messages `to` hears from `from` during `span`.
 async fn heard_during(heard: &Arc<Mutex<Heard>>, to: u64, from: u64, span: Duration) -> u64 {
     let before = heard.lock().unwrap().count(to, from);
@@ -139,11 +149,7 @@ async fn heard_during(heard: &Arc<Mutex<Heard>>, to: u64, from: u64, span: Durat
 
 #[test]
 fn a_partition_stops_messages_and_its_heal_lets_them_through_again() {
-    let mut sim = build(30);
-    let heard = Arc::new(Mutex::new(Heard::default()));
-    for n in 1..=3 {
-        chatty(&mut sim, n, &heard);
-    }
+    let (mut sim, heard) = three_chatty(30);
     let h = Arc::clone(&heard);
     sim.client("test", async move {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -168,11 +174,7 @@ fn a_partition_stops_messages_and_its_heal_lets_them_through_again() {
 
 #[test]
 fn a_peer_restarted_mid_stream_is_dialled_again() {
-    let mut sim = build(30);
-    let heard = Arc::new(Mutex::new(Heard::default()));
-    for n in 1..=3 {
-        chatty(&mut sim, n, &heard);
-    }
+    let (mut sim, heard) = three_chatty(30);
     sim.step().unwrap();
     for _ in 0..1000 {
         sim.step().unwrap();
@@ -197,11 +199,7 @@ fn a_peer_restarted_mid_stream_is_dialled_again() {
 
 #[test]
 fn bytes_lost_on_open_connections_break_them_and_never_reach_the_engine_garbled() {
-    let mut sim = build(120);
-    let heard = Arc::new(Mutex::new(Heard::default()));
-    for n in 1..=3 {
-        chatty(&mut sim, n, &heard);
-    }
+    let (mut sim, heard) = three_chatty(120);
     let h = Arc::clone(&heard);
     sim.client("test", async move {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -255,11 +253,7 @@ fn refusal(answer: Option<Frame>) -> String {
 
 #[test]
 fn garbage_impostors_and_foreign_hosts_are_refused_and_harm_no_one_else() {
-    let mut sim = build(30);
-    let heard = Arc::new(Mutex::new(Heard::default()));
-    for n in 1..=3 {
-        chatty(&mut sim, n, &heard);
-    }
+    let (mut sim, heard) = three_chatty(30);
     let h = Arc::clone(&heard);
     sim.client("mallory", async move {
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -67,6 +67,10 @@ impl Cluster {
         entries.join(",")
     }
 
+    pub fn metrics_port(&self, node: u64) -> u16 {
+        self.metrics_ports[node as usize - 1]
+    }
+
     pub fn log(&self, node: u64) -> PathBuf {
         self.root.join(format!("log{node}"))
     }

@@ -95,3 +95,34 @@ fn the_leader_sigkilled_ten_times_and_sigstopped_once_loses_and_duplicates_nothi
     }
     assert!(file_contains(&cluster.log(frozen), "following node"), "the woken leader follows");
 }
+
+fn metric(cluster: &Cluster, node: u64, name: &str) -> Option<u64> {
+    let page = scrape_metrics(cluster.metrics_port(node));
+    page.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+}
+
+#[test]
+fn a_host_without_a_majority_says_so_and_recovers_when_one_returns() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--generator-records", "0", "--generator-rate", "2000", "--stall-seconds", "1"];
+    let mut cluster = Cluster::new(tmp.path(), &args, &[]);
+    cluster.start_all();
+    let leader = cluster.leader(PATIENCE);
+    let others: Vec<u64> = (1..=3).filter(|n| *n != leader).collect();
+    for n in &others {
+        cluster.kill(*n);
+    }
+    wait_until("the no-majority metric", PATIENCE, || metric(&cluster, leader, "skippr_raft_no_quorum ") == Some(1));
+    assert!(file_contains(&cluster.log(leader), "no raft leader with a majority for"), "{}", cluster.tail(leader));
+    let held = records_in(&cluster.sink);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(records_in(&cluster.sink), held, "nothing more is delivered without a majority");
+    cluster.start(others[0]);
+    wait_until("a majority again", PATIENCE, || metric(&cluster, leader, "skippr_raft_no_quorum ") == Some(0));
+    assert!(file_contains(&cluster.log(leader), "a raft leader with a majority again"));
+    wait_until("records delivered again", PATIENCE, || records_in(&cluster.sink) > held);
+    for node in [leader, others[0]] {
+        assert_eq!(cluster.stop(node, Duration::from_secs(30)), Some(0), "node {node}: {}", cluster.tail(node));
+    }
+}
