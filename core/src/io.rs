@@ -496,6 +496,19 @@ pub enum StopReason {
     SnapshotInstalled { index: u64 },
 }
 
+impl StopReason {
+    /// Clustered mode: a stop after which the host's engine starts again as
+    /// a follower (crash-only: everything only a leader held is dropped,
+    /// the disk holds the rest), rather than the process exiting.
+    pub fn restarts_as_follower(&self) -> bool {
+        matches!(self, StopReason::Deposed { .. } | StopReason::SnapshotInstalled { .. })
+    }
+}
+
+/// What `Output::Stalled` names when no leader with a majority is known
+/// (clustered mode).
+pub const STALL_RAFT_QUORUM: &str = "raft quorum";
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecoverySummary {
     pub segments: usize,

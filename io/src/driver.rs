@@ -111,7 +111,7 @@ pub async fn drive(
                         "recovered"
                     )
                 }
-                Output::Stalled { what: "raft quorum", for_ } => {
+                Output::Stalled { what: skippr_core::io::STALL_RAFT_QUORUM, for_ } => {
                     backends.metrics.stalled.set(1);
                     backends.metrics.raft_no_quorum.set(1);
                     error!(

@@ -28,7 +28,7 @@ use skippr_core::io::PeerMessage;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tls::{issued_for, server_name, Tls};
@@ -139,33 +139,19 @@ impl SegmentReader for crate::DiskWal {
     }
 }
 
-/// Counts a driver exports as metrics.
-#[derive(Default)]
-pub struct PeerStats {
-    /// Raft messages dropped: the peer's queue was full or it is unknown.
-    pub dropped: AtomicU64,
-    /// Messages dropped because their `from` was not the connection's node.
-    pub impostors: AtomicU64,
-    /// Connections refused or broken for a protocol error.
-    pub refused: AtomicU64,
-}
-
 type Pending = Arc<Mutex<BTreeMap<u64, oneshot::Sender<Result<Bytes, String>>>>>;
 
 struct Outbound {
     queue: mpsc::Sender<Frame>,
     pending: Pending,
-    connected: Arc<AtomicBool>,
 }
 
 /// A running transport. Dropping it stops its tasks.
 pub struct Peers {
-    node: u64,
     outbound: BTreeMap<u64, Outbound>,
     next_request: AtomicU64,
     tasks: Vec<JoinHandle<()>>,
     fetch_timeout: Duration,
-    pub stats: Arc<PeerStats>,
 }
 
 impl Drop for Peers {
@@ -189,20 +175,12 @@ impl Peers {
         let listener =
             net.bind(&own).await.map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {own}: {e}")))?;
         let (incoming, rx) = mpsc::channel(1024);
-        let stats = Arc::new(PeerStats::default());
         let cfg = Arc::new(cfg);
-        let mut tasks = vec![tokio::spawn(accept_loop::<N>(
-            listener,
-            Arc::clone(&cfg),
-            tls.clone(),
-            reader,
-            incoming,
-            Arc::clone(&stats),
-        ))];
+        let mut tasks = vec![tokio::spawn(accept_loop::<N>(listener, Arc::clone(&cfg), tls.clone(), reader, incoming))];
         let mut outbound = BTreeMap::new();
         for (&peer, addr) in cfg.peers.iter().filter(|(id, _)| **id != cfg.node) {
             let (queue, frames) = mpsc::channel(cfg.queue);
-            let out = Outbound { queue, pending: Pending::default(), connected: Arc::new(AtomicBool::new(false)) };
+            let out = Outbound { queue, pending: Pending::default() };
             let dial = Dial {
                 net: net.clone(),
                 cfg: Arc::clone(&cfg),
@@ -210,21 +188,18 @@ impl Peers {
                 peer,
                 addr: addr.clone(),
                 pending: Arc::clone(&out.pending),
-                connected: Arc::clone(&out.connected),
-                stats: Arc::clone(&stats),
             };
             tasks.push(tokio::spawn(dial.run(frames)));
             outbound.insert(peer, out);
         }
         let fetch_timeout = cfg.fetch_timeout;
-        Ok((Peers { node: cfg.node, outbound, next_request: AtomicU64::new(1), tasks, fetch_timeout, stats }, rx))
+        Ok((Peers { outbound, next_request: AtomicU64::new(1), tasks, fetch_timeout }, rx))
     }
 
     /// Queues a raft message for its peer; dropped if the queue is full or
-    /// the peer has no address here.
+    /// the peer has no address here (raft sends again).
     pub fn send(&self, m: &PeerMessage) {
         let Some(out) = self.outbound.get(&m.to) else {
-            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
             debug!(to = m.to, "a raft message for a node without an address in SKIPPR_CLUSTER_PEERS; dropped");
             return;
         };
@@ -232,18 +207,8 @@ impl Peers {
             Ok(b) => Bytes::from(b),
             Err(e) => return error!(error = %e, "a raft message does not encode; dropped"),
         };
-        if out.queue.try_send(Frame::Raft(bytes)).is_err() {
-            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether a connection to `peer` is open now.
-    pub fn connected(&self, peer: u64) -> bool {
-        self.outbound.get(&peer).is_some_and(|o| o.connected.load(Ordering::Relaxed))
-    }
-
-    pub fn node(&self) -> u64 {
-        self.node
+        // A full queue: the peer is slow or away; raft sends again.
+        let _ = out.queue.try_send(Frame::Raft(bytes));
     }
 
     /// Asks `peer` for up to `len` bytes of its `segment` from `offset`.
@@ -274,14 +239,6 @@ impl Peers {
             let _ = out.queue.try_send(Frame::TransferEnded { ok });
         }
     }
-
-    /// Asks every peer to let this host join in place of `replaces` (only
-    /// the leader acts on it).
-    pub fn ask_to_join(&self, replaces: u64) {
-        for out in self.outbound.values() {
-            let _ = out.queue.try_send(Frame::Join { node: self.node, replaces });
-        }
-    }
 }
 
 /// One outbound connection's life, again and again.
@@ -292,8 +249,6 @@ struct Dial<N: Net> {
     peer: u64,
     addr: String,
     pending: Pending,
-    connected: Arc<AtomicBool>,
-    stats: Arc<PeerStats>,
 }
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -310,17 +265,14 @@ impl<N: Net> Dial<N> {
             match self.connect().await {
                 Ok(stream) => {
                     backoff = BACKOFF_MIN;
-                    self.connected.store(true, Ordering::Relaxed);
                     if !was_up || warned.is_some() {
                         info!(peer = self.peer, addr = %self.addr, "connected to peer");
                     }
                     (was_up, warned) = (true, None);
                     let why = self.exchange(stream, &mut frames).await;
-                    self.connected.store(false, Ordering::Relaxed);
                     info!(peer = self.peer, addr = %self.addr, reason = %why, "connection to peer closed; dialling again");
                 }
                 Err(Failure::Refused(reason)) => {
-                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
                     if warned.is_none_or(|w| w.elapsed() >= WARN_EVERY) {
                         error!(peer = self.peer, addr = %self.addr, "peer refused this host: {reason}");
                         warned = Some(tokio::time::Instant::now());
@@ -409,7 +361,6 @@ impl<N: Net> Dial<N> {
                     Ok(Some(Frame::Chunk { request, bytes })) => (request, Ok(bytes)),
                     Ok(Some(Frame::ChunkFailed { request, reason })) => (request, Err(reason)),
                     Ok(Some(other)) => {
-                        self.stats.refused.fetch_add(1, Ordering::Relaxed);
                         return format!("the peer sent {} where only chunks may come", kind_name(&other));
                     }
                     Ok(None) => return "the peer closed it".to_string(),
@@ -471,7 +422,6 @@ async fn accept_loop<N: Net>(
     tls: Tls,
     reader: Arc<dyn SegmentReader>,
     incoming: mpsc::Sender<Incoming>,
-    stats: Arc<PeerStats>,
 ) {
     loop {
         match N::accept(&mut listener).await {
@@ -481,7 +431,6 @@ async fn accept_loop<N: Net>(
                     tls: tls.clone(),
                     reader: Arc::clone(&reader),
                     incoming: incoming.clone(),
-                    stats: Arc::clone(&stats),
                     from,
                 };
                 tokio::spawn(inbound.run(stream));
@@ -500,7 +449,6 @@ struct Inbound {
     tls: Tls,
     reader: Arc<dyn SegmentReader>,
     incoming: mpsc::Sender<Incoming>,
-    stats: Arc<PeerStats>,
     /// The remote address, for the log.
     from: String,
 }
@@ -516,7 +464,6 @@ impl Inbound {
         let (mut tls, hello) = match tokio::time::timeout(self.cfg.connect_timeout, greeted).await {
             Ok(Ok(greeted)) => greeted,
             Ok(Err(e)) => {
-                self.stats.refused.fetch_add(1, Ordering::Relaxed);
                 return warn!(from = %self.from, error = %e, "a peer connection failed before its hello");
             }
             Err(_) => return warn!(from = %self.from, "a peer connection sent no hello in time; closed"),
@@ -524,7 +471,6 @@ impl Inbound {
         let node = match self.check(&tls, hello) {
             Ok(node) => node,
             Err(reason) => {
-                self.stats.refused.fetch_add(1, Ordering::Relaxed);
                 warn!(from = %self.from, "refused a peer connection: {reason}");
                 let _ = write_frame(&mut tls, &Frame::Refused { reason }).await;
                 let _ = tls.shutdown().await;
@@ -596,7 +542,6 @@ impl Inbound {
                 Ok(Some(f)) => f,
                 Ok(None) => break "the peer closed it".to_string(),
                 Err(e) => {
-                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
                     break format!("unreadable frame: {e}");
                 }
             };
@@ -605,12 +550,10 @@ impl Inbound {
                     let m = match PeerMessage::parse_from_carllerche_bytes(&bytes) {
                         Ok(m) => m,
                         Err(e) => {
-                            self.stats.refused.fetch_add(1, Ordering::Relaxed);
                             break format!("a raft message that does not decode: {e}");
                         }
                     };
                     if m.from != node || m.to != self.cfg.node {
-                        self.stats.impostors.fetch_add(1, Ordering::Relaxed);
                         if impostor_warned.is_none_or(|w| w.elapsed() >= WARN_EVERY) {
                             warn!(
                                 peer = node,
@@ -656,7 +599,6 @@ impl Inbound {
                     }
                 }
                 other => {
-                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
                     break format!("the peer sent {} on an open connection", kind_name(&other));
                 }
             }

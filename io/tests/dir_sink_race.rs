@@ -25,7 +25,8 @@ fn id(seq: u64) -> CompactionId {
 /// A child: applies every batch, in order, printing each outcome.
 fn child(dir: &Path) {
     let mut sink = DirSink::open(dir).unwrap();
-    // Both start together, once the parent says go.
+    // Both start together, once the parent has seen both ready.
+    std::fs::write(dir.join(format!("ready-{}", std::process::id())), b"").unwrap();
     while !dir.join("go").exists() {
         std::thread::yield_now();
     }
@@ -57,7 +58,13 @@ fn two_processes_applying_the_same_batches_at_once_land_each_once() {
                 .unwrap()
         };
         let (mut a, mut b) = (spawn(), spawn());
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        let ready = || {
+            let entries = std::fs::read_dir(tmp.path()).unwrap();
+            entries.filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("ready-")).count()
+        };
+        while ready() < 2 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         std::fs::write(tmp.path().join("go"), b"").unwrap();
         assert!(a.wait().unwrap().success() && b.wait().unwrap().success(), "round {round}");
         let mut applied = vec![0; BATCHES as usize];

@@ -7,7 +7,7 @@
 use crate::config::{resolve, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig, WalConfig};
 use crate::exit;
 use crate::explain::{explain, WalPlace};
-use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations, StopReason};
+use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations};
 use skippr_io::driver::{SharedSchema, SharedSink, SharedSource};
 use skippr_io::dynamo::Dynamo;
 use skippr_io::metrics::Metrics;
@@ -190,8 +190,7 @@ async fn run(cfg: RunConfig) -> i32 {
         // A clustered engine stops when it loses leadership or installs a
         // snapshot, dropping everything it held; it starts again as a
         // follower from what its disk holds (crash-only).
-        let restart = matches!(reason, StopReason::Deposed { .. } | StopReason::SnapshotInstalled { .. });
-        if cluster.is_some() && restart && !totals.shutdown.load(Ordering::Relaxed) {
+        if cluster.is_some() && reason.restarts_as_follower() && !totals.shutdown.load(Ordering::Relaxed) {
             info!("{}; starting again as a follower", explain(&reason, &place));
             continue;
         }

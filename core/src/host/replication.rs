@@ -286,7 +286,7 @@ impl Replication {
         match (self.no_quorum_since, report_after) {
             (Some(since), Some(after)) if !self.stall_reported && fx.now >= since + after => {
                 self.stall_reported = true;
-                fx.emit(Output::Stalled { what: "raft quorum", for_: fx.now - since });
+                fx.emit(Output::Stalled { what: crate::io::STALL_RAFT_QUORUM, for_: fx.now - since });
             }
             (None, _) if self.stall_reported => {
                 self.stall_reported = false;

@@ -154,7 +154,7 @@ impl Cluster {
                     self.nodes[i].held.push((id, op))
                 }
                 Output::Send(m) => self.net.push(m),
-                Output::Stalled { what: "raft quorum", .. } => self.stalls.push((i, true)),
+                Output::Stalled { what: crate::io::STALL_RAFT_QUORUM, .. } => self.stalls.push((i, true)),
                 Output::Unstalled => self.stalls.push((i, false)),
                 Output::Role { term, is_leader: true, .. }
                     if *self.leaders.entry(term).or_insert(i as u64 + 1) != i as u64 + 1 =>
