@@ -63,6 +63,10 @@ pub struct Host {
     phase: Phase,
     shutdown_requested: bool,
     drain_deadline: Option<Instant>,
+    /// Clustered `--once`: this leader pushed the terminal entry, and the
+    /// entry saying every member learnt of it.
+    finish_proposed: bool,
+    all_finished_proposed: bool,
     /// This configuration's names, written into every snapshot.
     names: Names,
     committed: CommittedState,
@@ -139,6 +143,8 @@ impl Host {
             phase: Phase::Recovering,
             shutdown_requested: false,
             drain_deadline: None,
+            finish_proposed: false,
+            all_finished_proposed: false,
             committed: CommittedState::default(),
             records: RecordStore::default(),
             authority,
@@ -297,7 +303,8 @@ impl Host {
             self.wal.request_seal();
         }
         if self.drain_deadline.is_some_and(|at| at <= self.fx.now) {
-            self.stop(StopReason::DrainTimedOut);
+            let stop = self.finish_timed_out().unwrap_or(StopReason::DrainTimedOut);
+            self.stop(stop);
         }
         match self.stall.on_timeout(self.fx.now) {
             StallAction::None => {}

@@ -494,6 +494,12 @@ pub enum StopReason {
     /// Clustered mode: this host installed a snapshot from its leader (its
     /// WAL now ends at `index`); it restarts to recover from it.
     SnapshotInstalled { index: u64 },
+    /// Clustered `--once`: the run is done (the terminal entry committed at
+    /// `index`), but by the drain timeout this leader had not heard that
+    /// `nodes` learnt so, or (`nodes` empty) this follower had lost its
+    /// leader before hearing that every member had. A member that had not
+    /// learnt it needs a majority to, when it starts again.
+    FinishedUnconfirmed { index: u64, nodes: Vec<u64> },
 }
 
 impl StopReason {

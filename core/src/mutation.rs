@@ -66,6 +66,10 @@ pub enum Mutation {
     /// lost) starts as a fresh voter under its old id instead of refusing,
     /// so it may vote for a log that lacks what it had acknowledged.
     WipedPeerVotes,
+    /// Clustered `--once`: the leader commits the terminal entry as soon as
+    /// its sources are exhausted, before what they delivered went through
+    /// the sinks, so the hosts stop with records undelivered.
+    FinishBeforeDrained,
 }
 
 impl Mutation {
@@ -97,6 +101,7 @@ impl Mutation {
         Mutation::NoTruncateOnConflict,
         Mutation::ServeBeforeTermCommit,
         Mutation::WipedPeerVotes,
+        Mutation::FinishBeforeDrained,
     ];
 
     pub fn name(self) -> &'static str {
@@ -124,6 +129,7 @@ impl Mutation {
             Mutation::CommitBeforeQuorum => "commit-before-quorum",
             Mutation::ServeBeforeTermCommit => "serve-before-term-commit",
             Mutation::WipedPeerVotes => "wiped-peer-votes",
+            Mutation::FinishBeforeDrained => "finish-before-drained",
         }
     }
 

@@ -18,6 +18,11 @@ pub struct CommittedState {
     pub open: BTreeMap<(SinkId, StreamId), CompactionPlan>,
     /// The names the last committed snapshot carried.
     pub names: Names,
+    /// Clustered `--once`: the terminal entry's LSN, while no source batch
+    /// has committed after it, and the LSN of the entry that says every
+    /// member had learnt of it.
+    pub finished: Option<Lsn>,
+    pub all_finished: Option<Lsn>,
 }
 
 impl CommittedState {
@@ -36,6 +41,8 @@ impl CommittedState {
                 p.lsn = lsn;
                 p.records += b.records.len() as u64;
                 p.checkpoint.clone_from(&b.checkpoint);
+                self.finished = None;
+                self.all_finished = None;
             }
             Frame::SchemaDecision(d) => {
                 self.schemas.insert(d.stream, d.fingerprint);
@@ -55,6 +62,11 @@ impl CommittedState {
                 }
             }
             Frame::Snapshot(s) => self.restore(s),
+            Frame::Finished => {
+                self.finished = Some(lsn);
+                self.all_finished = None;
+            }
+            Frame::AllFinished => self.all_finished = self.finished.map(|_| lsn),
             Frame::Seal | Frame::Commit(_) | Frame::Fence | Frame::Membership(_) => {}
         }
     }
@@ -77,6 +89,8 @@ impl CommittedState {
                 .map(|(&stream, &fingerprint)| SchemaDecision { stream, fingerprint })
                 .collect(),
             open: self.open.values().cloned().collect(),
+            finished: self.finished,
+            all_finished: self.all_finished,
         }
     }
 
@@ -87,6 +101,8 @@ impl CommittedState {
         self.schemas = s.schemas.iter().map(|d| (d.stream, d.fingerprint)).collect();
         self.open = s.open.iter().map(|p| ((p.sink, p.stream), p.clone())).collect();
         self.names = s.names.clone();
+        self.finished = s.finished;
+        self.all_finished = s.all_finished;
     }
 
     pub fn acked(&self, sink: SinkId, key: PartitionKey) -> Position {

@@ -233,6 +233,20 @@ impl Peers {
         }
     }
 
+    /// Waits (at most `within`) until every queue is empty, and a little
+    /// more for the last frames to be written: an engine's last answers
+    /// (`--once`: the commit index that lets its leader stop) leave before
+    /// the process exits. A peer that is away keeps its queue; raft never
+    /// counted on it.
+    pub async fn flush(&self, within: Duration) {
+        let empty = || self.outbound.values().all(|o| o.queue.capacity() == o.queue.max_capacity());
+        let deadline = tokio::time::Instant::now() + within;
+        while !empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50).min(within)).await;
+    }
+
     /// Tells `peer` that the transfer of its snapshot ended.
     pub fn transfer_ended(&self, peer: u64, ok: bool) {
         if let Some(out) = self.outbound.get(&peer) {

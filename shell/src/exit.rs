@@ -46,7 +46,7 @@ pub const STALLED: i32 = 15;
 
 pub fn for_stop(reason: &StopReason) -> i32 {
     match reason {
-        StopReason::Clean => OK,
+        StopReason::Clean | StopReason::FinishedUnconfirmed { .. } => OK,
         StopReason::DrainTimedOut => DRAIN_FAILED,
         StopReason::Corrupt(_) | StopReason::WalIncomplete(_) | StopReason::ClusterLog { .. } => WAL_CORRUPT,
         StopReason::OffsetsAheadOfWal { .. }

@@ -60,6 +60,13 @@ pub fn missing_message(m: &skippr_core::recovery::Missing, name: impl Fn(skippr_
 pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
     match reason {
         StopReason::Clean => "stopped cleanly".into(),
+        StopReason::FinishedUnconfirmed { index, nodes } => {
+            let nodes: Vec<String> = nodes.iter().map(u64::to_string).collect();
+            format!(
+                "the run is finished (its terminal entry committed at index {index}), but node {} had not learnt so                  within the drain timeout. Such a node, started with --once, waits for a majority: start one other                  host without --once beside it, and stop that one with SIGTERM once the lagging node has exited",
+                nodes.join(", node ")
+            )
+        }
         StopReason::DrainTimedOut => {
             "the shutdown drain timed out; the next start recovers from the WAL (raise --drain-timeout if sinks are slow)"
                 .into()

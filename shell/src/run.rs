@@ -7,7 +7,7 @@
 use crate::config::{resolve, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig, WalConfig};
 use crate::exit;
 use crate::explain::{explain, WalPlace};
-use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations};
+use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations, StopReason};
 use skippr_io::driver::{SharedSchema, SharedSink, SharedSource};
 use skippr_io::dynamo::Dynamo;
 use skippr_io::metrics::Metrics;
@@ -196,9 +196,14 @@ async fn run(cfg: RunConfig) -> i32 {
         }
         break reason;
     };
+    if let Some(c) = &cluster {
+        c.peers.flush(std::time::Duration::from_secs(1)).await;
+    }
     let code = exit::for_stop(&reason);
     let message = explain(&reason, &place);
-    if code == exit::OK {
+    if matches!(reason, StopReason::FinishedUnconfirmed { .. }) {
+        warn!("{message}");
+    } else if code == exit::OK {
         info!("{message}");
     } else {
         error!("{message}");

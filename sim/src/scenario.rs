@@ -356,8 +356,7 @@ impl Scenario {
         self
     }
 
-    /// Clustered mode's draws, on a stream of their own. `--once` needs the
-    /// terminal entry of the next issue, so it is off.
+    /// Clustered mode's draws, on a stream of their own.
     pub fn draw_cluster(&mut self, hosts: usize) {
         let mut c = Rng::new(self.seed, Stream::Cluster);
         let base = c.range(500, 2_000);
@@ -377,7 +376,6 @@ impl Scenario {
         self.fault_phase_end = self.fault_phase_end.max(elections);
         self.cluster.wipe = c.chance(0.4);
         self.cluster.shared_offsets = c.chance(0.3);
-        self.stop_when_exhausted = false;
         self.faults.rot = false;
         self.faults.no_space = 0.0;
         self.faults.lost_segment = false;

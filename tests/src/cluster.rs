@@ -141,6 +141,24 @@ impl Cluster {
         }
     }
 
+    /// Waits for host `node` to exit by itself and returns its exit code.
+    pub fn wait(&mut self, node: u64, limit: Duration) -> Option<i32> {
+        let child = self.children[node as usize - 1].as_mut().expect("running");
+        let until = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.children[node as usize - 1] = None;
+                return status.code();
+            }
+            if Instant::now() > until {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("host {node} did not exit by itself within {limit:?}: {}", self.tail(node));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// (term, is leader) as host `node` reports it, while it answers.
     pub fn role(&self, node: u64) -> Option<(u64, bool)> {
         let page = scrape_metrics(self.metrics_ports[node as usize - 1]);

@@ -3,7 +3,9 @@
 //! generator of 200,000 records, and a seeded loop that finds the leader
 //! and SIGKILLs it mid-ingest (restarting it each time), then SIGSTOPs a
 //! leader past the election timeout and SIGCONTs it. Every record must end
-//! in the sink exactly once. The tests of this file run one at a time.
+//! in the sink exactly once. Under `--once` every host exits 0 by itself
+//! once the run is finished, also when started again after it. The tests
+//! of this file run one at a time.
 
 use nix::sys::signal::Signal;
 use skippr_tests::cluster::Cluster;
@@ -125,4 +127,35 @@ fn a_host_without_a_majority_says_so_and_recovers_when_one_returns() {
     for node in [leader, others[0]] {
         assert_eq!(cluster.stop(node, Duration::from_secs(30)), Some(0), "node {node}: {}", cluster.tail(node));
     }
+}
+
+#[test]
+fn under_once_every_host_exits_0_by_itself_also_when_started_again() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 20_000u64;
+    let n = records.to_string();
+    let args = ["--once", "--generator-records", &n, "--generator-partitions", "2", "--generator-rate", "8000"];
+    let mut cluster = Cluster::new(tmp.path(), &args, &[]);
+    cluster.start_all();
+    // The leader killed mid-ingest and started again, twice.
+    for _ in 0..2 {
+        let leader = cluster.leader(PATIENCE);
+        std::thread::sleep(Duration::from_millis(700));
+        assert!(records_in(&cluster.sink) < 2 * records, "the ingest ended before the kill");
+        cluster.kill(leader);
+        std::thread::sleep(Duration::from_millis(300));
+        cluster.start(leader);
+    }
+    for node in 1..=3 {
+        assert_eq!(cluster.wait(node, Duration::from_secs(90)), Some(0), "node {node}: {}", cluster.tail(node));
+    }
+    assert_exactly_once(&cluster.sink, &["events"], 2, records);
+    for node in 1..=3 {
+        assert!(!file_contains(&cluster.log(node), "had not learnt"), "node {node}: {}", cluster.tail(node));
+    }
+    // Started again alone, a host finds the finished run on its own disk.
+    cluster.start(2);
+    assert_eq!(cluster.wait(2, Duration::from_secs(20)), Some(0), "{}", cluster.tail(2));
+    assert_exactly_once(&cluster.sink, &["events"], 2, records);
 }

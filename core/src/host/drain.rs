@@ -1,8 +1,18 @@
 //! The coordinator's clean shutdown: stop reading, drain what was read
 //! through the WAL, the sinks and the offsets store, give the writer
 //! authority up, stop. Owns no state beyond the host's phase.
+//!
+//! Clustered `--once` ends in two entries. The leader, drained once its
+//! sources are exhausted, commits the terminal entry (`Frame::Finished`);
+//! once every other member has reported a commit index through it, it
+//! commits `Frame::AllFinished`, and stops once every member has learnt
+//! that one committed. A host stops once it has applied `AllFinished`,
+//! also at a restart. Until then a host that knows of the terminal entry
+//! keeps following (its vote may be what a lagging member needs to learn
+//! it); one left without a leader for the drain timeout stops too.
 
 use super::*;
+use crate::wal::Frame;
 
 impl Host {
     pub(super) fn on_shutdown(&mut self) {
@@ -43,5 +53,65 @@ impl Host {
             Some(lease) => lease.release(&mut self.fx, wal_idle),
             None => true,
         }
+    }
+}
+
+impl Host {
+    /// This drain ends a clustered `--once` run: the sources are exhausted
+    /// (not a SIGTERM), so the leader commits the terminal entry.
+    pub(super) fn finishes_cluster(&self) -> bool {
+        self.cfg.stop_when_exhausted && self.sources.all_exhausted() && self.authority.raft_ref().is_some()
+    }
+
+    pub(super) fn propose_finish(&mut self) {
+        if !self.finish_proposed && self.committed.finished.is_none() {
+            self.finish_proposed = true;
+            self.wal.push(Frame::Finished);
+        }
+    }
+
+    /// Clustered `--once`, after the terminal entry committed: see the
+    /// module's text. Nothing stops before this host's offsets store holds
+    /// what its log does and its hard state holds a commit index through
+    /// what it applied (so that a restart finds it).
+    pub(super) fn stop_if_finished(&mut self) {
+        let Some(first) = self.committed.finished.filter(|_| self.cfg.stop_when_exhausted) else { return };
+        let last = self.committed.all_finished;
+        let Some(r) = self.authority.raft() else { return };
+        let offsets_done = self.offsets.idle() || (!r.serving() && r.shared_offsets());
+        let deadline = self.fx.now + self.cfg.limits.drain_timeout;
+        if !offsets_done || !r.commit_saved(&mut self.fx, last.unwrap_or(first)) {
+            self.drain_deadline.get_or_insert(deadline);
+            return;
+        }
+        match (r.leads(), last) {
+            (true, Some(last)) if !r.unconfirmed(last).is_empty() => {
+                self.drain_deadline.get_or_insert(deadline);
+            }
+            (_, Some(_)) => self.stop(StopReason::Clean),
+            (true, None) if r.unconfirmed(first).is_empty() => {
+                if !self.all_finished_proposed {
+                    self.all_finished_proposed = true;
+                    self.wal.push(Frame::AllFinished);
+                }
+            }
+            (true, None) => {
+                self.drain_deadline.get_or_insert(deadline);
+            }
+            (false, None) if r.leader_known() => self.drain_deadline = None,
+            (false, None) => {
+                self.drain_deadline.get_or_insert(deadline);
+            }
+        }
+    }
+
+    /// The drain timed out after the terminal entry: the run is done; the
+    /// members that had not learnt of it are named (none, when this host
+    /// follows and lost its leader).
+    pub(super) fn finish_timed_out(&self) -> Option<StopReason> {
+        let first = self.committed.finished.filter(|_| self.cfg.stop_when_exhausted)?;
+        let at = self.committed.all_finished.unwrap_or(first);
+        let r = self.authority.raft_ref()?;
+        Some(StopReason::FinishedUnconfirmed { index: first.0, nodes: r.unconfirmed(at) })
     }
 }

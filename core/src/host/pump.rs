@@ -16,6 +16,7 @@ impl Host {
         }
         if self.phase == Phase::Recovering {
             self.materialize_offsets();
+            self.stop_if_finished();
         }
         if matches!(self.phase, Phase::Recovering | Phase::Stopped) {
             return;
@@ -31,9 +32,17 @@ impl Host {
             self.sources.send_acks(&mut self.fx);
         }
         self.delete_next();
-        if self.phase == Phase::Draining && self.drained() && self.release_authority() {
-            self.stop(StopReason::Clean);
+        // The planted bug `finish-before-drained`: the terminal entry goes
+        // as soon as the sources are exhausted.
+        let early = self.cfg.mutations.has(Mutation::FinishBeforeDrained) && self.finishes_cluster();
+        if self.phase == Phase::Draining && (early || self.drained()) {
+            if self.finishes_cluster() {
+                self.propose_finish();
+            } else if self.release_authority() {
+                self.stop(StopReason::Clean);
+            }
         }
+        self.stop_if_finished();
     }
 
     fn ensure_spare(&mut self) {

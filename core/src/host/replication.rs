@@ -359,18 +359,51 @@ impl Replication {
     /// index, and must find there the acknowledgements that let them go.
     /// A commit index alone is saved lazily; here a save is asked for.
     pub(super) fn compact_to(&mut self, fx: &mut Effects, first_kept: SegmentId, justified_at: Lsn) -> bool {
-        let Some(r) = self.replica.as_mut() else { return false };
-        if self.saved_commit < justified_at.0 {
-            if self.in_flight.is_none() && self.queued.is_empty() {
-                let saved = r.hard_to_save();
-                let Ok(hard_state) = self.slot(saved).map(Some) else { return false };
-                self.in_flight = Some(Vec::new());
-                let op = Replicate { remove: Vec::new(), zero: Vec::new(), groups: Vec::new(), hard_state };
-                fx.io(Pending::WalReplicate(SegmentId(0)), IoOp::Wal(WalOp::Replicate(op)));
-            }
+        if !self.commit_saved(fx, justified_at) {
             return false;
         }
-        r.compact_to(first_kept)
+        self.replica.as_mut().is_some_and(|r| r.compact_to(first_kept))
+    }
+
+    /// Whether the hard-state file holds a commit index through `at`. When
+    /// it does not, a save is asked for (a commit index alone is saved
+    /// lazily), once nothing else is waiting to be made durable.
+    pub(super) fn commit_saved(&mut self, fx: &mut Effects, at: Lsn) -> bool {
+        let Some(r) = self.replica.as_mut() else { return false };
+        if self.saved_commit >= at.0 {
+            return true;
+        }
+        if self.in_flight.is_none() && self.queued.is_empty() {
+            let saved = r.hard_to_save();
+            let Ok(hard_state) = self.slot(saved).map(Some) else { return false };
+            self.in_flight = Some(Vec::new());
+            let op = Replicate { remove: Vec::new(), zero: Vec::new(), groups: Vec::new(), hard_state };
+            fx.io(Pending::WalReplicate(SegmentId(0)), IoOp::Wal(WalOp::Replicate(op)));
+        }
+        false
+    }
+
+    /// Whether this host leads, or follows a leader it knows of.
+    pub(super) fn leads(&self) -> bool {
+        self.replica.as_ref().is_some_and(|r| r.is_leader())
+    }
+
+    /// A voter that follows a leader it knows of. A learner, which would
+    /// not notice its leader gone, never counts as one.
+    pub(super) fn leader_known(&self) -> bool {
+        self.replica.as_ref().is_some_and(|r| r.leader() != 0 && r.promotable())
+    }
+
+    /// Clustered `--once`: while this host leads, the other members that
+    /// have not reported a commit index through `at` (they have not learnt
+    /// that the terminal entry committed); none while it follows.
+    pub(super) fn unconfirmed(&self, at: Lsn) -> Vec<u64> {
+        match self.replica.as_ref() {
+            Some(r) if r.is_leader() => {
+                r.peer_progress().into_iter().filter(|p| p.committed < at.0).map(|p| p.node).collect()
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// The next hard-state save's slot (its offset in the file, its bytes),

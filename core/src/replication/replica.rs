@@ -81,6 +81,14 @@ pub enum ReplicaOutput {
     Removed,
 }
 
+/// What a leader knows of one other member's log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerProgress {
+    pub node: u64,
+    pub matched: u64,
+    pub committed: u64,
+}
+
 #[derive(Debug)]
 pub struct Persist {
     pub number: u64,
@@ -169,12 +177,40 @@ impl Replica {
         self.raw.raft.state == StateRole::Leader
     }
 
+    /// The leader this host knows of (0: none, as while it campaigns). A
+    /// learner never campaigns, so it keeps the last one it heard.
+    pub fn leader(&self) -> u64 {
+        self.raw.raft.leader_id
+    }
+
+    /// A voter (a learner neither votes nor campaigns).
+    pub fn promotable(&self) -> bool {
+        self.raw.raft.promotable()
+    }
+
     pub fn commit_index(&self) -> u64 {
         self.raw.raft.raft_log.committed
     }
 
     pub fn log(&self) -> &Log {
         self.raw.store()
+    }
+
+    /// Leading: every other member (voters and learners), in id order, with
+    /// the index its log matches this one's through and the commit index
+    /// it last reported in an answer.
+    pub fn peer_progress(&self) -> Vec<PeerProgress> {
+        let me = self.id();
+        let mut peers: Vec<PeerProgress> = self
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, _)| **id != me)
+            .map(|(id, p)| PeerProgress { node: *id, matched: p.matched, committed: p.committed_index })
+            .collect();
+        peers.sort_by_key(|p| p.node);
+        peers
     }
 
     /// How many ticks from now the first one that does anything falls

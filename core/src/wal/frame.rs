@@ -31,6 +31,8 @@ pub enum FrameKind {
     Commit = 7,
     Fence = 8,
     Membership = 9,
+    Finished = 10,
+    AllFinished = 11,
 }
 
 impl FrameKind {
@@ -45,6 +47,8 @@ impl FrameKind {
             7 => FrameKind::Commit,
             8 => FrameKind::Fence,
             9 => FrameKind::Membership,
+            10 => FrameKind::Finished,
+            11 => FrameKind::AllFinished,
             _ => return None,
         })
     }
@@ -132,6 +136,12 @@ pub struct Snapshot {
     /// id order. Recovery refuses a configuration that renames or reorders
     /// them.
     pub names: Names,
+    /// Clustered `--once`: the terminal entry committed at this LSN and no
+    /// source batch since, and where every member was known to have learnt
+    /// so (written only when the first is set, so other snapshots keep
+    /// their bytes).
+    pub finished: Option<Lsn>,
+    pub all_finished: Option<Lsn>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -176,6 +186,13 @@ pub enum Frame {
     /// a conf-change entry of the raft log; every host applies it to raft
     /// when it commits, and the committed state ignores it.
     Membership(Vec<u8>),
+    /// Clustered `--once`: the leader's sources were exhausted and all
+    /// they delivered went through the sinks (the terminal entry). A later
+    /// source batch makes it void.
+    Finished,
+    /// Clustered `--once`: every member has learnt that the terminal entry
+    /// committed. A host under `--once` that applies it stops.
+    AllFinished,
 }
 
 impl Frame {
@@ -190,6 +207,8 @@ impl Frame {
             Frame::Commit(_) => FrameKind::Commit,
             Frame::Fence => FrameKind::Fence,
             Frame::Membership(_) => FrameKind::Membership,
+            Frame::Finished => FrameKind::Finished,
+            Frame::AllFinished => FrameKind::AllFinished,
         }
     }
 

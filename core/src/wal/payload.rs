@@ -26,8 +26,9 @@ impl Frame {
                     + 4
                     + s.open.iter().map(plan_len).sum::<usize>()
                     + s.names.encoded_len()
+                    + s.finished.map_or(0, |_| 16)
             }
-            Frame::Seal | Frame::Fence => 0,
+            Frame::Seal | Frame::Fence | Frame::Finished | Frame::AllFinished => 0,
             Frame::Membership(cc) => cc.len(),
             Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
         }
@@ -94,8 +95,12 @@ impl Frame {
                         w.bytes(name.as_bytes());
                     }
                 }
+                if let Some(lsn) = s.finished {
+                    w.u64(lsn.0);
+                    w.u64(s.all_finished.map_or(0, |l| l.0));
+                }
             }
-            Frame::Seal | Frame::Fence => {}
+            Frame::Seal | Frame::Fence | Frame::Finished | Frame::AllFinished => {}
             Frame::Membership(cc) => w.buf.extend_from_slice(cc),
             Frame::Commit(c) => {
                 w.u32(c.frames);
@@ -201,10 +206,16 @@ pub(super) fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, D
                     list.push(String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?);
                 }
             }
+            if !r.is_empty() {
+                s.finished = Some(Lsn(r.u64()?));
+                s.all_finished = Some(Lsn(r.u64()?)).filter(|l| l.0 != 0);
+            }
             Frame::Snapshot(s)
         }
         FrameKind::Seal => Frame::Seal,
         FrameKind::Fence => Frame::Fence,
+        FrameKind::Finished => Frame::Finished,
+        FrameKind::AllFinished => Frame::AllFinished,
         FrameKind::Membership => Frame::Membership(r.take_up_to(r.remaining()).to_vec()),
         FrameKind::Commit => Frame::Commit(CommitRecord { frames: r.u32()?, bytes: r.u32()? }),
     };

@@ -106,6 +106,11 @@ struct Node {
     leader: bool,
     /// Its engine's next deadline, as of its last input.
     timer: Option<Instant>,
+    /// Under `--once`: it stopped by itself, having applied the terminal
+    /// entry (until it is started again).
+    finished: bool,
+    /// Its disk was lost after the run finished: it is not brought back.
+    left_out: bool,
 }
 
 /// A scheduled event. The heap's greatest is the earliest, and of events
@@ -200,6 +205,8 @@ impl ClusterWorld {
                     term: 0,
                     leader: false,
                     timer: None,
+                    finished: false,
+                    left_out: false,
                 }
             })
             .collect();
@@ -303,7 +310,10 @@ impl ClusterWorld {
     }
 
     fn main_loop(&mut self) {
-        let quiet_deadline = self.scenario.fault_phase_end + QUIET_BUDGET;
+        // Under `--once`, a host that learnt of the terminal entry but not
+        // that every member did, left alone, stops after the drain timeout.
+        let once = if self.scenario.stop_when_exhausted { self.scenario.limits.drain_timeout } else { Duration::ZERO };
+        let quiet_deadline = self.scenario.fault_phase_end + QUIET_BUDGET + once;
         loop {
             if self.done || self.checker.violation.is_some() || self.model.violation.is_some() {
                 return;
@@ -336,13 +346,24 @@ impl ClusterWorld {
                     self.fire(*q.event);
                 }
             }
-            if !self.faulting && self.checker.complete() {
+            if !self.faulting && self.checker.complete() && self.all_finished() {
                 self.done = true;
             }
         }
     }
 
+    /// Under `--once`, every host must stop by itself in the end.
+    fn all_finished(&self) -> bool {
+        !self.scenario.stop_when_exhausted || self.nodes.iter().all(|n| n.finished)
+    }
+
     fn stalled(&mut self, why: &str) {
+        if self.checker.complete() && !self.all_finished() {
+            let running: Vec<usize> =
+                (0..self.nodes.len()).filter(|&i| !self.nodes[i].finished).map(|i| i + 1).collect();
+            let detail = format!("{why}: every record is delivered, but hosts {running:?} did not stop under --once");
+            return self.checker.fail(invariant::STALLED, detail);
+        }
         if self.checker.complete() {
             self.done = true;
             return;
@@ -429,7 +450,7 @@ impl ClusterWorld {
     // ---- hosts ----
 
     fn start(&mut self, node: usize) {
-        if self.nodes[node].host.is_some() {
+        if self.nodes[node].host.is_some() || self.nodes[node].left_out {
             return;
         }
         self.stats.restarts += 1;
@@ -438,6 +459,7 @@ impl ClusterWorld {
         n.starts += 1;
         n.gen = self.next_gen;
         n.leader = false;
+        n.finished = false;
         let cfg = self.scenario.cluster_host_config(self.opts.mutations, node + 1, n.id, n.starts);
         let host = Host::new(cfg, self.now).expect("the scenario's configuration is valid");
         self.nodes[node].host = Some(host);
@@ -558,6 +580,27 @@ impl ClusterWorld {
         self.after(Die::ClusterFault, (span / 2, span), Event::AskJoin { node });
     }
 
+    /// `--once`: the run finished, so a join the leader never let in (the
+    /// host is not in its own saved configuration) is given up: the host
+    /// has nothing to catch up with, and nobody is left to let it in.
+    fn abandon_joins(&mut self) {
+        for node in 0..self.nodes.len() {
+            let n = &self.nodes[node];
+            let admitted = n
+                .wal
+                .hard_state()
+                .and_then(|f| decode_file(f).ok().flatten())
+                .is_some_and(|s| s.conf.voters.contains(&n.id) || s.conf.learners.contains(&n.id));
+            if n.joining.is_none() || admitted {
+                continue;
+            }
+            self.kill(node);
+            let n = &mut self.nodes[node];
+            (n.finished, n.left_out, n.joining) = (true, true, None);
+            self.trace.note(self.now, &format!("h{} stays out: the run finished before it was let in", node + 1));
+        }
+    }
+
     fn kill(&mut self, node: usize) {
         let n = &mut self.nodes[node];
         n.host = None;
@@ -647,9 +690,36 @@ impl ClusterWorld {
     /// engine doing its job (it restarts); anything else is a failure.
     fn on_stopped(&mut self, node: usize, reason: StopReason) {
         match reason {
+            // `--once`: the terminal entry applied, the host stops for good
+            // (until the end of the fault phase starts it again, when it
+            // must stop at once). The leader commits that entry only once
+            // everything is delivered.
+            StopReason::Clean | StopReason::FinishedUnconfirmed { .. } if self.scenario.stop_when_exhausted => {
+                if !self.checker.complete() {
+                    let missing = self.checker.missing().unwrap_or_default();
+                    let detail = format!("host {} stopped under --once ({reason:?}) before {missing}", node + 1);
+                    return self.checker.fail(invariant::CLEAN_SHUTDOWN, detail);
+                }
+                self.stats.clean_stops += 1;
+                let n = &mut self.nodes[node];
+                (n.host, n.gen, n.leader, n.frozen_until, n.timer, n.finished) = (None, 0, false, None, None, true);
+                self.trace.note(self.now, &format!("h{} finished", node + 1));
+                return self.abandon_joins();
+            }
             StopReason::Deposed { .. } => self.stats.deposed += 1,
             StopReason::WalWriteFailed { .. } | StopReason::WalReadFailed { .. } => {}
             StopReason::SnapshotInstalled { .. } => {}
+            StopReason::NotMember { .. }
+                if self.nodes[node].wiped_from.is_some() && self.nodes.iter().any(|n| n.finished) =>
+            {
+                // `--once`: the run finished; nothing is left to join, and
+                // the operator leaves the lost host out.
+                self.kill(node);
+                self.nodes[node].finished = true;
+                self.nodes[node].left_out = true;
+                self.trace.note(self.now, &format!("h{} stays out: the run finished", node + 1));
+                return;
+            }
             StopReason::NotMember { .. } if self.nodes[node].wiped_from.is_some() => {
                 // An empty DATA_DIR refused, as it must be: the operator runs
                 // `cluster join`.

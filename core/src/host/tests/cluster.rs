@@ -69,6 +69,12 @@ struct Cluster {
     /// Every message is lost.
     cut: bool,
     leaders: BTreeMap<u64, u64>,
+    /// `--once`: sources say they are exhausted at the last record, and
+    /// hosts that stop cleanly are marked instead of failing the run.
+    once: bool,
+    finished: Vec<bool>,
+    /// Clean stops with records not yet in the sink.
+    early_stops: u64,
 }
 
 /// What `cluster init` writes into host `node`'s DATA_DIR.
@@ -114,6 +120,9 @@ impl Cluster {
             stalls: Vec::new(),
             cut: false,
             leaders: BTreeMap::new(),
+            once: false,
+            finished: vec![false; HOSTS as usize],
+            early_stops: 0,
         };
         for i in 0..HOSTS as usize {
             c.start(i);
@@ -135,7 +144,9 @@ impl Cluster {
         let mut cfg = cluster_config(i as u64 + 1, self.seed, self.mutations);
         cfg.seed += node.starts * 1000;
         cfg.cluster.as_mut().expect("clustered").shared_offsets = self.shared_offsets;
+        cfg.stop_when_exhausted = self.once;
         self.leading[i] = false;
+        self.finished[i] = false;
         node.host = Some(Host::new(cfg, self.now).unwrap());
         self.drain(i);
     }
@@ -166,6 +177,11 @@ impl Cluster {
                     self.deposed += 1;
                     self.nodes[i].host = None;
                     return self.start(i);
+                }
+                Output::Stopped(StopReason::Clean) if self.once => {
+                    self.early_stops += (self.delivered().len() < RECORDS as usize) as u64;
+                    self.finished[i] = true;
+                    self.nodes[i].host = None;
                 }
                 Output::Stopped(other) => {
                     self.failure = Some(format!("host {} stopped: {other:?}", i + 1));
@@ -257,7 +273,7 @@ impl Cluster {
                 let from = n.cursor;
                 n.cursor = to;
                 let batches = if from < to { vec![batch8(from, to)] } else { Vec::new() };
-                IoReply::Batches { batches, exhausted: false }
+                IoReply::Batches { batches, exhausted: self.once && to == RECORDS }
             }
             IoOp::Plugin(PluginOp::SourceAck { .. }) => IoReply::Done,
             IoOp::Plugin(PluginOp::SinkProgress { .. }) => IoReply::SinkProgress(Vec::new()),
@@ -282,6 +298,9 @@ impl Cluster {
     /// lost), time moves to the next deadline, or a host is killed.
     fn step(&mut self, kills: bool) {
         let i = self.next(HOSTS) as usize;
+        if self.finished[i] {
+            return; // stopped for good (until a test starts it again)
+        }
         match self.next(100) {
             0..=39 if !self.nodes[i].held.is_empty() => {
                 let at = self.next(self.nodes[i].held.len() as u64) as usize;
@@ -513,4 +532,51 @@ fn a_host_whose_data_dir_was_wiped_refuses_to_take_part() {
     let m = Mutations::NONE.with(crate::Mutation::WipedPeerVotes);
     let planted = std::panic::catch_unwind(|| wiped(m));
     assert!(planted.as_ref().map_or(true, |f| !f.contains("NotMember")), "{planted:?}");
+}
+
+/// `--once` with kills and lost messages until every host has stopped.
+fn drive_once(seed: u64, mutations: Mutations) -> Cluster {
+    let mut c = Cluster::new(seed, mutations);
+    c.once = true;
+    for i in 0..HOSTS as usize {
+        c.nodes[i].host = None;
+        c.start(i);
+    }
+    for round in 0..460_000 {
+        c.step(round < 60_000);
+        if c.failure.is_some() || c.finished.iter().all(|f| *f) {
+            break;
+        }
+    }
+    c
+}
+
+#[test]
+fn under_once_every_host_stops_cleanly_after_the_terminal_entry_also_when_started_again() {
+    for seed in 0..6 {
+        let mut c = drive_once(seed, Mutations::NONE);
+        assert_eq!(c.failure, None, "seed {seed}");
+        assert_eq!(c.finished, vec![true; HOSTS as usize], "seed {seed}: every host stopped by itself");
+        assert_eq!(c.delivered(), (0..RECORDS).collect::<Vec<_>>(), "seed {seed}: each record once");
+        assert_eq!(c.early_stops, 0, "seed {seed}: no host stopped before every record was in the sink");
+        for (i, n) in c.nodes.iter().enumerate() {
+            let stored = n.offsets.get(&key0()).map(|v| OffsetValue::decode(v).expect("24 bytes").position.0);
+            assert_eq!(stored, Some(RECORDS), "seed {seed}: host {}'s offsets store", i + 1);
+        }
+        // Started again with nobody to hear it, each host finds the entry
+        // on its own disk and stops at once.
+        c.cut = true;
+        for i in 0..HOSTS as usize {
+            c.start(i);
+            for _ in 0..200 {
+                if c.finished[i] {
+                    break;
+                }
+                let (id, op) = c.nodes[i].held.remove(0);
+                let result = c.perform(i, op);
+                c.handle(i, Input::IoDone { id, result });
+            }
+            assert!(c.finished[i], "seed {seed}: host {} stopped again without peers", i + 1);
+        }
+    }
 }
