@@ -93,6 +93,7 @@ fn list_mutations_names_every_planted_bug() {
         "no-truncate-on-conflict",
         "serve-before-term-commit",
         "wiped-peer-votes",
+        "finish-before-drained",
     ];
     assert_eq!(names, expected, "the planted bugs, as the README lists them");
 }
