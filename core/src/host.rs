@@ -274,6 +274,12 @@ impl Host {
         lag.into_iter().map(|((sink, stream), n)| (sink, stream, n)).collect()
     }
 
+    /// Clustered mode: term, leader, commit index and, leading, each other
+    /// member's match index (`None` until the raft log is restored).
+    pub fn raft_status(&self) -> Option<crate::replication::replica::RaftStatus> {
+        self.authority.raft_ref()?.status()
+    }
+
     /// Where the next commit group goes: (LSN, segment, offset).
     pub fn wal_head(&self) -> (Lsn, Option<(SegmentId, u64)>) {
         self.wal.head()

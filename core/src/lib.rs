@@ -49,4 +49,5 @@ pub use io::{
 };
 pub use mutation::{Mutation, Mutations};
 pub use offsets::OffsetValue;
+pub use replication::replica::{PeerProgress, RaftStatus};
 pub use time::{Duration, Instant};

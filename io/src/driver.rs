@@ -93,6 +93,8 @@ pub async fn drive(
     backends.metrics.stalled.set(0);
     backends.metrics.raft_no_quorum.set(0);
     let mut shutdown_open = !totals.shutdown.load(Ordering::Relaxed);
+    let mut raft_seen = None;
+    let mut role_seen: Option<(u64, u64, bool)> = None;
     if !shutdown_open {
         host.handle(clock.now(), Input::Shutdown);
     }
@@ -163,13 +165,17 @@ pub async fn drive(
                     None => unreachable!("only clustered engines send raft messages"),
                 },
                 Output::Role { term, leader, is_leader } => {
-                    backends.metrics.raft_term.set(term as i64);
-                    backends.metrics.raft_is_leader.set(is_leader as i64);
+                    let why = role_change_reason(role_seen, (term, leader, is_leader));
+                    role_seen = Some((term, leader, is_leader));
                     match (is_leader, leader) {
-                        (true, _) => info!(term, "this host leads the cluster"),
-                        (false, 0) => info!(term, "no leader known"),
-                        (false, leader) => info!(term, leader, "following node {leader}"),
+                        (true, _) => info!(term, reason = why, "this host leads the cluster"),
+                        (false, 0) => info!(term, reason = why, "no leader known"),
+                        (false, leader) => info!(term, leader, reason = why, "following node {leader}"),
                     }
+                }
+                // A joining host asks every peer; only the leader acts.
+                Output::JoinRefused { node, why } if why == skippr_core::replication::membership::NOT_LEADER => {
+                    debug!(node, "node {node} asked to join; this host does not lead")
                 }
                 Output::JoinRefused { node, why } => warn!(node, "refused node {node}'s request to join: {why}"),
                 Output::LeaseWait { holder, generation } => info!(
@@ -178,6 +184,10 @@ pub async fn drive(
                     "another writer holds the WAL's lease; waiting for it to release it or stop renewing it"
                 ),
             }
+        }
+        if let Some(status) = host.raft_status().filter(|s| Some(s) != raft_seen.as_ref()) {
+            backends.metrics.set_raft(&status);
+            raft_seen = Some(status);
         }
         let (cached, held) = host.record_bytes();
         backends.metrics.records_cached_bytes.set(cached as i64);
@@ -219,6 +229,22 @@ pub async fn drive(
                 }
             }
         }
+    }
+}
+
+/// Why the role changed from `before` to `now` (term, leader, is leader),
+/// as far as the two tell.
+fn role_change_reason(before: Option<(u64, u64, bool)>, now: (u64, u64, bool)) -> &'static str {
+    let Some((term0, leader0, led)) = before else { return "this engine started" };
+    let (term, leader, leads) = now;
+    match (led, leads, leader) {
+        (_, true, _) => "this host won the election",
+        (true, false, _) if term > term0 => "another host started a newer term",
+        (true, false, _) => "no majority answered within the election timeout",
+        (false, false, 0) if leader0 != 0 => "no word from the leader within the election timeout",
+        (false, false, 0) => "an election is under way",
+        (false, false, _) if term > term0 => "another host won the election",
+        (false, false, _) => "the leader of this term made itself known",
     }
 }
 

@@ -1,5 +1,6 @@
 //! Prometheus metrics, served on an opt-in address (loopback unless an
-//! operator says otherwise) at `/metrics`, in the OpenMetrics text format.
+//! operator says otherwise) at `/metrics`, in the OpenMetrics text format,
+//! and clustered mode's status as text at `/cluster` (`cluster status`).
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -7,10 +8,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use skippr_core::RaftStatus;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
 
 type Labels = Vec<(String, String)>;
@@ -40,6 +42,12 @@ pub struct Metrics {
     pub raft_is_leader: Gauge,
     /// 1 while no leader with a majority has been known for the stall time.
     pub raft_no_quorum: Gauge,
+    raft_commit_index: Gauge,
+    raft_leader: Gauge,
+    raft_peer_match_index: Family<Labels, Gauge>,
+    raft_peer_lag: Family<Labels, Gauge>,
+    /// The last raft status, for `/cluster`.
+    raft: Mutex<Option<RaftStatus>>,
     /// The disk WAL's directory; `None` in S3 mode, where the size is not
     /// measured.
     wal_dir: Option<PathBuf>,
@@ -67,6 +75,28 @@ impl Metrics {
             raft_no_quorum.clone(),
         );
         registry.register("raft_term", "Clustered mode: this host's raft term", raft_term.clone());
+        let (raft_commit_index, raft_leader) = (Gauge::default(), Gauge::default());
+        let (raft_peer_match_index, raft_peer_lag) = (Family::<Labels, Gauge>::default(), Family::default());
+        registry.register(
+            "raft_commit_index",
+            "Clustered mode: this host's raft commit index",
+            raft_commit_index.clone(),
+        );
+        registry.register(
+            "raft_leader",
+            "Clustered mode: the node id of the leader this host knows of (0: none)",
+            raft_leader.clone(),
+        );
+        registry.register(
+            "raft_peer_match_index",
+            "Clustered mode, on the leader: the index through which each other member's log matches the leader's",
+            raft_peer_match_index.clone(),
+        );
+        registry.register(
+            "raft_peer_lag",
+            "Clustered mode, on the leader: how many entries each other member's log is behind the leader's",
+            raft_peer_lag.clone(),
+        );
         registry.register(
             "raft_is_leader",
             "Clustered mode: 1 while this host leads the cluster",
@@ -121,8 +151,55 @@ impl Metrics {
             raft_term,
             raft_is_leader,
             raft_no_quorum,
+            raft_commit_index,
+            raft_leader,
+            raft_peer_match_index,
+            raft_peer_lag,
+            raft: Mutex::new(None),
             wal_dir,
         }
+    }
+
+    /// Clustered mode: what the engine knows of the cluster now.
+    pub fn set_raft(&self, status: &RaftStatus) {
+        self.raft_term.set(status.term as i64);
+        self.raft_is_leader.set(status.is_leader as i64);
+        self.raft_leader.set(status.leader as i64);
+        self.raft_commit_index.set(status.commit as i64);
+        self.raft_peer_match_index.clear();
+        self.raft_peer_lag.clear();
+        for p in &status.peers {
+            let labels = vec![("peer".to_string(), p.node.to_string())];
+            self.raft_peer_match_index.get_or_create(&labels).set(p.matched as i64);
+            self.raft_peer_lag.get_or_create(&labels).set(status.last_index.saturating_sub(p.matched) as i64);
+        }
+        *self.raft.lock().expect("not poisoned") = Some(status.clone());
+    }
+
+    /// `/cluster`: the raft status as text, one line for this host and one
+    /// per other member (on the leader); `None` outside clustered mode.
+    pub fn render_cluster(&self) -> Option<String> {
+        let s = self.raft.lock().expect("not poisoned").clone()?;
+        let role = match (s.is_leader, s.leader) {
+            (true, _) => "leader".to_string(),
+            (false, 0) => "no leader known".to_string(),
+            (false, l) => format!("follower of node {l}"),
+        };
+        let mut out = format!(
+            "node {}: {role}, term {}, commit index {}, last index {}\n",
+            s.node, s.term, s.commit, s.last_index
+        );
+        for p in &s.peers {
+            let lag = s.last_index.saturating_sub(p.matched);
+            out.push_str(&format!(
+                "peer {}: match index {}, lag {lag} entries, commit index it reported {}\n",
+                p.node, p.matched, p.committed
+            ));
+        }
+        if !s.is_leader {
+            out.push_str("(each peer's match index and lag: ask the leader)\n");
+        }
+        Some(out)
     }
 
     /// The text exposition, with the WAL's size measured now.
@@ -145,7 +222,13 @@ pub fn serve(metrics: Arc<Metrics>, addr: SocketAddr) -> std::io::Result<()> {
     info!(%addr, "metrics at http://{addr}/metrics");
     std::thread::Builder::new().name("metrics".into()).spawn(move || {
         for request in server.incoming_requests() {
-            let response = if request.url() == "/metrics" {
+            let cluster = (request.url() == "/cluster").then(|| metrics.render_cluster());
+            let response = if let Some(status) = cluster {
+                match status {
+                    Some(text) => tiny_http::Response::from_string(text),
+                    None => tiny_http::Response::from_string("not in clustered mode\n").with_status_code(404),
+                }
+            } else if request.url() == "/metrics" {
                 let header = tiny_http::Header::from_bytes(
                     &b"Content-Type"[..],
                     &b"application/openmetrics-text; version=1.0.0; charset=utf-8"[..],
@@ -153,7 +236,7 @@ pub fn serve(metrics: Arc<Metrics>, addr: SocketAddr) -> std::io::Result<()> {
                 .expect("a valid header");
                 tiny_http::Response::from_string(metrics.render()).with_header(header)
             } else {
-                tiny_http::Response::from_string("not found; try /metrics\n").with_status_code(404)
+                tiny_http::Response::from_string("not found; try /metrics or /cluster\n").with_status_code(404)
             };
             if let Err(e) = request.respond(response) {
                 warn!(error = %e, "answering a metrics request failed");

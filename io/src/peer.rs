@@ -247,6 +247,15 @@ impl Peers {
         tokio::time::sleep(Duration::from_millis(50).min(within)).await;
     }
 
+    /// Asks every peer to let this host (`node`, a joining host) in in
+    /// place of `replaces`; the leader acts on it, the others refuse (the
+    /// asker asks again until its own configuration has it as a voter).
+    pub fn ask_to_join(&self, node: u64, replaces: u64) {
+        for out in self.outbound.values() {
+            let _ = out.queue.try_send(Frame::Join { node, replaces });
+        }
+    }
+
     /// Tells `peer` that the transfer of its snapshot ended.
     pub fn transfer_ended(&self, peer: u64, ok: bool) {
         if let Some(out) = self.outbound.get(&peer) {

@@ -84,6 +84,10 @@ pub async fn start_peers(
     let (peers, incoming) = Peers::start(TokioNet, peer_config, tls, reader)
         .await
         .map_err(|e| (exit::CONFIG, format!("the peer transport cannot start: {e}")))?;
+    let peers = Arc::new(peers);
+    if let Some(replaces) = read_join(&cfg.data_dir)? {
+        tokio::spawn(ask_to_join(Arc::clone(&peers), cfg.data_dir.clone(), c.node, replaces));
+    }
     tracing::info!(
         node = c.node,
         cluster = format!("{:016x}", members.cluster),
@@ -97,7 +101,84 @@ pub async fn start_peers(
         tick: TICK,
         shared_offsets: matches!(cfg.offsets, OffsetsConfig::Dynamodb { .. }),
     };
-    Ok(ClusterRun { config, peers: Arc::new(peers), incoming })
+    Ok(ClusterRun { config, peers, incoming })
+}
+
+/// The id a joining host replaces, from its `cluster-join` file.
+fn read_join(data_dir: &Path) -> Result<Option<u64>, (i32, String)> {
+    let path = data_dir.join(JOIN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse().map(Some).map_err(|_| {
+            (exit::CONFIG, format!("{} does not hold a node id: run `skipprd cluster join` again", path.display()))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err((exit::CONFIG, format!("{}: {e}", path.display()))),
+    }
+}
+
+/// A joining host asks its peers once a second to let it in, until its own
+/// saved configuration has it as a voter; then the join file goes.
+async fn ask_to_join(peers: Arc<Peers>, data_dir: PathBuf, node: u64, replaces: u64) {
+    tracing::info!(node, replaces, "joining the cluster in place of node {replaces}: asking the leader to let it in");
+    loop {
+        let voter = HardStateFile::open(&data_dir)
+            .ok()
+            .and_then(|(_, saved)| saved)
+            .is_some_and(|s| s.conf.voters.contains(&node) && s.conf.voters_outgoing.is_empty());
+        if voter {
+            if let Err(e) = std::fs::remove_file(data_dir.join(JOIN_FILE)) {
+                tracing::warn!(error = %e, "cannot remove {}", data_dir.join(JOIN_FILE).display());
+            }
+            return tracing::info!(node, "this host is a voter of the cluster; node {replaces} is removed for good");
+        }
+        peers.ask_to_join(node, replaces);
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// The host's metrics address (`skipprd run --metrics-addr`): a port on
+    /// 127.0.0.1, or HOST:PORT.
+    #[arg(long, env = "SKIPPR_METRICS_ADDR", value_name = "ADDR")]
+    metrics_addr: String,
+}
+
+/// `skipprd cluster status`: `GET /cluster` from a running host, printed.
+pub fn status(args: StatusArgs) -> i32 {
+    use std::io::Write;
+    let fail = |code: i32, what: String| {
+        eprintln!("skipprd cluster status: {what}");
+        code
+    };
+    let addr = match crate::config::metrics_addr(&args.metrics_addr) {
+        Ok(a) => a,
+        Err(e) => return fail(exit::CONFIG, e),
+    };
+    let timeout = std::time::Duration::from_secs(5);
+    let answer = (|| -> std::io::Result<String> {
+        let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        write!(stream, "GET /cluster HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        Ok(text)
+    })();
+    let text = match answer {
+        Ok(t) => t,
+        Err(e) => {
+            return fail(
+                exit::FAILED,
+                format!("no skipprd answers at {addr} ({e}): is `skipprd run` running with --metrics-addr {addr}?"),
+            )
+        }
+    };
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        return fail(exit::FAILED, format!("the host at {addr} answered: {}", body.trim()));
+    }
+    print!("{body}");
+    exit::OK
 }
 
 #[derive(clap::Args)]
@@ -175,7 +256,15 @@ pub struct IdentityArgs {
     /// The cluster's WAL segment size, the same on every host.
     #[arg(long, env = "WAL_BYTES_PER_FILE", value_name = "BYTES")]
     wal_bytes_per_file: Option<u64>,
+    /// `join` only, required: the id of the host whose data was lost, which
+    /// this one replaces (removed for good once this one is a voter).
+    #[arg(long, value_name = "OLD_ID")]
+    replaces: Option<u64>,
 }
+
+/// In a joining host's DATA_DIR until it is a voter: the id it replaces.
+/// `run` asks the cluster to let it in while the file is there.
+pub const JOIN_FILE: &str = "cluster-join";
 
 fn parse_cluster_id(s: &str) -> Result<u64, String> {
     u64::from_str_radix(s, 16)
@@ -204,6 +293,14 @@ pub fn identity(args: IdentityArgs, join: bool) -> i32 {
             false => format!("node {} is not among --voters {voters:?}", args.node_id),
         });
     }
+    let replaces = match (args.replaces, join) {
+        (Some(_), false) => return fail("--replaces is for `cluster join`".into()),
+        (None, true) => return fail("--replaces is required: the id of the host whose data was lost".into()),
+        (Some(old), true) if old == 0 || old == args.node_id => {
+            return fail(format!("--replaces {old} must be another, positive node id"))
+        }
+        (r, _) => r,
+    };
     let cluster = match (args.cluster_id, join) {
         (Some(id), _) => id,
         (None, true) => return fail("--cluster-id is required: the id `cluster init` printed".into()),
@@ -223,9 +320,28 @@ pub fn identity(args: IdentityArgs, join: bool) -> i32 {
     {
         return fail(what);
     }
+    if let Some(old) = replaces {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = args.data_dir.join(JOIN_FILE);
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| f.write_all(format!("{old}\n").as_bytes()).and_then(|()| f.sync_all()));
+        if let Err(e) = written {
+            return fail(format!("{}: {e}", path.display()));
+        }
+    }
     println!("cluster {cluster:016x}: node {} in {}", args.node_id, args.data_dir.display());
-    if join {
-        println!("start it, then ask the leader to let node {} in", args.node_id);
+    if let Some(old) = replaces {
+        println!(
+            "start it with node {} in SKIPPR_CLUSTER_PEERS (on every host): it asks the leader to let it in, and once \
+             it has caught up it becomes a voter and node {old} is removed for good",
+            args.node_id
+        );
     }
     exit::OK
 }

@@ -603,7 +603,7 @@ fn load(path: &Path) -> Result<RunArgs, String> {
 }
 
 /// `PORT` (on 127.0.0.1) or `HOST:PORT`.
-fn metrics_addr(a: &str) -> Result<std::net::SocketAddr, String> {
+pub(crate) fn metrics_addr(a: &str) -> Result<std::net::SocketAddr, String> {
     if let Ok(port) = a.parse::<u16>() {
         return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
     }

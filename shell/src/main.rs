@@ -69,6 +69,10 @@ enum ClusterCommand {
     /// start (keys at mode 0600); production clusters may use their own CA,
     /// with each node's certificate issued for `skippr-node-<ID>`.
     Certs(cluster::CertsArgs),
+    /// Print what a running host knows of its cluster: its role, term,
+    /// commit index and last index, and on the leader each other member's
+    /// match index and lag (asked of the host's metrics address).
+    Status(cluster::StatusArgs),
 }
 
 #[derive(Subcommand)]
@@ -153,6 +157,7 @@ fn main() {
         Command::Cluster(ClusterCommand::Init(args)) => cluster::identity(args, false),
         Command::Cluster(ClusterCommand::Join(args)) => cluster::identity(args, true),
         Command::Cluster(ClusterCommand::Certs(args)) => cluster::certs(args),
+        Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args),
         Command::Bench(BenchCommand::Wal(args)) => bench::wal(args),
         Command::Bench(BenchCommand::E2e(args)) => bench::e2e(args),
         Command::Offsets(OffsetsCommand::Show { data_dir, store }) => match store.table() {

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 pub struct Cluster {
     pub root: PathBuf,
+    /// The cluster's id, as `cluster init` printed it.
+    pub id: String,
     pub sink: PathBuf,
     peer_ports: Vec<u16>,
     metrics_ports: Vec<u16>,
@@ -31,7 +33,8 @@ impl Cluster {
     /// runs yet.
     pub fn new(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Cluster {
         let certs = root.join("certs");
-        let out = skipprd(&["cluster", "certs", "--dir", certs.to_str().unwrap(), "--nodes", "1,2,3"]);
+        // Node 4 is for a host that joins in place of one whose data is gone.
+        let out = skipprd(&["cluster", "certs", "--dir", certs.to_str().unwrap(), "--nodes", "1,2,3,4"]);
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         let init = |node: u64, id: Option<&str>| {
             let data = root.join(format!("d{node}"));
@@ -51,6 +54,7 @@ impl Cluster {
         init(2, Some(&id));
         init(3, Some(&id));
         Cluster {
+            id,
             root: root.to_path_buf(),
             sink: root.join("sink"),
             peer_ports: (0..3).map(|_| free_port()).collect(),
@@ -59,6 +63,34 @@ impl Cluster {
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             children: vec![None, None, None],
         }
+    }
+
+    /// Node 4 from now on, in every host's SKIPPR_CLUSTER_PEERS (hosts
+    /// running now learn of it when they are started again): its DATA_DIR
+    /// prepared by `cluster join` in place of node `replaces`.
+    pub fn join(&mut self, replaces: u64) {
+        let data = self.root.join("d4");
+        let replaces = replaces.to_string();
+        let args = [
+            "cluster",
+            "join",
+            "--node-id",
+            "4",
+            "--voters",
+            "1,2,3",
+            "--cluster-id",
+            &self.id,
+            "--replaces",
+            &replaces,
+            "--wal-bytes-per-file",
+            "4194304",
+            data.to_str().unwrap(),
+        ];
+        let out = skipprd(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        self.peer_ports.push(free_port());
+        self.metrics_ports.push(free_port());
+        self.children.push(None);
     }
 
     pub fn peers(&self) -> String {
@@ -171,7 +203,7 @@ impl Cluster {
     pub fn leader(&self, limit: Duration) -> u64 {
         let until = Instant::now() + limit;
         loop {
-            let leader = (1..=3u64)
+            let leader = (1..=self.children.len() as u64)
                 .filter(|n| self.children[*n as usize - 1].is_some())
                 .filter_map(|n| self.role(n).map(|(term, leads)| (term, leads, n)))
                 .filter(|(_, leads, _)| *leads)

@@ -98,6 +98,14 @@ fn the_leader_sigkilled_ten_times_and_sigstopped_once_loses_and_duplicates_nothi
     assert!(file_contains(&cluster.log(frozen), "following node"), "the woken leader follows");
 }
 
+/// `skipprd cluster status` against host `node`, which must succeed.
+fn cluster_status(cluster: &Cluster, node: u64) -> String {
+    let port = cluster.metrics_port(node).to_string();
+    let out = skipprd(&["cluster", "status", "--metrics-addr", &port]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    stdout(&out)
+}
+
 fn metric(cluster: &Cluster, node: u64, name: &str) -> Option<u64> {
     let page = scrape_metrics(cluster.metrics_port(node));
     page.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
@@ -112,6 +120,21 @@ fn a_host_without_a_majority_says_so_and_recovers_when_one_returns() {
     cluster.start_all();
     let leader = cluster.leader(PATIENCE);
     let others: Vec<u64> = (1..=3).filter(|n| *n != leader).collect();
+    // `cluster status` and the raft metrics, on the leader and a follower.
+    wait_until("the leader's status lists both peers", PATIENCE, || {
+        let text = cluster_status(&cluster, leader);
+        others.iter().all(|p| text.contains(&format!("peer {p}: match index ")))
+    });
+    let text = cluster_status(&cluster, leader);
+    assert!(text.starts_with(&format!("node {leader}: leader, term ")), "{text}");
+    let follower = cluster_status(&cluster, others[0]);
+    assert!(follower.starts_with(&format!("node {}: follower of node {leader}", others[0])), "{follower}");
+    assert!(metric(&cluster, leader, "skippr_raft_commit_index ").is_some_and(|c| c > 0));
+    assert_eq!(metric(&cluster, others[0], "skippr_raft_leader "), Some(leader));
+    let page = scrape_metrics(cluster.metrics_port(leader));
+    for p in &others {
+        assert!(page.contains(&format!("skippr_raft_peer_lag{{peer=\"{p}\"}}")), "{page}");
+    }
     for n in &others {
         cluster.kill(*n);
     }
@@ -158,4 +181,49 @@ fn under_once_every_host_exits_0_by_itself_also_when_started_again() {
     cluster.start(2);
     assert_eq!(cluster.wait(2, Duration::from_secs(20)), Some(0), "{}", cluster.tail(2));
     assert_exactly_once(&cluster.sink, &["events"], 2, records);
+}
+
+#[test]
+fn a_follower_whose_data_is_lost_comes_back_under_a_new_id_with_cluster_join() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 40_000u64;
+    let n = records.to_string();
+    let args = ["--generator-records", &n, "--generator-partitions", "2", "--generator-rate", "6000"];
+    let mut cluster = Cluster::new(tmp.path(), &args, &[]);
+    cluster.start_all();
+    let leader = cluster.leader(PATIENCE);
+    let lost = (1..=3).find(|n| *n != leader).unwrap();
+    let other = (1..=3).find(|n| *n != leader && *n != lost).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    cluster.kill(lost);
+    std::fs::remove_dir_all(tmp.path().join(format!("d{lost}"))).unwrap();
+    // Started on the empty DATA_DIR, it refuses to take part.
+    cluster.start(lost);
+    assert_eq!(cluster.wait(lost, PATIENCE), Some(3), "{}", cluster.tail(lost));
+    assert!(file_contains(&cluster.log(lost), "holds no cluster identity"));
+    // It comes back as node 4; the others learn its address one at a time.
+    cluster.join(lost);
+    for node in [other, leader] {
+        assert_eq!(cluster.stop(node, Duration::from_secs(30)), Some(0), "node {node}: {}", cluster.tail(node));
+        cluster.start(node);
+    }
+    cluster.start(4);
+    let join_file = tmp.path().join("d4").join("cluster-join");
+    wait_until("node 4 a voter (its join file removed)", PATIENCE, || !join_file.exists());
+    assert!(file_contains(&cluster.log(4), "this host is a voter of the cluster"), "{}", cluster.tail(4));
+    let until = Instant::now() + Duration::from_secs(180);
+    while records_in(&cluster.sink) < 2 * records {
+        assert!(Instant::now() < until, "not every record reached the sink: {}", cluster.tail(4));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert_exactly_once(&cluster.sink, &["events"], 2, records);
+    // The cluster is nodes 4 and the two others now: any two of them lead.
+    let status = cluster_status(&cluster, cluster.leader(PATIENCE));
+    assert!(status.contains("peer 4: match index "), "{status}");
+    assert!(!status.contains(&format!("peer {lost}:")), "node {lost} is removed: {status}");
+    for node in [leader, other, 4] {
+        assert_eq!(cluster.stop(node, Duration::from_secs(30)), Some(0), "node {node}: {}", cluster.tail(node));
+    }
 }

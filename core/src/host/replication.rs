@@ -383,6 +383,10 @@ impl Replication {
         false
     }
 
+    pub(super) fn status(&self) -> Option<crate::replication::replica::RaftStatus> {
+        self.replica.as_ref().map(|r| r.status())
+    }
+
     /// Whether this host leads, or follows a leader it knows of.
     pub(super) fn leads(&self) -> bool {
         self.replica.as_ref().is_some_and(|r| r.is_leader())

@@ -81,6 +81,21 @@ pub enum ReplicaOutput {
     Removed,
 }
 
+/// What a host knows of the cluster, for metrics and `cluster status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RaftStatus {
+    pub node: u64,
+    pub term: u64,
+    /// The leader it knows of (0: none).
+    pub leader: u64,
+    pub is_leader: bool,
+    pub commit: u64,
+    /// The last index of its log.
+    pub last_index: u64,
+    /// Leading: every other member's progress; empty while following.
+    pub peers: Vec<PeerProgress>,
+}
+
 /// What a leader knows of one other member's log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerProgress {
@@ -194,6 +209,18 @@ impl Replica {
 
     pub fn log(&self) -> &Log {
         self.raw.store()
+    }
+
+    pub fn status(&self) -> RaftStatus {
+        RaftStatus {
+            node: self.id(),
+            term: self.term(),
+            leader: self.leader(),
+            is_leader: self.is_leader(),
+            commit: self.commit_index(),
+            last_index: self.log().last_index(),
+            peers: if self.is_leader() { self.peer_progress() } else { Vec::new() },
+        }
     }
 
     /// Leading: every other member (voters and learners), in id order, with
