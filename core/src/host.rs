@@ -67,6 +67,10 @@ pub struct Host {
     /// entry saying every member learnt of it.
     finish_proposed: bool,
     all_finished_proposed: bool,
+    /// Clustered mode, at a SIGTERM: leadership is being handed over.
+    handing_over: bool,
+    /// `Input::Shutdown` arrived (not only `--once`'s end of the sources).
+    asked_to_stop: bool,
     /// This configuration's names, written into every snapshot.
     names: Names,
     committed: CommittedState,
@@ -145,6 +149,8 @@ impl Host {
             drain_deadline: None,
             finish_proposed: false,
             all_finished_proposed: false,
+            handing_over: false,
+            asked_to_stop: false,
             committed: CommittedState::default(),
             records: RecordStore::default(),
             authority,
@@ -180,7 +186,10 @@ impl Host {
                 self.on_io(id, pending, result);
             }
             Input::Timeout => self.on_timeout(),
-            Input::Shutdown => self.on_shutdown(),
+            Input::Shutdown => {
+                self.asked_to_stop = true;
+                self.on_shutdown()
+            }
             Input::Peer(m) => {
                 let news = match self.authority.raft() {
                     Some(r) => r.step(&mut self.fx, *m),
@@ -309,7 +318,11 @@ impl Host {
             self.wal.request_seal();
         }
         if self.drain_deadline.is_some_and(|at| at <= self.fx.now) {
-            let stop = self.finish_timed_out().unwrap_or(StopReason::DrainTimedOut);
+            let stop = match self.handing_over {
+                // Drained already; the handover did not happen in time.
+                true => StopReason::Clean,
+                false => self.finish_timed_out().unwrap_or(StopReason::DrainTimedOut),
+            };
             self.stop(stop);
         }
         match self.stall.on_timeout(self.fx.now) {

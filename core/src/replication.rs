@@ -13,6 +13,7 @@
 //! drawn from the engine's seed (`TickJitter::draw`).
 
 use crate::config::Limits;
+use crate::ids::{Lsn, SegmentId};
 pub use raft::eraftpb::{ConfState, HardState};
 
 pub mod entry;
@@ -44,6 +45,58 @@ pub fn settings_fingerprint(segment_bytes: u64, tick: crate::Duration) -> u64 {
         b.extend_from_slice(&v.to_le_bytes());
     }
     xxhash_rust::xxh3::xxh3_64(&b)
+}
+
+/// What `wal verify` says of a clustered host's log: the oldest group it
+/// still holds, the last one its saved commit index covers, and a digest
+/// of the groups `from..=through` (xxh3-64 over each group's LSN, term and
+/// bytes, in order). Groups are the same bytes on every host (a follower
+/// writes its leader's), so hosts whose digests of one range differ hold
+/// different committed logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixDigest {
+    pub oldest: Lsn,
+    pub committed: Lsn,
+    pub from: Lsn,
+    pub through: Lsn,
+    pub digest: u64,
+}
+
+/// The digest of the committed groups `from..=through` (each default: the
+/// oldest held, and the saved commit index). Fails naming an LSN outside
+/// what this host holds and has committed.
+pub fn prefix_digest(
+    segments: &[(SegmentId, &[u8])],
+    scanned: &[crate::wal::ScannedSegment],
+    commit: u64,
+    from: Option<Lsn>,
+    through: Option<Lsn>,
+) -> Result<PrefixDigest, String> {
+    let bytes: std::collections::BTreeMap<SegmentId, &[u8]> = segments.iter().copied().collect();
+    let groups: Vec<(SegmentId, &crate::wal::ScannedGroup)> = scanned
+        .iter()
+        .flat_map(|s| s.groups.iter().map(move |g| (s.id, g)))
+        .filter(|(_, g)| g.lsn.0 <= commit)
+        .collect();
+    let (Some(first), Some(last)) = (groups.first(), groups.last()) else {
+        return Err(format!("this host holds no committed group (its saved commit index is {commit})"));
+    };
+    let (oldest, committed) = (first.1.lsn, last.1.lsn);
+    let from = from.unwrap_or(oldest);
+    let through = through.unwrap_or(committed);
+    if from < oldest || through > committed || from > through {
+        return Err(format!(
+            "this host holds committed groups {}..={} only; ask for a range inside it",
+            oldest.0, committed.0
+        ));
+    }
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for (segment, g) in groups.iter().filter(|(_, g)| g.lsn >= from && g.lsn <= through) {
+        h.update(&g.lsn.0.to_le_bytes());
+        h.update(&g.epoch.0.to_le_bytes());
+        h.update(&bytes[segment][g.offset as usize..g.end as usize]);
+    }
+    Ok(PrefixDigest { oldest, committed, from, through, digest: h.digest() })
 }
 
 /// raft-rs's configuration for node `id`: pre-vote and check-quorum on, the

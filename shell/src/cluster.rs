@@ -293,14 +293,6 @@ pub fn identity(args: IdentityArgs, join: bool) -> i32 {
             false => format!("node {} is not among --voters {voters:?}", args.node_id),
         });
     }
-    let replaces = match (args.replaces, join) {
-        (Some(_), false) => return fail("--replaces is for `cluster join`".into()),
-        (None, true) => return fail("--replaces is required: the id of the host whose data was lost".into()),
-        (Some(old), true) if old == 0 || old == args.node_id => {
-            return fail(format!("--replaces {old} must be another, positive node id"))
-        }
-        (r, _) => r,
-    };
     let cluster = match (args.cluster_id, join) {
         (Some(id), _) => id,
         (None, true) => return fail("--cluster-id is required: the id `cluster init` printed".into()),
@@ -308,6 +300,14 @@ pub fn identity(args: IdentityArgs, join: bool) -> i32 {
             Ok(id) => id,
             Err(e) => return fail(format!("cannot draw a cluster id: {e}")),
         },
+    };
+    let replaces = match (args.replaces, join) {
+        (Some(_), false) => return fail("--replaces is for `cluster join`".into()),
+        (None, true) => return fail("--replaces is required: the id of the host whose data was lost".into()),
+        (Some(old), true) if old == 0 || old == args.node_id => {
+            return fail(format!("--replaces {old} must be another, positive node id"))
+        }
+        (r, _) => r,
     };
     let segment_bytes = args.wal_bytes_per_file.unwrap_or(Limits::default().segment_bytes);
     let members = Members { cluster, node: args.node_id, segment_bytes, ..Members::default() };

@@ -97,6 +97,14 @@ enum WalCommand {
         wal: config::WalArgs,
         #[command(flatten)]
         aws: config::AwsArgs,
+        /// Clustered mode: the digest starts at this LSN [default: the
+        /// oldest group this host holds].
+        #[arg(long, value_name = "LSN")]
+        from: Option<u64>,
+        /// Clustered mode: the digest ends at this LSN [default: the last
+        /// group this host's saved commit index covers].
+        #[arg(long, value_name = "LSN")]
+        through: Option<u64>,
     },
 }
 
@@ -142,15 +150,17 @@ fn main() {
     let code = match cli.command {
         Command::Run(args) => run::main(*args),
         Command::Sim(args) => sim::main(args),
-        Command::Wal(WalCommand::Verify { data_dir, wal, aws }) => match (wal.storage(), &wal.s3_bucket) {
+        Command::Wal(WalCommand::Verify { data_dir, wal, aws, from, through }) => match (wal.storage(), &wal.s3_bucket)
+        {
             ("disk", _) => tools::wal_verify(&data_dir),
+            ("clustered", _) => tools::wal_verify_clustered(&data_dir, from, through),
             ("s3", Some(bucket)) => tools::wal_verify_s3(bucket, &wal.prefix(), &aws.settings()),
             ("s3", None) => {
                 eprintln!("skipprd wal verify: WAL_STORAGE=s3 needs the bucket: set SKIPPR_WAL_S3_BUCKET");
                 exit::CONFIG
             }
             (other, _) => {
-                eprintln!("skipprd wal verify: unknown WAL_STORAGE '{other}': use disk or s3");
+                eprintln!("skipprd wal verify: unknown WAL_STORAGE '{other}': use disk, s3 or clustered");
                 exit::CONFIG
             }
         },

@@ -27,9 +27,32 @@ fn init_and_join_write_an_identity_once_and_refuse_what_would_reuse_one() {
     assert!(stderr(&old_id).contains("joins under a new id"), "{}", stderr(&old_id));
     let no_id = skipprd(&["cluster", "join", "--node-id", "4", "--voters", "1,2,3", b]);
     assert!(stderr(&no_id).contains("--cluster-id is required"), "{}", stderr(&no_id));
-    let join = skipprd(&["cluster", "join", "--node-id", "4", "--voters", "1,2,3", "--cluster-id", &id, b]);
+    let no_old = skipprd(&["cluster", "join", "--node-id", "4", "--voters", "1,2,3", "--cluster-id", &id, b]);
+    assert_eq!(no_old.status.code(), Some(3));
+    assert!(stderr(&no_old).contains("--replaces is required"), "{}", stderr(&no_old));
+    let itself =
+        skipprd(&["cluster", "join", "--node-id", "4", "--voters", "1,2,3", "--cluster-id", &id, "--replaces", "4", b]);
+    assert!(stderr(&itself).contains("must be another, positive node id"), "{}", stderr(&itself));
+    let join =
+        skipprd(&["cluster", "join", "--node-id", "4", "--voters", "1,2,3", "--cluster-id", &id, "--replaces", "2", b]);
     assert_eq!(join.status.code(), Some(0), "{}", stderr(&join));
     assert!(stdout(&join).contains(&format!("cluster {id}: node 4")), "{}", stdout(&join));
+    // The host it replaces, for `run` to ask the cluster with, at 0600.
+    let join_file = std::path::Path::new(b).join("cluster-join");
+    assert_eq!(std::fs::read_to_string(&join_file).unwrap(), "2\n");
+    assert_eq!(std::fs::metadata(&join_file).unwrap().permissions().mode() & 0o777, 0o600);
+    let init_replaces = skipprd(&[
+        "cluster",
+        "init",
+        "--node-id",
+        "1",
+        "--voters",
+        "1,2,3",
+        "--replaces",
+        "2",
+        tmp.path().join("d").to_str().unwrap(),
+    ]);
+    assert!(stderr(&init_replaces).contains("--replaces is for `cluster join`"), "{}", stderr(&init_replaces));
     let not_voter =
         skipprd(&["cluster", "init", "--node-id", "5", "--voters", "1,2,3", tmp.path().join("c").to_str().unwrap()]);
     assert!(stderr(&not_voter).contains("is not among --voters"), "{}", stderr(&not_voter));

@@ -96,6 +96,41 @@ fn the_leader_sigkilled_ten_times_and_sigstopped_once_loses_and_duplicates_nothi
         assert_eq!(cluster.stop(node, Duration::from_secs(30)), Some(0), "node {node}: {}", cluster.tail(node));
     }
     assert!(file_contains(&cluster.log(frozen), "following node"), "the woken leader follows");
+    committed_prefixes_agree(&cluster, &[1, 2, 3]);
+}
+
+/// `wal verify` on each stopped host: the range of committed groups every
+/// one holds has one digest on all of them.
+fn committed_prefixes_agree(cluster: &Cluster, nodes: &[u64]) {
+    let verify = |node: u64, range: &[&str]| {
+        let data = cluster.root.join(format!("d{node}"));
+        let mut args = vec!["wal", "verify", "--wal-storage", "clustered", data.to_str().unwrap()];
+        args.extend(range);
+        let out = skipprd(&args);
+        assert_eq!(out.status.code(), Some(0), "node {node}: {}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+        stdout(&out)
+    };
+    let held: Vec<(u64, u64)> = nodes
+        .iter()
+        .map(|&n| {
+            let text = verify(n, &[]);
+            let range = text.split("committed groups ").nth(1).and_then(|t| t.split(' ').next()).expect("a range");
+            let (a, b) = range.split_once("..=").expect("A..=B");
+            (a.parse().unwrap(), b.parse().unwrap())
+        })
+        .collect();
+    let from = held.iter().map(|h| h.0).max().unwrap().to_string();
+    let through = held.iter().map(|h| h.1).min().unwrap().to_string();
+    assert!(from.parse::<u64>().unwrap() <= through.parse().unwrap(), "the hosts share committed groups: {held:?}");
+    let digests: Vec<String> = nodes
+        .iter()
+        .map(|&n| {
+            let text = verify(n, &["--from", &from, "--through", &through]);
+            text.lines().find(|l| l.starts_with("committed prefix")).expect("a digest line").to_string()
+        })
+        .collect();
+    assert!(digests.windows(2).all(|w| w[0] == w[1]), "the hosts' committed prefixes differ: {digests:?}");
+    println!("wal verify: {} on nodes {nodes:?}", digests[0]);
 }
 
 /// `skipprd cluster status` against host `node`, which must succeed.
@@ -224,6 +259,30 @@ fn a_follower_whose_data_is_lost_comes_back_under_a_new_id_with_cluster_join() {
     assert!(status.contains("peer 4: match index "), "{status}");
     assert!(!status.contains(&format!("peer {lost}:")), "node {lost} is removed: {status}");
     for node in [leader, other, 4] {
+        assert_eq!(cluster.stop(node, Duration::from_secs(30)), Some(0), "node {node}: {}", cluster.tail(node));
+    }
+    committed_prefixes_agree(&cluster, &[leader, other, 4]);
+}
+
+#[test]
+fn a_sigtermed_leader_hands_leadership_over_before_it_exits() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--generator-records", "0", "--generator-rate", "2000"];
+    let mut cluster = Cluster::new(tmp.path(), &args, &[]);
+    cluster.start_all();
+    let leader = cluster.leader(PATIENCE);
+    wait_until("records delivered", PATIENCE, || records_in(&cluster.sink) > 0);
+    assert_eq!(cluster.stop(leader, Duration::from_secs(30)), Some(0), "{}", cluster.tail(leader));
+    // Without a handover the others would wait out an election timeout
+    // (1 s, ten ticks) after the leader's last heartbeat.
+    let exited = Instant::now();
+    let successor = cluster.leader(PATIENCE);
+    let waited = exited.elapsed();
+    assert!(waited < Duration::from_millis(500), "node {successor} led {waited:?} after node {leader} exited");
+    let held = records_in(&cluster.sink);
+    wait_until("records delivered by the successor", PATIENCE, || records_in(&cluster.sink) > held);
+    for node in (1..=3).filter(|n| *n != leader) {
         assert_eq!(cluster.stop(node, Duration::from_secs(30)), Some(0), "node {node}: {}", cluster.tail(node));
     }
 }

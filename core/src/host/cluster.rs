@@ -81,6 +81,13 @@ impl Host {
                     }
                 }
                 RaftNews::Serving { term } => self.serve(term),
+                // A handover at a SIGTERM deposes this host, as planned: it
+                // follows (its vote may be needed) until the successor leads.
+                RaftNews::Deposed { .. } if self.handing_over => {}
+                // Asked to stop and deposed on the way (the last hosts of a
+                // cluster stopped one by one lose their majority): what it
+                // did not finish, its successor or its next start replays.
+                RaftNews::Deposed { .. } if self.asked_to_stop => self.stop(StopReason::Clean),
                 RaftNews::Deposed { term } => self.stop(StopReason::Deposed { term }),
                 RaftNews::LeaderConfirmed => {
                     if let startup::Doubt::Confirmed(stop) = self.startup.resolve_doubt(self.fx.now) {

@@ -57,6 +57,29 @@ impl Host {
 }
 
 impl Host {
+    /// Clustered mode, drained for a SIGTERM: a leader hands leadership to
+    /// its most caught-up voter (so the others need not wait out an
+    /// election timeout) and stops once that host leads, or after two
+    /// election timeouts if the handover does not happen. True while it
+    /// waits.
+    pub(super) fn hands_over(&mut self) -> bool {
+        let Some(r) = self.authority.raft() else { return false };
+        if self.handing_over {
+            if !r.leads() && r.leader_known() {
+                self.stop(StopReason::Clean);
+            }
+            return true;
+        }
+        let patience = r.hand_over_patience();
+        let (to, news) = r.hand_over(&mut self.fx);
+        if to.is_some() {
+            self.handing_over = true;
+            self.drain_deadline = Some(self.fx.now + patience);
+        }
+        self.on_raft_news(news);
+        to.is_some()
+    }
+
     /// This drain ends a clustered `--once` run: the sources are exhausted
     /// (not a SIGTERM), so the leader commits the terminal entry.
     pub(super) fn finishes_cluster(&self) -> bool {

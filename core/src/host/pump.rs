@@ -38,6 +38,8 @@ impl Host {
         if self.phase == Phase::Draining && (early || self.drained()) {
             if self.finishes_cluster() {
                 self.propose_finish();
+            } else if self.hands_over() {
+                // Waiting to be deposed by the handover.
             } else if self.release_authority() {
                 self.stop(StopReason::Clean);
             }

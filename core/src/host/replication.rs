@@ -387,6 +387,21 @@ impl Replication {
         self.replica.as_ref().map(|r| r.status())
     }
 
+    /// Leading, at a SIGTERM once drained: hands leadership over. The
+    /// voter it goes to, if any.
+    pub(super) fn hand_over(&mut self, fx: &mut Effects) -> (Option<u64>, Vec<RaftNews>) {
+        let to = match self.replica.as_mut() {
+            Some(r) if r.is_leader() => r.transfer_leader(),
+            _ => None,
+        };
+        (to, self.drain(fx))
+    }
+
+    /// Two election timeouts: how long a handover may take.
+    pub(super) fn hand_over_patience(&self) -> crate::time::Duration {
+        self.config.tick.saturating_mul(2 * crate::replication::ELECTION_TICKS as u64)
+    }
+
     /// Whether this host leads, or follows a leader it knows of.
     pub(super) fn leads(&self) -> bool {
         self.replica.as_ref().is_some_and(|r| r.is_leader())

@@ -211,6 +211,17 @@ impl Replica {
         self.raw.store()
     }
 
+    /// Leading: hands leadership to the voter whose log matches furthest
+    /// (raft-rs catches it up, then tells it to campaign at once). `None`
+    /// when no other voter exists.
+    pub fn transfer_leader(&mut self) -> Option<u64> {
+        let voters = self.raw.raft.prs().conf().voters().ids();
+        let to = self.peer_progress().into_iter().filter(|p| voters.contains(p.node)).max_by_key(|p| p.matched)?;
+        self.raw.transfer_leader(to.node);
+        self.pump();
+        Some(to.node)
+    }
+
     pub fn status(&self) -> RaftStatus {
         RaftStatus {
             node: self.id(),

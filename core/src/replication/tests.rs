@@ -394,3 +394,31 @@ fn acknowledging_before_persisting_is_caught_by_the_durability_check() {
     let caught = (0..20).filter(|&seed| run_async(seed, true).is_err()).count();
     assert!(caught > 0, "the planted bug went unnoticed in every seed");
 }
+
+/// A log of the genesis group and one more group at LSN 1 holding `frame`.
+fn two_groups(frame: &crate::wal::Frame) -> Vec<u8> {
+    let (_, mut bytes) = entry::genesis(1 << 16);
+    bytes.extend_from_slice(&crate::wal::encode_group(SegmentId(0), crate::ids::Epoch(1), Lsn(1), &[frame]));
+    bytes
+}
+
+#[test]
+fn the_committed_prefix_digest_tells_logs_apart_and_names_what_is_held() {
+    use crate::wal::{scan, Frame};
+    let digest = |bytes: &[u8], commit: u64, from: Option<u64>, through: Option<u64>| {
+        let view = [(SegmentId(0), bytes)];
+        let scanned = scan(&view, false).expect("the log scans");
+        prefix_digest(&view, &scanned, commit, from.map(Lsn), through.map(Lsn))
+    };
+    let (a, b) = (two_groups(&Frame::Finished), two_groups(&Frame::AllFinished));
+    let whole = digest(&a, 1, None, None).unwrap();
+    assert_eq!((whole.oldest, whole.committed, whole.from, whole.through), (Lsn(0), Lsn(1), Lsn(0), Lsn(1)));
+    assert_eq!(whole, digest(&a, 1, None, None).unwrap(), "the same log, the same digest");
+    assert_ne!(whole.digest, digest(&b, 1, None, None).unwrap().digest, "another group at LSN 1");
+    assert_eq!(digest(&a, 1, None, Some(0)).unwrap().digest, digest(&b, 1, None, Some(0)).unwrap().digest);
+    // A group past the saved commit index is not part of the prefix.
+    assert_eq!(digest(&a, 0, None, None).unwrap().committed, Lsn(0));
+    assert_eq!(digest(&a, 0, None, None).unwrap().digest, digest(&b, 0, None, None).unwrap().digest);
+    let outside = digest(&a, 0, None, Some(1)).unwrap_err();
+    assert!(outside.contains("committed groups 0..=0 only"), "{outside}");
+}

@@ -75,6 +75,8 @@ struct Cluster {
     finished: Vec<bool>,
     /// Clean stops with records not yet in the sink.
     early_stops: u64,
+    /// At each clean stop: whether another host led by then.
+    successor_at_stop: Vec<bool>,
 }
 
 /// What `cluster init` writes into host `node`'s DATA_DIR.
@@ -123,6 +125,7 @@ impl Cluster {
             once: false,
             finished: vec![false; HOSTS as usize],
             early_stops: 0,
+            successor_at_stop: Vec::new(),
         };
         for i in 0..HOSTS as usize {
             c.start(i);
@@ -180,6 +183,8 @@ impl Cluster {
                 }
                 Output::Stopped(StopReason::Clean) if self.once => {
                     self.early_stops += (self.delivered().len() < RECORDS as usize) as u64;
+                    let successor = self.leading.iter().enumerate().any(|(j, led)| j != i && *led);
+                    self.successor_at_stop.push(successor);
                     self.finished[i] = true;
                     self.nodes[i].host = None;
                 }
@@ -578,5 +583,35 @@ fn under_once_every_host_stops_cleanly_after_the_terminal_entry_also_when_starte
             }
             assert!(c.finished[i], "seed {seed}: host {} stopped again without peers", i + 1);
         }
+    }
+}
+
+#[test]
+fn a_leader_asked_to_shut_down_hands_leadership_over_first() {
+    for seed in 0..4 {
+        let mut c = run(seed, Mutations::NONE);
+        c.verdict().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        c.once = true; // a clean stop is expected now, not a failure
+                       // A leader that serves (one still recovering has nothing to drain).
+        let serving = |c: &Cluster| {
+            (0..HOSTS as usize).find(|&i| c.leading[i] && c.nodes[i].host.as_ref().is_some_and(|h| !h.is_recovering()))
+        };
+        for _ in 0..20_000 {
+            if serving(&c).is_some() {
+                break;
+            }
+            c.step(false);
+        }
+        let leader = serving(&c).expect("a leader that serves");
+        c.handle(leader, Input::Shutdown);
+        for _ in 0..20_000 {
+            if c.finished[leader] || c.failure.is_some() {
+                break;
+            }
+            c.step(false);
+        }
+        assert_eq!(c.failure, None, "seed {seed}");
+        assert!(c.finished[leader], "seed {seed}: the leader stopped cleanly");
+        assert_eq!(c.successor_at_stop, vec![true], "seed {seed}: another host led when it stopped");
     }
 }
