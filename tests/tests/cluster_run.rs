@@ -286,3 +286,61 @@ fn a_sigtermed_leader_hands_leadership_over_before_it_exits() {
         assert_eq!(cluster.stop(node, Duration::from_secs(30)), Some(0), "node {node}: {}", cluster.tail(node));
     }
 }
+
+/// The offsets items of `table` whose key names `identity`, as (key, item).
+fn offsets_items(table: &str, identity: &str) -> Vec<String> {
+    aws::set_env();
+    aws::runtime().block_on(async {
+        let sdk = aws::sdk(&aws::endpoint()).await;
+        let client = aws_sdk_dynamodb::Client::new(&sdk);
+        let page = client.scan().table_name(table).send().await.expect("the local server scans");
+        page.items()
+            .iter()
+            .filter_map(|item| item.get("pk").and_then(|v| v.as_s().ok()).cloned())
+            .filter(|pk| pk.starts_with("offsets#") && pk.contains(identity))
+            .collect()
+    })
+}
+
+#[test]
+fn with_offsets_in_dynamodb_the_leader_killed_thrice_loses_and_duplicates_nothing() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let (_bucket, table) = aws::bucket_and_table("cluster-offsets");
+    let mut env: Vec<(&str, String)> = aws::env();
+    env.push(("SKIPPR_OFFSET_STORE", "dynamodb".into()));
+    env.push(("SKIPPR_OFFSET_DYNAMODB_TABLE", table.clone()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let records = 30_000u64;
+    let n = records.to_string();
+    let args = ["--generator-records", &n, "--generator-partitions", "2", "--generator-rate", "6000"];
+    let mut cluster = Cluster::new(tmp.path(), &args, &env);
+    cluster.start_all();
+    for _ in 0..3 {
+        let leader = cluster.leader(PATIENCE);
+        std::thread::sleep(Duration::from_millis(800));
+        assert!(records_in(&cluster.sink) < 2 * records, "the ingest ended before the kill");
+        cluster.kill(leader);
+        std::thread::sleep(Duration::from_millis(300));
+        cluster.start(leader);
+    }
+    let until = Instant::now() + Duration::from_secs(180);
+    while records_in(&cluster.sink) < 2 * records {
+        assert!(
+            Instant::now() < until,
+            "not every record reached the sink: {}",
+            cluster.tail(cluster.leader(PATIENCE))
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert_exactly_once(&cluster.sink, &["events"], 2, records);
+    for node in 1..=3 {
+        assert_eq!(cluster.stop(node, Duration::from_secs(30)), Some(0), "node {node}: {}", cluster.tail(node));
+    }
+    // One store for the cluster, keyed by the cluster's identity, not a host's.
+    let identity = format!("cluster://{}/", cluster.id);
+    let items = offsets_items(&table, &identity);
+    assert_eq!(items.len(), 2, "one offsets item per partition under {identity}: {items:?}");
+    committed_prefixes_agree(&cluster, &[1, 2, 3]);
+}
