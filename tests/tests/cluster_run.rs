@@ -30,6 +30,19 @@ impl Draw {
     }
 }
 
+/// `times` over: `after` a leader is known, SIGKILL it (before the sink
+/// holds all `total` records) and start it again.
+fn kill_the_leader(cluster: &mut Cluster, times: usize, after: Duration, total: u64) {
+    for _ in 0..times {
+        let leader = cluster.leader(PATIENCE);
+        std::thread::sleep(after);
+        assert!(records_in(&cluster.sink) < total, "the ingest ended before the kill");
+        cluster.kill(leader);
+        std::thread::sleep(Duration::from_millis(300));
+        cluster.start(leader);
+    }
+}
+
 fn records_in(sink: &std::path::Path) -> u64 {
     read_dir_sink(sink).values().map(|v| v.len() as u64).sum()
 }
@@ -197,14 +210,7 @@ fn under_once_every_host_exits_0_by_itself_also_when_started_again() {
     let mut cluster = Cluster::new(tmp.path(), &args, &[]);
     cluster.start_all();
     // The leader killed mid-ingest and started again, twice.
-    for _ in 0..2 {
-        let leader = cluster.leader(PATIENCE);
-        std::thread::sleep(Duration::from_millis(700));
-        assert!(records_in(&cluster.sink) < 2 * records, "the ingest ended before the kill");
-        cluster.kill(leader);
-        std::thread::sleep(Duration::from_millis(300));
-        cluster.start(leader);
-    }
+    kill_the_leader(&mut cluster, 2, Duration::from_millis(700), 2 * records);
     for node in 1..=3 {
         assert_eq!(cluster.wait(node, Duration::from_secs(90)), Some(0), "node {node}: {}", cluster.tail(node));
     }
@@ -316,14 +322,7 @@ fn with_offsets_in_dynamodb_the_leader_killed_thrice_loses_and_duplicates_nothin
     let args = ["--generator-records", &n, "--generator-partitions", "2", "--generator-rate", "6000"];
     let mut cluster = Cluster::new(tmp.path(), &args, &env);
     cluster.start_all();
-    for _ in 0..3 {
-        let leader = cluster.leader(PATIENCE);
-        std::thread::sleep(Duration::from_millis(800));
-        assert!(records_in(&cluster.sink) < 2 * records, "the ingest ended before the kill");
-        cluster.kill(leader);
-        std::thread::sleep(Duration::from_millis(300));
-        cluster.start(leader);
-    }
+    kill_the_leader(&mut cluster, 3, Duration::from_millis(800), 2 * records);
     let until = Instant::now() + Duration::from_secs(180);
     while records_in(&cluster.sink) < 2 * records {
         assert!(
