@@ -38,8 +38,8 @@ pub struct Metrics {
     pub records_cached_bytes: Gauge,
     pub records_held_bytes: Gauge,
     /// Clustered mode: this host's raft term, and 1 while it leads.
-    pub raft_term: Gauge,
-    pub raft_is_leader: Gauge,
+    raft_term: Gauge,
+    raft_is_leader: Gauge,
     /// 1 while no leader with a majority has been known for the stall time.
     pub raft_no_quorum: Gauge,
     raft_commit_index: Gauge,

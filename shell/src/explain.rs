@@ -60,10 +60,16 @@ pub fn missing_message(m: &skippr_core::recovery::Missing, name: impl Fn(skippr_
 pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
     match reason {
         StopReason::Clean => "stopped cleanly".into(),
+        StopReason::FinishedUnconfirmed { index, nodes } if nodes.is_empty() => format!(
+            "the run is finished (its terminal entry committed at index {index}); this host lost its leader before \
+             hearing that every member had learnt so, and stopped after the drain timeout"
+        ),
         StopReason::FinishedUnconfirmed { index, nodes } => {
             let nodes: Vec<String> = nodes.iter().map(u64::to_string).collect();
             format!(
-                "the run is finished (its terminal entry committed at index {index}), but node {} had not learnt so                  within the drain timeout. Such a node, started with --once, waits for a majority: start one other                  host without --once beside it, and stop that one with SIGTERM once the lagging node has exited",
+                "the run is finished (its terminal entry committed at index {index}), but node {} had not learnt so \
+                 within the drain timeout. Such a node, started with --once, waits for a majority: start one other \
+                 host without --once beside it, and stop that one with SIGTERM once the lagging node has exited",
                 nodes.join(", node ")
             )
         }

@@ -158,34 +158,27 @@ impl Cluster {
     /// SIGTERMs host `node` and returns its exit code.
     pub fn stop(&mut self, node: u64, limit: Duration) -> Option<i32> {
         self.signal(node, Signal::SIGTERM);
-        let mut child = self.children[node as usize - 1].take().unwrap();
-        let until = Instant::now() + limit;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status.code();
-            }
-            if Instant::now() > until {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("host {node} did not stop within {limit:?} of SIGTERM: {}", self.tail(node));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.exit_code(node, limit, &format!("stop within {limit:?} of SIGTERM"))
     }
 
     /// Waits for host `node` to exit by itself and returns its exit code.
     pub fn wait(&mut self, node: u64, limit: Duration) -> Option<i32> {
-        let child = self.children[node as usize - 1].as_mut().expect("running");
+        self.exit_code(node, limit, &format!("exit by itself within {limit:?}"))
+    }
+
+    /// Reaps host `node` within `limit`, or kills it and panics saying it
+    /// did not `what`.
+    fn exit_code(&mut self, node: u64, limit: Duration, what: &str) -> Option<i32> {
+        let mut child = self.children[node as usize - 1].take().expect("running");
         let until = Instant::now() + limit;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
-                self.children[node as usize - 1] = None;
                 return status.code();
             }
             if Instant::now() > until {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("host {node} did not exit by itself within {limit:?}: {}", self.tail(node));
+                panic!("host {node} did not {what}: {}", self.tail(node));
             }
             std::thread::sleep(Duration::from_millis(20));
         }

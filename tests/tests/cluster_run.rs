@@ -43,6 +43,19 @@ fn kill_the_leader(cluster: &mut Cluster, times: usize, after: Duration, total: 
     }
 }
 
+/// Waits (at most 180 s) until the sink holds `total` records.
+fn every_record_reaches_the_sink(cluster: &Cluster, total: u64) {
+    let until = Instant::now() + Duration::from_secs(180);
+    while records_in(&cluster.sink) < total {
+        assert!(
+            Instant::now() < until,
+            "not every record reached the sink: {}",
+            cluster.tail(cluster.leader(PATIENCE))
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 fn records_in(sink: &std::path::Path) -> u64 {
     read_dir_sink(sink).values().map(|v| v.len() as u64).sum()
 }
@@ -93,15 +106,7 @@ fn the_leader_sigkilled_ten_times_and_sigstopped_once_loses_and_duplicates_nothi
     assert_ne!(successor, frozen, "another host leads while node {frozen} is stopped");
     cluster.signal(frozen, Signal::SIGCONT);
     println!("{:>6.1}s: node {frozen} stopped for 3 s; node {successor} took over", started.elapsed().as_secs_f64());
-    let until = Instant::now() + Duration::from_secs(180);
-    while records_in(&cluster.sink) < PARTITIONS * RECORDS {
-        assert!(
-            Instant::now() < until,
-            "not every record reached the sink: {}",
-            cluster.tail(cluster.leader(PATIENCE))
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    every_record_reaches_the_sink(&cluster, PARTITIONS * RECORDS);
     // Let a late duplicate show, if one were coming.
     std::thread::sleep(Duration::from_secs(1));
     assert_exactly_once(&cluster.sink, &["events"], PARTITIONS, RECORDS);
@@ -253,11 +258,7 @@ fn a_follower_whose_data_is_lost_comes_back_under_a_new_id_with_cluster_join() {
     let join_file = tmp.path().join("d4").join("cluster-join");
     wait_until("node 4 a voter (its join file removed)", PATIENCE, || !join_file.exists());
     assert!(file_contains(&cluster.log(4), "this host is a voter of the cluster"), "{}", cluster.tail(4));
-    let until = Instant::now() + Duration::from_secs(180);
-    while records_in(&cluster.sink) < 2 * records {
-        assert!(Instant::now() < until, "not every record reached the sink: {}", cluster.tail(4));
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    every_record_reaches_the_sink(&cluster, 2 * records);
     std::thread::sleep(Duration::from_secs(1));
     assert_exactly_once(&cluster.sink, &["events"], 2, records);
     // The cluster is nodes 4 and the two others now: any two of them lead.
@@ -323,15 +324,7 @@ fn with_offsets_in_dynamodb_the_leader_killed_thrice_loses_and_duplicates_nothin
     let mut cluster = Cluster::new(tmp.path(), &args, &env);
     cluster.start_all();
     kill_the_leader(&mut cluster, 3, Duration::from_millis(800), 2 * records);
-    let until = Instant::now() + Duration::from_secs(180);
-    while records_in(&cluster.sink) < 2 * records {
-        assert!(
-            Instant::now() < until,
-            "not every record reached the sink: {}",
-            cluster.tail(cluster.leader(PATIENCE))
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    every_record_reaches_the_sink(&cluster, 2 * records);
     std::thread::sleep(Duration::from_secs(1));
     assert_exactly_once(&cluster.sink, &["events"], 2, records);
     for node in 1..=3 {
