@@ -11,6 +11,8 @@ A read that comes before any successful open starts each partition at
 UNOPENED_START (default 0), like a source that falls back to "latest".
 MISBEHAVE=garbage|exit|hang misbehaves once, on read number MISBEHAVE_AT,
 remembering in the file MARKER that it did. PIDFILE receives its pid.
+RATE, when set, caps what it sends at RATE records a second (a slow upstream),
+so that a run cannot finish before a chaos kill however fast the machine is.
 """
 import json
 import os
@@ -24,6 +26,7 @@ MISBEHAVE = os.environ.get("MISBEHAVE")
 MISBEHAVE_AT = int(os.environ.get("MISBEHAVE_AT", "3"))
 MARKER = os.environ.get("MARKER")
 SCHEMA = json.loads(os.environ["SCHEMA"]) if os.environ.get("SCHEMA") else None
+RATE = float(os.environ.get("RATE", "0"))
 
 
 def send(obj):
@@ -68,6 +71,8 @@ def main():
     next_pos = {p: unopened for p in range(PARTITIONS)}
     restarted = bool(MARKER and os.path.exists(MARKER))
     reads = 0
+    started = time.monotonic()
+    sent = 0
     for line in sys.stdin:
         msg = json.loads(line)
         kind = msg["type"]
@@ -107,6 +112,9 @@ def main():
                 budget -= end - start
                 if budget == 0:
                     break
+            sent += sum(len(b["records"]) for b in batches)
+            if RATE:
+                time.sleep(max(0.0, started + sent / RATE - time.monotonic()))
             exhausted = RECORDS > 0 and all(next_pos[p] >= RECORDS for p in range(PARTITIONS))
             if os.environ.get("RAW_DATA"):
                 send_raw(batches, exhausted)
