@@ -3,6 +3,7 @@
 //! output, starting each request on a blocking thread and sending its
 //! completion back by `IoId`. It makes no decisions: every policy is in core.
 
+use crate::ack_latency::AckLatency;
 use crate::clock::Clock;
 use crate::disk_wal::DiskWal;
 use crate::dynamo::Dynamo;
@@ -72,6 +73,8 @@ pub struct RunTotals {
     /// SIGTERM or SIGINT arrived (clustered mode restarts a deposed engine
     /// only when it did not).
     pub shutdown: AtomicBool,
+    /// How long sources waited for their acks.
+    pub acks: AckLatency,
 }
 
 type Completion = (IoId, Result<IoReply, IoError>);
@@ -92,6 +95,7 @@ pub async fn drive(
     // one reports its own.
     backends.metrics.stalled.set(0);
     backends.metrics.raft_no_quorum.set(0);
+    totals.acks.forget_pending();
     let mut shutdown_open = !totals.shutdown.load(Ordering::Relaxed);
     let mut raft_seen = None;
     let mut role_seen: Option<(u64, u64, bool)> = None;
@@ -410,10 +414,14 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
         PluginOp::SourceRead { source, records_max } => {
             let mut s = b.sources[source.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let (batches, exhausted) = s.read(records_max).map_err(|e| plugin_failed("source read", e))?;
+            let read_at = std::time::Instant::now();
             let batches: Vec<SourceBatchIn> = batches
                 .into_iter()
                 .map(|batch| {
                     totals.records.fetch_add(batch.records.len() as u64, Ordering::Relaxed);
+                    if !batch.records.is_empty() {
+                        totals.acks.read(source, batch.partition, batch.end, read_at);
+                    }
                     b.metrics.records.inc_by(batch.records.len() as u64);
                     // An unknown stream name maps to an id the engine
                     // rejects as a protocol error.
@@ -432,6 +440,12 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
         }
         PluginOp::SourceAck { source, acks } => {
             let mut s = b.sources[source.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let acked_at = std::time::Instant::now();
+            for &(partition, position) in &acks {
+                for wait in totals.acks.acked(source, partition, position, acked_at) {
+                    b.metrics.ack_seconds.observe(wait.as_secs_f64());
+                }
+            }
             s.ack(&acks).map(|_| IoReply::Done).map_err(|e| plugin_failed("source ack", e))
         }
         PluginOp::SchemaDecide { stream, fingerprint, schema } => {

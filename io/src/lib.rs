@@ -7,6 +7,7 @@
 //! the sources and sinks, built-in and external ([`plugin`]), and the one tokio event loop
 //! that feeds the engine its inputs and performs its outputs ([`driver`]).
 
+pub mod ack_latency;
 pub mod aws;
 pub mod clock;
 pub mod disk_wal;

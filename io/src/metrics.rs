@@ -22,6 +22,8 @@ pub struct Metrics {
     registry: Registry,
     pub commits: Counter,
     pub commit_seconds: Histogram,
+    /// From a source read to the ack that covers it (commit visible).
+    pub ack_seconds: Histogram,
     pub wal_bytes_written: Counter,
     pub records: Counter,
     pub compactions: Family<Labels, Counter>,
@@ -58,6 +60,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("skippr");
         let commits = Counter::default();
         let commit_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        let ack_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 18));
         let wal_bytes_written = Counter::default();
         let records = Counter::default();
         let compactions = Family::<Labels, Counter>::default();
@@ -124,6 +127,11 @@ impl Metrics {
         );
         registry.register("commits", "Commit groups made durable", commits.clone());
         registry.register("commit_seconds", "Time to make one commit group durable", commit_seconds.clone());
+        registry.register(
+            "ack_seconds",
+            "Time from a source batch's read to its ack: its commit group visible (durable on a majority in clustered mode)",
+            ack_seconds.clone(),
+        );
         registry.register("wal_written_bytes", "Bytes of commit groups written", wal_bytes_written.clone());
         registry.register("records", "Records read from sources", records.clone());
         registry.register("compactions", "Sink answers to destination batches, by outcome", compactions.clone());
@@ -138,6 +146,7 @@ impl Metrics {
             registry,
             commits,
             commit_seconds,
+            ack_seconds,
             wal_bytes_written,
             records,
             compactions,

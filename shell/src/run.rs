@@ -211,8 +211,21 @@ async fn run(cfg: RunConfig) -> i32 {
     }
     let elapsed = started.elapsed().as_secs_f64();
     let records = totals.records.load(Ordering::Relaxed);
+    // Ack latency: how long a source batch waited for its commit; and the
+    // window from the first read to the last ack (start-up, an election and
+    // the drain left out).
+    let acks = match totals.acks.summary() {
+        Some(a) => format!(
+            "ack p50: {:.2}ms, ack p99: {:.2}ms, acked in: {:.3}s",
+            a.p50.as_secs_f64() * 1e3,
+            a.p99.as_secs_f64() * 1e3,
+            a.window.as_secs_f64()
+        ),
+        None => "ack p50: -, ack p99: -, acked in: -".to_string(),
+    };
     println!(
-        "records: {records}, commits: {}, compactions: {}, elapsed: {elapsed:.2}s, records/s: {:.0}, wal bytes: {}",
+        "records: {records}, commits: {}, compactions: {}, elapsed: {elapsed:.2}s, records/s: {:.0}, wal bytes: {}, \
+         {acks}",
         totals.commits.load(Ordering::Relaxed),
         totals.compactions.load(Ordering::Relaxed),
         records as f64 / elapsed.max(1e-9),

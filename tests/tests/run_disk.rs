@@ -25,13 +25,21 @@ fn once_with_defaults_delivers_everything_exactly_once_and_a_rerun_resumes() {
     let out = run(&data, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let summary = stdout(&out);
-    for field in ["records: 20000", "commits: ", "compactions: ", "elapsed: ", "records/s: "] {
+    for field in ["records: 20000", "commits: ", "compactions: ", "elapsed: ", "records/s: ", "ack p99: "] {
         assert!(summary.contains(field), "{field} missing from {summary}");
     }
+    // Every batch waited for a commit: a measured, positive ack latency.
+    let p50: f64 = summary.split("ack p50: ").nth(1).and_then(|r| r.split("ms").next()).unwrap().parse().unwrap();
+    assert!(p50 > 0.0, "{summary}");
     assert_exactly_once(&data.join("sink"), &["events"], 2, 10_000);
     let again = run(&data, &[]);
     assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
     assert_eq!(summary_records(&again), 0, "a second run resumes instead of re-ingesting");
+    assert!(
+        stdout(&again).contains("ack p50: -, ack p99: -, acked in: -"),
+        "nothing read, nothing measured: {}",
+        stdout(&again)
+    );
     assert_exactly_once(&data.join("sink"), &["events"], 2, 10_000);
     let verify = skipprd(&["wal", "verify", data.to_str().unwrap()]);
     assert_eq!(verify.status.code(), Some(0), "{}", stdout(&verify));
