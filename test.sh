@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: format, lints, unit tests,
 # simulator sweeps, planted bugs, the seeds/ corpus and end-to-end tests
-# (those of S3 mode against a local S3 and DynamoDB server started here).
+# (those of S3 mode against a local S3 and DynamoDB server started here, the
+# PostgreSQL sink's against a local PostgreSQL server started here).
 # One optimized profile (release) serves the binary, the tests and the
 # sweeps, so every crate is built once.
 set -euo pipefail
@@ -12,7 +13,10 @@ cargo clippy --release --workspace --all-targets --locked -- -D warnings
 cargo build --release --locked -p skipprd
 
 # A local S3 and DynamoDB server for the end-to-end tests of S3 mode (moto,
-# pinned), started on 127.0.0.1 and stopped when this script exits.
+# pinned), and a PostgreSQL server for the PostgreSQL sink's (the machine's
+# PostgreSQL, installed where missing, initialised under target/), each on
+# 127.0.0.1 and stopped when this script exits.
 . tests/scripts/moto.sh
+. tests/scripts/postgres.sh
 
 cargo test --release --locked --workspace

@@ -6,6 +6,7 @@ use clap::Args;
 use serde::Deserialize;
 use skippr_core::{LeaseConfig, Limits};
 use skippr_io::aws::AwsSettings;
+use skippr_io::plugin::postgres_sink::{connection_config, describe, Column, ColumnType, PostgresSettings};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -262,8 +263,9 @@ pub struct SourceArgs {
 #[derive(Args, Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
 pub struct SinkArgs {
-    /// The sink: `dir`, `stdout`, or `command` for an external plugin
-    /// [default: dir].
+    /// The sink: `dir`, `stdout`, `postgres` (a table per stream, one
+    /// transaction per batch with its progress row), or `command` for an
+    /// external plugin [default: dir].
     #[arg(long = "sink", id = "sink", value_name = "KIND")]
     pub kind: Option<String>,
     /// Directory sink: where batches are written [default: DATA_DIR/sink].
@@ -272,6 +274,22 @@ pub struct SinkArgs {
     /// External sink: the command that starts the plugin (run by `sh -c`).
     #[arg(long = "sink-command", id = "sink_command", value_name = "CMD")]
     pub command: Option<String>,
+    /// PostgreSQL sink: the database, `postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable]`
+    /// (the password may come from --postgres-password-file or PGPASSWORD
+    /// instead; it is never logged).
+    #[arg(long = "postgres-url", env = "SKIPPR_POSTGRES_URL", hide_env_values = true, value_name = "URL")]
+    pub postgres_url: Option<String>,
+    /// PostgreSQL sink: a file holding the password (mode 0600 or stricter).
+    #[arg(long = "postgres-password-file", env = "SKIPPR_POSTGRES_PASSWORD_FILE", value_name = "FILE")]
+    pub postgres_password_file: Option<PathBuf>,
+    /// PostgreSQL sink: the schema of its tables [default: public].
+    #[arg(long = "postgres-schema", value_name = "NAME")]
+    pub postgres_schema: Option<String>,
+    /// PostgreSQL sink: top-level fields of each record kept in columns of
+    /// their own beside `data`, as `FIELD:TYPE,...` (types text, bigint,
+    /// integer, numeric, double, boolean, jsonb), for tables it creates.
+    #[arg(long = "postgres-columns", value_name = "LIST")]
+    pub postgres_columns: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -286,6 +304,38 @@ pub enum SinkConfig {
     Dir { dir: PathBuf },
     Stdout,
     Command { command: String },
+    Postgres(PostgresConfig),
+}
+
+/// The PostgreSQL sink's settings. Its `Debug` leaves the password out.
+#[derive(Clone, PartialEq)]
+pub struct PostgresConfig {
+    pub url: String,
+    /// From the password file or PGPASSWORD, when the URL has none.
+    pub password: Option<String>,
+    pub schema: String,
+    pub columns: Vec<Column>,
+}
+
+impl std::fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let database = connection_config(&self.url, None).map(|c| describe(&c)).unwrap_or_default();
+        f.debug_struct("PostgresConfig")
+            .field("database", &database)
+            .field("schema", &self.schema)
+            .field("columns", &self.columns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresConfig {
+    pub fn settings(&self) -> PostgresSettings {
+        PostgresSettings {
+            config: connection_config(&self.url, self.password.as_deref()).expect("checked at resolve"),
+            schema: self.schema.clone(),
+            columns: self.columns.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -573,7 +623,7 @@ fn source_config(args: &SourceArgs, file: SourceArgs) -> Result<SourceConfig, St
 }
 
 fn sink_config(args: &SinkArgs, file: SinkArgs, data_dir: &Path) -> Result<SinkConfig, String> {
-    match args.kind.clone().or(file.kind).as_deref().unwrap_or("dir") {
+    match args.kind.clone().or(file.kind.clone()).as_deref().unwrap_or("dir") {
         "dir" => Ok(SinkConfig::Dir { dir: args.dir.clone().or(file.dir).unwrap_or_else(|| data_dir.join("sink")) }),
         "stdout" => Ok(SinkConfig::Stdout),
         "command" => Ok(SinkConfig::Command {
@@ -583,8 +633,72 @@ fn sink_config(args: &SinkArgs, file: SinkArgs, data_dir: &Path) -> Result<SinkC
                 .or(file.command)
                 .ok_or("the command sink needs its command: --sink-command CMD, or `command` in [sink]")?,
         }),
-        other => Err(format!("unknown sink '{other}': use dir, stdout or command")),
+        "postgres" => postgres_config(args, file).map(SinkConfig::Postgres),
+        other => Err(format!("unknown sink '{other}': use dir, stdout, command or postgres")),
     }
+}
+
+fn postgres_config(args: &SinkArgs, file: SinkArgs) -> Result<PostgresConfig, String> {
+    let url = args.postgres_url.clone().or(file.postgres_url).ok_or(
+        "the postgres sink needs its database: --postgres-url postgresql://USER@HOST:PORT/DATABASE, \
+         SKIPPR_POSTGRES_URL, or `postgres_url` in [sink]",
+    )?;
+    let password = match args.postgres_password_file.clone().or(file.postgres_password_file) {
+        Some(path) => Some(password_file(&path)?),
+        None => std::env::var("PGPASSWORD").ok().filter(|p| !p.is_empty()),
+    };
+    connection_config(&url, password.as_deref())?;
+    let schema = args.postgres_schema.clone().or(file.postgres_schema).unwrap_or_else(|| "public".into());
+    if schema.is_empty() || schema.len() > 63 {
+        return Err(format!("--postgres-schema '{schema}' must be 1 to 63 bytes"));
+    }
+    let columns = match args.postgres_columns.clone().or(file.postgres_columns) {
+        Some(list) => postgres_columns(&list)?,
+        None => Vec::new(),
+    };
+    Ok(PostgresConfig { url, password, schema, columns })
+}
+
+/// `FIELD:TYPE,...` into columns; each field once, none of the sink's own
+/// column names.
+fn postgres_columns(list: &str) -> Result<Vec<Column>, String> {
+    let mut columns: Vec<Column> = Vec::new();
+    for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (field, ty) = entry.split_once(':').ok_or_else(|| {
+            format!("--postgres-columns: '{entry}' is not FIELD:TYPE (for example id:bigint,name:text)")
+        })?;
+        let (field, ty) = (field.trim(), ty.trim());
+        let sql_type = ColumnType::parse(ty).ok_or_else(|| {
+            format!("--postgres-columns: '{ty}' is not a type here; use text, bigint, integer, numeric, double, boolean or jsonb")
+        })?;
+        if field.is_empty() || field.len() > 63 || ["data", "_skippr_seq", "_skippr_row"].contains(&field) {
+            return Err(format!(
+                "--postgres-columns: '{field}' cannot name a column (1 to 63 bytes, not data, _skippr_seq or _skippr_row)"
+            ));
+        }
+        if columns.iter().any(|c| c.field == field) {
+            return Err(format!("--postgres-columns: '{field}' is named twice"));
+        }
+        columns.push(Column { field: field.to_string(), sql_type });
+    }
+    Ok(columns)
+}
+
+/// The password in `path`, which must not be readable by group or others.
+fn password_file(path: &Path) -> Result<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| format!("cannot read the PostgreSQL password file {}: {e}", path.display()))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!(
+            "the PostgreSQL password file {} is readable by others (mode {:o}): chmod 600 it",
+            path.display(),
+            meta.permissions().mode() & 0o777
+        ));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the PostgreSQL password file {}: {e}", path.display()))?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_string())
 }
 
 fn load(path: &Path) -> Result<RunArgs, String> {

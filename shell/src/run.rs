@@ -11,6 +11,7 @@ use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations, St
 use skippr_io::driver::{SharedSchema, SharedSink, SharedSource};
 use skippr_io::dynamo::Dynamo;
 use skippr_io::metrics::Metrics;
+use skippr_io::plugin::postgres_sink::{PostgresSink, Refused};
 use skippr_io::plugin::{
     DirSink, ExternalSchema, ExternalSink, ExternalSource, FileSource, Generator, SchemaPlugin, Sink, Source,
     StdoutSink,
@@ -81,7 +82,7 @@ struct Plugins {
     schema: Option<SharedSchema>,
 }
 
-fn plugins(cfg: &RunConfig) -> Result<Plugins, (i32, String)> {
+fn plugins(cfg: &RunConfig, wal_identity: &str) -> Result<Plugins, (i32, String)> {
     let timeout = std::time::Duration::from_secs_f64(cfg.plugin_timeout_seconds);
     let source: Box<dyn Source> = match &cfg.source {
         SourceConfig::Generator { streams, partitions, records, seed, rate } => {
@@ -102,6 +103,16 @@ fn plugins(cfg: &RunConfig) -> Result<Plugins, (i32, String)> {
         SinkConfig::Stdout => Box::new(StdoutSink),
         SinkConfig::Command { command } => {
             Box::new(ExternalSink::start("sink", command, timeout).map_err(|e| (exit::PLUGIN, e.to_string()))?)
+        }
+        SinkConfig::Postgres(p) => {
+            let streams = source.streams();
+            // The client blocks on a runtime of its own: not on this one's thread.
+            let opened = std::thread::scope(|s| {
+                s.spawn(|| PostgresSink::open(p.settings(), &cfg.pipeline, wal_identity, &streams)).join()
+            });
+            let sink =
+                opened.expect("opening the postgres sink panicked").map_err(|Refused(why)| (exit::CONFIG, why))?;
+            Box::new(sink)
         }
     };
     let schema: Option<SharedSchema> = match &cfg.schema_command {
@@ -147,9 +158,13 @@ async fn run(cfg: RunConfig) -> i32 {
     let mut shutdown = crate::signals::listen();
     let totals = Arc::new(RunTotals::default());
     info!(wal = place.root(), endpoints = %endpoints, once = cfg.once, allocator = crate::alloc::name(), "starting");
+    let wal_identity = match wal_identity(&cfg) {
+        Ok(w) => w,
+        Err(e) => return fail(e),
+    };
     let clock = Clock::start();
     let reason = loop {
-        let Plugins { source, sink, schema } = match plugins(&cfg) {
+        let Plugins { source, sink, schema } = match plugins(&cfg, &wal_identity) {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
@@ -270,12 +285,7 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
         }
     };
     let sources = vec!["source".to_string()];
-    let identity = match &cfg.wal {
-        WalConfig::S3 { bucket, prefix } => skippr_io::dynamo::wal_identity(Some((bucket, prefix)), &cfg.data_dir),
-        WalConfig::Disk => skippr_io::dynamo::wal_identity(None, &cfg.data_dir.join(skippr_io::disk_wal::WAL_DIR)),
-        // Every host writes the same keys: the cluster's, not a directory's.
-        WalConfig::Clustered(_) => crate::cluster::wal_identity(&cfg.data_dir).map_err(|e| (exit::CONFIG, e))?,
-    };
+    let identity = wal_identity(cfg)?;
     let dynamo = |table: String| {
         let (sdk, sources, location) = (sdk.clone(), sources.clone(), identity.clone());
         async move {
@@ -300,6 +310,18 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
         OffsetsConfig::Dynamodb { table } => OffsetsBackend::Dynamo(dynamo(table.clone()).await.map_err(remote)?),
     };
     Ok((wal, offsets, lease, place, endpoints))
+}
+
+/// What names this WAL in stores shared with others (DynamoDB offsets, a
+/// sink's progress rows): its bucket and prefix, its directory on this host,
+/// or its cluster.
+fn wal_identity(cfg: &RunConfig) -> Result<String, (i32, String)> {
+    Ok(match &cfg.wal {
+        WalConfig::S3 { bucket, prefix } => skippr_io::dynamo::wal_identity(Some((bucket, prefix)), &cfg.data_dir),
+        WalConfig::Disk => skippr_io::dynamo::wal_identity(None, &cfg.data_dir.join(skippr_io::disk_wal::WAL_DIR)),
+        // Every host writes the same keys: the cluster's, not a directory's.
+        WalConfig::Clustered(_) => crate::cluster::wal_identity(&cfg.data_dir).map_err(|e| (exit::CONFIG, e))?,
+    })
 }
 
 /// The steal span from `SKIPPR_LEASE_SECONDS`; core derives the rest.

@@ -2,7 +2,8 @@
 # server (moto's server mode, at the version the tests were verified
 # against) in a virtualenv under target/, on a free port of 127.0.0.1,
 # checked for readiness and stopped when the sourcing script exits. Exports
-# SKIPPR_TEST_AWS_ENDPOINT.
+# SKIPPR_TEST_AWS_ENDPOINT. Sourcing scripts add their own cleanup to
+# `skippr_cleanup`.
 MOTO_VERSION=5.2.5
 moto_venv=target/moto-venv
 if ! "$moto_venv/bin/python" -c "import sys, moto; sys.exit(moto.__version__ != '$MOTO_VERSION')" 2>/dev/null; then
@@ -13,7 +14,8 @@ fi
 moto_port=$("$moto_venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$moto_venv/bin/moto_server" -H 127.0.0.1 -p "$moto_port" >target/moto.log 2>&1 &
 moto_pid=$!
-trap 'kill "$moto_pid" 2>/dev/null || true' EXIT
+skippr_cleanup="${skippr_cleanup:-}kill $moto_pid 2>/dev/null;"
+trap 'eval "$skippr_cleanup"' EXIT
 "$moto_venv/bin/python" - "$moto_port" <<'PY'
 import sys, time, urllib.request
 url = f"http://127.0.0.1:{sys.argv[1]}/moto-api/"

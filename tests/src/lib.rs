@@ -146,6 +146,71 @@ pub fn chaos_runs(runs: u64, min: &str, max: &str, command: impl Fn() -> std::pr
     killed
 }
 
+/// The local PostgreSQL server that `./test.sh` starts (tests/scripts/postgres.sh).
+pub mod pg {
+    /// The server's URL (user, password, database). A test of the
+    /// PostgreSQL sink without one fails: it is never skipped.
+    pub fn url() -> String {
+        std::env::var("SKIPPR_TEST_POSTGRES_URL").expect(
+            "SKIPPR_TEST_POSTGRES_URL is not set: run the suite with ./test.sh, which starts the local PostgreSQL \
+             server these tests use",
+        )
+    }
+
+    pub fn client() -> postgres::Client {
+        postgres::Client::connect(&url(), postgres::NoTls).unwrap()
+    }
+
+    /// A schema of its own for one test, dropped first if an earlier run
+    /// left it.
+    pub fn fresh_schema(name: &str) -> String {
+        let schema = format!("t_{name}_{}", std::process::id());
+        client().batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")).unwrap();
+        schema
+    }
+
+    /// Every record of `stream`'s table in `schema`, in the order the sink
+    /// applied them: (partition, seq) of each generator record.
+    pub fn records(schema: &str, stream: &str) -> Vec<(u64, u64)> {
+        let rows = client()
+            .query(
+                &format!(
+                    "SELECT (data->>'partition')::bigint, (data->>'seq')::bigint FROM \"{schema}\".\"{stream}\" \
+                     ORDER BY _skippr_seq, _skippr_row"
+                ),
+                &[],
+            )
+            .unwrap();
+        rows.iter().map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64)).collect()
+    }
+
+    /// Every source record is in the table exactly once and in source order
+    /// per partition, checked with SQL (count and distinct per partition)
+    /// and by reading the rows in the order they were applied.
+    pub fn assert_exactly_once(schema: &str, stream: &str, partitions: u64, records_each: u64) {
+        let rows = client()
+            .query(
+                &format!(
+                    "SELECT (data->>'partition')::bigint, count(*), count(DISTINCT data->>'seq'), \
+                     min((data->>'seq')::bigint), max((data->>'seq')::bigint) \
+                     FROM \"{schema}\".\"{stream}\" GROUP BY 1 ORDER BY 1"
+                ),
+                &[],
+            )
+            .unwrap();
+        let got: Vec<(i64, i64, i64, i64, i64)> =
+            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
+        let n = records_each as i64;
+        let want: Vec<_> = (0..partitions as i64).map(|p| (p, n, n, 0, n - 1)).collect();
+        assert_eq!(got, want, "(partition, count, distinct seq, min, max) in {schema}.{stream}");
+        let mut next = vec![0u64; partitions as usize];
+        for (p, seq) in records(schema, stream) {
+            assert_eq!(seq, next[p as usize], "partition {p} out of source order in {schema}.{stream}");
+            next[p as usize] += 1;
+        }
+    }
+}
+
 /// The local S3 and DynamoDB server (moto) that `./test.sh` starts, and what
 /// the tests of S3 mode need from it.
 pub mod aws {

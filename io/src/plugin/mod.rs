@@ -12,6 +12,7 @@ use skippr_core::{CompactionId, Position, Records, ResumePoint, SinkOutcome};
 pub mod dir_sink;
 pub mod file_source;
 pub mod generator;
+pub mod postgres_sink;
 pub mod process;
 pub(crate) mod spawner;
 pub mod stdout;

@@ -1,0 +1,481 @@
+//! The built-in `postgres` sink: each destination batch lands in one
+//! transaction together with its progress row, so a replay is harmless.
+//!
+//! Tables (in the configured schema, `public` by default):
+//! - `skippr_progress`: one row per applied batch, keyed by (pipeline, WAL
+//!   identity, stream, sequence number), holding the batch's
+//!   `compaction_id`. Two pipelines, or two WALs, may share a database.
+//! - one table per stream, named after it: `_skippr_seq` (the batch's
+//!   sequence number), `_skippr_row` (the record's place in the batch),
+//!   `data` (`jsonb`), and optionally columns computed by the server from
+//!   top-level fields of `data` (`--postgres-columns`).
+//!
+//! A batch's progress row is inserted first (`ON CONFLICT DO NOTHING`): if
+//! its number is already there, the row is read back and the batch is
+//! `already_applied` (same id; the data is not touched) or `fatal` (another
+//! id). Two daemons applying the same batch at once (a deposed clustered
+//! leader and its successor) meet at that row: the second waits for the
+//! first's transaction and then reads its row back. Connection loss, a
+//! server restart mid-transaction, serialization failures and a race to
+//! create a table are retried; an error in the data (a type or constraint
+//! violation, a record that is not JSON) is `fatal` with the server's
+//! message, and the stream stops until an operator fixes it.
+
+use super::{PluginError, Sink};
+use postgres::error::SqlState;
+use postgres::{Client, Config, NoTls};
+use skippr_core::{CompactionId, Records, SinkOutcome};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::time::Duration;
+use tracing::{error, info, warn};
+
+/// How the sink reaches its database and shapes its tables.
+#[derive(Clone)]
+pub struct PostgresSettings {
+    /// The connection (host, port, user, database, TLS mode); its password
+    /// never reaches a log.
+    pub config: Config,
+    /// The schema the tables live in.
+    pub schema: String,
+    /// Top-level fields of each record turned into columns, in order.
+    pub columns: Vec<Column>,
+}
+
+/// A top-level field of the records, kept in a column of the given type
+/// (computed by the server from `data`, so a value of the wrong type is a
+/// data error that names the column).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Column {
+    pub field: String,
+    pub sql_type: ColumnType,
+}
+
+/// The column types a field may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColumnType {
+    Text,
+    Bigint,
+    Integer,
+    Numeric,
+    Double,
+    Boolean,
+    Jsonb,
+}
+
+impl ColumnType {
+    pub fn parse(s: &str) -> Option<ColumnType> {
+        Some(match s {
+            "text" => ColumnType::Text,
+            "bigint" => ColumnType::Bigint,
+            "integer" | "int" => ColumnType::Integer,
+            "numeric" => ColumnType::Numeric,
+            "double" | "double precision" => ColumnType::Double,
+            "boolean" | "bool" => ColumnType::Boolean,
+            "jsonb" => ColumnType::Jsonb,
+            _ => return None,
+        })
+    }
+
+    fn sql(self) -> &'static str {
+        match self {
+            ColumnType::Text => "text",
+            ColumnType::Bigint => "bigint",
+            ColumnType::Integer => "integer",
+            ColumnType::Numeric => "numeric",
+            ColumnType::Double => "double precision",
+            ColumnType::Boolean => "boolean",
+            ColumnType::Jsonb => "jsonb",
+        }
+    }
+}
+
+/// What went wrong with a request to the database.
+enum Failure {
+    /// Worth retrying: the connection, the server or a race.
+    Transient(String),
+    /// In the data or the destination: only an operator can fix it.
+    Fatal(String),
+}
+
+/// Settings the server refuses for good (a wrong password, a database that
+/// does not exist): start-up stops with this message.
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+pub struct PostgresSink {
+    settings: PostgresSettings,
+    pipeline: String,
+    /// The WAL's identity (a directory, a bucket and prefix, a cluster).
+    wal: String,
+    streams: Vec<String>,
+    client: Option<Client>,
+    /// Tables known to exist on this connection.
+    ready: BTreeSet<String>,
+}
+
+impl PostgresSink {
+    /// Connects once to check what only the server can: the credentials,
+    /// the database, the right to create tables. A server that cannot be
+    /// reached is not a refusal: the sink connects again at its first batch
+    /// (meanwhile the WAL holds what sources send). It blocks: call it on a
+    /// thread that is not driving an async runtime (the client runs its own).
+    pub fn open(
+        settings: PostgresSettings,
+        pipeline: &str,
+        wal: &str,
+        streams: &[String],
+    ) -> Result<PostgresSink, Refused> {
+        for s in streams {
+            if s.len() > 63 {
+                return Err(Refused(format!(
+                    "stream '{s}' is longer than PostgreSQL's 63-byte table names; rename the stream"
+                )));
+            }
+        }
+        let mut sink = PostgresSink {
+            settings,
+            pipeline: pipeline.to_string(),
+            wal: wal.to_string(),
+            streams: streams.to_vec(),
+            client: None,
+            ready: BTreeSet::new(),
+        };
+        match sink.prepare() {
+            Ok(()) => info!(database = %sink.describe(), "postgres sink connected; tables ready"),
+            Err(Failure::Fatal(why)) => return Err(Refused(format!("postgres sink {}: {why}", sink.describe()))),
+            Err(Failure::Transient(why)) => {
+                warn!(database = %sink.describe(), error = %why, "postgres sink: cannot reach the database yet; retrying at the first batch")
+            }
+        }
+        Ok(sink)
+    }
+
+    /// The connection without its password: `user@host:port/database`.
+    pub fn describe(&self) -> String {
+        describe(&self.settings.config)
+    }
+
+    /// A connection with every table in place.
+    fn prepare(&mut self) -> Result<(), Failure> {
+        if self.client.as_ref().is_some_and(|c| c.is_closed()) {
+            self.client = None;
+        }
+        if self.client.is_none() {
+            self.ready.clear();
+            let client = self.settings.config.connect(NoTls).map_err(|e| classify(&e))?;
+            self.client = Some(client);
+        }
+        let wanted: Vec<String> = std::iter::once(PROGRESS.to_string()).chain(self.streams.iter().cloned()).collect();
+        for table in wanted {
+            if self.ready.contains(&table) {
+                continue;
+            }
+            let ddl = if table == PROGRESS { self.progress_ddl() } else { self.stream_ddl(&table) };
+            let client = self.client.as_mut().expect("connected above");
+            client.batch_execute(&ddl).map_err(|e| self.fail(&e))?;
+            self.ready.insert(table);
+        }
+        Ok(())
+    }
+
+    fn progress_ddl(&self) -> String {
+        format!(
+            "CREATE SCHEMA IF NOT EXISTS {schema}; CREATE TABLE IF NOT EXISTS {schema}.{PROGRESS} (
+                pipeline text NOT NULL, wal text NOT NULL, stream text NOT NULL, seq bigint NOT NULL,
+                compaction_id text NOT NULL, records bigint NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (pipeline, wal, stream, seq))",
+            schema = quote(&self.settings.schema)
+        )
+    }
+
+    fn stream_ddl(&self, stream: &str) -> String {
+        let mut columns = String::new();
+        for c in &self.settings.columns {
+            let value = match c.sql_type {
+                ColumnType::Jsonb => format!("(data -> {})", literal(&c.field)),
+                ColumnType::Text => format!("(data ->> {})", literal(&c.field)),
+                // Casts from text that do not depend on session settings
+                // (a timestamp's would: its time zone), as a generated
+                // column's expression must not.
+                t => format!("((data ->> {})::{})", literal(&c.field), t.sql()),
+            };
+            columns.push_str(&format!(", {} {} GENERATED ALWAYS AS {value} STORED", quote(&c.field), c.sql_type.sql()));
+        }
+        format!(
+            "CREATE TABLE IF NOT EXISTS {}.{} (_skippr_seq bigint NOT NULL, _skippr_row integer NOT NULL, \
+             data jsonb NOT NULL{columns})",
+            quote(&self.settings.schema),
+            quote(stream)
+        )
+    }
+
+    /// One batch in one transaction with its progress row.
+    fn try_apply(
+        &mut self,
+        stream: &str,
+        seq: u64,
+        id: CompactionId,
+        records: &Records,
+    ) -> Result<SinkOutcome, Failure> {
+        self.prepare()?;
+        let schema = quote(&self.settings.schema);
+        let (pipeline, wal) = (self.pipeline.clone(), self.wal.clone());
+        let id_text = id.to_string();
+        let seq_i = i64::try_from(seq).map_err(|_| Failure::Fatal(format!("sequence number {seq} exceeds bigint")))?;
+        let client = self.client.as_mut().expect("prepared");
+        let result = (|| -> Result<SinkOutcome, postgres::Error> {
+            let mut tx = client.transaction()?;
+            let inserted = tx.execute(
+                &format!(
+                    "INSERT INTO {schema}.{PROGRESS} (pipeline, wal, stream, seq, compaction_id, records) \
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING"
+                ),
+                &[&pipeline, &wal, &stream, &seq_i, &id_text, &(records.len() as i64)],
+            )?;
+            if inserted == 0 {
+                let row = tx.query_one(
+                    &format!(
+                        "SELECT compaction_id FROM {schema}.{PROGRESS} \
+                         WHERE pipeline = $1 AND wal = $2 AND stream = $3 AND seq = $4"
+                    ),
+                    &[&pipeline, &wal, &stream, &seq_i],
+                )?;
+                let existing: String = row.get(0);
+                tx.rollback()?;
+                if existing == id_text {
+                    return Ok(SinkOutcome::AlreadyApplied);
+                }
+                error!(
+                    stream,
+                    seq,
+                    compaction_id = %id_text,
+                    applied = %existing,
+                    "postgres sink: batch {seq} of stream {stream} was applied under another compaction id; \
+                     two WALs write under this pipeline and WAL identity, or the destination was restored from \
+                     elsewhere"
+                );
+                return Ok(SinkOutcome::Fatal);
+            }
+            let mut copy =
+                tx.copy_in(&format!("COPY {schema}.{} (_skippr_seq, _skippr_row, data) FROM STDIN", quote(stream)))?;
+            let mut line = Vec::new();
+            for (row, record) in records.iter().enumerate() {
+                line.clear();
+                write!(line, "{seq}\t{row}\t").expect("a Vec takes writes");
+                escape_copy_text(record, &mut line);
+                line.push(b'\n');
+                if let Err(e) = copy.write_all(&line) {
+                    // The server ended the copy: its error comes from finish.
+                    drop(e);
+                    break;
+                }
+            }
+            copy.finish()?;
+            tx.commit()?;
+            Ok(SinkOutcome::Applied)
+        })();
+        result.map_err(|e| self.fail(&e))
+    }
+
+    /// Classifies an error. After one worth retrying, the next try starts
+    /// on a new connection, with its tables checked again (a server that
+    /// terminated the session may not have closed the socket yet; a table
+    /// dropped under the sink is created again).
+    fn fail(&mut self, e: &postgres::Error) -> Failure {
+        let failure = classify(e);
+        if matches!(failure, Failure::Transient(_)) {
+            self.client = None;
+        }
+        failure
+    }
+}
+
+/// The client runs its own small runtime, which may be neither started nor
+/// dropped on a thread that drives the daemon's: the last reference to a
+/// sink may go on one, so the connection is closed on a thread of its own.
+impl Drop for PostgresSink {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            std::thread::spawn(move || drop(client));
+        }
+    }
+}
+
+impl Sink for PostgresSink {
+    fn apply(
+        &mut self,
+        stream: &str,
+        seq: u64,
+        id: CompactionId,
+        records: &Records,
+    ) -> Result<SinkOutcome, PluginError> {
+        match self.try_apply(stream, seq, id, records) {
+            Ok(outcome) => Ok(outcome),
+            Err(Failure::Transient(why)) => Err(PluginError(format!("postgres sink {}: {why}", self.describe()))),
+            Err(Failure::Fatal(why)) => {
+                error!(stream, seq, compaction_id = %id, "postgres sink refused batch {seq} of stream {stream}: {why}");
+                Ok(SinkOutcome::Fatal)
+            }
+        }
+    }
+
+    fn progress(&mut self, streams: &[String]) -> Result<Vec<(String, u64)>, PluginError> {
+        let describe = self.describe();
+        let transient = |why: String| PluginError(format!("postgres sink {describe}: {why}"));
+        self.prepare().map_err(|f| match f {
+            Failure::Transient(w) | Failure::Fatal(w) => transient(w),
+        })?;
+        let schema = quote(&self.settings.schema);
+        let (pipeline, wal) = (self.pipeline.clone(), self.wal.clone());
+        let client = self.client.as_mut().expect("prepared");
+        let rows = client.query(
+            &format!(
+                "SELECT stream, max(seq) FROM {schema}.{PROGRESS} WHERE pipeline = $1 AND wal = $2 GROUP BY stream"
+            ),
+            &[&pipeline, &wal],
+        );
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                return Err(match self.fail(&e) {
+                    Failure::Transient(w) | Failure::Fatal(w) => transient(w),
+                })
+            }
+        };
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let (stream, seq): (String, i64) = (r.get(0), r.get(1));
+                streams.contains(&stream).then_some((stream, seq as u64))
+            })
+            .collect())
+    }
+}
+
+/// The progress table's name.
+const PROGRESS: &str = "skippr_progress";
+
+/// `user@host:port/database`, never the password.
+pub fn describe(config: &Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "{}@{host}:{port}/{}",
+        config.get_user().unwrap_or("?"),
+        config.get_dbname().or(config.get_user()).unwrap_or("?")
+    )
+}
+
+/// A connection's settings from a `postgresql://` URL (or key=value
+/// string), with the password from the URL, else `password`, and a connect
+/// timeout unless the URL sets one.
+pub fn connection_config(url: &str, password: Option<&str>) -> Result<Config, String> {
+    let mut config: Config = url.parse().map_err(|e| {
+        format!("the PostgreSQL URL is not valid ({e}); it looks like postgresql://USER@HOST:PORT/DATABASE")
+    })?;
+    if config.get_ssl_mode() == postgres::config::SslMode::Require {
+        return Err("the postgres sink does not speak TLS yet (sslmode=require): reach the server over a local \
+                    socket or a trusted network with sslmode=disable or prefer"
+            .into());
+    }
+    if config.get_user().is_none() {
+        return Err("the PostgreSQL URL names no user: postgresql://USER@HOST:PORT/DATABASE".into());
+    }
+    if config.get_password().is_none() {
+        if let Some(p) = password {
+            config.password(p);
+        }
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    config.application_name("skipprd");
+    Ok(config)
+}
+
+fn classify(e: &postgres::Error) -> Failure {
+    let Some(code) = e.code() else {
+        // No SQLSTATE: the connection itself (refused, reset, timed out).
+        return Failure::Transient(e.to_string());
+    };
+    let message = match e.as_db_error() {
+        Some(db) => {
+            format!("{} ({}){}", db.message(), code.code(), db.detail().map(|d| format!(": {d}")).unwrap_or_default())
+        }
+        None => e.to_string(),
+    };
+    let c = code.code();
+    let transient = c.starts_with("08") // connection exception
+        || c.starts_with("40") // serialization failure, deadlock
+        || c.starts_with("53") // insufficient resources
+        || c.starts_with("57") // admin shutdown, cannot connect now
+        || c.starts_with("58") // system error (I/O)
+        || *code == SqlState::LOCK_NOT_AVAILABLE
+        // Two daemons creating the same table: the loser retries.
+        || *code == SqlState::DUPLICATE_TABLE
+        || *code == SqlState::DUPLICATE_SCHEMA
+        || (*code == SqlState::UNIQUE_VIOLATION
+            && e.as_db_error().and_then(|d| d.constraint()).is_some_and(|c| c.starts_with("pg_")))
+        || *code == SqlState::UNDEFINED_TABLE;
+    if transient {
+        Failure::Transient(message)
+    } else {
+        Failure::Fatal(message)
+    }
+}
+
+/// A record's bytes in COPY's text format: backslash, tab, newline and
+/// carriage return escaped.
+fn escape_copy_text(record: &[u8], out: &mut Vec<u8>) {
+    for &b in record {
+        match b {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            _ => out.push(b),
+        }
+    }
+}
+
+/// An identifier, quoted.
+fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A string literal, quoted.
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_text_escapes_what_copy_would_read_as_structure() {
+        let mut out = Vec::new();
+        escape_copy_text(b"{\"a\":\"x\\\\y\"}\t\r\n", &mut out);
+        assert_eq!(out, b"{\"a\":\"x\\\\\\\\y\"}\\t\\r\\n");
+    }
+
+    #[test]
+    fn names_are_quoted_and_the_password_never_described() {
+        assert_eq!(quote("we\"ird"), "\"we\"\"ird\"");
+        assert_eq!(literal("it's"), "'it''s'");
+        let c = connection_config("postgresql://app:hunter2@db.example:6543/warehouse", None).unwrap();
+        assert_eq!(describe(&c), "app@db.example:6543/warehouse");
+        assert_eq!(c.get_password(), Some(&b"hunter2"[..]));
+        let c = connection_config("postgresql://app@db.example/warehouse", Some("from-file")).unwrap();
+        assert_eq!(c.get_password(), Some(&b"from-file"[..]));
+        assert!(connection_config("postgresql://db.example/warehouse", None).unwrap_err().contains("no user"));
+        assert!(connection_config("not a url at all ===", None).is_err());
+        assert!(connection_config("postgresql://a@h/d?sslmode=require", None).unwrap_err().contains("TLS"));
+    }
+}

@@ -1,0 +1,139 @@
+//! The PostgreSQL sink's answers against the local server `./test.sh`
+//! starts (SKIPPR_TEST_POSTGRES_URL): replays, another id under a number,
+//! two appliers at once, a connection the server drops mid-run.
+
+use skippr_core::{CompactionId, Records, SinkOutcome};
+use skippr_io::plugin::postgres_sink::{connection_config, PostgresSettings, PostgresSink};
+use skippr_io::plugin::Sink;
+
+fn url() -> String {
+    std::env::var("SKIPPR_TEST_POSTGRES_URL").expect(
+        "SKIPPR_TEST_POSTGRES_URL is not set: run the suite with ./test.sh, which starts the local PostgreSQL server",
+    )
+}
+
+fn client() -> postgres::Client {
+    postgres::Client::connect(&url(), postgres::NoTls).unwrap()
+}
+
+fn fresh(name: &str) -> (String, PostgresSettings) {
+    let schema = format!("io_{name}_{}", std::process::id());
+    client().batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")).unwrap();
+    // Each test's connections carry its name, so that one test can drop
+    // its own without touching another's.
+    let mut config = connection_config(&url(), None).unwrap();
+    config.application_name(&format!("skipprd-{name}"));
+    let settings = PostgresSettings { config, schema: schema.clone(), columns: vec![] };
+    (schema, settings)
+}
+
+fn open(settings: &PostgresSettings) -> PostgresSink {
+    PostgresSink::open(settings.clone(), "main", "disk://test/wal/", &["s".to_string()]).unwrap()
+}
+
+fn batch(seq: u64) -> Records {
+    (0..3)
+        .map(|i| format!("{{\"seq\":{seq},\"i\":{i}}}").into_bytes())
+        .collect::<Vec<_>>()
+        .iter()
+        .map(|r| &r[..])
+        .collect()
+}
+
+fn count(schema: &str) -> i64 {
+    client().query_one(&format!("SELECT count(*) FROM \"{schema}\".s"), &[]).unwrap().get(0)
+}
+
+#[test]
+fn a_replay_is_already_applied_without_touching_the_data_and_another_id_is_fatal() {
+    let (schema, settings) = fresh("replay");
+    let mut sink = open(&settings);
+    assert_eq!(sink.apply("s", 0, CompactionId(7), &batch(0)).unwrap(), SinkOutcome::Applied);
+    assert_eq!(sink.apply("s", 1, CompactionId(8), &batch(1)).unwrap(), SinkOutcome::Applied);
+    assert_eq!(count(&schema), 6);
+    // A new process (a new connection) replays with the same ids.
+    let mut again = open(&settings);
+    assert_eq!(again.apply("s", 0, CompactionId(7), &batch(0)).unwrap(), SinkOutcome::AlreadyApplied);
+    assert_eq!(again.apply("s", 1, CompactionId(9), &batch(1)).unwrap(), SinkOutcome::Fatal);
+    assert_eq!(count(&schema), 6, "neither touched the data");
+    assert_eq!(again.progress(&["s".to_string(), "other".to_string()]).unwrap(), vec![("s".to_string(), 1)]);
+    // Another pipeline (or WAL) sharing the database has its own numbers.
+    let mut other = PostgresSink::open(settings.clone(), "second", "disk://test/wal/", &["s".to_string()]).unwrap();
+    assert!(other.progress(&["s".to_string()]).unwrap().is_empty());
+    assert_eq!(other.apply("s", 0, CompactionId(70), &batch(0)).unwrap(), SinkOutcome::Applied);
+}
+
+#[test]
+fn two_appliers_at_once_apply_each_batch_once() {
+    let (schema, settings) = fresh("race");
+    open(&settings); // the tables
+    for round in 0..10u64 {
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let settings = settings.clone();
+                std::thread::spawn(move || {
+                    let mut sink = open(&settings);
+                    (0..20u64)
+                        .map(|i| {
+                            let seq = round * 20 + i;
+                            sink.apply("s", seq, CompactionId(1000 + seq), &batch(seq)).unwrap()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let answers: Vec<Vec<SinkOutcome>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        for (i, (a, b)) in answers[0].iter().zip(&answers[1]).enumerate() {
+            let pair = [*a, *b];
+            assert!(
+                pair.contains(&SinkOutcome::Applied) && pair.contains(&SinkOutcome::AlreadyApplied),
+                "round {round} batch {i}: {pair:?}"
+            );
+        }
+    }
+    assert_eq!(count(&schema), 10 * 20 * 3);
+}
+
+#[test]
+fn a_connection_the_server_drops_is_retried_on_a_new_one() {
+    let (schema, settings) = fresh("dropped");
+    let mut sink = open(&settings);
+    assert_eq!(sink.apply("s", 0, CompactionId(1), &batch(0)).unwrap(), SinkOutcome::Applied);
+    client()
+        .batch_execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'skipprd-dropped' AND pid <> pg_backend_pid()",
+        )
+        .unwrap();
+    // The first try may find the connection gone (an error: retried); the
+    // next one connects again. Nothing is applied twice.
+    let first = sink.apply("s", 1, CompactionId(2), &batch(1));
+    let outcome = match first {
+        Ok(o) => o,
+        Err(e) => {
+            assert!(!e.0.contains("skippr-test"), "the password reached an error: {e}");
+            sink.apply("s", 1, CompactionId(2), &batch(1)).unwrap()
+        }
+    };
+    assert_eq!(outcome, SinkOutcome::Applied);
+    assert_eq!(count(&schema), 6);
+}
+
+#[test]
+fn a_table_dropped_under_the_sink_is_created_again_and_a_bad_record_is_fatal() {
+    let (schema, settings) = fresh("dropped_table");
+    let mut sink = open(&settings);
+    assert_eq!(sink.apply("s", 0, CompactionId(1), &batch(0)).unwrap(), SinkOutcome::Applied);
+    client().batch_execute(&format!("DROP TABLE \"{schema}\".s")).unwrap();
+    let err = sink.apply("s", 1, CompactionId(2), &batch(1)).unwrap_err();
+    assert!(err.0.contains("42P01"), "{err}");
+    assert_eq!(sink.apply("s", 1, CompactionId(2), &batch(1)).unwrap(), SinkOutcome::Applied);
+    assert_eq!(count(&schema), 3);
+    // Not JSON: the server refuses it, and so does the sink, for good.
+    let bad: Records = [&b"{\"ok\":1}"[..], b"not json"].into_iter().collect();
+    assert_eq!(sink.apply("s", 2, CompactionId(3), &bad).unwrap(), SinkOutcome::Fatal);
+    assert_eq!(count(&schema), 3, "nothing of the refused batch");
+    // Its progress row went with it: the batch can be applied once fixed.
+    let good: Records = [&b"{\"ok\":1}"[..], b"{\"ok\":2}"].into_iter().collect();
+    assert_eq!(sink.apply("s", 2, CompactionId(3), &good).unwrap(), SinkOutcome::Applied);
+}

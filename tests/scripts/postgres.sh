@@ -1,0 +1,39 @@
+# Sourced by ./test.sh and the benchmark scripts: a local PostgreSQL server
+# for the PostgreSQL sink's tests. The machine's PostgreSQL (15 in this
+# image; installed with apt-get where it is missing) is initialised by
+# `initdb` in a new directory under target/, run by an unprivileged user
+# (`postgres` when this script runs as root, which PostgreSQL refuses),
+# listening on a free port of 127.0.0.1 and on a socket in that directory
+# only, checked for readiness and stopped when the sourcing script exits.
+# Exports SKIPPR_TEST_POSTGRES_URL (user `skippr`, password `skippr-test`,
+# database `skippr`). Sourcing scripts add their own cleanup to
+# `skippr_cleanup`.
+pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ]; then
+    echo "postgres.sh: no PostgreSQL server here; installing Debian's package" >&2
+    sudo_=""
+    [ "$(id -u)" = 0 ] || sudo_=sudo
+    $sudo_ apt-get install -y -q postgresql >/dev/null
+    pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+fi
+pg_dir=$(mktemp -d "$PWD/target/postgres.XXXXXX")
+pg_as=()
+if [ "$(id -u)" = 0 ]; then
+    chown postgres "$pg_dir"
+    pg_as=(runuser -u postgres --)
+fi
+pg_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+echo skippr-test >"$pg_dir/pwfile"
+chmod 0644 "$pg_dir/pwfile"
+skippr_cleanup="${skippr_cleanup:-}${pg_as[*]} $pg_bin/pg_ctl -D $pg_dir/data -m immediate stop >/dev/null 2>&1; rm -rf $pg_dir;"
+trap 'eval "$skippr_cleanup"' EXIT
+"${pg_as[@]}" "$pg_bin/initdb" -D "$pg_dir/data" -U skippr --pwfile="$pg_dir/pwfile" -A scram-sha-256 \
+    --no-sync >"$pg_dir/initdb.log" 2>&1 || { cat "$pg_dir/initdb.log" >&2; exit 1; }
+# Durability off: the tests prove what the sink does, not the server's fsync,
+# and a shared CI host's disk is slow.
+"${pg_as[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w -t 60 start \
+    -o "-c listen_addresses=127.0.0.1 -p $pg_port -k $pg_dir -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
+    >/dev/null || { cat "$pg_dir/server.log" >&2; exit 1; }
+PGPASSWORD=skippr-test "$pg_bin/psql" -q -h 127.0.0.1 -p "$pg_port" -U skippr -d postgres \
+    -c "CREATE DATABASE skippr" >/dev/null
+export SKIPPR_TEST_POSTGRES_URL="postgresql://skippr:skippr-test@127.0.0.1:$pg_port/skippr"

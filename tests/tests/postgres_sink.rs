@@ -1,0 +1,167 @@
+//! The PostgreSQL sink against the local server `./test.sh` starts: the
+//! daemon's generator into a table per stream, every batch in one
+//! transaction with its progress row; chaos runs with real SIGKILLs end with
+//! every record in the table exactly once (checked with SQL); settings the
+//! server refuses stop start-up with exit 3 and say what to fix.
+
+use skippr_tests::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+fn daemon(data: &Path, schema: &str, extra: &[&str]) -> Command {
+    let mut c = Command::new(skipprd_bin());
+    c.args(["run", "--data-dir", data.to_str().unwrap(), "--sink", "postgres", "--postgres-schema", schema])
+        .args(extra)
+        .env("SKIPPR_POSTGRES_URL", pg::url());
+    c
+}
+
+#[test]
+fn once_lands_every_record_once_with_a_progress_row_per_batch_and_a_rerun_resumes() {
+    let schema = pg::fresh_schema("once");
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let args = ["--once", "--postgres-columns", "seq:bigint,partition:integer,value:text"];
+    let out = daemon(&data, &schema, &args).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    pg::assert_exactly_once(&schema, "events", 2, 10_000);
+    let mut client = pg::client();
+    let progress = client
+        .query_one(
+            &format!("SELECT count(*), sum(records)::bigint, count(DISTINCT seq), max(seq) FROM \"{schema}\".skippr_progress"),
+            &[],
+        )
+        .unwrap();
+    let (batches, rows, distinct, max): (i64, i64, i64, i64) =
+        (progress.get(0), progress.get(1), progress.get(2), progress.get(3));
+    assert_eq!(rows, 20_000, "progress rows count every record");
+    assert_eq!((distinct, max), (batches, batches - 1), "one row per sequence number, dense from 0");
+    // The mapped columns hold the fields, computed by the server.
+    let mapped = client
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM \"{schema}\".events WHERE seq = (data->>'seq')::bigint \
+                 AND partition = (data->>'partition')::int AND value = data->>'value'"
+            ),
+            &[],
+        )
+        .unwrap();
+    assert_eq!(mapped.get::<_, i64>(0), 20_000);
+    let again = daemon(&data, &schema, &args).output().unwrap();
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert!(stdout(&again).starts_with("records: 0,"), "{}", stdout(&again));
+    pg::assert_exactly_once(&schema, "events", 2, 10_000);
+    assert!(!stderr(&out).contains("skippr-test"), "the password reached a log: {}", stderr(&out));
+}
+
+#[test]
+fn twenty_chaos_runs_sigkilled_mid_ingest_then_every_record_is_in_postgres_exactly_once() {
+    let schema = pg::fresh_schema("chaos");
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let args = ["--once", "--generator-partitions", "3", "--generator-records", "100000"];
+    // At most 25,000 records a second and kills within 0.45 s: the 20 runs
+    // cannot deliver the 300,000 records between them.
+    let killed = chaos_runs(20, "0.15", "0.45", || {
+        let mut c = daemon(&data, &schema, &args);
+        c.args(["--generator-rate", "25000"]);
+        c
+    });
+    assert_eq!(killed, 20, "every run was killed with work in flight");
+    let out = daemon(&data, &schema, &args).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    pg::assert_exactly_once(&schema, "events", 3, 100_000);
+}
+
+#[test]
+fn a_record_the_table_refuses_stops_the_stream_with_exit_eight_and_the_servers_message() {
+    let schema = pg::fresh_schema("refused");
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    // `value` is a string of letters: not a bigint.
+    let args = ["--once", "--postgres-columns", "value:bigint", "--generator-records", "100"];
+    let out = daemon(&data, &schema, &args).output().unwrap();
+    assert_eq!(out.status.code(), Some(8), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("invalid input syntax for type bigint"), "the server's message: {err}");
+    assert!(err.contains("refused compaction"), "{err}");
+    let rows = pg::client().query_one(&format!("SELECT count(*) FROM \"{schema}\".events"), &[]).unwrap();
+    assert_eq!(rows.get::<_, i64>(0), 0, "nothing of a refused batch is visible");
+}
+
+#[test]
+fn settings_the_server_refuses_stop_start_up_with_exit_three_and_say_what_to_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let url = pg::url();
+    let wrong_password = url.replace(":skippr-test@", ":not-the-password@");
+    let no_database = format!("{}_missing", url);
+    for (bad, expect) in [(&wrong_password, "password authentication failed"), (&no_database, "does not exist")] {
+        let out = Command::new(skipprd_bin())
+            .args(["run", "--once", "--data-dir", tmp.path().join("d").to_str().unwrap(), "--sink", "postgres"])
+            .env("SKIPPR_POSTGRES_URL", bad)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+        assert!(stderr(&out).contains(expect), "{expect}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("not-the-password"), "the password reached a log: {}", stderr(&out));
+    }
+    // A password file others can read is refused before anything connects.
+    let file = tmp.path().join("pw");
+    std::fs::write(&file, "skippr-test\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let without = url.replace(":skippr-test@", "@");
+    let run = |file: &Path| {
+        Command::new(skipprd_bin())
+            .args(["run", "--once", "--data-dir", tmp.path().join("d2").to_str().unwrap(), "--sink", "postgres"])
+            .args(["--postgres-schema", &pg::fresh_schema("pwfile"), "--generator-records", "10"])
+            .env("SKIPPR_POSTGRES_URL", &without)
+            .env("SKIPPR_POSTGRES_PASSWORD_FILE", file)
+            .env_remove("PGPASSWORD")
+            .output()
+            .unwrap()
+    };
+    let out = run(&file);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("chmod 600"), "{}", stderr(&out));
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = run(&file);
+    assert_eq!(out.status.code(), Some(0), "the password from the file: {}", stderr(&out));
+    // No URL at all.
+    let out = Command::new(skipprd_bin())
+        .args(["run", "--once", "--sink", "postgres", "--data-dir", tmp.path().join("d3").to_str().unwrap()])
+        .env_remove("SKIPPR_POSTGRES_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--postgres-url"), "{}", stderr(&out));
+}
+
+/// The SQL checker itself: a duplicate, a missing record and two records
+/// out of source order each fail it.
+#[test]
+fn the_checker_fails_on_a_duplicate_a_gap_and_records_out_of_order() {
+    let schema = pg::fresh_schema("checker");
+    let mut client = pg::client();
+    let mut table = |rows: &[(i64, i64, u64, u64)]| {
+        let mut sql = format!(
+            "DROP TABLE IF EXISTS \"{schema}\".events; CREATE SCHEMA IF NOT EXISTS \"{schema}\"; \
+             CREATE TABLE \"{schema}\".events (_skippr_seq bigint, _skippr_row int, data jsonb);"
+        );
+        for (batch, row, p, seq) in rows {
+            sql.push_str(&format!(
+                "INSERT INTO \"{schema}\".events VALUES ({batch}, {row}, '{{\"partition\":{p},\"seq\":{seq}}}');"
+            ));
+        }
+        client.batch_execute(&sql).unwrap();
+    };
+    let fails = || std::panic::catch_unwind(|| pg::assert_exactly_once(&schema, "events", 2, 2)).is_err();
+    table(&[(0, 0, 0, 0), (0, 1, 1, 0), (1, 0, 0, 1), (1, 1, 1, 1)]);
+    assert!(!fails(), "a correct table passes");
+    table(&[(0, 0, 0, 0), (0, 1, 1, 0), (1, 0, 0, 1), (1, 1, 1, 1), (2, 0, 1, 1)]);
+    assert!(fails(), "a duplicate");
+    table(&[(0, 0, 0, 0), (0, 1, 1, 0), (1, 0, 0, 1)]);
+    assert!(fails(), "a gap");
+    table(&[(0, 0, 0, 1), (0, 1, 1, 0), (1, 0, 0, 0), (1, 1, 1, 1)]);
+    assert!(fails(), "out of source order");
+}
