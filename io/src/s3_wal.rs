@@ -341,7 +341,7 @@ pub fn location(bucket: &str, prefix: &str) -> String {
     format!("s3://{bucket}/{}", normalize_prefix(prefix))
 }
 
-fn normalize_prefix(prefix: &str) -> String {
+pub(crate) fn normalize_prefix(prefix: &str) -> String {
     let p = prefix.trim_matches('/');
     if p.is_empty() {
         String::new()
@@ -350,7 +350,7 @@ fn normalize_prefix(prefix: &str) -> String {
     }
 }
 
-fn status<E>(e: &SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> Option<u16> {
+pub(crate) fn status<E>(e: &SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> Option<u16> {
     e.raw_response().map(|r| r.status().as_u16())
 }
 
@@ -358,7 +358,7 @@ fn status<E>(e: &SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> Option<
 /// (permissions, a missing bucket, a malformed request), not one that a
 /// retry can get past (a timeout, throttling, a racing conditional write,
 /// an expired token during credential rotation, a skewed clock).
-fn definite_refusal(status: u16, code: Option<&str>) -> bool {
+pub(crate) fn definite_refusal(status: u16, code: Option<&str>) -> bool {
     let transient = matches!(
         code,
         Some(
@@ -374,7 +374,7 @@ fn definite_refusal(status: u16, code: Option<&str>) -> bool {
     (400..500).contains(&status) && !matches!(status, 408 | 409 | 412 | 429) && !transient
 }
 
-fn error_code<E: aws_sdk_s3::error::ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> Option<&str> {
+pub(crate) fn error_code<E: aws_sdk_s3::error::ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> Option<&str> {
     e.as_service_error().and_then(|s| s.code())
 }
 

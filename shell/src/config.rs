@@ -264,8 +264,9 @@ pub struct SourceArgs {
 #[serde(deny_unknown_fields)]
 pub struct SinkArgs {
     /// The sink: `dir`, `stdout`, `postgres` (a table per stream, one
-    /// transaction per batch with its progress row), or `command` for an
-    /// external plugin [default: dir].
+    /// transaction per batch with its progress row), `s3` (an object per
+    /// batch, created only if absent), or `command` for an external plugin
+    /// [default: dir].
     #[arg(long = "sink", id = "sink", value_name = "KIND")]
     pub kind: Option<String>,
     /// Directory sink: where batches are written [default: DATA_DIR/sink].
@@ -274,6 +275,15 @@ pub struct SinkArgs {
     /// External sink: the command that starts the plugin (run by `sh -c`).
     #[arg(long = "sink-command", id = "sink_command", value_name = "CMD")]
     pub command: Option<String>,
+    /// S3 sink: the bucket batches go to (one object per batch).
+    #[arg(long = "sink-s3-bucket", id = "sink_s3_bucket", env = "SKIPPR_SINK_S3_BUCKET", value_name = "BUCKET")]
+    pub s3_bucket: Option<String>,
+    /// S3 sink: the key prefix, `<prefix><stream>/<seq>.jsonl` [default: none].
+    #[arg(long = "sink-s3-prefix", id = "sink_s3_prefix", env = "SKIPPR_SINK_S3_PREFIX", value_name = "PREFIX")]
+    pub s3_prefix: Option<String>,
+    /// S3 sink: gzip each object (`.jsonl.gz`) [default: false].
+    #[arg(long = "sink-s3-gzip", id = "sink_s3_gzip", value_name = "BOOL")]
+    pub s3_gzip: Option<bool>,
     /// PostgreSQL sink: the database, `postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable]`
     /// (the password may come from --postgres-password-file or PGPASSWORD
     /// instead; it is never logged).
@@ -305,6 +315,7 @@ pub enum SinkConfig {
     Stdout,
     Command { command: String },
     Postgres(PostgresConfig),
+    S3 { bucket: String, prefix: String, gzip: bool },
 }
 
 /// The PostgreSQL sink's settings. Its `Debug` leaves the password out.
@@ -634,7 +645,14 @@ fn sink_config(args: &SinkArgs, file: SinkArgs, data_dir: &Path) -> Result<SinkC
                 .ok_or("the command sink needs its command: --sink-command CMD, or `command` in [sink]")?,
         }),
         "postgres" => postgres_config(args, file).map(SinkConfig::Postgres),
-        other => Err(format!("unknown sink '{other}': use dir, stdout, command or postgres")),
+        "s3" => Ok(SinkConfig::S3 {
+            bucket: args.s3_bucket.clone().or(file.s3_bucket).ok_or(
+                "the s3 sink needs its bucket: --sink-s3-bucket BUCKET, SKIPPR_SINK_S3_BUCKET, or `s3_bucket` in [sink]",
+            )?,
+            prefix: args.s3_prefix.clone().or(file.s3_prefix).unwrap_or_default(),
+            gzip: args.s3_gzip.or(file.s3_gzip).unwrap_or(false),
+        }),
+        other => Err(format!("unknown sink '{other}': use dir, stdout, command, postgres or s3")),
     }
 }
 

@@ -12,6 +12,7 @@ use skippr_io::driver::{SharedSchema, SharedSink, SharedSource};
 use skippr_io::dynamo::Dynamo;
 use skippr_io::metrics::Metrics;
 use skippr_io::plugin::postgres_sink::{PostgresSink, Refused};
+use skippr_io::plugin::s3_sink::{S3Sink, S3SinkTarget};
 use skippr_io::plugin::{
     DirSink, ExternalSchema, ExternalSink, ExternalSource, FileSource, Generator, SchemaPlugin, Sink, Source,
     StdoutSink,
@@ -82,7 +83,7 @@ struct Plugins {
     schema: Option<SharedSchema>,
 }
 
-fn plugins(cfg: &RunConfig, wal_identity: &str) -> Result<Plugins, (i32, String)> {
+fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) -> Result<Plugins, (i32, String)> {
     let timeout = std::time::Duration::from_secs_f64(cfg.plugin_timeout_seconds);
     let source: Box<dyn Source> = match &cfg.source {
         SourceConfig::Generator { streams, partitions, records, seed, rate } => {
@@ -114,6 +115,10 @@ fn plugins(cfg: &RunConfig, wal_identity: &str) -> Result<Plugins, (i32, String)
                 opened.expect("opening the postgres sink panicked").map_err(|Refused(why)| (exit::CONFIG, why))?;
             Box::new(sink)
         }
+        SinkConfig::S3 { .. } => Box::new(S3Sink::new(
+            s3_sink.expect("connected before the engine starts").clone(),
+            tokio::runtime::Handle::current(),
+        )),
     };
     let schema: Option<SharedSchema> = match &cfg.schema_command {
         None => None,
@@ -136,7 +141,7 @@ async fn run(cfg: RunConfig) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(e),
     };
-    let (wal, offsets, lease, place, endpoints) = stores;
+    let (wal, offsets, lease, place, endpoints, s3_sink) = stores;
     let endpoints = endpoints.unwrap_or_else(|| "none (local disk)".into());
     let metrics_dir = match &place {
         WalPlace::Dir(dir) => Some(dir.clone()),
@@ -164,7 +169,7 @@ async fn run(cfg: RunConfig) -> i32 {
     };
     let clock = Clock::start();
     let reason = loop {
-        let Plugins { source, sink, schema } = match plugins(&cfg, &wal_identity) {
+        let Plugins { source, sink, schema } = match plugins(&cfg, &wal_identity, s3_sink.as_ref()) {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
@@ -252,13 +257,15 @@ async fn run(cfg: RunConfig) -> i32 {
     code
 }
 
-type Stores = (WalBackend, OffsetsBackend, Option<Arc<Dynamo>>, WalPlace, Option<String>);
+type Stores = (WalBackend, OffsetsBackend, Option<Arc<Dynamo>>, WalPlace, Option<String>, Option<S3SinkTarget>);
 
 /// Opens the WAL, the offsets store and the lease table, checking that the
 /// bucket and table exist before anything runs.
 async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
     let remote = |e: String| (exit::REMOTE, e);
-    let needs_aws = matches!(cfg.wal, WalConfig::S3 { .. }) || cfg.offsets != OffsetsConfig::Disk;
+    let needs_aws = matches!(cfg.wal, WalConfig::S3 { .. })
+        || cfg.offsets != OffsetsConfig::Disk
+        || matches!(cfg.sink, SinkConfig::S3 { .. });
     let sdk = match needs_aws {
         true => Some(cfg.aws.load().await.map_err(remote)?),
         false => None,
@@ -309,7 +316,13 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
         }
         OffsetsConfig::Dynamodb { table } => OffsetsBackend::Dynamo(dynamo(table.clone()).await.map_err(remote)?),
     };
-    Ok((wal, offsets, lease, place, endpoints))
+    let s3_sink = match &cfg.sink {
+        SinkConfig::S3 { bucket, prefix, gzip } => {
+            Some(S3SinkTarget::connect(sdk.as_ref().expect("loaded"), bucket, prefix, *gzip).await.map_err(remote)?)
+        }
+        _ => None,
+    };
+    Ok((wal, offsets, lease, place, endpoints, s3_sink))
 }
 
 /// What names this WAL in stores shared with others (DynamoDB offsets, a

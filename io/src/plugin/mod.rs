@@ -14,6 +14,7 @@ pub mod file_source;
 pub mod generator;
 pub mod postgres_sink;
 pub mod process;
+pub mod s3_sink;
 pub(crate) mod spawner;
 pub mod stdout;
 
