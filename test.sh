@@ -10,7 +10,11 @@ cd "$(dirname "$0")"
 
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets --locked -- -D warnings
-cargo build --release --locked -p skipprd
+# Every target at once (the binary, the libraries, the tests), so that the
+# binary and the tests share one resolution of features: built alone, the
+# binary leaves out features that test-only dependencies (turmoil) add to
+# tokio, and `cargo test` would build tokio and the AWS SDK a second time.
+cargo build --release --locked --workspace --all-targets
 
 # A local S3 and DynamoDB server for the end-to-end tests of S3 mode (moto,
 # pinned), and a PostgreSQL server for the PostgreSQL sink's (the machine's

@@ -78,11 +78,7 @@ impl Sink for DirSink {
         id: CompactionId,
         records: &Records,
     ) -> Result<SinkOutcome, PluginError> {
-        let mut body = Vec::with_capacity(records.iter().map(|r| r.len() + 1).sum());
-        for r in records {
-            body.extend_from_slice(r);
-            body.push(b'\n');
-        }
+        let body = super::json_lines(records);
         let dir = self.dir.join(stream);
         let path = dir.join(file_name(seq, id));
         let err = |what: &str, e: std::io::Error| PluginError(format!("{what} {}: {e}", path.display()));

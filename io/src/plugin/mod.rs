@@ -63,6 +63,17 @@ pub trait SchemaPlugin: Send {
     fn decide(&mut self, stream: &str, fingerprint: u64, schema: &[u8]) -> Result<Option<String>, PluginError>;
 }
 
+/// A batch as the file-like sinks store it: each record's bytes as
+/// emitted, each followed by a newline.
+pub fn json_lines(records: &Records) -> Vec<u8> {
+    let mut body = Vec::with_capacity(records.iter().map(|r| r.len() + 1).sum());
+    for r in records {
+        body.extend_from_slice(r);
+        body.push(b'\n');
+    }
+    body
+}
+
 pub trait Sink: Send {
     fn apply(
         &mut self,

@@ -185,11 +185,7 @@ impl Sink for S3Sink {
         id: CompactionId,
         records: &Records,
     ) -> Result<SinkOutcome, PluginError> {
-        let mut body = Vec::with_capacity(records.iter().map(|r| r.len() + 1).sum());
-        for r in records {
-            body.extend_from_slice(r);
-            body.push(b'\n');
-        }
+        let body = super::json_lines(records);
         let runtime = self.runtime.clone();
         runtime.block_on(self.apply_async(stream, seq, id, &body)).inspect_err(|e| warn!(error = %e, "s3 sink"))
     }
