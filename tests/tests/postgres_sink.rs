@@ -165,3 +165,16 @@ fn the_checker_fails_on_a_duplicate_a_gap_and_records_out_of_order() {
     table(&[(0, 0, 0, 1), (0, 1, 1, 0), (1, 0, 0, 0), (1, 1, 1, 1)]);
     assert!(fails(), "out of source order");
 }
+
+/// `--help` shows which environment variable sets the URL, never its value.
+#[test]
+fn help_names_the_url_variable_but_never_shows_its_password() {
+    let out = Command::new(skipprd_bin())
+        .args(["run", "--help"])
+        .env("SKIPPR_POSTGRES_URL", "postgresql://app:hunter2-secret@db/warehouse")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).contains("SKIPPR_POSTGRES_URL"), "{}", stdout(&out));
+    assert!(!stdout(&out).contains("hunter2-secret"), "the password is shown by --help");
+}
