@@ -15,9 +15,10 @@
 //! `already_applied` (same id; the data is not touched) or `fatal` (another
 //! id). Two daemons applying the same batch at once (a deposed clustered
 //! leader and its successor) meet at that row: the second waits for the
-//! first's transaction and then reads its row back. Connection loss, a
-//! server restart mid-transaction, serialization failures and a race to
-//! create a table are retried; an error in the data (a type or constraint
+//! first's transaction and then reads its row back. Connection loss (a
+//! session the server ended), serialization failures and a race to create
+//! a table are retried (a server restart in the middle of a batch is not
+//! tested yet); an error in the data (a type or constraint
 //! violation, a record that is not JSON) is `fatal` with the server's
 //! message, and the stream stops until an operator fixes it.
 
