@@ -267,9 +267,8 @@ impl PostgresSink {
                 write!(line, "{seq}\t{row}\t").expect("a Vec takes writes");
                 escape_copy_text(record, &mut line);
                 line.push(b'\n');
-                if let Err(e) = copy.write_all(&line) {
+                if copy.write_all(&line).is_err() {
                     // The server ended the copy: its error comes from finish.
-                    drop(e);
                     break;
                 }
             }
@@ -323,11 +322,12 @@ impl Sink for PostgresSink {
     }
 
     fn progress(&mut self, streams: &[String]) -> Result<Vec<(String, u64)>, PluginError> {
+        // Either class is an error here: recovery asks again.
         let describe = self.describe();
-        let transient = |why: String| PluginError(format!("postgres sink {describe}: {why}"));
-        self.prepare().map_err(|f| match f {
-            Failure::Transient(w) | Failure::Fatal(w) => transient(w),
-        })?;
+        let error = |f: Failure| match f {
+            Failure::Transient(why) | Failure::Fatal(why) => PluginError(format!("postgres sink {describe}: {why}")),
+        };
+        self.prepare().map_err(error)?;
         let schema = quote(&self.settings.schema);
         let (pipeline, wal) = (self.pipeline.clone(), self.wal.clone());
         let client = self.client.as_mut().expect("prepared");
@@ -339,11 +339,7 @@ impl Sink for PostgresSink {
         );
         let rows = match rows {
             Ok(rows) => rows,
-            Err(e) => {
-                return Err(match self.fail(&e) {
-                    Failure::Transient(w) | Failure::Fatal(w) => transient(w),
-                })
-            }
+            Err(e) => return Err(error(self.fail(&e))),
         };
         Ok(rows
             .iter()
