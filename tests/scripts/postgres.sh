@@ -6,7 +6,7 @@
 # listening on a free port of 127.0.0.1 and on a socket in that directory
 # only, checked for readiness and stopped when the sourcing script exits.
 # Exports SKIPPR_TEST_POSTGRES_URL (user `skippr`, password `skippr-test`,
-# database `skippr`). Sourcing scripts add their own cleanup to
+# database `skippr`) and SKIPPR_TEST_POSTGRES_RESTART (a command). Sourcing scripts add their own cleanup to
 # `skippr_cleanup`.
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ]; then
@@ -37,3 +37,7 @@ trap 'eval "$skippr_cleanup"' EXIT
 PGPASSWORD=skippr-test "$pg_bin/psql" -q -h 127.0.0.1 -p "$pg_port" -U skippr -d postgres \
     -c "CREATE DATABASE skippr" >/dev/null
 export SKIPPR_TEST_POSTGRES_URL="postgresql://skippr:skippr-test@127.0.0.1:$pg_port/skippr"
+# A fast restart (sessions terminated, the server back on the same port and
+# options), for the test of a restart mid-batch. The log file keeps the new
+# server from holding the caller's output open.
+export SKIPPR_TEST_POSTGRES_RESTART="${pg_as[*]} $pg_bin/pg_ctl -D $pg_dir/data -l $pg_dir/server.log -w -t 60 -m fast restart"
