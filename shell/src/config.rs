@@ -224,8 +224,8 @@ pub struct RunArgs {
 #[derive(Args, Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
 pub struct SourceArgs {
-    /// The source: `generator`, `file`, or `command` for an external plugin
-    /// [default: generator].
+    /// The source: `generator`, `file`, `singer` for a Singer tap, or
+    /// `command` for an external plugin [default: generator].
     #[arg(long = "source", id = "source", value_name = "KIND")]
     pub kind: Option<String>,
     /// Generator: stream names, comma-separated [default: events].
@@ -257,6 +257,29 @@ pub struct SourceArgs {
     /// External source: the command that starts the plugin (run by `sh -c`).
     #[arg(long = "source-command", id = "source_command", value_name = "CMD")]
     pub command: Option<String>,
+    /// Singer source: the tap and its arguments (run by `sh -c`), e.g.
+    /// `tap-jsonl --config tap.json`; skipprd adds `--state`, `--catalog`
+    /// and `--properties`.
+    #[arg(long = "singer-command", env = "SKIPPR_SINGER_COMMAND", value_name = "CMD")]
+    pub singer_command: Option<String>,
+    /// Singer source: the catalog passed as `--catalog`; its selected streams
+    /// are the streams [default: the tap's `--discover` output, not passed].
+    #[arg(long = "singer-catalog", value_name = "FILE")]
+    pub singer_catalog: Option<PathBuf>,
+    /// Singer source: a properties file passed as `--properties` (older
+    /// taps), read like a catalog.
+    #[arg(long = "singer-properties", value_name = "FILE")]
+    pub singer_properties: Option<PathBuf>,
+    /// Singer source: seconds from the end of one sync to the start of the
+    /// next, from the committed state; 0 runs the tap once (for --once)
+    /// [default: 60].
+    #[arg(long = "singer-interval", value_name = "S")]
+    pub singer_interval: Option<f64>,
+    /// Singer source: bytes of records held in memory between two STATE
+    /// messages; a tap that sends more stops its run with an error naming
+    /// this setting [default: 268435456].
+    #[arg(long = "singer-buffer-bytes", value_name = "N")]
+    pub singer_buffer_bytes: Option<u64>,
 }
 
 /// The sink, in the file's `[sink]` table.
@@ -300,13 +323,39 @@ pub struct SinkArgs {
     /// integer, numeric, double, boolean, jsonb), for tables it creates.
     #[arg(long = "postgres-columns", value_name = "LIST")]
     pub postgres_columns: Option<String>,
+    /// PostgreSQL sink: keep one row per key, the latest, in tables it
+    /// creates: each stream's key is the one its source declares (a Singer
+    /// catalog's `key_properties`); for taps that send records again
+    /// [default: false].
+    #[arg(long = "postgres-upsert", value_name = "BOOL")]
+    pub postgres_upsert: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum SourceConfig {
-    Generator { streams: Vec<String>, partitions: u32, records: u64, seed: u64, rate: u64 },
-    File { dir: PathBuf, stream: String, follow: bool },
-    Command { command: String },
+    Generator {
+        streams: Vec<String>,
+        partitions: u32,
+        records: u64,
+        seed: u64,
+        rate: u64,
+    },
+    File {
+        dir: PathBuf,
+        stream: String,
+        follow: bool,
+    },
+    Command {
+        command: String,
+    },
+    Singer {
+        command: String,
+        catalog: Option<PathBuf>,
+        properties: Option<PathBuf>,
+        /// `None`: run once.
+        interval: Option<f64>,
+        buffer_bytes: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -326,6 +375,7 @@ pub struct PostgresConfig {
     pub password: Option<String>,
     pub schema: String,
     pub columns: Vec<Column>,
+    pub upsert: bool,
 }
 
 impl std::fmt::Debug for PostgresConfig {
@@ -335,17 +385,39 @@ impl std::fmt::Debug for PostgresConfig {
             .field("database", &database)
             .field("schema", &self.schema)
             .field("columns", &self.columns)
+            .field("upsert", &self.upsert)
             .finish_non_exhaustive()
     }
 }
 
 impl PostgresConfig {
-    pub fn settings(&self) -> PostgresSettings {
-        PostgresSettings {
+    /// The sink's settings, given each stream's key as its source declares
+    /// it (empty for sources that declare none).
+    pub fn settings(&self, keys: &[(String, Vec<String>)]) -> Result<PostgresSettings, String> {
+        let mut upsert = std::collections::BTreeMap::new();
+        if self.upsert {
+            if keys.is_empty() {
+                return Err("--postgres-upsert needs a source that declares its streams' keys: the singer source \
+                            (key_properties in the tap's catalog)"
+                    .into());
+            }
+            for (stream, key) in keys {
+                if key.is_empty() {
+                    return Err(format!(
+                        "--postgres-upsert: the tap's catalog gives the stream '{stream}' no key_properties; \
+                         declare them in the tap's settings or catalog (tap-jsonl: primary_keys), \
+                         or leave --postgres-upsert off"
+                    ));
+                }
+                upsert.insert(stream.clone(), key.clone());
+            }
+        }
+        Ok(PostgresSettings {
             config: connection_config(&self.url, self.password.as_deref()).expect("checked at resolve"),
             schema: self.schema.clone(),
             columns: self.columns.clone(),
-        }
+            keys: upsert,
+        })
     }
 }
 
@@ -616,7 +688,28 @@ fn source_config(args: &SourceArgs, file: SourceArgs) -> Result<SourceConfig, St
                 .or(file.command)
                 .ok_or("the command source needs its command: --source-command CMD, or `command` in [source]")?,
         },
-        other => return Err(format!("unknown source '{other}': use generator, file or command")),
+        "singer" => {
+            let interval = args.singer_interval.or(file.singer_interval).unwrap_or(60.0);
+            if !interval.is_finite() || interval < 0.0 {
+                return Err(format!("--singer-interval is {interval}; give seconds, 0 or more"));
+            }
+            let catalog = args.singer_catalog.clone().or(file.singer_catalog);
+            let properties = args.singer_properties.clone().or(file.singer_properties);
+            if catalog.is_some() && properties.is_some() {
+                return Err("give the Singer tap a catalog or a properties file, not both".into());
+            }
+            SourceConfig::Singer {
+                command: args.singer_command.clone().or(file.singer_command).ok_or(
+                    "the singer source needs its tap: --singer-command \"tap-x --config tap.json\", \
+                     SKIPPR_SINGER_COMMAND, or `singer_command` in [source]",
+                )?,
+                catalog,
+                properties,
+                interval: (interval > 0.0).then_some(interval),
+                buffer_bytes: args.singer_buffer_bytes.or(file.singer_buffer_bytes).unwrap_or(256 << 20),
+            }
+        }
+        other => return Err(format!("unknown source '{other}': use generator, file, singer or command")),
     };
     if let SourceConfig::File { stream, .. } = &source {
         if !valid_name(stream) {
@@ -674,7 +767,8 @@ fn postgres_config(args: &SinkArgs, file: SinkArgs) -> Result<PostgresConfig, St
         Some(list) => postgres_columns(&list)?,
         None => Vec::new(),
     };
-    Ok(PostgresConfig { url, password, schema, columns })
+    let upsert = args.postgres_upsert.or(file.postgres_upsert).unwrap_or(false);
+    Ok(PostgresConfig { url, password, schema, columns, upsert })
 }
 
 /// `FIELD:TYPE,...` into columns; each field once, none of the sink's own

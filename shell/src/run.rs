@@ -14,8 +14,8 @@ use skippr_io::metrics::Metrics;
 use skippr_io::plugin::postgres_sink::{PostgresSink, Refused};
 use skippr_io::plugin::s3_sink::{S3Sink, S3SinkTarget};
 use skippr_io::plugin::{
-    DirSink, ExternalSchema, ExternalSink, ExternalSource, FileSource, Generator, SchemaPlugin, Sink, Source,
-    StdoutSink,
+    singer::SingerSettings, DirSink, ExternalSchema, ExternalSink, ExternalSource, FileSource, Generator, SchemaPlugin,
+    SingerSource, Sink, Source, StdoutSink,
 };
 use skippr_io::s3_wal::S3Wal;
 use skippr_io::{drive, Backends, Clock, DiskWal, OffsetsDb, RunTotals};
@@ -85,6 +85,9 @@ struct Plugins {
 
 fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) -> Result<Plugins, (i32, String)> {
     let timeout = std::time::Duration::from_secs_f64(cfg.plugin_timeout_seconds);
+    // Each stream's key, where the source declares one (a Singer catalog's
+    // `key_properties`): what an upserting sink dedupes by.
+    let mut keys: Vec<(String, Vec<String>)> = Vec::new();
     let source: Box<dyn Source> = match &cfg.source {
         SourceConfig::Generator { streams, partitions, records, seed, rate } => {
             Box::new(Generator::new(streams.clone(), *partitions, *records, *seed).with_rate(*rate))
@@ -98,6 +101,21 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
         SourceConfig::Command { command } => {
             Box::new(ExternalSource::start("source", command, timeout).map_err(|e| (exit::PLUGIN, e.to_string()))?)
         }
+        SourceConfig::Singer { command, catalog, properties, interval, buffer_bytes } => {
+            let settings = SingerSettings {
+                command: command.clone(),
+                catalog: catalog.clone(),
+                properties: properties.clone(),
+                interval: interval.map(std::time::Duration::from_secs_f64),
+                buffer_bytes: *buffer_bytes,
+                timeout,
+                // Half a commit group: the host never splits a batch.
+                batch_bytes: limits(cfg).group_bytes_max / 2,
+            };
+            let source = SingerSource::start(settings).map_err(|e| (exit::PLUGIN, e.to_string()))?;
+            keys = source.singer_streams().iter().map(|s| (s.name.clone(), s.key_properties.clone())).collect();
+            Box::new(source)
+        }
     };
     let sink: Box<dyn Sink> = match &cfg.sink {
         SinkConfig::Dir { dir } => Box::new(DirSink::open(dir).map_err(|e| (exit::DATA_DIR, e.to_string()))?),
@@ -107,9 +125,10 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
         }
         SinkConfig::Postgres(p) => {
             let streams = source.streams();
+            let settings = p.settings(&keys).map_err(|e| (exit::CONFIG, e))?;
             // The client blocks on a runtime of its own: not on this one's thread.
             let opened = std::thread::scope(|s| {
-                s.spawn(|| PostgresSink::open(p.settings(), &cfg.pipeline, wal_identity, &streams)).join()
+                s.spawn(|| PostgresSink::open(settings, &cfg.pipeline, wal_identity, &streams)).join()
             });
             let sink =
                 opened.expect("opening the postgres sink panicked").map_err(|Refused(why)| (exit::CONFIG, why))?;

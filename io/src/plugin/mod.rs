@@ -15,6 +15,7 @@ pub mod generator;
 pub mod postgres_sink;
 pub mod process;
 pub mod s3_sink;
+pub mod singer;
 pub(crate) mod spawner;
 pub mod stdout;
 
@@ -22,6 +23,7 @@ pub use dir_sink::DirSink;
 pub use file_source::FileSource;
 pub use generator::Generator;
 pub use process::{ExternalSchema, ExternalSink, ExternalSource};
+pub use singer::SingerSource;
 pub use stdout::StdoutSink;
 
 /// A source or sink failed in a way that a retry may fix.
@@ -35,6 +37,7 @@ impl std::fmt::Display for PluginError {
 }
 
 /// Records of one partition, with the stream they belong to by name.
+#[derive(Debug)]
 pub struct Batch {
     pub partition: u32,
     pub stream: String,

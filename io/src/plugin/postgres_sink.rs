@@ -27,7 +27,7 @@ use super::{PluginError, Sink};
 use postgres::error::SqlState;
 use postgres::{Client, Config, NoTls};
 use skippr_core::{CompactionId, Records, SinkOutcome};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::time::Duration;
 use tracing::{error, info, warn};
@@ -42,6 +42,9 @@ pub struct PostgresSettings {
     pub schema: String,
     /// Top-level fields of each record turned into columns, in order.
     pub columns: Vec<Column>,
+    /// Streams whose rows are upserted by these top-level fields (a Singer
+    /// stream's `key_properties`): one row per key, the latest batch's.
+    pub keys: BTreeMap<String, Vec<String>>,
 }
 
 /// A top-level field of the records, kept in a column of the given type
@@ -205,12 +208,29 @@ impl PostgresSink {
             };
             columns.push_str(&format!(", {} {} GENERATED ALWAYS AS {value} STORED", quote(&c.field), c.sql_type.sql()));
         }
-        format!(
+        let mut ddl = format!(
             "CREATE TABLE IF NOT EXISTS {}.{} (_skippr_seq bigint NOT NULL, _skippr_row integer NOT NULL, \
-             data jsonb NOT NULL{columns})",
+             data jsonb NOT NULL{columns}",
             quote(&self.settings.schema),
             quote(stream)
-        )
+        );
+        match self.settings.keys.get(stream) {
+            None => ddl.push(')'),
+            Some(keys) => {
+                let not_null: Vec<String> =
+                    keys.iter().map(|k| format!("(data ->> {}) IS NOT NULL", literal(k))).collect();
+                ddl.push_str(&format!(
+                    ", CONSTRAINT skippr_key_present CHECK ({})); \
+                     CREATE UNIQUE INDEX IF NOT EXISTS {} ON {}.{} ({})",
+                    not_null.join(" AND "),
+                    quote(&format!("{stream}_skippr_key").chars().take(63).collect::<String>()),
+                    quote(&self.settings.schema),
+                    quote(stream),
+                    key_exprs(keys)
+                ));
+            }
+        }
+        ddl
     }
 
     /// One batch in one transaction with its progress row.
@@ -260,8 +280,18 @@ impl PostgresSink {
                 );
                 return Ok(SinkOutcome::Fatal);
             }
-            let mut copy =
-                tx.copy_in(&format!("COPY {schema}.{} (_skippr_seq, _skippr_row, data) FROM STDIN", quote(stream)))?;
+            let keys = self.settings.keys.get(stream);
+            let target = match keys {
+                None => format!("{schema}.{}", quote(stream)),
+                Some(_) => {
+                    tx.batch_execute(
+                        "CREATE TEMP TABLE IF NOT EXISTS skippr_upsert \
+                         (_skippr_seq bigint, _skippr_row integer, data jsonb) ON COMMIT DELETE ROWS",
+                    )?;
+                    "skippr_upsert".to_string()
+                }
+            };
+            let mut copy = tx.copy_in(&format!("COPY {target} (_skippr_seq, _skippr_row, data) FROM STDIN"))?;
             let mut line = Vec::new();
             for (row, record) in records.iter().enumerate() {
                 line.clear();
@@ -274,6 +304,19 @@ impl PostgresSink {
                 }
             }
             copy.finish()?;
+            if let Some(keys) = keys {
+                // One row per key: the batch's last record of each key, then
+                // over what an earlier batch left.
+                let k = key_exprs(keys);
+                tx.batch_execute(&format!(
+                    "INSERT INTO {schema}.{table} (_skippr_seq, _skippr_row, data) \
+                     SELECT DISTINCT ON ({k}) _skippr_seq, _skippr_row, data FROM skippr_upsert \
+                     ORDER BY {k}, _skippr_row DESC \
+                     ON CONFLICT ({k}) DO UPDATE SET _skippr_seq = EXCLUDED._skippr_seq, \
+                     _skippr_row = EXCLUDED._skippr_row, data = EXCLUDED.data",
+                    table = quote(stream)
+                ))?;
+            }
             tx.commit()?;
             Ok(SinkOutcome::Applied)
         })();
@@ -409,6 +452,11 @@ pub fn connection_config(url: &str, password: Option<&str>) -> Result<Config, St
     }
     config.application_name("skipprd");
     Ok(config)
+}
+
+/// A key's fields as the expressions its unique index is on.
+fn key_exprs(keys: &[String]) -> String {
+    keys.iter().map(|k| format!("(data ->> {})", literal(k))).collect::<Vec<_>>().join(", ")
 }
 
 fn classify(e: &postgres::Error) -> Failure {

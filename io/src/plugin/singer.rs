@@ -1,0 +1,760 @@
+//! Singer taps as a source: the host runs the tap, reads its `SCHEMA`,
+//! `RECORD` and `STATE` messages, and commits records only at a `STATE`.
+//!
+//! Each Singer stream is a partition (the 31-bit name hash the file source
+//! uses) and a stream of the WAL. A record's position is a per-partition
+//! count that grows across runs. The records between two `STATE` messages
+//! (a *window*) are held here, in memory up to `buffer_bytes`, and handed
+//! to the host only when the `STATE` that closes the window arrives; what a
+//! tap sent after its last `STATE` is dropped when it ends, and comes again
+//! on the next run. A tap that holds more than `buffer_bytes` between two
+//! states fails the read with a message naming the limit to raise.
+//!
+//! The checkpoint, on the last batch of a window of every partition that has
+//! records in it, is the window's number `k`, the tap's state, the end
+//! position of every partition at that state, and the same for the window
+//! before (`prev`). Batches of a window are cut small enough that the host
+//! never splits one across commit groups, and the ones before a partition's
+//! last carry the previous window's checkpoint, so every committed frame
+//! names a state the tap can resume from. On open the source takes the
+//! newest checkpoint among the partitions; if some partition has not
+//! committed that window's records (a crash between the window's commit
+//! groups), it resumes from the window before. WAL groups commit in order,
+//! so that one is whole. Records of the split window that did commit are
+//! then dropped by position when the tap sends them again: right when the
+//! tap re-sends a window faithfully; sinks that upsert by the stream's key
+//! (`key_properties`) make it right for every tap.
+//!
+//! Taps end when their sync ends; the next run starts `interval` after the
+//! last one ended, from the last state handed to the host (after a restart,
+//! from the committed one), written to a file passed as `--state`.
+
+use super::{Batch, PluginError, Source};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use skippr_core::wal::Record;
+use skippr_core::{Position, ResumePoint};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// How a Singer tap is run.
+#[derive(Clone, Debug)]
+pub struct SingerSettings {
+    /// The tap and its own arguments (`tap-x --config tap.json`), run by `sh -c`.
+    pub command: String,
+    /// Passed as `--catalog`; its selected streams are the source's streams.
+    pub catalog: Option<PathBuf>,
+    /// Passed as `--properties` (older taps); read like a catalog.
+    pub properties: Option<PathBuf>,
+    /// Between the end of one run and the start of the next; `None` runs the
+    /// tap once (the source is then exhausted).
+    pub interval: Option<Duration>,
+    /// Records held between two states, at most.
+    pub buffer_bytes: u64,
+    /// A tap silent this long while it runs is killed.
+    pub timeout: Duration,
+    /// A batch handed to the host stays below this many bytes, so that it
+    /// commits in one group.
+    pub batch_bytes: u64,
+}
+
+/// A stream as the catalog (or discovery) declares it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SingerStream {
+    /// The tap's name for it (`tap_stream_id`, else `stream`).
+    pub tap_name: String,
+    /// The name in the WAL and at sinks: the tap's, with characters other
+    /// than letters, digits, '-' and '_' made '_'.
+    pub name: String,
+    pub key_properties: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct Checkpoint {
+    k: u64,
+    state: Option<Value>,
+    ends: BTreeMap<u32, u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    prev: Option<Box<Checkpoint>>,
+}
+
+struct Run {
+    child: Child,
+    lines: mpsc::Receiver<Option<String>>,
+    last_line: Instant,
+    state_file: Option<PathBuf>,
+}
+
+pub struct SingerSource {
+    settings: SingerSettings,
+    streams: Vec<SingerStream>,
+    /// Partition by the tap's stream name.
+    partitions: BTreeMap<String, u32>,
+    run: Option<Run>,
+    next_run: Option<Instant>,
+    exhausted: bool,
+    /// The last checkpoint handed to the host (or given at open).
+    latest: Checkpoint,
+    /// Next position per partition.
+    next: BTreeMap<u32, u64>,
+    /// The open window: records per partition, and their bytes.
+    window: BTreeMap<u32, Vec<Vec<u8>>>,
+    window_bytes: u64,
+    /// The schema a partition's next batch carries (a `SCHEMA` since its last).
+    schemas: BTreeMap<u32, Vec<u8>>,
+    runs: u64,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    stream: Option<String>,
+    #[serde(borrow, default)]
+    record: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    schema: Option<&'a RawValue>,
+    #[serde(default)]
+    value: Option<Value>,
+}
+
+impl SingerSource {
+    /// Learns the tap's streams from its catalog (or properties) file, or by
+    /// running it with `--discover`.
+    pub fn start(settings: SingerSettings) -> Result<SingerSource, PluginError> {
+        let catalog = match settings.catalog.as_ref().or(settings.properties.as_ref()) {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| PluginError(format!("cannot read the Singer catalog {}: {e}", path.display())))?,
+            None => discover(&settings)?,
+        };
+        let streams = parse_catalog(&catalog)?;
+        let mut partitions = BTreeMap::new();
+        let mut by_partition: BTreeMap<u32, &str> = BTreeMap::new();
+        let mut names = BTreeSet::new();
+        for s in &streams {
+            let p = super::FileSource::partition_of(&s.tap_name);
+            if let Some(other) = by_partition.insert(p, &s.tap_name) {
+                return Err(PluginError(format!(
+                    "the tap's streams {other:?} and {:?} hash to the same partition; deselect one in the catalog",
+                    s.tap_name
+                )));
+            }
+            if !names.insert(s.name.clone()) {
+                return Err(PluginError(format!(
+                    "two of the tap's streams are both named {:?} once made safe for sinks; deselect one",
+                    s.name
+                )));
+            }
+            partitions.insert(s.tap_name.clone(), p);
+        }
+        info!(streams = ?streams.iter().map(|s| &s.name).collect::<Vec<_>>(), "singer source: streams");
+        Ok(SingerSource {
+            settings,
+            streams,
+            partitions,
+            run: None,
+            next_run: None,
+            exhausted: false,
+            latest: Checkpoint { k: 0, state: None, ends: BTreeMap::new(), prev: None },
+            next: BTreeMap::new(),
+            window: BTreeMap::new(),
+            window_bytes: 0,
+            schemas: BTreeMap::new(),
+            runs: 0,
+        })
+    }
+
+    /// The streams with their keys, as the catalog declares them.
+    pub fn singer_streams(&self) -> &[SingerStream] {
+        &self.streams
+    }
+
+    fn stream_name(&self, partition: u32) -> String {
+        let tap = self.partitions.iter().find(|(_, p)| **p == partition).map(|(n, _)| n.as_str());
+        self.streams.iter().find(|s| Some(s.tap_name.as_str()) == tap).map(|s| s.name.clone()).unwrap_or_default()
+    }
+
+    /// Ends the run; says how it ended, and whether that was a clean exit.
+    fn stop_run(&mut self) -> (String, bool) {
+        let Some(mut run) = self.run.take() else { return ("was not running".into(), false) };
+        if let Some(f) = run.state_file.take() {
+            let _ = std::fs::remove_file(f);
+        }
+        for _ in 0..40 {
+            if !matches!(run.child.try_wait(), Ok(None)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        match run.child.try_wait() {
+            Ok(Some(status)) => (format!("exited ({status})"), status.success()),
+            _ => {
+                let _ = run.child.kill();
+                let _ = run.child.wait();
+                ("was killed".into(), false)
+            }
+        }
+    }
+
+    /// Drops the open window (never handed to the host).
+    fn drop_window(&mut self) -> usize {
+        let n = self.window.values().map(Vec::len).sum();
+        self.window.clear();
+        self.window_bytes = 0;
+        n
+    }
+
+    fn fail(&mut self, what: String) -> PluginError {
+        let (status, _) = self.stop_run();
+        let dropped = self.drop_window();
+        let e = PluginError(format!("singer tap: {what}; it {status}; {dropped} records after its last STATE are dropped and come again from that state"));
+        warn!("{e}");
+        e
+    }
+
+    fn launch(&mut self) -> Result<(), PluginError> {
+        let mut command = self.settings.command.clone();
+        let mut state_file = None;
+        if let Some(state) = &self.latest.state {
+            let path =
+                std::env::temp_dir().join(format!("skipprd-singer-state-{}-{}.json", std::process::id(), self.runs));
+            let mut f = std::fs::OpenOptions::new();
+            f.write(true).create(true).truncate(true);
+            std::os::unix::fs::OpenOptionsExt::mode(&mut f, 0o600);
+            f.open(&path)
+                .and_then(|mut file| file.write_all(&serde_json::to_vec(state).expect("a JSON value serializes")))
+                .map_err(|e| PluginError(format!("cannot write the tap's state file {}: {e}", path.display())))?;
+            command.push_str(&format!(" --state {}", shell_quote(&path.to_string_lossy())));
+            state_file = Some(path);
+        }
+        if let Some(c) = &self.settings.catalog {
+            command.push_str(&format!(" --catalog {}", shell_quote(&c.to_string_lossy())));
+        }
+        if let Some(p) = &self.settings.properties {
+            command.push_str(&format!(" --properties {}", shell_quote(&p.to_string_lossy())));
+        }
+        self.runs += 1;
+        let (child, lines) = spawn_lines(&command)?;
+        info!(pid = child.id(), from_window = self.latest.k, "singer tap started");
+        self.run = Some(Run { child, lines, last_line: Instant::now(), state_file });
+        Ok(())
+    }
+
+    /// One line of the tap; `Some` when it closed a window.
+    fn take_line(&mut self, line: &str) -> Result<Option<Vec<Batch>>, PluginError> {
+        let message: Message = match serde_json::from_str(line) {
+            Ok(m) => m,
+            Err(e) => {
+                return Err(self.fail(format!("printed a line that is not a Singer message ({e}): {}", clip(line))))
+            }
+        };
+        let partition = |me: &mut Self, m: &Message| -> Result<u32, PluginError> {
+            let Some(stream) = &m.stream else {
+                return Err(me.fail(format!("sent a {} without a stream: {}", m.kind, clip(line))));
+            };
+            match me.partitions.get(stream) {
+                Some(p) => Ok(*p),
+                None => Err(me.fail(format!(
+                    "sent a {} of the stream {stream:?}, which its catalog does not select; \
+                     select it in the catalog (--singer-catalog), or deselect it in the tap",
+                    m.kind
+                ))),
+            }
+        };
+        match message.kind.as_str() {
+            "RECORD" => {
+                let p = partition(self, &message)?;
+                let Some(record) = message.record else {
+                    return Err(self.fail(format!("sent a RECORD without a record: {}", clip(line))));
+                };
+                let bytes = record.get().as_bytes().to_vec();
+                self.window_bytes += bytes.len() as u64 + 12;
+                if self.window_bytes > self.settings.buffer_bytes {
+                    let limit = self.settings.buffer_bytes;
+                    return Err(self.fail(format!(
+                        "sent more than {limit} bytes of records without a STATE; the records of one window are \
+                         held in memory until the STATE that closes it: raise --singer-buffer-bytes (now {limit}) \
+                         or make the tap send STATE more often"
+                    )));
+                }
+                self.window.entry(p).or_default().push(bytes);
+                Ok(None)
+            }
+            "SCHEMA" => {
+                let p = partition(self, &message)?;
+                if let Some(schema) = message.schema {
+                    self.schemas.insert(p, schema.get().as_bytes().to_vec());
+                }
+                Ok(None)
+            }
+            "STATE" => {
+                let Some(value) = message.value else {
+                    return Err(self.fail(format!("sent a STATE without a value: {}", clip(line))));
+                };
+                Ok(Some(self.close_window(value)))
+            }
+            // ACTIVATE_VERSION, BATCH and newer kinds carry nothing this
+            // source acts on.
+            _ => Ok(None),
+        }
+    }
+
+    /// The window closed by `state`, as batches: each under the batch size,
+    /// the last of a partition with the new checkpoint, the others with the
+    /// one before.
+    fn close_window(&mut self, state: Value) -> Vec<Batch> {
+        let window = std::mem::take(&mut self.window);
+        self.window_bytes = 0;
+        let mut prev = self.latest.clone();
+        prev.prev = None;
+        let mut ends = self.next.clone();
+        for (p, records) in &window {
+            *ends.entry(*p).or_default() += records.len() as u64;
+        }
+        let next = Checkpoint { k: prev.k + 1, state: Some(state), ends, prev: Some(Box::new(prev.clone())) };
+        let closing = serde_json::to_vec(&next).expect("a checkpoint serializes");
+        let before = serde_json::to_vec(&prev).expect("a checkpoint serializes");
+        let mut batches = Vec::new();
+        for (p, records) in window {
+            let budget = self.settings.batch_bytes.saturating_sub(closing.len() as u64 + 64).max(1);
+            let stream = self.stream_name(p);
+            let mut schema = self.schemas.remove(&p);
+            let position = self.next.entry(p).or_default();
+            let mut chunk: Vec<Record> = Vec::new();
+            let mut chunk_bytes = 0u64;
+            let total = records.len();
+            for (i, bytes) in records.into_iter().enumerate() {
+                let len = 12 + bytes.len() as u64;
+                if !chunk.is_empty() && chunk_bytes + len > budget {
+                    batches.push(Batch {
+                        partition: p,
+                        stream: stream.clone(),
+                        records: std::mem::take(&mut chunk),
+                        end: Position(*position),
+                        checkpoint: Some(before.clone()),
+                        schema: schema.take(),
+                    });
+                    chunk_bytes = 0;
+                }
+                chunk.push(Record { position: Position(*position), bytes });
+                chunk_bytes += len;
+                *position += 1;
+                if i + 1 == total {
+                    batches.push(Batch {
+                        partition: p,
+                        stream: stream.clone(),
+                        records: std::mem::take(&mut chunk),
+                        end: Position(*position),
+                        checkpoint: Some(closing.clone()),
+                        schema: schema.take(),
+                    });
+                }
+            }
+        }
+        self.latest = next;
+        batches
+    }
+}
+
+impl Source for SingerSource {
+    fn streams(&self) -> Vec<String> {
+        self.streams.iter().map(|s| s.name.clone()).collect()
+    }
+
+    fn open(&mut self, resume: &[ResumePoint]) -> Result<(), PluginError> {
+        self.stop_run();
+        self.drop_window();
+        self.schemas.clear();
+        self.exhausted = false;
+        self.next_run = None;
+        let (from, at) = resume_from(resume)?;
+        self.next = at;
+        info!(window = from.k, partitions = self.next.len(), "singer source: resuming from the committed state");
+        self.latest = from;
+        Ok(())
+    }
+
+    fn read(&mut self, _records_max: u32) -> Result<(Vec<Batch>, bool), PluginError> {
+        if self.exhausted {
+            return Ok((Vec::new(), true));
+        }
+        if self.run.is_none() {
+            if self.next_run.is_some_and(|t| Instant::now() < t) {
+                return Ok((Vec::new(), false));
+            }
+            self.launch()?;
+        }
+        let deadline = Instant::now() + Duration::from_millis(200);
+        loop {
+            let run = self.run.as_mut().expect("launched above");
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match run.lines.recv_timeout(wait) {
+                Ok(Some(line)) => {
+                    run.last_line = Instant::now();
+                    if let Some(batches) = self.take_line(&line)? {
+                        return Ok((batches, false));
+                    }
+                }
+                Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let (status, clean) = self.stop_run();
+                    if !clean {
+                        let dropped = self.drop_window();
+                        let e = PluginError(format!(
+                            "singer tap {status}; {dropped} records after its last STATE are dropped and come again \
+                             from that state"
+                        ));
+                        warn!("{e}");
+                        return Err(e);
+                    }
+                    let dropped = self.drop_window();
+                    if dropped > 0 {
+                        warn!(
+                            dropped,
+                            "singer tap ended with records after its last STATE; they come again on the next run"
+                        );
+                    }
+                    match self.settings.interval {
+                        None => {
+                            info!("singer tap finished its sync; running once, the source is done");
+                            self.exhausted = true;
+                            return Ok((Vec::new(), true));
+                        }
+                        Some(every) => {
+                            info!(next_in = ?every, "singer tap finished its sync");
+                            self.next_run = Some(Instant::now() + every);
+                            return Ok((Vec::new(), false));
+                        }
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let silent = run.last_line.elapsed();
+                    if silent > self.settings.timeout {
+                        let timeout = self.settings.timeout;
+                        return Err(
+                            self.fail(format!("sent nothing for {silent:?} (more than --plugin-timeout {timeout:?})"))
+                        );
+                    }
+                    return Ok((Vec::new(), false));
+                }
+            }
+        }
+    }
+
+    fn ack(&mut self, _acks: &[(u32, Position)]) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+impl Drop for SingerSource {
+    fn drop(&mut self) {
+        self.stop_run();
+    }
+}
+
+/// The state to start the tap from and the next position of every
+/// partition: the newest checkpoint, or the one before it when some
+/// partition has not committed the newest window's records.
+fn resume_from(resume: &[ResumePoint]) -> Result<(Checkpoint, BTreeMap<u32, u64>), PluginError> {
+    let mut newest: Option<Checkpoint> = None;
+    for r in resume {
+        let Some(bytes) = &r.checkpoint else { continue };
+        let c: Checkpoint = serde_json::from_slice(bytes).map_err(|e| {
+            PluginError(format!(
+                "partition {}'s checkpoint is not a Singer source's ({e}); was this WAL written by another source?",
+                r.partition
+            ))
+        })?;
+        if newest.as_ref().is_none_or(|n| c.k > n.k) {
+            newest = Some(c);
+        }
+    }
+    let committed: BTreeMap<u32, u64> = resume.iter().map(|r| (r.partition, r.position.0)).collect();
+    let Some(newest) = newest else {
+        if let Some(r) = resume.iter().find(|r| r.position.0 > 0) {
+            return Err(PluginError(format!(
+                "partition {} holds records but no Singer checkpoint; was this WAL written by another source?",
+                r.partition
+            )));
+        }
+        return Ok((Checkpoint { k: 0, state: None, ends: BTreeMap::new(), prev: None }, BTreeMap::new()));
+    };
+    let whole = newest.ends.iter().all(|(p, end)| committed.get(p).copied().unwrap_or(0) >= *end);
+    let mut from = if whole {
+        newest
+    } else {
+        let prev =
+            newest.prev.map(|p| *p).unwrap_or(Checkpoint { k: 0, state: None, ends: BTreeMap::new(), prev: None });
+        warn!(
+            window = prev.k + 1,
+            "singer source: a crash split the last window's commit; the tap resumes from the state before it, and \
+             what it sends again of that window is matched by position"
+        );
+        prev
+    };
+    from.prev = None;
+    let at = from.ends.clone();
+    Ok((from, at))
+}
+
+/// The streams of a catalog: the selected ones (all, if none says).
+pub fn parse_catalog(text: &str) -> Result<Vec<SingerStream>, PluginError> {
+    let bad = |what: String| PluginError(format!("the Singer catalog {what}"));
+    let catalog: Value = serde_json::from_str(text).map_err(|e| bad(format!("is not JSON ({e})")))?;
+    let entries =
+        catalog.get("streams").and_then(Value::as_array).ok_or_else(|| bad("has no `streams` list".into()))?;
+    let top = |e: &Value| -> Option<Value> {
+        e.get("metadata")?
+            .as_array()?
+            .iter()
+            .find(|m| m.get("breadcrumb").and_then(Value::as_array).is_some_and(|b| b.is_empty()))?
+            .get("metadata")
+            .cloned()
+    };
+    let any_selected =
+        entries.iter().any(|e| e.get("selected").is_some() || top(e).is_some_and(|m| m.get("selected").is_some()));
+    let mut streams = Vec::new();
+    for e in entries {
+        let meta = top(e);
+        let selected = e.get("selected").and_then(Value::as_bool).or_else(|| meta.as_ref()?.get("selected")?.as_bool());
+        if any_selected && selected != Some(true) {
+            continue;
+        }
+        let tap_name = e
+            .get("tap_stream_id")
+            .or_else(|| e.get("stream"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("lists a stream without `tap_stream_id` or `stream`".into()))?
+            .to_string();
+        let keys = e
+            .get("key_properties")
+            .or_else(|| meta.as_ref()?.get("table-key-properties"))
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect())
+            .unwrap_or_default();
+        let name: String =
+            tap_name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+        streams.push(SingerStream { tap_name, name, key_properties: keys });
+    }
+    if streams.is_empty() {
+        return Err(bad("selects no stream: mark one `\"selected\": true`".into()));
+    }
+    Ok(streams)
+}
+
+/// Runs the tap with `--discover` and returns what it prints.
+fn discover(settings: &SingerSettings) -> Result<String, PluginError> {
+    let command = format!("{} --discover", settings.command);
+    let (mut child, lines) = spawn_lines(&command)?;
+    let mut out = String::new();
+    let deadline = Instant::now() + settings.timeout.max(Duration::from_secs(30));
+    loop {
+        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(Some(l)) => {
+                out.push_str(&l);
+                out.push('\n');
+            }
+            Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(PluginError(format!("`{command}` did not finish within {:?}", settings.timeout)));
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| PluginError(format!("`{command}`: {e}")))?;
+    if !status.success() {
+        return Err(PluginError(format!(
+            "`{command}` {status} (its log is above); give the tap's catalog with --singer-catalog instead"
+        )));
+    }
+    Ok(out)
+}
+
+/// Starts `sh -c command` with stdout as a channel of lines (`None` at its
+/// end) and stderr logged.
+fn spawn_lines(command: &str) -> Result<(Child, mpsc::Receiver<Option<String>>), PluginError> {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(command).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = super::spawner::spawn(cmd).map_err(|e| PluginError(format!("cannot start `{command}`: {e}")))?;
+    let stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+    let (tx, rx) = mpsc::sync_channel(10_000);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            match line {
+                Ok(l) if l.trim().is_empty() => {}
+                Ok(l) => {
+                    if tx.send(Some(l)).is_err() {
+                        return;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        let _ = tx.send(None);
+    });
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            info!(plugin = "singer", "{line}");
+        }
+    });
+    Ok((child, rx))
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+fn clip(s: &str) -> String {
+    if s.len() > 200 {
+        format!("{}...", &s[..s.char_indices().take_while(|(i, _)| *i < 200).last().map_or(0, |(i, _)| i)])
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(partition: u32, position: u64, c: Option<&Checkpoint>) -> ResumePoint {
+        ResumePoint { partition, position: Position(position), checkpoint: c.map(|c| serde_json::to_vec(c).unwrap()) }
+    }
+
+    fn checkpoint(k: u64, ends: &[(u32, u64)], prev: Option<Checkpoint>) -> Checkpoint {
+        Checkpoint {
+            k,
+            state: Some(serde_json::json!({ "k": k })),
+            ends: ends.iter().copied().collect(),
+            prev: prev.map(Box::new),
+        }
+    }
+
+    #[test]
+    fn a_whole_window_resumes_from_its_state_and_a_split_one_from_the_state_before() {
+        let c1 = checkpoint(1, &[(1, 10), (2, 5)], None);
+        let c2 = checkpoint(2, &[(1, 20), (2, 9)], Some(c1.clone()));
+        // Both partitions committed window 2.
+        let (from, at) = resume_from(&[point(1, 20, Some(&c2)), point(2, 9, Some(&c2))]).unwrap();
+        assert_eq!((from.k, at), (2, [(1, 20), (2, 9)].into_iter().collect()));
+        // Partition 2's batch of window 2 did not commit: resume from 1.
+        let (from, at) = resume_from(&[point(1, 20, Some(&c2)), point(2, 5, Some(&c1))]).unwrap();
+        assert_eq!(
+            (from.k, from.state, at),
+            (1, Some(serde_json::json!({"k": 1})), [(1, 10), (2, 5)].into_iter().collect())
+        );
+        // Partition 1 committed only a first part of window 2 (its earlier
+        // batch carries window 1's checkpoint).
+        let (from, _) = resume_from(&[point(1, 14, Some(&c1)), point(2, 5, Some(&c1))]).unwrap();
+        assert_eq!(from.k, 1);
+        // Nothing yet.
+        let (from, at) = resume_from(&[]).unwrap();
+        assert_eq!((from.k, from.state, at.len()), (0, None, 0));
+        // Records without a Singer checkpoint: another source's WAL.
+        assert!(resume_from(&[point(1, 3, None)]).unwrap_err().0.contains("another source"));
+    }
+
+    fn settings(batch_bytes: u64) -> SingerSettings {
+        SingerSettings {
+            command: "true".into(),
+            catalog: None,
+            properties: None,
+            interval: None,
+            buffer_bytes: 1 << 20,
+            timeout: Duration::from_secs(5),
+            batch_bytes,
+        }
+    }
+
+    fn source(batch_bytes: u64) -> SingerSource {
+        let catalog = r#"{"streams":[{"tap_stream_id":"a","key_properties":["id"]},{"tap_stream_id":"b.c"}]}"#;
+        let streams = parse_catalog(catalog).unwrap();
+        let partitions =
+            streams.iter().map(|s| (s.tap_name.clone(), super::super::FileSource::partition_of(&s.tap_name))).collect();
+        SingerSource {
+            settings: settings(batch_bytes),
+            streams,
+            partitions,
+            run: None,
+            next_run: None,
+            exhausted: false,
+            latest: Checkpoint { k: 0, state: None, ends: BTreeMap::new(), prev: None },
+            next: BTreeMap::new(),
+            window: BTreeMap::new(),
+            window_bytes: 0,
+            schemas: BTreeMap::new(),
+            runs: 0,
+        }
+    }
+
+    #[test]
+    fn records_wait_for_the_state_that_closes_their_window_and_batches_stay_small() {
+        let mut s = source(400);
+        let a = super::super::FileSource::partition_of("a");
+        for i in 0..10 {
+            let line = format!(r#"{{"type":"RECORD","stream":"a","record":{{"id":{i},"pad":"{}"}}}}"#, "x".repeat(40));
+            assert!(s.take_line(&line).unwrap().is_none());
+        }
+        assert!(s
+            .take_line(r#"{"type":"SCHEMA","stream":"b.c","schema":{"type":"object"},"key_properties":[]}"#)
+            .unwrap()
+            .is_none());
+        assert!(s.take_line(r#"{"type":"RECORD","stream":"b.c","record":{"v":1}}"#).unwrap().is_none());
+        let batches = s.take_line(r#"{"type":"STATE","value":{"bookmarks":{"a":1}}}"#).unwrap().unwrap();
+        let of_a: Vec<&Batch> = batches.iter().filter(|b| b.partition == a).collect();
+        assert!(of_a.len() > 1, "ten 60-byte records cut at 400 bytes");
+        let positions: Vec<u64> = of_a.iter().flat_map(|b| b.records.iter().map(|r| r.position.0)).collect();
+        assert_eq!(positions, (0..10).collect::<Vec<_>>());
+        let last: Checkpoint = serde_json::from_slice(of_a.last().unwrap().checkpoint.as_ref().unwrap()).unwrap();
+        let first: Checkpoint = serde_json::from_slice(of_a[0].checkpoint.as_ref().unwrap()).unwrap();
+        assert_eq!((first.k, last.k), (0, 1), "earlier batches name the state before");
+        assert_eq!(last.state, Some(serde_json::json!({"bookmarks":{"a":1}})));
+        let bc = batches.iter().find(|b| b.stream == "b_c").expect("the stream's name made safe");
+        assert_eq!(bc.schema.as_deref(), Some(&br#"{"type":"object"}"#[..]));
+        assert_eq!(&bc.records[0].bytes[..], br#"{"v":1}"#);
+        // The next window counts on.
+        s.take_line(r#"{"type":"RECORD","stream":"a","record":{"id":10}}"#).unwrap();
+        let batches = s.take_line(r#"{"type":"STATE","value":{"bookmarks":{"a":2}}}"#).unwrap().unwrap();
+        assert_eq!((batches.len(), batches[0].records[0].position.0, batches[0].end.0), (1, 10, 11));
+    }
+
+    #[test]
+    fn garbage_an_unselected_stream_and_a_window_past_the_buffer_fail_the_read() {
+        let mut s = source(1 << 16);
+        assert!(s.take_line("this is not json").unwrap_err().0.contains("not a Singer message"));
+        assert!(s
+            .take_line(r#"{"type":"RECORD","stream":"zzz","record":{}}"#)
+            .unwrap_err()
+            .0
+            .contains("does not select"));
+        s.settings.buffer_bytes = 100;
+        s.take_line(r#"{"type":"RECORD","stream":"a","record":{"id":1}}"#).unwrap();
+        let e = s
+            .take_line(&format!(r#"{{"type":"RECORD","stream":"a","record":{{"p":"{}"}}}}"#, "x".repeat(100)))
+            .unwrap_err();
+        assert!(e.0.contains("--singer-buffer-bytes"), "{e}");
+        assert!(s.window.is_empty(), "the open window is dropped");
+    }
+
+    #[test]
+    fn catalogs_select_streams_and_name_their_keys() {
+        let c = r#"{"streams":[
+            {"tap_stream_id":"users","stream":"users","key_properties":["id"],
+             "metadata":[{"breadcrumb":[],"metadata":{"selected":true}}]},
+            {"tap_stream_id":"orders","metadata":[{"breadcrumb":[],"metadata":{"selected":false,"table-key-properties":["o"]}}]},
+            {"tap_stream_id":"public-items","metadata":[{"breadcrumb":[],"metadata":{"selected":true,"table-key-properties":["a","b"]}}]}]}"#;
+        let s = parse_catalog(c).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].key_properties, vec!["id".to_string()]);
+        assert_eq!((s[1].name.as_str(), s[1].key_properties.len()), ("public-items", 2));
+        assert!(parse_catalog(r#"{"streams":[]}"#).unwrap_err().0.contains("selects no stream"));
+        assert!(parse_catalog("nope").unwrap_err().0.contains("not JSON"));
+    }
+}
