@@ -2,7 +2,8 @@
 # The whole test suite, on a fresh machine: format, lints, unit tests,
 # simulator sweeps, planted bugs, the seeds/ corpus and end-to-end tests
 # (those of S3 mode against a local S3 and DynamoDB server started here, the
-# PostgreSQL sink's against a local PostgreSQL server started here).
+# PostgreSQL sink's against a local PostgreSQL server started here, the
+# Singer source's with a real tap installed here).
 # One optimized profile (release) serves the binary, the tests and the
 # sweeps, so every crate is built once.
 set -euo pipefail
@@ -19,8 +20,10 @@ cargo build --release --locked --workspace --all-targets
 # A local S3 and DynamoDB server for the end-to-end tests of S3 mode (moto,
 # pinned), and a PostgreSQL server for the PostgreSQL sink's (the machine's
 # PostgreSQL, installed where missing, initialised under target/), each on
-# 127.0.0.1 and stopped when this script exits.
+# 127.0.0.1 and stopped when this script exits; and the Singer tap tap-jsonl
+# (pinned) in a virtualenv under target/.
 . tests/scripts/moto.sh
 . tests/scripts/postgres.sh
+. tests/scripts/singer.sh
 
 cargo test --release --locked --workspace

@@ -106,7 +106,8 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
                 command: command.clone(),
                 catalog: catalog.clone(),
                 properties: properties.clone(),
-                interval: interval.map(std::time::Duration::from_secs_f64),
+                // --once: one sync, then the daemon drains and exits.
+                interval: if cfg.once { None } else { interval.map(std::time::Duration::from_secs_f64) },
                 buffer_bytes: *buffer_bytes,
                 timeout,
                 // Half a commit group: the host never splits a batch.

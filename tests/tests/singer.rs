@@ -1,0 +1,144 @@
+//! Singer taps as a source. A tap that resumes faithfully (tests/plugins/
+//! singer_tap.py) lands every record exactly once in the directory sink
+//! across chaos runs with real SIGKILLs, and across a run that prints
+//! garbage, exits non-zero or hangs. The real tap-jsonl from PyPI (pinned,
+//! started by ./test.sh through tests/scripts/singer.sh) re-sends every
+//! record on every run, which its second run shows; with `--postgres-upsert`
+//! by its `key_properties`, PostgreSQL still holds each record once after
+//! chaos runs that re-run it.
+
+use skippr_tests::*;
+use std::path::Path;
+use std::process::Command;
+
+fn fake_tap() -> String {
+    format!("python3 {}", repo_root().join("tests/plugins/singer_tap.py").display())
+}
+
+fn daemon(data: &Path, tap: &str, extra: &[&str]) -> Command {
+    let mut c = Command::new(skipprd_bin());
+    c.args(["run", "--data-dir", data.to_str().unwrap(), "--source", "singer", "--singer-command", tap])
+        .args(["--sink-dir", data.join("sink").to_str().unwrap()])
+        .args(extra);
+    c
+}
+
+#[test]
+fn a_faithful_tap_sigkilled_mid_sync_lands_every_record_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let tap = fake_tap();
+    let env = [("STREAMS", "events,orders"), ("RECORDS", "20000"), ("EVERY", "250")];
+    // 8 KiB commit groups: a window's records of a stream (about 12 KiB)
+    // go in several batches, so kills also land between a window's groups.
+    let small = ["--once", "--wal-bytes-per-file", "65536"];
+    // At most 20,000 records a second and kills within 0.6 s: the runs
+    // cannot finish the 40,000 records between them.
+    let killed = chaos_runs(12, "0.3", "0.6", || {
+        let mut c = daemon(&data, &tap, &small);
+        c.envs(env).env("RATE", "20000");
+        c
+    });
+    assert_eq!(killed, 12, "every run was killed mid-sync");
+    let out = daemon(&data, &tap, &small).envs(env).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("resuming from the committed state"), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["events", "orders"], 1, 20_000);
+}
+
+#[test]
+fn a_tap_that_prints_garbage_exits_non_zero_or_hangs_is_run_again_from_its_last_state() {
+    for (mode, says) in [("garbage", "not a Singer message"), ("exit", "exit status: 3"), ("hang", "sent nothing for")]
+    {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let marker = tmp.path().join("marker");
+        let out = daemon(&data, &fake_tap(), &["--once", "--plugin-timeout", "2"])
+            .envs([("RECORDS", "3000"), ("EVERY", "100"), ("MISBEHAVE", mode), ("MISBEHAVE_AT", "1050")])
+            .env("MARKER", &marker)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{mode}: {}", stderr(&out));
+        assert!(marker.exists(), "{mode}: the tap misbehaved");
+        assert!(stderr(&out).contains(says), "{mode}: {says}: {}", stderr(&out));
+        assert!(stderr(&out).contains("50 records after its last STATE are dropped"), "{mode}: {}", stderr(&out));
+        assert_exactly_once(&data.join("sink"), &["events"], 1, 3000);
+    }
+}
+
+/// The pinned tap-jsonl's executable, installed by ./test.sh.
+fn tap_jsonl() -> String {
+    std::env::var("SKIPPR_TEST_TAP_JSONL")
+        .expect("SKIPPR_TEST_TAP_JSONL is not set: run the suite with ./test.sh, which installs tap-jsonl")
+}
+
+/// tap-jsonl's config and input: `lines` records {"id", "v"} in one file.
+fn jsonl_input(dir: &Path, lines: u64) -> std::path::PathBuf {
+    let input = dir.join("input");
+    std::fs::create_dir_all(&input).unwrap();
+    let body: String = (0..lines).map(|i| format!("{{\"id\": {i}, \"v\": \"value-{i}\"}}\n")).collect();
+    std::fs::write(input.join("items.jsonl"), body).unwrap();
+    let config = dir.join("tap.json");
+    let settings = serde_json::json!({
+        "path": format!("{}/*.jsonl", input.display()),
+        "stream_name": "items",
+        "primary_keys": ["id"],
+    });
+    std::fs::write(&config, settings.to_string()).unwrap();
+    config
+}
+
+#[test]
+fn tap_jsonl_sends_everything_again_on_its_next_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let config = jsonl_input(tmp.path(), 500);
+    let tap = format!("{} --config {}", tap_jsonl(), config.display());
+    for run in 1..=2u64 {
+        let out = daemon(&data, &tap, &["--once"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let lines: usize = std::fs::read_dir(data.join("sink").join("items"))
+            .unwrap()
+            .map(|f| f.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            .map(|p| std::fs::read_to_string(p).unwrap().lines().count())
+            .sum();
+        assert_eq!(lines as u64, 500 * run, "run {run}: the tap re-read its file from the state it was given");
+    }
+}
+
+#[test]
+fn tap_jsonl_re_run_through_chaos_into_postgres_upserted_by_its_key_holds_each_record_once() {
+    let schema = pg::fresh_schema("singer");
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let config = jsonl_input(tmp.path(), 20_000);
+    let tap = format!("{} --config {}", tap_jsonl(), config.display());
+    let pg_daemon = |extra: &[&str]| {
+        let mut c = daemon(&data, &tap, extra);
+        c.args(["--sink", "postgres", "--postgres-schema", &schema, "--postgres-upsert", "true"])
+            .env("SKIPPR_POSTGRES_URL", pg::url());
+        c
+    };
+    // Each run re-syncs every 0.2 s, re-sending all 20,000 records; kills
+    // land within 1 to 4 s, during a sync or between two.
+    let killed = chaos_runs(6, "1.0", "4.0", || pg_daemon(&["--singer-interval", "0.2"]));
+    assert_eq!(killed, 6, "an endless source: every run was killed");
+    let out = pg_daemon(&["--once"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let row = pg::client()
+        .query_one(
+            &format!(
+                "SELECT count(*), count(DISTINCT data->>'id'), \
+                 count(*) FILTER (WHERE data->>'v' = 'value-' || (data->>'id')) FROM \"{schema}\".items"
+            ),
+            &[],
+        )
+        .unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, i64>(2)), (20_000, 20_000, 20_000));
+    let batches: i64 = pg::client()
+        .query_one(&format!("SELECT sum(records)::bigint FROM \"{schema}\".skippr_progress"), &[])
+        .unwrap()
+        .get(0);
+    assert!(batches > 20_000, "the tap re-sent records ({batches} applied) that the upsert kept once");
+}
