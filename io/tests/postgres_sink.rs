@@ -3,7 +3,7 @@
 //! two appliers at once, a connection the server drops mid-run.
 
 use skippr_core::{CompactionId, Records, SinkOutcome};
-use skippr_io::plugin::postgres_sink::{connection_config, PostgresSettings, PostgresSink};
+use skippr_io::plugin::postgres_sink::{connection_config, tls_config, PostgresSettings, PostgresSink};
 use skippr_io::plugin::Sink;
 
 fn url() -> String {
@@ -23,7 +23,8 @@ fn fresh(name: &str) -> (String, PostgresSettings) {
     // its own without touching another's.
     let mut config = connection_config(&url(), None).unwrap();
     config.application_name(&format!("skipprd-{name}"));
-    let settings = PostgresSettings { config, schema: schema.clone(), columns: vec![], keys: Default::default() };
+    let settings =
+        PostgresSettings { config, schema: schema.clone(), columns: vec![], keys: Default::default(), tls: None };
     (schema, settings)
 }
 
@@ -172,4 +173,41 @@ fn upserted_streams_keep_one_row_per_key_the_latest_and_a_record_without_its_key
     let keyless = records(&[r#"{"region":"eu","v":"no id"}"#]);
     assert_eq!(sink.apply("s", 2, CompactionId(3), &keyless).unwrap(), SinkOutcome::Fatal);
     assert_eq!(count(&schema), 4);
+}
+
+fn tls_settings(name: &str, ca: Option<&[u8]>) -> (String, PostgresSettings) {
+    let (schema, mut settings) = fresh(name);
+    let url = format!("{}?sslmode=require", url());
+    let mut config = connection_config(&url, None).unwrap();
+    config.application_name(&format!("skipprd-{name}"));
+    settings.config = config;
+    settings.tls = Some(tls_config(ca).unwrap());
+    (schema, settings)
+}
+
+#[test]
+fn with_sslmode_require_the_session_is_tls_verified_against_the_ca_and_an_unknown_ca_is_refused() {
+    let ca = std::fs::read(std::env::var("SKIPPR_TEST_POSTGRES_CA").expect("set by ./test.sh")).unwrap();
+    let (schema, settings) = tls_settings("tls", Some(&ca));
+    let mut sink = open(&settings);
+    assert_eq!(sink.apply("s", 0, CompactionId(1), &batch(0)).unwrap(), SinkOutcome::Applied);
+    let ssl: bool = client()
+        .query_one(
+            "SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.application_name = 'skipprd-tls'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(ssl, "the sink's session is not encrypted");
+    assert_eq!(count(&schema), 3);
+    // Another CA does not vouch for the server: start-up is refused,
+    // naming TLS, not retried as if the server were down.
+    let other_key = rcgen::KeyPair::generate().unwrap();
+    let mut other = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    other.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let other_ca = other.self_signed(&other_key).unwrap().pem();
+    let (_, unknown) = tls_settings("tls_unknown", Some(other_ca.as_bytes()));
+    let refused = PostgresSink::open(unknown, "main", "disk://test/wal/", &["s".to_string()]).err().unwrap();
+    assert!(refused.0.contains("TLS refused the server"), "{}", refused.0);
 }

@@ -6,7 +6,9 @@ use clap::Args;
 use serde::Deserialize;
 use skippr_core::{LeaseConfig, Limits};
 use skippr_io::aws::AwsSettings;
-use skippr_io::plugin::postgres_sink::{connection_config, describe, Column, ColumnType, PostgresSettings};
+use skippr_io::plugin::postgres_sink::{
+    asks_for_tls, connection_config, describe, tls_config, Column, ColumnType, PostgresSettings,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -260,7 +262,7 @@ pub struct SourceArgs {
     /// Singer source: the tap and its arguments (run by `sh -c`), e.g.
     /// `tap-jsonl --config tap.json`; skipprd adds `--state`, `--catalog`
     /// and `--properties`.
-    #[arg(long = "singer-command", env = "SKIPPR_SINGER_COMMAND", value_name = "CMD")]
+    #[arg(long = "singer-command", env = "SKIPPR_SINGER_COMMAND", hide_env_values = true, value_name = "CMD")]
     pub singer_command: Option<String>,
     /// Singer source: the catalog passed as `--catalog`; its selected streams
     /// are the streams [default: the tap's `--discover` output, not passed].
@@ -277,7 +279,7 @@ pub struct SourceArgs {
     pub singer_interval: Option<f64>,
     /// Singer source: bytes of records held in memory between two STATE
     /// messages; a tap that sends more stops its run with an error naming
-    /// this setting [default: 268435456].
+    /// this setting [default: 67108864].
     #[arg(long = "singer-buffer-bytes", value_name = "N")]
     pub singer_buffer_bytes: Option<u64>,
 }
@@ -307,7 +309,7 @@ pub struct SinkArgs {
     /// S3 sink: gzip each object (`.jsonl.gz`) [default: false].
     #[arg(long = "sink-s3-gzip", id = "sink_s3_gzip", value_name = "BOOL")]
     pub s3_gzip: Option<bool>,
-    /// PostgreSQL sink: the database, `postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable]`
+    /// PostgreSQL sink: the database, `postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=require]`
     /// (the password may come from --postgres-password-file or PGPASSWORD
     /// instead; it is never logged).
     #[arg(long = "postgres-url", env = "SKIPPR_POSTGRES_URL", hide_env_values = true, value_name = "URL")]
@@ -315,6 +317,12 @@ pub struct SinkArgs {
     /// PostgreSQL sink: a file holding the password (mode 0600 or stricter).
     #[arg(long = "postgres-password-file", env = "SKIPPR_POSTGRES_PASSWORD_FILE", value_name = "FILE")]
     pub postgres_password_file: Option<PathBuf>,
+    /// PostgreSQL sink: the CA certificate(s), PEM, that the server's
+    /// certificate must chain to when the URL asks for TLS
+    /// (`sslmode=require`, `verify-ca` or `verify-full`: the chain and the
+    /// host name are always verified) [default: the system's roots].
+    #[arg(long = "postgres-ca-file", env = "SKIPPR_POSTGRES_CA_FILE", value_name = "FILE")]
+    pub postgres_ca_file: Option<PathBuf>,
     /// PostgreSQL sink: the schema of its tables [default: public].
     #[arg(long = "postgres-schema", value_name = "NAME")]
     pub postgres_schema: Option<String>,
@@ -376,6 +384,9 @@ pub struct PostgresConfig {
     pub schema: String,
     pub columns: Vec<Column>,
     pub upsert: bool,
+    /// The URL asks for TLS.
+    pub tls: bool,
+    pub ca_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for PostgresConfig {
@@ -412,11 +423,22 @@ impl PostgresConfig {
                 upsert.insert(stream.clone(), key.clone());
             }
         }
+        let tls = match (self.tls, &self.ca_file) {
+            (false, _) => None,
+            (true, ca) => {
+                let pem = match ca {
+                    Some(path) => Some(std::fs::read(path).map_err(|e| format!("--postgres-ca-file: {e}"))?),
+                    None => None,
+                };
+                Some(tls_config(pem.as_deref()).map_err(|e| format!("the postgres sink's TLS: {e}"))?)
+            }
+        };
         Ok(PostgresSettings {
             config: connection_config(&self.url, self.password.as_deref()).expect("checked at resolve"),
             schema: self.schema.clone(),
             columns: self.columns.clone(),
             keys: upsert,
+            tls,
         })
     }
 }
@@ -706,7 +728,7 @@ fn source_config(args: &SourceArgs, file: SourceArgs) -> Result<SourceConfig, St
                 catalog,
                 properties,
                 interval: (interval > 0.0).then_some(interval),
-                buffer_bytes: args.singer_buffer_bytes.or(file.singer_buffer_bytes).unwrap_or(256 << 20),
+                buffer_bytes: args.singer_buffer_bytes.or(file.singer_buffer_bytes).unwrap_or(64 << 20),
             }
         }
         other => return Err(format!("unknown source '{other}': use generator, file, singer or command")),
@@ -758,7 +780,22 @@ fn postgres_config(args: &SinkArgs, file: SinkArgs) -> Result<PostgresConfig, St
         Some(path) => Some(password_file(&path)?),
         None => std::env::var("PGPASSWORD").ok().filter(|p| !p.is_empty()),
     };
-    connection_config(&url, password.as_deref())?;
+    let ca_file = args.postgres_ca_file.clone().or(file.postgres_ca_file);
+    let tls = asks_for_tls(&connection_config(&url, password.as_deref())?);
+    if ca_file.is_some() && !tls {
+        return Err("--postgres-ca-file is given but the URL does not ask for TLS: add sslmode=require to it".into());
+    }
+    if tls {
+        // Checked now, so that a bad file stops start-up.
+        let pem = match &ca_file {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| format!("--postgres-ca-file {}: cannot read it: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        tls_config(pem.as_deref()).map_err(|e| format!("the postgres sink's TLS: {e}"))?;
+    }
     let schema = args.postgres_schema.clone().or(file.postgres_schema).unwrap_or_else(|| "public".into());
     if schema.is_empty() || schema.len() > 63 {
         return Err(format!("--postgres-schema '{schema}' must be 1 to 63 bytes"));
@@ -768,7 +805,7 @@ fn postgres_config(args: &SinkArgs, file: SinkArgs) -> Result<PostgresConfig, St
         None => Vec::new(),
     };
     let upsert = args.postgres_upsert.or(file.postgres_upsert).unwrap_or(false);
-    Ok(PostgresConfig { url, password, schema, columns, upsert })
+    Ok(PostgresConfig { url, password, schema, columns, upsert, tls, ca_file })
 }
 
 /// `FIELD:TYPE,...` into columns; each field once, none of the sink's own
@@ -878,6 +915,51 @@ mod tests {
         std::fs::write(tmp.path(), text).unwrap();
         let args = RunArgs { config: Some(tmp.path().to_path_buf()), ..RunArgs::default() };
         (tmp, args)
+    }
+
+    #[test]
+    fn the_singer_source_needs_its_tap_and_takes_a_catalog_or_properties_not_both() {
+        let singer = |text: &str| {
+            let (_tmp, args) = with_file(&format!("[source]\nkind = \"singer\"\n{text}"));
+            resolve(&args).map(|c| c.source)
+        };
+        assert!(singer("").unwrap_err().contains("--singer-command"));
+        let c = singer("singer_command = \"tap-x --config t.json\"").unwrap();
+        assert_eq!(
+            c,
+            SourceConfig::Singer {
+                command: "tap-x --config t.json".into(),
+                catalog: None,
+                properties: None,
+                interval: Some(60.0),
+                buffer_bytes: 64 << 20,
+            }
+        );
+        let once = singer("singer_command = \"t\"\nsinger_interval = 0").unwrap();
+        assert!(matches!(once, SourceConfig::Singer { interval: None, .. }));
+        assert!(singer("singer_command = \"t\"\nsinger_interval = -1").unwrap_err().contains("--singer-interval"));
+        let both = "singer_command = \"t\"\nsinger_catalog = \"c.json\"\nsinger_properties = \"p.json\"";
+        assert!(singer(both).unwrap_err().contains("not both"));
+    }
+
+    #[test]
+    fn upserts_need_every_stream_keyed_by_its_source() {
+        let pg = PostgresConfig {
+            url: "postgresql://u@h/d".into(),
+            password: None,
+            schema: "public".into(),
+            columns: vec![],
+            upsert: true,
+            tls: false,
+            ca_file: None,
+        };
+        assert!(pg.settings(&[]).err().unwrap().contains("singer source"));
+        let keys = vec![("a".to_string(), vec!["id".to_string()]), ("b".to_string(), vec![])];
+        assert!(pg.settings(&keys).err().unwrap().contains("'b'"));
+        let settings = pg.settings(&keys[..1]).unwrap();
+        assert_eq!(settings.keys.get("a"), Some(&vec!["id".to_string()]));
+        let off = PostgresConfig { upsert: false, ..pg };
+        assert!(off.settings(&keys).unwrap().keys.is_empty(), "keys are ignored unless asked for");
     }
 
     #[test]

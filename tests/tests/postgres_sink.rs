@@ -178,3 +178,28 @@ fn help_names_the_url_variable_but_never_shows_its_password() {
     assert!(stdout(&out).contains("SKIPPR_POSTGRES_URL"), "{}", stdout(&out));
     assert!(!stdout(&out).contains("hunter2-secret"), "the password is shown by --help");
 }
+
+#[test]
+fn over_tls_the_daemon_verifies_the_server_against_its_ca_file_and_lands_every_record_once() {
+    let schema = pg::fresh_schema("tls");
+    let tmp = tempfile::tempdir().unwrap();
+    let ca = std::env::var("SKIPPR_TEST_POSTGRES_CA").expect("SKIPPR_TEST_POSTGRES_CA is set by ./test.sh");
+    let tls_url = format!("{}?sslmode=verify-full", pg::url());
+    let out = daemon(&tmp.path().join("data"), &schema, &["--once", "--postgres-ca-file", &ca])
+        .env("SKIPPR_POSTGRES_URL", &tls_url)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    pg::assert_exactly_once(&schema, "events", 2, 10_000);
+    // Without the CA, the system's roots do not vouch for the test server.
+    let out = daemon(&tmp.path().join("data2"), &pg::fresh_schema("tls2"), &["--once"])
+        .env("SKIPPR_POSTGRES_URL", &tls_url)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("TLS"), "{}", stderr(&out));
+    // A CA file for a URL that does not ask for TLS is a mistake to name.
+    let out = daemon(&tmp.path().join("data3"), &schema, &["--once", "--postgres-ca-file", &ca]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("sslmode=require"), "{}", stderr(&out));
+}

@@ -26,10 +26,13 @@
 use super::{PluginError, Sink};
 use postgres::error::SqlState;
 use postgres::{Client, Config, NoTls};
+use rustls::ClientConfig;
 use skippr_core::{CompactionId, Records, SinkOutcome};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio_postgres_rustls::MakeRustlsConnect;
 use tracing::{error, info, warn};
 
 /// How the sink reaches its database and shapes its tables.
@@ -45,6 +48,9 @@ pub struct PostgresSettings {
     /// Streams whose rows are upserted by these top-level fields (a Singer
     /// stream's `key_properties`): one row per key, the latest batch's.
     pub keys: BTreeMap<String, Vec<String>>,
+    /// TLS, for a URL with `sslmode=require`: the server's certificate is
+    /// verified against these roots, its host name included.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// A top-level field of the records, kept in a column of the given type
@@ -168,7 +174,11 @@ impl PostgresSink {
         }
         if self.client.is_none() {
             self.ready.clear();
-            let client = self.settings.config.connect(NoTls).map_err(|e| classify(&e))?;
+            let client = match &self.settings.tls {
+                Some(tls) => self.settings.config.connect(MakeRustlsConnect::new(ClientConfig::clone(tls))),
+                None => self.settings.config.connect(NoTls),
+            }
+            .map_err(|e| classify(&e))?;
             self.client = Some(client);
         }
         let wanted: Vec<String> = std::iter::once(PROGRESS.to_string()).chain(self.streams.iter().cloned()).collect();
@@ -419,14 +429,12 @@ pub fn describe(config: &Config) -> String {
 /// vanishes mid-batch (no reset ever comes) fails the batch, retried, in
 /// about a minute instead of the system's two hours.
 pub fn connection_config(url: &str, password: Option<&str>) -> Result<Config, String> {
+    // libpq's verifying modes: this sink's `require` verifies the chain and
+    // the host name whenever it speaks TLS.
+    let url = url.replace("sslmode=verify-full", "sslmode=require").replace("sslmode=verify-ca", "sslmode=require");
     let mut config: Config = url.parse().map_err(|e| {
         format!("the PostgreSQL URL is not valid ({e}); it looks like postgresql://USER@HOST:PORT/DATABASE")
     })?;
-    if config.get_ssl_mode() == postgres::config::SslMode::Require {
-        return Err("the postgres sink does not speak TLS yet (sslmode=require): reach the server over a local \
-                    socket or a trusted network with sslmode=disable or prefer"
-            .into());
-    }
     if config.get_user().is_none() {
         return Err("the PostgreSQL URL names no user: postgresql://USER@HOST:PORT/DATABASE".into());
     }
@@ -454,12 +462,70 @@ pub fn connection_config(url: &str, password: Option<&str>) -> Result<Config, St
     Ok(config)
 }
 
+/// The URL asks for TLS (`sslmode=require`, or libpq's verifying modes).
+pub fn asks_for_tls(config: &Config) -> bool {
+    config.get_ssl_mode() == postgres::config::SslMode::Require
+}
+
+/// TLS settings for the sink: the server's certificate must chain to a
+/// certificate of `ca_pem` (PEM), else to the system's roots, and name the
+/// host the URL names.
+pub fn tls_config(ca_pem: Option<&[u8]>) -> Result<Arc<ClientConfig>, String> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_pem {
+        Some(pem) => {
+            for c in CertificateDer::pem_slice_iter(pem) {
+                roots
+                    .add(c.map_err(|e| format!("the CA file is not PEM certificates: {e}"))?)
+                    .map_err(|e| format!("the CA certificate: {e}"))?;
+            }
+            if roots.is_empty() {
+                return Err("the CA file holds no certificate".into());
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                return Err("the system has no CA certificates to verify the server with: give the server's CA \
+                            with --postgres-ca-file"
+                    .into());
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// The TLS handshake refused the server (its certificate, its name, its
+/// protocol): no retry can fix that.
+fn tls_refusal(e: &postgres::Error) -> Option<String> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let inner = c.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).map(|i| i as &dyn std::error::Error);
+        if let Some(r) = inner.and_then(|i| i.downcast_ref::<rustls::Error>()).or_else(|| c.downcast_ref()) {
+            return Some(format!("TLS refused the server: {r}"));
+        }
+        cause = c.source();
+    }
+    None
+}
+
 /// A key's fields as the expressions its unique index is on.
 fn key_exprs(keys: &[String]) -> String {
     keys.iter().map(|k| format!("(data ->> {})", literal(k))).collect::<Vec<_>>().join(", ")
 }
 
 fn classify(e: &postgres::Error) -> Failure {
+    if let Some(refused) = tls_refusal(e) {
+        return Failure::Fatal(refused);
+    }
     let Some(code) = e.code() else {
         // No SQLSTATE: the connection itself (refused, reset, timed out).
         return Failure::Transient(e.to_string());
@@ -536,7 +602,8 @@ mod tests {
         assert_eq!(c.get_password(), Some(&b"from-file"[..]));
         assert!(connection_config("postgresql://db.example/warehouse", None).unwrap_err().contains("no user"));
         assert!(connection_config("not a url at all ===", None).is_err());
-        assert!(connection_config("postgresql://a@h/d?sslmode=require", None).unwrap_err().contains("TLS"));
+        let c = connection_config("postgresql://a@h/d?sslmode=verify-full", None).unwrap();
+        assert_eq!(c.get_ssl_mode(), postgres::config::SslMode::Require, "libpq's verifying mode is ours");
     }
 
     #[test]
