@@ -9,7 +9,8 @@ next}}}; at the end, a last STATE. `--discover` prints a catalog whose streams
 have key_properties ["partition", "seq"]. RATE caps records a second over all
 streams (a slow upstream, so that a chaos kill lands mid-sync on any
 machine). MISBEHAVE=garbage|exit|hang misbehaves once, after MISBEHAVE_AT
-records of a run, remembering in the file MARKER that it did.
+records of a run, remembering in the file MARKER that it did. SCHEMA (a JSON
+object) is the schema its SCHEMA messages carry.
 """
 import json
 import os
@@ -23,6 +24,7 @@ RATE = float(os.environ.get("RATE", "0"))
 MISBEHAVE = os.environ.get("MISBEHAVE")
 MISBEHAVE_AT = int(os.environ.get("MISBEHAVE_AT", "50"))
 MARKER = os.environ.get("MARKER")
+SCHEMA = json.loads(os.environ.get("SCHEMA", '{"type": "object"}'))
 
 
 def arg(name):
@@ -48,7 +50,7 @@ if arg("--state"):
 print(f"tap: starting from {json.dumps(state)}", file=sys.stderr)
 next_seq = {s: state["bookmarks"].get(s, {}).get("seq", 0) for s in STREAMS}
 for s in STREAMS:
-    send({"type": "SCHEMA", "stream": s, "schema": {"type": "object"}, "key_properties": ["partition", "seq"]})
+    send({"type": "SCHEMA", "stream": s, "schema": SCHEMA, "key_properties": ["partition", "seq"]})
 sent = 0
 started = time.monotonic()
 while any(n < RECORDS for n in next_seq.values()):

@@ -142,3 +142,28 @@ fn tap_jsonl_re_run_through_chaos_into_postgres_upserted_by_its_key_holds_each_r
         .get(0);
     assert!(batches > 20_000, "the tap re-sent records ({batches} applied) that the upsert kept once");
 }
+
+#[test]
+fn a_taps_schema_goes_to_the_schema_plugin_once_per_stream_and_a_refusal_stops_the_daemon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let log = tmp.path().join("asks.log");
+    let schema_plugin = format!("python3 {}", repo_root().join("tests/plugins/schema.py").display());
+    let run = |schema: &str, records: &str| {
+        daemon(&data, &fake_tap(), &["--once", "--schema-command", &schema_plugin])
+            .envs([("STREAMS", "events,orders"), ("RECORDS", records), ("SCHEMA", schema)])
+            .env("ASK_LOG", &log)
+            .output()
+            .unwrap()
+    };
+    let out = run(r#"{"type": "object", "properties": {"seq": {"type": "integer"}}}"#, "500");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 2, "asked once per stream");
+    assert_exactly_once(&data.join("sink"), &["events", "orders"], 1, 500);
+    // A schema the plugin refuses stops the daemon before anything under it
+    // commits; the tap's state stays where it was.
+    let out = run(r#"{"reject": true}"#, "800");
+    assert_eq!(out.status.code(), Some(12), "{}", stderr(&out));
+    assert!(stderr(&out).contains("this schema is refused on purpose"), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["events", "orders"], 1, 500);
+}
