@@ -422,6 +422,9 @@ impl Host {
             Pending::OffsetsWriteEarly => {}
             Pending::SourceOpen(source) => self.sources.on_opened(&mut self.fx, source, result.is_ok()),
             Pending::SourceRead(source) => {
+                if let Ok(IoReply::SourceRefused { why }) = result {
+                    return self.stop(StopReason::SourceRefused { source, why });
+                }
                 let read = answer!(IoReply::Batches { batches, exhausted } => (batches, exhausted));
                 self.on_source_read(source, read)
             }

@@ -380,6 +380,12 @@ pub enum IoReply {
         batches: Vec<SourceBatchIn>,
         exhausted: bool,
     },
+    /// The source cannot go on until an operator changes something (a
+    /// Singer tap sending more between two states than the host may hold):
+    /// `why` says what. The engine stops; nothing committed is lost.
+    SourceRefused {
+        why: String,
+    },
     Sink {
         outcome: SinkOutcome,
         rows: u64,
@@ -470,6 +476,8 @@ pub enum StopReason {
     /// A source broke the protocol (positions going backwards, a record too
     /// large for a commit group, a partition changing stream).
     SourceProtocol { source: SourceId, partition: u32, what: &'static str },
+    /// A source said it cannot go on until an operator changes something.
+    SourceRefused { source: SourceId, why: String },
     /// The snapshot no longer fits in a segment: raise the segment size.
     SegmentTooSmall { needed: u64 },
     /// The configuration names a source, sink or stream differently from

@@ -413,7 +413,13 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
         }
         PluginOp::SourceRead { source, records_max } => {
             let mut s = b.sources[source.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let (batches, exhausted) = s.read(records_max).map_err(|e| plugin_failed("source read", e))?;
+            let (batches, exhausted) = match s.read(records_max) {
+                Ok(read) => read,
+                Err(e) => match s.refused() {
+                    Some(why) => return Ok(IoReply::SourceRefused { why }),
+                    None => return Err(plugin_failed("source read", e)),
+                },
+            };
             let read_at = std::time::Instant::now();
             let batches: Vec<SourceBatchIn> = batches
                 .into_iter()

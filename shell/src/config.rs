@@ -278,8 +278,8 @@ pub struct SourceArgs {
     #[arg(long = "singer-interval", value_name = "S")]
     pub singer_interval: Option<f64>,
     /// Singer source: bytes of records held in memory between two STATE
-    /// messages; a tap that sends more stops its run with an error naming
-    /// this setting [default: 67108864].
+    /// messages; a tap that sends more stops the daemon (exit 10) with a
+    /// message naming this setting [default: 67108864].
     #[arg(long = "singer-buffer-bytes", value_name = "N")]
     pub singer_buffer_bytes: Option<u64>,
 }

@@ -26,7 +26,7 @@ pub const SINK_FATAL: i32 = 8;
 /// A clean shutdown could not drain in time: the run is untrusted and the
 /// next start recovers from the WAL.
 pub const DRAIN_FAILED: i32 = 9;
-/// A source broke the protocol.
+/// A source broke the protocol, or cannot go on until its settings change.
 pub const SOURCE_PROTOCOL: i32 = 10;
 /// An external plugin could not be started (bad command, no hello, another
 /// protocol version).
@@ -54,7 +54,7 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         | StopReason::SinkAheadOfWal { .. } => OFFSETS,
         StopReason::WalWriteFailed { .. } | StopReason::WalReadFailed { .. } => WAL_WRITE,
         StopReason::SinkFatal { .. } => SINK_FATAL,
-        StopReason::SourceProtocol { .. } => SOURCE_PROTOCOL,
+        StopReason::SourceProtocol { .. } | StopReason::SourceRefused { .. } => SOURCE_PROTOCOL,
         StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } | StopReason::NotMember { .. } => CONFIG,
         StopReason::SchemaRejected { .. } => SCHEMA_REJECTED,
         StopReason::Fenced { .. }

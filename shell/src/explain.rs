@@ -146,6 +146,10 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
         StopReason::SourceProtocol { source, partition, what } => {
             format!("source {} partition {partition} broke the protocol: {what}", source.0)
         }
+        StopReason::SourceRefused { source, why } => format!(
+            "source {} cannot go on: {why}. Nothing committed is lost: change the setting and start again",
+            source.0
+        ),
         StopReason::NamesChanged { kind, index, wal, config } => format!(
             "the WAL knows {kind} #{index} as '{wal}', but the configuration calls it '{config}': {kind}s are \
              identified by their place in the configuration, so keep existing ones in order and add new ones at \

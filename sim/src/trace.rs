@@ -192,6 +192,11 @@ impl Trace {
                     self.update(v);
                 }
             }
+            // The simulator's sources never refuse; hashed all the same.
+            IoReply::SourceRefused { why } => {
+                self.u64(54);
+                self.u64(xxh3_64(why.as_bytes()));
+            }
             IoReply::Batches { batches, exhausted } => {
                 self.u64(24 + *exhausted as u64);
                 for b in batches {
@@ -373,6 +378,7 @@ fn describe_reply(reply: &IoReply) -> String {
             let applied: Vec<String> = applied.iter().map(|(s, q)| format!("stream {}: {}", s.0, q.0)).collect();
             format!("sink progress [{}]", applied.join(", "))
         }
+        IoReply::SourceRefused { why } => format!("refused: {why}"),
         IoReply::Batches { batches, exhausted } => {
             let mut s = String::from("batches");
             for b in batches {

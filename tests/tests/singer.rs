@@ -167,3 +167,18 @@ fn a_taps_schema_goes_to_the_schema_plugin_once_per_stream_and_a_refusal_stops_t
     assert!(stderr(&out).contains("this schema is refused on purpose"), "{}", stderr(&out));
     assert_exactly_once(&data.join("sink"), &["events", "orders"], 1, 500);
 }
+
+#[test]
+fn a_tap_that_holds_more_than_the_buffer_between_two_states_stops_the_daemon_naming_the_setting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    // A STATE only at the end of 5,000 records of about 40 bytes.
+    let env = [("RECORDS", "5000"), ("EVERY", "1000000")];
+    let out = daemon(&data, &fake_tap(), &["--once", "--singer-buffer-bytes", "20000"]).envs(env).output().unwrap();
+    assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
+    assert!(stderr(&out).contains("raise --singer-buffer-bytes (now 20000)"), "{}", stderr(&out));
+    assert!(read_dir_sink(&data.join("sink")).is_empty(), "nothing of the window was committed");
+    let out = daemon(&data, &fake_tap(), &["--once", "--singer-buffer-bytes", "1000000"]).envs(env).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["events"], 1, 5000);
+}

@@ -58,6 +58,11 @@ pub trait Source: Send {
     fn read(&mut self, records_max: u32) -> Result<(Vec<Batch>, bool), PluginError>;
     /// Everything below these positions is committed.
     fn ack(&mut self, acks: &[(u32, Position)]) -> Result<(), PluginError>;
+    /// After a failed read: why the source cannot go on until an operator
+    /// changes something (the engine then stops instead of retrying).
+    fn refused(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Decides whether a stream may move to a new schema.

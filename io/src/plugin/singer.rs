@@ -8,7 +8,8 @@
 //! to the host only when the `STATE` that closes the window arrives; what a
 //! tap sent after its last `STATE` is dropped when it ends, and comes again
 //! on the next run. A tap that holds more than `buffer_bytes` between two
-//! states fails the read with a message naming the limit to raise.
+//! states stops the engine (`Source::refused`) with a message naming the
+//! limit to raise.
 //!
 //! The checkpoint, on the last batch of a window of every partition that has
 //! records in it, is the window's number `k`, the tap's state, the end
@@ -109,6 +110,8 @@ pub struct SingerSource {
     /// The schema a partition's next batch carries (a `SCHEMA` since its last).
     schemas: BTreeMap<u32, Vec<u8>>,
     runs: u64,
+    /// Why the source cannot go on (a window past the buffer).
+    refused: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -168,6 +171,7 @@ impl SingerSource {
             window_bytes: 0,
             schemas: BTreeMap::new(),
             runs: 0,
+            refused: None,
         })
     }
 
@@ -278,11 +282,13 @@ impl SingerSource {
                 self.window_bytes += bytes.len() as u64 + 12;
                 if self.window_bytes > self.settings.buffer_bytes {
                     let limit = self.settings.buffer_bytes;
-                    return Err(self.fail(format!(
-                        "sent more than {limit} bytes of records without a STATE; the records of one window are \
-                         held in memory until the STATE that closes it: raise --singer-buffer-bytes (now {limit}) \
-                         or make the tap send STATE more often"
-                    )));
+                    let why = format!(
+                        "the Singer tap sent more than {limit} bytes of records without a STATE; the records of one \
+                         window are held in memory until the STATE that closes it: raise --singer-buffer-bytes (now \
+                         {limit}) or make the tap send STATE more often"
+                    );
+                    self.refused = Some(why.clone());
+                    return Err(self.fail(why));
                 }
                 self.window.entry(p).or_default().push(bytes);
                 Ok(None)
@@ -373,6 +379,7 @@ impl Source for SingerSource {
         self.drop_window();
         self.schemas.clear();
         self.exhausted = false;
+        self.refused = None;
         self.next_run = None;
         let (from, at) = resume_from(resume)?;
         self.next = at;
@@ -449,6 +456,10 @@ impl Source for SingerSource {
 
     fn ack(&mut self, _acks: &[(u32, Position)]) -> Result<(), PluginError> {
         Ok(())
+    }
+
+    fn refused(&self) -> Option<String> {
+        self.refused.clone()
     }
 }
 
@@ -691,6 +702,7 @@ mod tests {
             window_bytes: 0,
             schemas: BTreeMap::new(),
             runs: 0,
+            refused: None,
         }
     }
 
@@ -741,6 +753,7 @@ mod tests {
             .unwrap_err();
         assert!(e.0.contains("--singer-buffer-bytes"), "{e}");
         assert!(s.window.is_empty(), "the open window is dropped");
+        assert!(s.refused().is_some_and(|why| why.contains("--singer-buffer-bytes")), "the engine is told to stop");
     }
 
     #[test]

@@ -185,6 +185,15 @@ fn a_retryable_sink_answer_retries_the_same_batch() {
 }
 
 #[test]
+fn a_source_that_refuses_to_go_on_stops_the_engine_with_its_reason() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    let (id, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
+    h.answer(id, Ok(IoReply::SourceRefused { why: "raise the limit".into() }));
+    assert_eq!(h.stopped, Some(StopReason::SourceRefused { source: SourceId(0), why: "raise the limit".into() }));
+}
+
+#[test]
 fn a_source_breaking_position_order_stops_with_a_protocol_error() {
     let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
     h.open_source();
