@@ -69,15 +69,7 @@ impl Tls {
 
     pub fn from_pem(ca: &[u8], cert: &[u8], key: &[u8], node: u64) -> Result<Tls, String> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let mut roots = RootCertStore::empty();
-        for c in CertificateDer::pem_slice_iter(ca) {
-            roots
-                .add(c.map_err(|e| format!("the CA file is not PEM certificates: {e}"))?)
-                .map_err(|e| format!("the CA certificate: {e}"))?;
-        }
-        if roots.is_empty() {
-            return Err("the CA file holds no certificate".into());
-        }
+        let roots = roots_from_pem(ca)?;
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
             .collect::<Result<_, _>>()
             .map_err(|e| format!("the certificate file is not PEM certificates: {e}"))?;
@@ -109,6 +101,20 @@ impl Tls {
             .map_err(|e| format!("the certificate and key do not go together: {e}"))?;
         Ok(Tls { client: Arc::new(client), server: Arc::new(server) })
     }
+}
+
+/// The certificates of a CA file (PEM), as roots to verify peers against.
+pub(crate) fn roots_from_pem(ca: &[u8]) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca) {
+        roots
+            .add(c.map_err(|e| format!("the CA file is not PEM certificates: {e}"))?)
+            .map_err(|e| format!("the CA certificate: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("the CA file holds no certificate".into());
+    }
+    Ok(roots)
 }
 
 /// The name a dialing host checks the accepting host's certificate for.

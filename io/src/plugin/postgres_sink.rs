@@ -471,29 +471,19 @@ pub fn asks_for_tls(config: &Config) -> bool {
 /// certificate of `ca_pem` (PEM), else to the system's roots, and name the
 /// host the URL names.
 pub fn tls_config(ca_pem: Option<&[u8]>) -> Result<Arc<ClientConfig>, String> {
-    use rustls::pki_types::{pem::PemObject, CertificateDer};
-    let mut roots = rustls::RootCertStore::empty();
-    match ca_pem {
-        Some(pem) => {
-            for c in CertificateDer::pem_slice_iter(pem) {
-                roots
-                    .add(c.map_err(|e| format!("the CA file is not PEM certificates: {e}"))?)
-                    .map_err(|e| format!("the CA certificate: {e}"))?;
-            }
-            if roots.is_empty() {
-                return Err("the CA file holds no certificate".into());
-            }
-        }
+    let roots = match ca_pem {
+        Some(pem) => crate::peer::tls::roots_from_pem(pem)?,
         None => {
-            let found = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(found.certs);
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
             if roots.is_empty() {
                 return Err("the system has no CA certificates to verify the server with: give the server's CA \
                             with --postgres-ca-file"
                     .into());
             }
+            roots
         }
-    }
+    };
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

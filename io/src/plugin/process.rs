@@ -238,7 +238,8 @@ impl Drop for Process {
     }
 }
 
-fn clip(s: &str) -> String {
+/// A line cut to 200 bytes for a message.
+pub(crate) fn clip(s: &str) -> String {
     if s.len() > 200 {
         format!("{}...", &s[..s.char_indices().take_while(|(i, _)| *i < 200).last().map_or(0, |(i, _)| i)])
     } else {

@@ -30,6 +30,7 @@
 //! last one ended, from the last state handed to the host (after a restart,
 //! from the committed one), written to a file passed as `--state`.
 
+use super::process::clip;
 use super::{Batch, PluginError, Source};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -137,7 +138,11 @@ impl SingerSource {
                 .map_err(|e| PluginError(format!("cannot read the Singer catalog {}: {e}", path.display())))?,
             None => discover(&settings)?,
         };
-        let streams = parse_catalog(&catalog)?;
+        SingerSource::with_streams(settings, parse_catalog(&catalog)?)
+    }
+
+    /// A source for these streams (each given a partition), not started.
+    fn with_streams(settings: SingerSettings, streams: Vec<SingerStream>) -> Result<SingerSource, PluginError> {
         let mut partitions = BTreeMap::new();
         let mut by_partition: BTreeMap<u32, &str> = BTreeMap::new();
         let mut names = BTreeSet::new();
@@ -623,14 +628,6 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-fn clip(s: &str) -> String {
-    if s.len() > 200 {
-        format!("{}...", &s[..s.char_indices().take_while(|(i, _)| *i < 200).last().map_or(0, |(i, _)| i)])
-    } else {
-        s.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -686,24 +683,7 @@ mod tests {
 
     fn source(batch_bytes: u64) -> SingerSource {
         let catalog = r#"{"streams":[{"tap_stream_id":"a","key_properties":["id"]},{"tap_stream_id":"b.c"}]}"#;
-        let streams = parse_catalog(catalog).unwrap();
-        let partitions =
-            streams.iter().map(|s| (s.tap_name.clone(), super::super::FileSource::partition_of(&s.tap_name))).collect();
-        SingerSource {
-            settings: settings(batch_bytes),
-            streams,
-            partitions,
-            run: None,
-            next_run: None,
-            exhausted: false,
-            latest: Checkpoint { k: 0, state: None, ends: BTreeMap::new(), prev: None },
-            next: BTreeMap::new(),
-            window: BTreeMap::new(),
-            window_bytes: 0,
-            schemas: BTreeMap::new(),
-            runs: 0,
-            refused: None,
-        }
+        SingerSource::with_streams(settings(batch_bytes), parse_catalog(catalog).unwrap()).unwrap()
     }
 
     #[test]
