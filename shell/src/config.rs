@@ -273,8 +273,8 @@ pub struct SourceArgs {
     #[arg(long = "singer-properties", value_name = "FILE")]
     pub singer_properties: Option<PathBuf>,
     /// Singer source: seconds from the end of one sync to the start of the
-    /// next, from the committed state; 0 (or --once) runs one sync, then the
-    /// source is done [default: 60].
+    /// next, from the last state handed to the WAL; 0 (or --once) runs one
+    /// sync, then the source is done [default: 60].
     #[arg(long = "singer-interval", value_name = "S")]
     pub singer_interval: Option<f64>,
     /// Singer source: bytes of records held in memory between two STATE

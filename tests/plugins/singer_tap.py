@@ -10,7 +10,8 @@ have key_properties ["partition", "seq"]. RATE caps records a second over all
 streams (a slow upstream, so that a chaos kill lands mid-sync on any
 machine). MISBEHAVE=garbage|exit|hang misbehaves once, after MISBEHAVE_AT
 records of a run, remembering in the file MARKER that it did. SCHEMA (a JSON
-object) is the schema its SCHEMA messages carry.
+object) is the schema its SCHEMA messages carry. PAD adds a field of PAD
+bytes to every record.
 """
 import json
 import os
@@ -25,6 +26,7 @@ MISBEHAVE = os.environ.get("MISBEHAVE")
 MISBEHAVE_AT = int(os.environ.get("MISBEHAVE_AT", "50"))
 MARKER = os.environ.get("MARKER")
 SCHEMA = json.loads(os.environ.get("SCHEMA", '{"type": "object"}'))
+PAD = "x" * int(os.environ.get("PAD", "0"))
 
 
 def arg(name):
@@ -69,7 +71,10 @@ while any(n < RECORDS for n in next_seq.values()):
                 sys.exit(3)
             else:
                 time.sleep(3600)
-        send({"type": "RECORD", "stream": s, "record": {"stream": s, "partition": 0, "seq": n}})
+        record = {"stream": s, "partition": 0, "seq": n}
+        if PAD:
+            record["pad"] = PAD
+        send({"type": "RECORD", "stream": s, "record": record})
         next_seq[s] = n + 1
         sent += 1
         if next_seq[s] % EVERY == 0:

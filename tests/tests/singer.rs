@@ -28,9 +28,11 @@ fn a_faithful_tap_sigkilled_mid_sync_lands_every_record_once() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     let tap = fake_tap();
-    let env = [("STREAMS", "events,orders"), ("RECORDS", "20000"), ("EVERY", "250")];
-    // 8 KiB commit groups: a window's records of a stream (about 12 KiB)
-    // go in several batches, so kills also land between a window's groups.
+    // 8 KiB commit groups and 350-byte records: a window's records of a
+    // stream (about 87 KiB) go in some twenty batches, each in a group of
+    // its own, and the WAL is the bottleneck, so many kills land between
+    // the groups of one window.
+    let env = [("STREAMS", "events,orders"), ("RECORDS", "20000"), ("EVERY", "250"), ("PAD", "300")];
     let small = ["--once", "--wal-bytes-per-file", "65536"];
     // At most 20,000 records a second and kills within 0.6 s: the runs
     // cannot finish the 40,000 records between them.

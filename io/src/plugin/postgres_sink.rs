@@ -178,7 +178,7 @@ impl PostgresSink {
                 Some(tls) => self.settings.config.connect(MakeRustlsConnect::new(ClientConfig::clone(tls))),
                 None => self.settings.config.connect(NoTls),
             }
-            .map_err(|e| classify(&e))?;
+            .map_err(|e| classify_connect(&e))?;
             self.client = Some(client);
         }
         let wanted: Vec<String> = std::iter::once(PROGRESS.to_string()).chain(self.streams.iter().cloned()).collect();
@@ -233,7 +233,9 @@ impl PostgresSink {
                     ", CONSTRAINT skippr_key_present CHECK ({})); \
                      CREATE UNIQUE INDEX IF NOT EXISTS {} ON {}.{} ({})",
                     not_null.join(" AND "),
-                    quote(&format!("{stream}_skippr_key").chars().take(63).collect::<String>()),
+                    // From the name's hash: two long names sharing their
+                    // first 63 bytes must not share an index.
+                    quote(&format!("skippr_key_{:08x}", crate::plugin::FileSource::partition_of(stream))),
                     quote(&self.settings.schema),
                     quote(stream),
                     key_exprs(keys)
@@ -431,7 +433,16 @@ pub fn describe(config: &Config) -> String {
 pub fn connection_config(url: &str, password: Option<&str>) -> Result<Config, String> {
     // libpq's verifying modes: this sink's `require` verifies the chain and
     // the host name whenever it speaks TLS.
-    let url = url.replace("sslmode=verify-full", "sslmode=require").replace("sslmode=verify-ca", "sslmode=require");
+    let url = match url.split_once('?') {
+        Some((base, query)) => {
+            let query: Vec<&str> = query
+                .split('&')
+                .map(|kv| if kv == "sslmode=verify-full" || kv == "sslmode=verify-ca" { "sslmode=require" } else { kv })
+                .collect();
+            format!("{base}?{}", query.join("&"))
+        }
+        None => url.to_string(),
+    };
     let mut config: Config = url.parse().map_err(|e| {
         format!("the PostgreSQL URL is not valid ({e}); it looks like postgresql://USER@HOST:PORT/DATABASE")
     })?;
@@ -512,10 +523,21 @@ fn key_exprs(keys: &[String]) -> String {
     keys.iter().map(|k| format!("(data ->> {})", literal(k))).collect::<Vec<_>>().join(", ")
 }
 
-fn classify(e: &postgres::Error) -> Failure {
+/// A failed connection: a TLS handshake that refused the server, or a
+/// server that does not speak TLS to a URL that asks for it, is `fatal`
+/// (no retry fixes it); the rest as any error. Mid-session TLS errors (an
+/// alert, a reset) are not looked at this way: a new connection may do.
+fn classify_connect(e: &postgres::Error) -> Failure {
     if let Some(refused) = tls_refusal(e) {
         return Failure::Fatal(refused);
     }
+    if e.to_string().contains("server does not support TLS") {
+        return Failure::Fatal("the URL asks for TLS (sslmode=require) but the server does not speak it".into());
+    }
+    classify(e)
+}
+
+fn classify(e: &postgres::Error) -> Failure {
     let Some(code) = e.code() else {
         // No SQLSTATE: the connection itself (refused, reset, timed out).
         return Failure::Transient(e.to_string());
@@ -594,6 +616,8 @@ mod tests {
         assert!(connection_config("not a url at all ===", None).is_err());
         let c = connection_config("postgresql://a@h/d?sslmode=verify-full", None).unwrap();
         assert_eq!(c.get_ssl_mode(), postgres::config::SslMode::Require, "libpq's verifying mode is ours");
+        let c = connection_config("postgresql://a:x%20sslmode=verify-ca@h/d", None).unwrap();
+        assert_eq!(c.get_password(), Some(&b"x sslmode=verify-ca"[..]), "only the query is rewritten");
     }
 
     #[test]

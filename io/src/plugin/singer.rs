@@ -21,10 +21,12 @@
 //! newest checkpoint among the partitions; if some partition has not
 //! committed that window's records (a crash between the window's commit
 //! groups), it resumes from the window before. WAL groups commit in order,
-//! so that one is whole. Records of the split window that did commit are
-//! then dropped by position when the tap sends them again: right when the
-//! tap re-sends a window faithfully; sinks that upsert by the stream's key
-//! (`key_properties`) make it right for every tap.
+//! so that one is whole. Each batch's checkpoint also carries the count
+//! and hash of its partition's records of the window so far: the first
+//! records the tap sends again of a partition are checked against them.
+//! The same records keep their positions and the host drops them as held;
+//! other records go after what is committed, so nothing is lost, and a sink
+//! that does not upsert by the stream's key holds both copies.
 //!
 //! Taps end when their sync ends; the next run starts `interval` after the
 //! last one ended, from the last state handed to the host (after a restart,
@@ -84,11 +86,46 @@ struct Checkpoint {
     ends: BTreeMap<u32, u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     prev: Option<Box<Checkpoint>>,
+    /// On a batch's checkpoint: how many of its partition's records of the
+    /// window it belongs to are at or below its end, and their hash; what a
+    /// resume checks the tap's re-sent records against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    part: Option<Part>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+struct Part {
+    count: u64,
+    hash: u64,
+}
+
+impl Checkpoint {
+    fn none() -> Checkpoint {
+        Checkpoint { k: 0, state: None, ends: BTreeMap::new(), prev: None, part: None }
+    }
+}
+
+/// A line of the tap's output, as its reader thread passes it on.
+enum Line {
+    Text(String),
+    /// Bytes that are not UTF-8 (a Singer message never is).
+    Bad(String),
+    End,
+}
+
+/// The running hash of a partition's records in a window.
+fn hash_records<'a>(records: impl IntoIterator<Item = &'a Vec<u8>>) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for r in records {
+        h.update(&(r.len() as u64).to_le_bytes());
+        h.update(r);
+    }
+    h.digest()
 }
 
 struct Run {
     child: Child,
-    lines: mpsc::Receiver<Option<String>>,
+    lines: mpsc::Receiver<Line>,
     last_line: Instant,
     state_file: Option<PathBuf>,
 }
@@ -113,6 +150,11 @@ pub struct SingerSource {
     runs: u64,
     /// Why the source cannot go on (a window past the buffer).
     refused: Option<String>,
+    /// After a resume, per partition: its records committed past the state
+    /// the tap resumes from (a window a crash split), their count and hash,
+    /// and the committed position. The tap's first records of that
+    /// partition are checked against them.
+    verify: BTreeMap<u32, (Part, u64)>,
 }
 
 #[derive(Deserialize)]
@@ -170,13 +212,14 @@ impl SingerSource {
             run: None,
             next_run: None,
             exhausted: false,
-            latest: Checkpoint { k: 0, state: None, ends: BTreeMap::new(), prev: None },
+            latest: Checkpoint::none(),
             next: BTreeMap::new(),
             window: BTreeMap::new(),
             window_bytes: 0,
             schemas: BTreeMap::new(),
             runs: 0,
             refused: None,
+            verify: BTreeMap::new(),
         })
     }
 
@@ -205,6 +248,11 @@ impl SingerSource {
         match run.child.try_wait() {
             Ok(Some(status)) => (format!("exited ({status})"), status.success()),
             _ => {
+                // The whole group: `sh -c` may not exec the tap.
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(run.child.id() as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
                 let _ = run.child.kill();
                 let _ = run.child.wait();
                 ("was killed".into(), false)
@@ -232,10 +280,15 @@ impl SingerSource {
         let mut command = self.settings.command.clone();
         let mut state_file = None;
         if let Some(state) = &self.latest.state {
-            let path =
-                std::env::temp_dir().join(format!("skipprd-singer-state-{}-{}.json", std::process::id(), self.runs));
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            let path = std::env::temp_dir().join(format!(
+                "skipprd-singer-state-{}-{}-{nanos}.json",
+                std::process::id(),
+                self.runs
+            ));
             let mut f = std::fs::OpenOptions::new();
-            f.write(true).create(true).truncate(true);
+            // A new file, never one planted under the name.
+            f.write(true).create_new(true);
             std::os::unix::fs::OpenOptionsExt::mode(&mut f, 0o600);
             f.open(&path)
                 .and_then(|mut file| file.write_all(&serde_json::to_vec(state).expect("a JSON value serializes")))
@@ -250,7 +303,15 @@ impl SingerSource {
             command.push_str(&format!(" --properties {}", shell_quote(&p.to_string_lossy())));
         }
         self.runs += 1;
-        let (child, lines) = spawn_lines(&command)?;
+        let (child, lines) = match spawn_lines(&command) {
+            Ok(started) => started,
+            Err(e) => {
+                if let Some(f) = state_file {
+                    let _ = std::fs::remove_file(f);
+                }
+                return Err(e);
+            }
+        };
         info!(pid = child.id(), from_window = self.latest.k, "singer tap started");
         self.run = Some(Run { child, lines, last_line: Instant::now(), state_file });
         Ok(())
@@ -309,7 +370,7 @@ impl SingerSource {
                 let Some(value) = message.value else {
                     return Err(self.fail(format!("sent a STATE without a value: {}", clip(line))));
                 };
-                Ok(Some(self.close_window(value)))
+                self.close_window(value).map(Some)
             }
             // ACTIVATE_VERSION, BATCH and newer kinds carry nothing this
             // source acts on.
@@ -320,7 +381,7 @@ impl SingerSource {
     /// The window closed by `state`, as batches: each under the batch size,
     /// the last of a partition with the new checkpoint, the others with the
     /// one before.
-    fn close_window(&mut self, state: Value) -> Vec<Batch> {
+    fn close_window(&mut self, state: Value) -> Result<Vec<Batch>, PluginError> {
         let window = std::mem::take(&mut self.window);
         self.window_bytes = 0;
         let mut prev = self.latest.clone();
@@ -329,48 +390,89 @@ impl SingerSource {
         for (p, records) in &window {
             *ends.entry(*p).or_default() += records.len() as u64;
         }
-        let next = Checkpoint { k: prev.k + 1, state: Some(state), ends, prev: Some(Box::new(prev.clone())) };
-        let closing = serde_json::to_vec(&next).expect("a checkpoint serializes");
-        let before = serde_json::to_vec(&prev).expect("a checkpoint serializes");
+        let next = Checkpoint {
+            k: prev.k + 1,
+            state: Some(state),
+            ends: ends.clone(),
+            prev: Some(Box::new(prev.clone())),
+            part: None,
+        };
+        // Each batch's checkpoint names its partition's count and hash so
+        // far; the rest is the window's (the last batch of a partition) or
+        // the one before (the others).
+        let with_part = |c: &Checkpoint, count: usize, hash: u64| {
+            let c = Checkpoint { part: Some(Part { count: count as u64, hash }), ..c.clone() };
+            serde_json::to_vec(&c).expect("a checkpoint serializes")
+        };
+        let closing_len = with_part(&next, 0, 0).len() as u64;
+        if closing_len + 256 > self.settings.batch_bytes {
+            let why = format!(
+                "the Singer tap's state is {closing_len} bytes, too large for a commit group: raise \
+                 --wal-bytes-per-file (a commit group is an eighth of it, at most 1 MiB), or make the tap's \
+                 state smaller"
+            );
+            self.refused = Some(why.clone());
+            warn!("{why}");
+            return Err(PluginError(why));
+        }
+        let budget = self.settings.batch_bytes - closing_len - 64;
         let mut batches = Vec::new();
         for (p, records) in window {
-            let budget = self.settings.batch_bytes.saturating_sub(closing.len() as u64 + 64).max(1);
+            self.check_resent(p, &records);
             let stream = self.stream_name(p);
             let mut schema = self.schemas.remove(&p);
             let position = self.next.entry(p).or_default();
-            let mut chunk: Vec<Record> = Vec::new();
-            let mut chunk_bytes = 0u64;
             let total = records.len();
-            for (i, bytes) in records.into_iter().enumerate() {
-                let len = 12 + bytes.len() as u64;
-                if !chunk.is_empty() && chunk_bytes + len > budget {
-                    batches.push(Batch {
-                        partition: p,
-                        stream: stream.clone(),
-                        records: std::mem::take(&mut chunk),
-                        end: Position(*position),
-                        checkpoint: Some(before.clone()),
-                        schema: schema.take(),
-                    });
-                    chunk_bytes = 0;
+            let mut start = 0;
+            while start < total {
+                let mut end = start;
+                let mut bytes = 0u64;
+                while end < total && (end == start || bytes + 12 + records[end].len() as u64 <= budget) {
+                    bytes += 12 + records[end].len() as u64;
+                    end += 1;
                 }
-                chunk.push(Record { position: Position(*position), bytes });
-                chunk_bytes += len;
-                *position += 1;
-                if i + 1 == total {
-                    batches.push(Batch {
-                        partition: p,
-                        stream: stream.clone(),
-                        records: std::mem::take(&mut chunk),
-                        end: Position(*position),
-                        checkpoint: Some(closing.clone()),
-                        schema: schema.take(),
-                    });
-                }
+                let hash = hash_records(&records[..end]);
+                let base = if end == total { &next } else { &prev };
+                let chunk = records[start..end]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| Record { position: Position(*position + i as u64), bytes: r.clone() })
+                    .collect();
+                *position += (end - start) as u64;
+                batches.push(Batch {
+                    partition: p,
+                    stream: stream.clone(),
+                    records: chunk,
+                    end: Position(*position),
+                    checkpoint: Some(with_part(base, end, hash)),
+                    schema: schema.take(),
+                });
+                start = end;
             }
         }
         self.latest = next;
-        batches
+        Ok(batches)
+    }
+
+    /// After a resume from a state some of whose later records of `p` are
+    /// committed: the tap's first records of `p` are those again (same
+    /// count and hash), and keep their positions, so the host drops them as
+    /// already held; or they are not, and they go after what is committed
+    /// (nothing lost; a sink that does not upsert keeps both copies).
+    fn check_resent(&mut self, p: u32, records: &[Vec<u8>]) {
+        let Some((part, committed)) = self.verify.remove(&p) else { return };
+        let n = part.count as usize;
+        if records.len() >= n && hash_records(&records[..n]) == part.hash {
+            info!(partition = p, records = n, "singer source: the tap re-sent the split window's committed records faithfully; they are not taken twice");
+            return;
+        }
+        warn!(
+            partition = p,
+            records = n,
+            "singer source: the tap did not re-send the split window's committed records as they were; they stay, \
+             and what it sent now goes after them (a sink that does not upsert by key holds both)"
+        );
+        self.next.insert(p, committed);
     }
 }
 
@@ -385,11 +487,19 @@ impl Source for SingerSource {
         self.schemas.clear();
         self.exhausted = false;
         self.refused = None;
+        self.verify.clear();
         self.next_run = None;
-        let (from, at) = resume_from(resume)?;
-        self.next = at;
-        info!(window = from.k, partitions = self.next.len(), "singer source: resuming from the committed state");
-        self.latest = from;
+        let resumed = resume_from(resume)?;
+        self.next = resumed.at;
+        self.verify = resumed.verify;
+        info!(
+            window = resumed.from.k,
+            partitions = self.next.len(),
+            "singer source: resuming from the committed state"
+        );
+        // Window numbers only grow: a resume from the window before a split
+        // one must not number its next window like one already committed.
+        self.latest = Checkpoint { k: resumed.newest_k, ..resumed.from };
         Ok(())
     }
 
@@ -408,13 +518,16 @@ impl Source for SingerSource {
             let run = self.run.as_mut().expect("launched above");
             let wait = deadline.saturating_duration_since(Instant::now());
             match run.lines.recv_timeout(wait) {
-                Ok(Some(line)) => {
+                Ok(Line::Text(line)) => {
                     run.last_line = Instant::now();
-                    if let Some(batches) = self.take_line(&line)? {
+                    // A STATE that closed an empty window brings nothing:
+                    // read on.
+                    if let Some(batches) = self.take_line(&line)?.filter(|b| !b.is_empty()) {
                         return Ok((batches, false));
                     }
                 }
-                Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Ok(Line::Bad(what)) => return Err(self.fail(what)),
+                Ok(Line::End) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let (status, clean) = self.stop_run();
                     if !clean {
                         let dropped = self.drop_window();
@@ -474,11 +587,23 @@ impl Drop for SingerSource {
     }
 }
 
-/// The state to start the tap from and the next position of every
-/// partition: the newest checkpoint, or the one before it when some
-/// partition has not committed the newest window's records.
-fn resume_from(resume: &[ResumePoint]) -> Result<(Checkpoint, BTreeMap<u32, u64>), PluginError> {
+/// Where a resume starts.
+struct Resumed {
+    /// The state to start the tap from: the newest checkpoint, or the one
+    /// before it when some partition has not committed the newest window.
+    from: Checkpoint,
+    /// The next position of every partition, at that state.
+    at: BTreeMap<u32, u64>,
+    /// Partitions with records committed past that state: see
+    /// `SingerSource::verify`.
+    verify: BTreeMap<u32, (Part, u64)>,
+    /// The highest window number committed.
+    newest_k: u64,
+}
+
+fn resume_from(resume: &[ResumePoint]) -> Result<Resumed, PluginError> {
     let mut newest: Option<Checkpoint> = None;
+    let mut parts: BTreeMap<u32, Option<Part>> = BTreeMap::new();
     for r in resume {
         let Some(bytes) = &r.checkpoint else { continue };
         let c: Checkpoint = serde_json::from_slice(bytes).map_err(|e| {
@@ -487,6 +612,7 @@ fn resume_from(resume: &[ResumePoint]) -> Result<(Checkpoint, BTreeMap<u32, u64>
                 r.partition
             ))
         })?;
+        parts.insert(r.partition, c.part);
         if newest.as_ref().is_none_or(|n| c.k > n.k) {
             newest = Some(c);
         }
@@ -499,24 +625,39 @@ fn resume_from(resume: &[ResumePoint]) -> Result<(Checkpoint, BTreeMap<u32, u64>
                 r.partition
             )));
         }
-        return Ok((Checkpoint { k: 0, state: None, ends: BTreeMap::new(), prev: None }, BTreeMap::new()));
+        let none = BTreeMap::new();
+        return Ok(Resumed { from: Checkpoint::none(), at: none.clone(), verify: BTreeMap::new(), newest_k: 0 });
     };
+    let newest_k = newest.k;
     let whole = newest.ends.iter().all(|(p, end)| committed.get(p).copied().unwrap_or(0) >= *end);
     let mut from = if whole {
         newest
     } else {
-        let prev =
-            newest.prev.map(|p| *p).unwrap_or(Checkpoint { k: 0, state: None, ends: BTreeMap::new(), prev: None });
+        let prev = newest.prev.map(|p| *p).unwrap_or_else(Checkpoint::none);
         warn!(
             window = prev.k + 1,
             "singer source: a crash split the last window's commit; the tap resumes from the state before it, and \
-             what it sends again of that window is matched by position"
+             what it sends again of that window is checked against what was committed"
         );
         prev
     };
     from.prev = None;
+    from.part = None;
     let at = from.ends.clone();
-    Ok((from, at))
+    let mut verify = BTreeMap::new();
+    for (p, committed) in &committed {
+        let start = at.get(p).copied().unwrap_or(0);
+        if *committed <= start {
+            continue;
+        }
+        // Records committed past the state: the last batch's part says how
+        // many and their hash; a part that does not add up is checked as a
+        // mismatch (they stay, and what comes again goes after them).
+        let part = parts.get(p).copied().flatten().filter(|part| part.count == committed - start);
+        let part = part.unwrap_or(Part { count: u64::MAX, hash: 0 });
+        verify.insert(*p, (part, *committed));
+    }
+    Ok(Resumed { from, at, verify, newest_k })
 }
 
 /// The streams of a catalog: the selected ones (all, if none says).
@@ -572,11 +713,16 @@ fn discover(settings: &SingerSettings) -> Result<String, PluginError> {
     let deadline = Instant::now() + settings.timeout.max(Duration::from_secs(30));
     loop {
         match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(Some(l)) => {
+            Ok(Line::Text(l)) => {
                 out.push_str(&l);
                 out.push('\n');
             }
-            Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Ok(Line::Bad(what)) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(PluginError(format!("`{command}` {what}")));
+            }
+            Ok(Line::End) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -595,26 +741,31 @@ fn discover(settings: &SingerSettings) -> Result<String, PluginError> {
 
 /// Starts `sh -c command` with stdout as a channel of lines (`None` at its
 /// end) and stderr logged.
-fn spawn_lines(command: &str) -> Result<(Child, mpsc::Receiver<Option<String>>), PluginError> {
+fn spawn_lines(command: &str) -> Result<(Child, mpsc::Receiver<Line>), PluginError> {
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(command).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // A group of its own, so that a kill reaches the tap under `sh`.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let mut child = super::spawner::spawn(cmd).map_err(|e| PluginError(format!("cannot start `{command}`: {e}")))?;
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
     let (tx, rx) = mpsc::sync_channel(10_000);
     std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            match line {
-                Ok(l) if l.trim().is_empty() => {}
-                Ok(l) => {
-                    if tx.send(Some(l)).is_err() {
-                        return;
-                    }
-                }
-                Err(_) => break,
+        for line in BufReader::new(stdout).split(b'\n') {
+            let Ok(bytes) = line else { break };
+            let line = match String::from_utf8(bytes) {
+                Ok(l) if l.trim().is_empty() => continue,
+                Ok(l) => Line::Text(l),
+                Err(e) => Line::Bad(format!(
+                    "printed a line that is not UTF-8: {}",
+                    clip(&String::from_utf8_lossy(e.as_bytes()))
+                )),
+            };
+            if tx.send(line).is_err() {
+                return;
             }
         }
-        let _ = tx.send(None);
+        let _ = tx.send(Line::End);
     });
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -642,6 +793,7 @@ mod tests {
             state: Some(serde_json::json!({ "k": k })),
             ends: ends.iter().copied().collect(),
             prev: prev.map(Box::new),
+            part: None,
         }
     }
 
@@ -649,24 +801,56 @@ mod tests {
     fn a_whole_window_resumes_from_its_state_and_a_split_one_from_the_state_before() {
         let c1 = checkpoint(1, &[(1, 10), (2, 5)], None);
         let c2 = checkpoint(2, &[(1, 20), (2, 9)], Some(c1.clone()));
+        let at = |v: &[(u32, u64)]| v.iter().copied().collect::<BTreeMap<u32, u64>>();
         // Both partitions committed window 2.
-        let (from, at) = resume_from(&[point(1, 20, Some(&c2)), point(2, 9, Some(&c2))]).unwrap();
-        assert_eq!((from.k, at), (2, [(1, 20), (2, 9)].into_iter().collect()));
-        // Partition 2's batch of window 2 did not commit: resume from 1.
-        let (from, at) = resume_from(&[point(1, 20, Some(&c2)), point(2, 5, Some(&c1))]).unwrap();
-        assert_eq!(
-            (from.k, from.state, at),
-            (1, Some(serde_json::json!({"k": 1})), [(1, 10), (2, 5)].into_iter().collect())
-        );
+        let r = resume_from(&[point(1, 20, Some(&c2)), point(2, 9, Some(&c2))]).unwrap();
+        assert_eq!((r.from.k, r.at, r.verify.len(), r.newest_k), (2, at(&[(1, 20), (2, 9)]), 0, 2));
+        // Partition 2's batch of window 2 did not commit: resume from 1, and
+        // check what the tap sends again of partition 1 against the ten
+        // records it committed past state 1.
+        let part = Part { count: 10, hash: 77 };
+        let c2_of_1 = Checkpoint { part: Some(part), ..c2.clone() };
+        let r = resume_from(&[point(1, 20, Some(&c2_of_1)), point(2, 5, Some(&c1))]).unwrap();
+        assert_eq!((r.from.k, r.from.state, r.at), (1, Some(serde_json::json!({"k": 1})), at(&[(1, 10), (2, 5)])));
+        assert_eq!((r.verify.get(&1), r.verify.get(&2), r.newest_k), (Some(&(part, 20)), None, 2));
         // Partition 1 committed only a first part of window 2 (its earlier
-        // batch carries window 1's checkpoint).
-        let (from, _) = resume_from(&[point(1, 14, Some(&c1)), point(2, 5, Some(&c1))]).unwrap();
-        assert_eq!(from.k, 1);
+        // batch carries window 1's checkpoint and the part so far); a part
+        // that does not add up is a mismatch.
+        let c1_part = Checkpoint { part: Some(Part { count: 4, hash: 5 }), ..c1.clone() };
+        let r = resume_from(&[point(1, 14, Some(&c1_part)), point(2, 5, Some(&c1))]).unwrap();
+        assert_eq!((r.from.k, r.verify.get(&1)), (1, Some(&(Part { count: 4, hash: 5 }, 14))));
+        let r = resume_from(&[point(1, 15, Some(&c1_part)), point(2, 5, Some(&c1))]).unwrap();
+        assert_eq!(r.verify.get(&1).map(|v| v.0.count), Some(u64::MAX));
         // Nothing yet.
-        let (from, at) = resume_from(&[]).unwrap();
-        assert_eq!((from.k, from.state, at.len()), (0, None, 0));
+        let r = resume_from(&[]).unwrap();
+        assert_eq!((r.from.k, r.from.state, r.at.len()), (0, None, 0));
         // Records without a Singer checkpoint: another source's WAL.
-        assert!(resume_from(&[point(1, 3, None)]).unwrap_err().0.contains("another source"));
+        assert!(resume_from(&[point(1, 3, None)]).err().unwrap().0.contains("another source"));
+    }
+
+    #[test]
+    fn records_sent_again_keep_their_positions_only_when_they_are_the_ones_committed() {
+        let a = super::super::FileSource::partition_of("a");
+        let line = |i: u32| format!(r#"{{"type":"RECORD","stream":"a","record":{{"id":{i}}}}}"#);
+        let bytes = |i: u32| format!(r#"{{"id":{i}}}"#).into_bytes();
+        for (first, faithful) in [(0, true), (1, false)] {
+            let mut s = source(1 << 16);
+            s.next.insert(a, 10);
+            // Records 0 and 1 were committed at 10 and 11 past the state.
+            let part = Part { count: 2, hash: hash_records(&[bytes(0), bytes(1)]) };
+            s.verify.insert(a, (part, 12));
+            for i in first..3 {
+                s.take_line(&line(i)).unwrap();
+            }
+            let batches = s.take_line(r#"{"type":"STATE","value":{}}"#).unwrap().unwrap();
+            let positions: Vec<u64> = batches[0].records.iter().map(|r| r.position.0).collect();
+            if faithful {
+                assert_eq!(positions, vec![10, 11, 12], "the host drops 10 and 11 as held");
+            } else {
+                assert_eq!(positions, vec![12, 13], "nothing is dropped: it goes after what is committed");
+            }
+            assert!(s.verify.is_empty());
+        }
     }
 
     fn settings(batch_bytes: u64) -> SingerSettings {
@@ -688,7 +872,7 @@ mod tests {
 
     #[test]
     fn records_wait_for_the_state_that_closes_their_window_and_batches_stay_small() {
-        let mut s = source(400);
+        let mut s = source(600);
         let a = super::super::FileSource::partition_of("a");
         for i in 0..10 {
             let line = format!(r#"{{"type":"RECORD","stream":"a","record":{{"id":{i},"pad":"{}"}}}}"#, "x".repeat(40));
@@ -701,7 +885,7 @@ mod tests {
         assert!(s.take_line(r#"{"type":"RECORD","stream":"b.c","record":{"v":1}}"#).unwrap().is_none());
         let batches = s.take_line(r#"{"type":"STATE","value":{"bookmarks":{"a":1}}}"#).unwrap().unwrap();
         let of_a: Vec<&Batch> = batches.iter().filter(|b| b.partition == a).collect();
-        assert!(of_a.len() > 1, "ten 60-byte records cut at 400 bytes");
+        assert!(of_a.len() > 1, "ten 60-byte records cut at 600 bytes less the checkpoint");
         let positions: Vec<u64> = of_a.iter().flat_map(|b| b.records.iter().map(|r| r.position.0)).collect();
         assert_eq!(positions, (0..10).collect::<Vec<_>>());
         let last: Checkpoint = serde_json::from_slice(of_a.last().unwrap().checkpoint.as_ref().unwrap()).unwrap();
