@@ -19,9 +19,16 @@
 //! session the server ended, a server restart in the middle of a COPY),
 //! serialization failures and a race to create a table are retried on a new
 //! connection; a server host that vanishes without a reset is noticed by TCP
-//! keepalives and the user timeout in about a minute. An error in the data (a type or constraint
-//! violation, a record that is not JSON) is `fatal` with the server's
-//! message, and the stream stops until an operator fixes it.
+//! keepalives and the user timeout in about a minute. An error in the data
+//! (a type or constraint violation, a record that is not JSON) is `fatal`
+//! with the server's message, and the stream stops until an operator fixes
+//! it.
+//!
+//! Streams with a key (`PostgresSettings::keys`) are upserted: a unique
+//! index on the key fields, the batch through a temporary table, the last
+//! record of each key kept. With `sslmode=require` the sink speaks TLS
+//! (rustls), verifying the server's chain and host name; a handshake that
+//! refuses the server is `fatal` when connecting, never retried.
 
 use super::{PluginError, Sink};
 use postgres::error::SqlState;
