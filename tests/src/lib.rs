@@ -122,11 +122,37 @@ pub fn assert_exactly_once(dir: &Path, streams: &[&str], partitions: u64, record
     }
 }
 
+/// How much work a chaos loop's source holds, which decides whether a kill
+/// can land in every run whatever the machine's speed.
+pub enum Work {
+    /// A source that never ends: every run is killed.
+    Endless,
+    /// `total` records sent at no more than `rate` a second (counted from
+    /// each run's start): runs killed within `max` seconds each cannot send
+    /// them all between them if `runs * max * rate < total`, however fast
+    /// the machine, so no run can finish before its kill.
+    Paced { rate: u64, total: u64 },
+}
+
 /// Runs `runs` chaos runs of the daemon `command` builds, each SIGKILLing
 /// itself at a moment drawn from its seed between `min` and `max` seconds;
 /// each must be killed or finish cleanly. Returns how many were killed.
-pub fn chaos_runs(runs: u64, min: &str, max: &str, command: impl Fn() -> std::process::Command) -> u64 {
+///
+/// The loop refuses to start unless `work` is more than the runs can finish
+/// between them: a loop whose later runs find nothing left to do would pass
+/// or fail by the machine's speed (the later runs resume from what the
+/// earlier ones committed). A caller asserts that every run was killed.
+pub fn chaos_runs(runs: u64, min: &str, max: &str, work: Work, command: impl Fn() -> std::process::Command) -> u64 {
     use std::os::unix::process::ExitStatusExt;
+    if let Work::Paced { rate, total } = work {
+        let max_seconds: f64 = max.parse().expect("max is seconds");
+        let most = runs as f64 * max_seconds * rate as f64;
+        assert!(
+            most < total as f64,
+            "{runs} runs of at most {max} s at {rate} records/s could send {most} records, not less than the \
+             {total} the source holds: give the runs more work than the kills let them finish"
+        );
+    }
     let mut killed = 0;
     for seed in 0..runs {
         let out = command()

@@ -63,7 +63,7 @@ fn twenty_chaos_runs_sigkilled_mid_ingest_then_every_record_is_in_postgres_exact
     let args = ["--once", "--generator-partitions", "3", "--generator-records", "100000"];
     // At most 25,000 records a second and kills within 0.45 s: the 20 runs
     // cannot deliver the 300,000 records between them.
-    let killed = chaos_runs(20, "0.15", "0.45", || {
+    let killed = chaos_runs(20, "0.15", "0.45", Work::Paced { rate: 25_000, total: 300_000 }, || {
         let mut c = daemon(&data, &schema, &args);
         c.args(["--generator-rate", "25000"]);
         c

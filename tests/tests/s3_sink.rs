@@ -118,11 +118,11 @@ fn chaos_runs_sigkilled_mid_ingest_then_every_record_is_in_the_bucket_exactly_on
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         let args = ["--once", "--generator-records", "30000", "--sink-s3-gzip", gzip];
-        // 20,000 records a second at most, and kills within 0.5 s: the ten
-        // runs cannot deliver the 60,000 records between them.
-        let killed = chaos_runs(10, "0.2", "0.5", || {
+        // 10,000 records a second at most, and kills within 0.5 s: the ten
+        // runs cannot send the 60,000 records between them.
+        let killed = chaos_runs(10, "0.2", "0.5", Work::Paced { rate: 10_000, total: 60_000 }, || {
             let mut c = daemon(&data, &bucket, prefix, &args);
-            c.args(["--generator-rate", "20000"]);
+            c.args(["--generator-rate", "10000"]);
             c
         });
         assert_eq!(killed, 10, "every run was killed with work in flight");

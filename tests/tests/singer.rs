@@ -32,20 +32,20 @@ fn a_faithful_tap_sigkilled_mid_sync_lands_every_record_once() {
     // stream (about 87 KiB) go in some twenty batches, each in a group of
     // its own, and the WAL is the bottleneck, so many kills land between
     // the groups of one window.
-    let env = [("STREAMS", "events,orders"), ("RECORDS", "20000"), ("EVERY", "250"), ("PAD", "300")];
+    let env = [("STREAMS", "events,orders"), ("RECORDS", "40000"), ("EVERY", "250"), ("PAD", "300")];
     let small = ["--once", "--wal-bytes-per-file", "65536"];
-    // At most 20,000 records a second and kills within 0.6 s: the runs
-    // cannot finish the 40,000 records between them.
-    let killed = chaos_runs(12, "0.3", "0.6", || {
+    // At most 10,000 records a second and kills within 0.6 s: the twelve
+    // runs cannot send the 80,000 records between them.
+    let killed = chaos_runs(12, "0.3", "0.6", Work::Paced { rate: 10_000, total: 80_000 }, || {
         let mut c = daemon(&data, &tap, &small);
-        c.envs(env).env("RATE", "20000");
+        c.envs(env).env("RATE", "10000");
         c
     });
     assert_eq!(killed, 12, "every run was killed mid-sync");
     let out = daemon(&data, &tap, &small).envs(env).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stderr(&out).contains("resuming from the committed state"), "{}", stderr(&out));
-    assert_exactly_once(&data.join("sink"), &["events", "orders"], 1, 20_000);
+    assert_exactly_once(&data.join("sink"), &["events", "orders"], 1, 40_000);
 }
 
 #[test]
@@ -124,7 +124,7 @@ fn tap_jsonl_re_run_through_chaos_into_postgres_upserted_by_its_key_holds_each_r
     };
     // Each run re-syncs every 0.2 s, re-sending all 20,000 records; kills
     // land within 1 to 4 s, during a sync or between two.
-    let killed = chaos_runs(6, "1.0", "4.0", || pg_daemon(&["--singer-interval", "0.2"]));
+    let killed = chaos_runs(6, "1.0", "4.0", Work::Endless, || pg_daemon(&["--singer-interval", "0.2"]));
     assert_eq!(killed, 6, "an endless source: every run was killed");
     let out = pg_daemon(&["--once"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
