@@ -9,6 +9,8 @@
 //! order (`BTreeMap`, `Vec`), so the same inputs give the same outputs on
 //! every machine; the simulator depends on it.
 
+/// What the engine admits from outside: the record and stream-name rules.
+pub mod admit;
 /// Compaction ids: stable across replays, derived from what a batch holds.
 pub mod compaction;
 /// `HostConfig`, `Limits`, `LeaseConfig`: validated once, policy derived once.

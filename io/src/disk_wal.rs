@@ -56,7 +56,7 @@ impl DiskWal {
         // A snapshot's install that committed before a crash is completed
         // before anything reads the WAL.
         wal.finish_install()?;
-        std::fs::create_dir_all(&wal.dir)?;
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&wal.dir)?;
         sync_dir(data_dir)?;
         Ok(wal)
     }

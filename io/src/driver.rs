@@ -10,7 +10,7 @@ use crate::dynamo::Dynamo;
 use crate::metrics::Metrics;
 use crate::offsets_db::OffsetsDb;
 use crate::peer::{Incoming, Peers};
-use crate::plugin::{SchemaPlugin, Sink, Source};
+use crate::plugin::{Batch, SchemaPlugin, Sink, Source};
 use crate::s3_wal::S3Wal;
 use skippr_core::io::{Input, IoOp, IoReply, LeaseOp, OffsetsOp, Output, PluginOp, SourceBatchIn, StopReason, WalOp};
 use skippr_core::{Host, IoError, IoId, SinkOutcome, StreamId};
@@ -57,6 +57,8 @@ pub struct Backends {
     pub endpoints: String,
     /// Clustered mode: the peer transport (the WAL is on disk).
     pub peers: Option<Arc<Peers>>,
+    /// The largest record a source may send (`--record-bytes-max`).
+    pub record_bytes_max: u64,
 }
 
 /// How long a snapshot's copy may go without a chunk before it fails.
@@ -420,6 +422,9 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                     None => return Err(plugin_failed("source read", e)),
                 },
             };
+            if let Some(why) = refused_record(&**s, &batches, b.record_bytes_max) {
+                return Ok(IoReply::SourceRefused { why });
+            }
             let read_at = std::time::Instant::now();
             let batches: Vec<SourceBatchIn> = batches
                 .into_iter()
@@ -496,6 +501,26 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
             Ok(IoReply::Sink { outcome, rows: a.records.len() as u64 })
         }
     }
+}
+
+/// Every record is checked where it enters, before the engine sees its
+/// batch: the first that breaks a rule of `skippr_core::admit` refuses the
+/// whole read (nothing of it is committed, so the next start reads it again)
+/// and says where it is and what to do.
+fn refused_record(source: &dyn crate::plugin::Source, batches: &[Batch], bytes_max: u64) -> Option<String> {
+    for batch in batches {
+        for record in &batch.records {
+            if let Err(fault) = skippr_core::admit::check_record(&record.bytes, bytes_max) {
+                let place = source.describe(batch.partition, record.position);
+                return Some(format!(
+                    "the source sent a record that is refused ({place}): {fault}. Nothing from it was committed. \
+                     Fix the input or the source (or, for a record that is only too large, raise \
+                     --record-bytes-max, now {bytes_max}) and start again"
+                ));
+            }
+        }
+    }
+    None
 }
 
 fn plugin_failed(what: &str, e: crate::plugin::PluginError) -> IoError {

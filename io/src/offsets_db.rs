@@ -59,6 +59,9 @@ impl OffsetsDb {
     pub fn open(data_dir: &Path, pipeline: &str, sources: Vec<String>) -> DbResult<OffsetsDb> {
         let path = data_dir.join(OFFSETS_FILE);
         let db = Database::create(&path)?;
+        // Its checkpoints may hold a tap's state verbatim: the owner's only.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(redb::Error::Io)?;
         let txn = db.begin_write()?;
         txn.open_table(OFFSETS)?;
         txn.open_table(CHECKPOINTS)?;

@@ -4,6 +4,7 @@
 
 use clap::Args;
 use serde::Deserialize;
+use skippr_core::admit::{check_stream_name, RECORD_BYTES_MAX_DEFAULT, RECORD_BYTES_MAX_LIMIT};
 use skippr_core::{LeaseConfig, Limits};
 use skippr_io::aws::AwsSettings;
 use skippr_io::plugin::postgres_sink::{
@@ -174,6 +175,11 @@ pub struct RunArgs {
     /// the rest back from the WAL [default: 8388608].
     #[arg(long, env = "SKIPPR_RECORD_CACHE_BYTES", value_name = "BYTES")]
     pub record_cache_bytes: Option<u64>,
+    /// The largest record a source may send, in bytes: a larger one stops
+    /// the daemon (exit 10) naming where it is; at most 67108864 [default:
+    /// 4194304].
+    #[arg(long, env = "SKIPPR_RECORD_BYTES_MAX", value_name = "BYTES")]
+    pub record_bytes_max: Option<u64>,
     /// Exit 0 once every finite source is exhausted, committed and delivered.
     #[arg(long)]
     #[serde(skip)]
@@ -297,6 +303,11 @@ pub struct SinkArgs {
     /// Directory sink: where batches are written [default: DATA_DIR/sink].
     #[arg(long = "sink-dir", id = "sink_dir", value_name = "DIR")]
     pub dir: Option<PathBuf>,
+    /// Directory sink: the mode of each batch file, in octal (directories
+    /// get `x` wherever it has `r`), less the process's umask; it must let
+    /// the owner read and write [default: 0640].
+    #[arg(long = "sink-dir-mode", id = "sink_dir_mode", value_name = "MODE")]
+    pub dir_mode: Option<String>,
     /// External sink: the command that starts the plugin (run by `sh -c`).
     #[arg(long = "sink-command", id = "sink_command", value_name = "CMD")]
     pub command: Option<String>,
@@ -368,7 +379,7 @@ pub enum SourceConfig {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum SinkConfig {
-    Dir { dir: PathBuf },
+    Dir { dir: PathBuf, mode: u32 },
     Stdout,
     Command { command: String },
     Postgres(PostgresConfig),
@@ -477,6 +488,7 @@ pub struct RunConfig {
     pub wal_max_delay_seconds: f64,
     pub wal_max_bytes: u64,
     pub record_cache_bytes: u64,
+    pub record_bytes_max: u64,
     pub drain_timeout_seconds: f64,
     pub stall_seconds: f64,
     /// Only under `--once`.
@@ -557,6 +569,13 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         ));
     }
     let record_cache_bytes = args.record_cache_bytes.or(file.record_cache_bytes).unwrap_or(limits.record_cache_bytes);
+    let record_bytes_max = args.record_bytes_max.or(file.record_bytes_max).unwrap_or(RECORD_BYTES_MAX_DEFAULT);
+    if !(RECORD_BYTES_MIN..=RECORD_BYTES_MAX_LIMIT).contains(&record_bytes_max) {
+        return Err(format!(
+            "SKIPPR_RECORD_BYTES_MAX is {record_bytes_max}; give a size between {RECORD_BYTES_MIN} and \
+             {RECORD_BYTES_MAX_LIMIT} bytes"
+        ));
+    }
     let drain_timeout_seconds = args.drain_timeout.or(file.drain_timeout).unwrap_or(secs(limits.drain_timeout));
     positive("--drain-timeout", drain_timeout_seconds)?;
     let stall_default = limits.stall_report_after.map(secs).expect("core reports stalls by default");
@@ -594,6 +613,7 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         wal_max_delay_seconds,
         wal_max_bytes,
         record_cache_bytes,
+        record_bytes_max,
         drain_timeout_seconds,
         stall_seconds,
         stall_exit_seconds: args.once.then_some(stall_exit_seconds),
@@ -611,6 +631,13 @@ const STALL_EXIT_SECONDS: f64 = 300.0;
 
 /// How long an external plugin may take to answer.
 const PLUGIN_TIMEOUT_SECONDS: f64 = 30.0;
+
+/// The smallest `--record-bytes-max`.
+const RECORD_BYTES_MIN: u64 = 1024;
+
+/// The longest duration any setting takes: a year, in seconds. Longer ones
+/// are refused (they would overflow the clock's arithmetic).
+pub const SECONDS_MAX: f64 = 365.0 * 24.0 * 3600.0;
 
 fn wal_config(wal: &WalArgs, cluster: &ClusterArgs) -> Result<WalConfig, String> {
     match wal.storage() {
@@ -712,8 +739,10 @@ fn source_config(args: &SourceArgs, file: SourceArgs) -> Result<SourceConfig, St
         },
         "singer" => {
             let interval = args.singer_interval.or(file.singer_interval).unwrap_or(60.0);
-            if !interval.is_finite() || interval < 0.0 {
-                return Err(format!("--singer-interval is {interval}; give seconds, 0 or more"));
+            if !interval.is_finite() || !(0.0..=SECONDS_MAX).contains(&interval) {
+                return Err(format!(
+                    "--singer-interval is {interval}; give seconds, 0 or more and at most {SECONDS_MAX} (a year)"
+                ));
             }
             let catalog = args.singer_catalog.clone().or(file.singer_catalog);
             let properties = args.singer_properties.clone().or(file.singer_properties);
@@ -734,15 +763,14 @@ fn source_config(args: &SourceArgs, file: SourceArgs) -> Result<SourceConfig, St
         other => return Err(format!("unknown source '{other}': use generator, file, singer or command")),
     };
     if let SourceConfig::File { stream, .. } = &source {
-        if !valid_name(stream) {
-            return Err(format!("the file source's stream '{stream}' may hold only letters, digits, '-' and '_'"));
-        }
+        check_stream_name(stream).map_err(|why| format!("the file source's stream: {why}"))?;
     }
     if let SourceConfig::Generator { streams, partitions, .. } = &source {
-        if streams.is_empty() || streams.iter().any(|s| !valid_name(s)) || *partitions == 0 {
-            return Err(
-                "the generator needs at least one stream (letters, digits, '-' and '_') and one partition".into()
-            );
+        if streams.is_empty() || *partitions == 0 {
+            return Err("the generator needs at least one stream and one partition".into());
+        }
+        for stream in streams {
+            check_stream_name(stream).map_err(|why| format!("the generator's streams: {why}"))?;
         }
     }
     Ok(source)
@@ -750,7 +778,13 @@ fn source_config(args: &SourceArgs, file: SourceArgs) -> Result<SourceConfig, St
 
 fn sink_config(args: &SinkArgs, file: SinkArgs, data_dir: &Path) -> Result<SinkConfig, String> {
     match args.kind.clone().or(file.kind.clone()).as_deref().unwrap_or("dir") {
-        "dir" => Ok(SinkConfig::Dir { dir: args.dir.clone().or(file.dir).unwrap_or_else(|| data_dir.join("sink")) }),
+        "dir" => Ok(SinkConfig::Dir {
+            dir: args.dir.clone().or(file.dir).unwrap_or_else(|| data_dir.join("sink")),
+            mode: match args.dir_mode.clone().or(file.dir_mode) {
+                None => skippr_io::plugin::dir_sink::FILE_MODE_DEFAULT,
+                Some(text) => file_mode(&text)?,
+            },
+        }),
         "stdout" => Ok(SinkConfig::Stdout),
         "command" => Ok(SinkConfig::Command {
             command: args
@@ -886,16 +920,23 @@ pub fn operation_timeout(lease_seconds: f64) -> std::time::Duration {
     std::time::Duration::from_micros(LeaseConfig::from_span(span).requests_within.as_micros())
 }
 
-fn positive(name: &str, v: f64) -> Result<(), String> {
-    if v.is_finite() && v > 0.0 {
-        Ok(())
-    } else {
-        Err(format!("{name} must be a positive number of seconds, not {v}"))
+/// `--sink-dir-mode`: octal, at most 0777, at least owner read and write.
+fn file_mode(text: &str) -> Result<u32, String> {
+    match u32::from_str_radix(text.trim_start_matches("0o"), 8) {
+        Ok(mode) if mode <= 0o777 && mode & 0o600 == 0o600 => Ok(mode),
+        _ => Err(format!(
+            "--sink-dir-mode is {text:?}; give an octal file mode that lets the owner read and write, such as 0640 or \
+             0600"
+        )),
     }
 }
 
-fn valid_name(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+fn positive(name: &str, v: f64) -> Result<(), String> {
+    if v.is_finite() && v > 0.0 && v <= SECONDS_MAX {
+        Ok(())
+    } else {
+        Err(format!("{name} must be a positive number of seconds, at most {SECONDS_MAX} (a year), not {v}"))
+    }
 }
 
 #[cfg(test)]
@@ -966,7 +1007,7 @@ mod tests {
     fn defaults_serve_a_first_run() {
         let c = resolve(&RunArgs::default()).unwrap();
         assert_eq!(c.data_dir, PathBuf::from("./data"));
-        assert_eq!(c.sink, SinkConfig::Dir { dir: PathBuf::from("./data/sink") });
+        assert_eq!(c.sink, SinkConfig::Dir { dir: PathBuf::from("./data/sink"), mode: 0o640 });
         assert!(matches!(c.source, SourceConfig::Generator { records: 10_000, partitions: 2, .. }));
         assert_eq!((c.wal, c.offsets), (WalConfig::Disk, OffsetsConfig::Disk));
         assert_eq!(c.wal_bytes_per_file, Limits::default().segment_bytes, "core's default");
@@ -986,6 +1027,7 @@ mod tests {
             ("wal_max_delay_seconds", secs(limits.segment_age_max).to_string()),
             ("wal_max_bytes", limits.wal_bytes_max.to_string()),
             ("record_cache_bytes", limits.record_cache_bytes.to_string()),
+            ("record_bytes_max", RECORD_BYTES_MAX_DEFAULT.to_string()),
             ("drain_timeout", secs(limits.drain_timeout).to_string()),
             ("stall_seconds", secs(limits.stall_report_after.unwrap()).to_string()),
             ("lease_seconds", secs(LeaseConfig::default().steal_after).to_string()),

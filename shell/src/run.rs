@@ -21,6 +21,7 @@ use skippr_io::s3_wal::S3Wal;
 use skippr_io::{drive, Backends, Clock, DiskWal, OffsetsDb, RunTotals};
 use skippr_io::{OffsetsBackend, WalBackend};
 use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -55,14 +56,36 @@ pub fn main(args: RunArgs) -> i32 {
     runtime.block_on(run(cfg))
 }
 
+/// Creates DATA_DIR (and its parents) readable by its owner only (0700):
+/// it holds the WAL and the offsets store, whose checkpoints may carry a
+/// tap's state. One that exists with access for others is kept as it is,
+/// with a warning.
+fn create_data_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot create DATA_DIR {}: {e}", dir.display()))?;
+    let mode = std::fs::metadata(dir).map(|m| m.permissions().mode() & 0o777).unwrap_or(0o700);
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            "DATA_DIR {} has mode {mode:04o}: other users may read the WAL and the offsets store; chmod 700 it",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// Takes the exclusive lock on `DATA_DIR/LOCK`, creating the directory.
 fn lock_data_dir(dir: &Path) -> Result<File, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create DATA_DIR {}: {e}", dir.display()))?;
+    create_data_dir(dir)?;
     let path = dir.join("LOCK");
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
         .open(&path)
         .map_err(|e| format!("cannot open {} (is DATA_DIR writable?): {e}", path.display()))?;
     match file.try_lock() {
@@ -96,11 +119,12 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
             if !dir.is_dir() {
                 return Err((exit::CONFIG, format!("the file source's directory {} does not exist", dir.display())));
             }
-            Box::new(FileSource::new(dir, stream, *follow))
+            Box::new(FileSource::new(dir, stream, *follow).with_record_bytes_max(cfg.record_bytes_max))
         }
-        SourceConfig::Command { command } => {
-            Box::new(ExternalSource::start("source", command, timeout).map_err(|e| (exit::PLUGIN, e.to_string()))?)
-        }
+        SourceConfig::Command { command } => Box::new(
+            ExternalSource::start("source", command, timeout, cfg.record_bytes_max)
+                .map_err(|e| (exit::PLUGIN, e.to_string()))?,
+        ),
         SourceConfig::Singer { command, catalog, properties, interval, buffer_bytes } => {
             let settings = SingerSettings {
                 command: command.clone(),
@@ -112,6 +136,7 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
                 timeout,
                 // Half a commit group: the host never splits a batch.
                 batch_bytes: limits(cfg).group_bytes_max / 2,
+                record_bytes_max: cfg.record_bytes_max,
             };
             let source = SingerSource::start(settings).map_err(|e| (exit::PLUGIN, e.to_string()))?;
             keys = source.singer_streams().iter().map(|s| (s.name.clone(), s.key_properties.clone())).collect();
@@ -119,7 +144,9 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
         }
     };
     let sink: Box<dyn Sink> = match &cfg.sink {
-        SinkConfig::Dir { dir } => Box::new(DirSink::open(dir).map_err(|e| (exit::DATA_DIR, e.to_string()))?),
+        SinkConfig::Dir { dir, mode } => {
+            Box::new(DirSink::open(dir).map_err(|e| (exit::DATA_DIR, e.to_string()))?.with_mode(*mode))
+        }
         SinkConfig::Stdout => Box::new(StdoutSink),
         SinkConfig::Command { command } => {
             Box::new(ExternalSink::start("sink", command, timeout).map_err(|e| (exit::PLUGIN, e.to_string()))?)
@@ -224,6 +251,7 @@ async fn run(cfg: RunConfig) -> i32 {
             place: place.root(),
             endpoints: endpoints.clone(),
             peers: cluster.as_ref().map(|c| Arc::clone(&c.peers)),
+            record_bytes_max: cfg.record_bytes_max,
         };
         let incoming = cluster.as_mut().map(|c| &mut c.incoming);
         let reason = drive(host, backends, clock, &mut shutdown, incoming, Arc::clone(&totals)).await;

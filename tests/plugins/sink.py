@@ -8,7 +8,13 @@ nothing: each batch is applied by counting it (BENCHMARKS.md's lagging sink).
 Writes each batch to OUT_DIR/<stream>/<seq, 20 digits>-<compaction_id>.jsonl
 (temporary file, fsync, rename), one record per line as received. A replay of
 the same id with the same records is already_applied; anything else under a
-number already used is fatal.
+number already used is fatal. Every result echoes the request's seq and
+compaction_id, as docs/PROTOCOL.md recommends.
+
+Misbehaving on purpose, once per MARKER file: DOUBLE_FIRST=1 prints the
+result of its first apply twice (a stale second answer), and
+RETRYABLE_SECOND=1 answers retryable to its second apply without applying
+it. NO_ECHO=1 leaves the echoes out.
 """
 import json
 import os
@@ -46,16 +52,35 @@ def apply(msg):
     return "applied"
 
 
+def first_time():
+    """True the first time it is asked across restarts (MARKER remembers)."""
+    marker = os.environ.get("MARKER")
+    if not marker or os.path.exists(marker):
+        return not marker
+    open(marker, "w").close()
+    return True
+
+
 def main():
     lag_until = time.monotonic() + float(os.environ.get("LAG_SECONDS", "0"))
+    applies = 0
+    misbehave = (os.environ.get("DOUBLE_FIRST") or os.environ.get("RETRYABLE_SECOND")) and first_time()
     for line in sys.stdin:
         msg = json.loads(line)
         if msg["type"] == "hello":
             send({"type": "hello", "protocol": 1})
         elif msg["type"] == "apply":
+            applies += 1
             refuse = os.environ.get("REFUSE") or (time.monotonic() < lag_until and "retryable")
+            if misbehave and applies == 2 and os.environ.get("RETRYABLE_SECOND"):
+                refuse = "retryable"
             outcome = refuse if refuse else apply(msg)
-            send({"type": "result", "outcome": outcome, "rows": len(msg["records"])})
+            result = {"type": "result", "outcome": outcome, "rows": len(msg["records"])}
+            if not os.environ.get("NO_ECHO"):
+                result.update(seq=msg["seq"], compaction_id=msg["compaction_id"])
+            send(result)
+            if misbehave and applies == 1 and os.environ.get("DOUBLE_FIRST"):
+                send(result)
         else:
             send({"type": "error", "message": f"unknown request {msg['type']}"})
 

@@ -13,9 +13,15 @@ MISBEHAVE=garbage|exit|hang misbehaves once, on read number MISBEHAVE_AT,
 remembering in the file MARKER that it did. PIDFILE receives its pid.
 RATE, when set, caps what it sends at RATE records a second (a slow upstream),
 so that a run cannot finish before a chaos kill however fast the machine is.
+STARTS, when set, is a file each process appends its pid to. CHILD=1 starts a
+child process of its own that sleeps (its command line carries this
+process's arguments, so a test can count both). HANG_READS=1 hangs on every
+read. LONG_LINE=N answers the first read with N bytes and no newline, then
+hangs. STDERR_TEXT is written to stderr at start.
 """
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -67,6 +73,13 @@ def main():
     if os.environ.get("PIDFILE"):
         with open(os.environ["PIDFILE"], "w") as f:
             f.write(str(os.getpid()))
+    if os.environ.get("STARTS"):
+        with open(os.environ["STARTS"], "a") as f:
+            f.write(f"{os.getpid()}\n")
+    if os.environ.get("CHILD"):
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"] + sys.argv[1:])
+    if os.environ.get("STDERR_TEXT"):
+        print(os.environ["STDERR_TEXT"], file=sys.stderr, flush=True)
     unopened = int(os.environ.get("UNOPENED_START", "0"))
     next_pos = {p: unopened for p in range(PARTITIONS)}
     restarted = bool(MARKER and os.path.exists(MARKER))
@@ -91,6 +104,16 @@ def main():
         elif kind == "read":
             reads += 1
             misbehave_now(reads)
+            if os.environ.get("HANG_READS"):
+                time.sleep(3600)
+            if os.environ.get("LONG_LINE"):
+                n = int(os.environ["LONG_LINE"])
+                chunk = "x" * (1 << 20)
+                while n > 0:
+                    sys.stdout.write(chunk[: min(n, len(chunk))])
+                    n -= len(chunk)
+                sys.stdout.flush()
+                time.sleep(3600)
             budget = msg["max"]
             batches = []
             for p in range(PARTITIONS):

@@ -5,7 +5,7 @@ use skippr_core::{CompactionId, Records, SinkOutcome};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -21,14 +21,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// wins, the others find its bytes.
 pub struct DirSink {
     dir: PathBuf,
+    /// The mode of each batch file; directories get it with `x` wherever it
+    /// has `r` (0640 gives 0750).
+    mode: u32,
     /// Per stream, the ids already in place by sequence number.
     seen: BTreeMap<String, BTreeMap<u64, CompactionId>>,
 }
 
 impl DirSink {
     pub fn open(dir: &Path) -> Result<DirSink, PluginError> {
-        std::fs::create_dir_all(dir).map_err(|e| PluginError(format!("cannot create {}: {e}", dir.display())))?;
-        Ok(DirSink { dir: dir.to_path_buf(), seen: BTreeMap::new() })
+        let sink = DirSink { dir: dir.to_path_buf(), mode: FILE_MODE_DEFAULT, seen: BTreeMap::new() };
+        sink.create_dir(dir).map_err(|e| PluginError(format!("cannot create {}: {e}", dir.display())))?;
+        Ok(sink)
+    }
+
+    /// Batch files get `mode` (`--sink-dir-mode`), directories the same
+    /// with `x` wherever it has `r`.
+    pub fn with_mode(mut self, mode: u32) -> DirSink {
+        self.mode = mode;
+        self
+    }
+
+    fn create_dir(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::DirBuilder::new().recursive(true).mode(self.mode | (self.mode & 0o444) >> 2).create(dir)
     }
 
     fn load(&mut self, stream: &str) -> Result<&mut BTreeMap<u64, CompactionId>, PluginError> {
@@ -90,13 +105,13 @@ impl Sink for DirSink {
             Some(_) => return Ok(SinkOutcome::Fatal),
             None => {}
         }
-        std::fs::create_dir_all(&dir).map_err(|e| err("cannot create the directory of", e))?;
+        self.create_dir(&dir).map_err(|e| err("cannot create the directory of", e))?;
         let n = TEMPORARIES.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!(".tmp-{}-{n}-{}", std::process::id(), file_name(seq, id)));
         let mut f = OpenOptions::new()
             .create_new(true)
             .write(true)
-            .mode(0o644)
+            .mode(self.mode)
             .open(&tmp)
             .map_err(|e| err("cannot write", e))?;
         f.write_all(&body).and_then(|_| f.sync_all()).map_err(|e| err("cannot write", e))?;
@@ -123,6 +138,9 @@ impl Sink for DirSink {
         Ok(outcome)
     }
 }
+
+/// The batch files' mode unless `--sink-dir-mode` says otherwise.
+pub const FILE_MODE_DEFAULT: u32 = 0o640;
 
 /// Temporary files this process made, for unique names.
 static TEMPORARIES: AtomicU64 = AtomicU64::new(0);

@@ -2,9 +2,13 @@
 //! follows them through log rotation.
 //!
 //! Each `*.jsonl` name is a partition (a 31-bit hash of the name, so the
-//! source needs no state of its own; two names with the same hash are
-//! refused, naming both). A record is one complete line, without its
-//! newline. The file behind a name is identified by more than its name: its
+//! source needs no state of its own). Two names with the same hash cannot
+//! both be read: the one the partition already reads (or else the first in
+//! byte order) keeps it, and the other is left unread with an ERROR that
+//! names both, once; every other file goes on. A record is one complete
+//! line, without its `\n` or `\r\n`; a line longer than
+//! `--record-bytes-max` stops the daemon (exit 10) naming the file and the
+//! byte offset where it starts. The file behind a name is identified by more than its name: its
 //! device and inode, and a checksum of its first bytes. A position is
 //! `generation << 40 | byte offset`: each new file behind the name (after a
 //! rotation or a truncation) is the next generation, so positions only grow.
@@ -29,11 +33,11 @@
 use super::{Batch, PluginError, Source};
 use skippr_core::wal::Record;
 use skippr_core::{Position, ResumePoint};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// Bytes read from one file per read request, at most.
 const FILE_READ_BYTES: usize = 4 << 20;
@@ -47,6 +51,14 @@ pub struct FileSource {
     stream: String,
     follow: bool,
     tracked: BTreeMap<u32, Tracked>,
+    record_bytes_max: u64,
+    /// Names left unread because another name has their partition (each
+    /// reported once).
+    colliding: BTreeSet<String>,
+    /// Names whose last bytes (no newline yet) were reported at the end of
+    /// a run without `follow`.
+    unfinished: BTreeSet<String>,
+    refused: Option<String>,
 }
 
 /// What the source knows of one partition.
@@ -93,7 +105,22 @@ struct Checkpoint {
 
 impl FileSource {
     pub fn new(dir: &Path, stream: &str, follow: bool) -> FileSource {
-        FileSource { dir: dir.to_path_buf(), stream: stream.to_string(), follow, tracked: BTreeMap::new() }
+        FileSource {
+            dir: dir.to_path_buf(),
+            stream: stream.to_string(),
+            follow,
+            tracked: BTreeMap::new(),
+            record_bytes_max: skippr_core::admit::RECORD_BYTES_MAX_DEFAULT,
+            colliding: BTreeSet::new(),
+            unfinished: BTreeSet::new(),
+            refused: None,
+        }
+    }
+
+    /// Lines may be up to `bytes_max` bytes (`--record-bytes-max`).
+    pub fn with_record_bytes_max(mut self, bytes_max: u64) -> FileSource {
+        self.record_bytes_max = bytes_max;
+        self
     }
 
     /// The partition id of a file name.
@@ -112,10 +139,10 @@ impl FileSource {
 
     /// Every regular file of the directory by identity, and the `*.jsonl`
     /// ones by partition.
-    fn list(&self) -> Result<(ById, Named), PluginError> {
+    fn list(&mut self) -> Result<(ById, Named), PluginError> {
         let entries = std::fs::read_dir(&self.dir)
             .map_err(|e| PluginError(format!("cannot list {}: {e}", self.dir.display())))?;
-        let (mut by_id, mut named) = (BTreeMap::new(), BTreeMap::<u32, (String, FileId)>::new());
+        let (mut by_id, mut jsonl) = (BTreeMap::new(), BTreeMap::<String, FileId>::new());
         for entry in entries.flatten() {
             let Ok(meta) = entry.metadata() else { continue };
             if !meta.is_file() {
@@ -124,17 +151,44 @@ impl FileSource {
             let id = FileId { dev: meta.dev(), ino: meta.ino() };
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.ends_with(".jsonl") {
-                let partition = Self::partition_of(&name);
-                if let Some((other, _)) = named.insert(partition, (name.clone(), id)) {
-                    return Err(PluginError(format!(
-                        "{name} and {other} in {} map to the same partition; rename one of them",
-                        self.dir.display()
-                    )));
-                }
+                jsonl.insert(name, id);
             }
             by_id.insert(id, Found { path: entry.path(), id, len: meta.len() });
         }
-        Ok((by_id, named))
+        Ok((by_id, self.partitions(jsonl)))
+    }
+
+    /// The `*.jsonl` names by partition. Of two names with one partition,
+    /// the name the partition reads keeps it, else the first in byte order;
+    /// the other is reported (once) and left unread.
+    fn partitions(&mut self, jsonl: BTreeMap<String, FileId>) -> Named {
+        let mut named = Named::new();
+        for (name, id) in jsonl {
+            let partition = Self::partition_of(&name);
+            let Some((other, _)) = named.get(&partition) else {
+                named.insert(partition, (name, id));
+                continue;
+            };
+            let reading = self.tracked.get(&partition).and_then(|t| t.name.as_deref());
+            let (kept, left) = if reading == Some(name.as_str()) {
+                (name.clone(), other.clone())
+            } else {
+                (other.clone(), name.clone())
+            };
+            if kept == name {
+                named.insert(partition, (name, id));
+            }
+            if self.colliding.insert(left.clone()) {
+                error!(
+                    file = %left,
+                    partition,
+                    "{left} and {kept} in {} map to the same partition, so {left} is not read (every other file \
+                     is); rename {left} (to a name that still ends in .jsonl) to have it read",
+                    self.dir.display()
+                );
+            }
+        }
+        named
     }
 
     /// Decides which file each partition reads now: the one it was reading
@@ -196,7 +250,11 @@ impl FileSource {
         }
         let mut file = std::fs::File::open(&found.path)
             .map_err(|e| PluginError(format!("cannot open {}: {e}", found.path.display())))?;
-        let mut buf = vec![0u8; ((len - t.offset) as usize).min(FILE_READ_BYTES)];
+        // A window holds at least one line of the largest size with its
+        // `\r\n`: a window without a newline is a line too long, or the
+        // end of the file.
+        let window = FILE_READ_BYTES.max(self.record_bytes_max as usize + 2);
+        let mut buf = vec![0u8; ((len - t.offset) as usize).min(window)];
         let n = file
             .seek(SeekFrom::Start(t.offset))
             .and_then(|_| read_up_to(&mut file, &mut buf))
@@ -206,14 +264,42 @@ impl FileSource {
         let mut records = Vec::new();
         let mut at = 0usize;
         while *budget > 0 {
-            let Some(nl) = buf[at..].iter().position(|&b| b == b'\n') else { break };
+            let Some(nl) = memchr::memchr(b'\n', &buf[at..]) else { break };
             let offset = from + at as u64;
-            records.push(Record { position: Self::position(generation, offset), bytes: buf[at..at + nl].to_vec() });
+            let line = &buf[at..at + nl];
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            records.push(Record { position: Self::position(generation, offset), bytes: line.to_vec() });
             at += nl + 1;
             *budget -= 1;
         }
-        let read = !buf[at..].contains(&b'\n');
+        // Read to the end: nothing past the window, and no line left in it.
+        let read = memchr::memchr(b'\n', &buf[at..]).is_none() && from + buf.len() as u64 >= len;
+        if records.is_empty() && !read && buf.len() == window && memchr::memchr(b'\n', &buf).is_none() {
+            let why = format!(
+                "the file source's {} holds a line longer than --record-bytes-max ({} bytes) at byte offset {}: \
+                 nothing from it was committed; raise --record-bytes-max (at most {}), or move the file out of {}",
+                found.path.display(),
+                self.record_bytes_max,
+                from,
+                skippr_core::admit::RECORD_BYTES_MAX_LIMIT,
+                self.dir.display()
+            );
+            self.refused = Some(why.clone());
+            return Err(PluginError(why));
+        }
         if records.is_empty() {
+            if read && !self.follow && !buf.is_empty() {
+                let name = t.name.clone().unwrap_or_default();
+                if self.unfinished.insert(name.clone()) {
+                    warn!(
+                        file = %name,
+                        bytes = buf.len(),
+                        offset = from,
+                        "the file ends with bytes after its last newline: they are not read until a newline ends \
+                         the line"
+                    );
+                }
+            }
             return Ok((None, read));
         }
         let end = from + at as u64;
@@ -261,11 +347,37 @@ impl Source for FileSource {
             all_read &= read;
             batches.extend(batch);
         }
+        if !self.follow && all_read && !self.colliding.is_empty() {
+            if !batches.is_empty() {
+                // Read again: the next read, with nothing left, refuses.
+                return Ok((batches, false));
+            }
+            // Every other file is read: a run that ends must not end as if
+            // these were too.
+            let why = format!(
+                "the file source read every file of {} but {}, whose names share a partition with another file's; \
+                 rename them (to names that still end in .jsonl) and start again",
+                self.dir.display(),
+                self.colliding.iter().cloned().collect::<Vec<_>>().join(", ")
+            );
+            self.refused = Some(why.clone());
+            return Err(PluginError(why));
+        }
         Ok((batches, !self.follow && all_read))
     }
 
     fn ack(&mut self, _acks: &[(u32, Position)]) -> Result<(), PluginError> {
         Ok(())
+    }
+
+    fn refused(&self) -> Option<String> {
+        self.refused.clone()
+    }
+
+    fn describe(&self, partition: u32, position: Position) -> String {
+        let name = self.tracked.get(&partition).and_then(|t| t.name.clone()).unwrap_or_else(|| "?".into());
+        let (generation, offset) = (position.0 >> OFFSET_BITS, position.0 & ((1 << OFFSET_BITS) - 1));
+        format!("{} in {}, the line at byte offset {offset} (generation {generation})", name, self.dir.display())
     }
 }
 

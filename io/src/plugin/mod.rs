@@ -12,6 +12,7 @@ use skippr_core::{CompactionId, Position, Records, ResumePoint, SinkOutcome};
 pub mod dir_sink;
 pub mod file_source;
 pub mod generator;
+pub mod lines;
 pub mod postgres_sink;
 pub mod process;
 pub mod s3_sink;
@@ -62,6 +63,11 @@ pub trait Source: Send {
     /// changes something (the engine then stops instead of retrying).
     fn refused(&self) -> Option<String> {
         None
+    }
+    /// Where a record of `partition` at `position` is, for a message (a
+    /// file source names the file and byte offset).
+    fn describe(&self, partition: u32, position: Position) -> String {
+        format!("stream partition {partition}, position {}", position.0)
     }
 }
 

@@ -1,19 +1,30 @@
 //! External plugins: child processes speaking the runtime protocol, version
 //! 1 (docs/PROTOCOL.md), as JSON lines on stdin and stdout, logs on stderr.
 //!
-//! A plugin that exits, hangs past its timeout, or prints a line that is not
-//! protocol JSON is killed; the request fails with an error that names the
-//! plugin (and the line), and the engine retries with backoff. The next
-//! request starts the plugin again and re-opens it from host-provided state:
-//! the positions the host acked, never anything the plugin kept itself.
+//! A plugin that exits, hangs past its timeout, or breaks the protocol is
+//! killed with every process it started; the request fails with an error
+//! that names the plugin (and the line), and the engine retries with
+//! backoff. Breaking the protocol means: a line that is not protocol JSON or
+//! not UTF-8, a line longer than the role's bound, a line sent while no
+//! request was in flight (a second answer, or one nobody asked for), a reply
+//! of another type than the request asks, or a `result` whose echoed `seq`
+//! or `compaction_id` is not the request's. The next request starts the
+//! plugin again and re-opens it from host-provided state: the positions the
+//! host acked, never anything the plugin kept itself.
+//!
+//! Messages are built by a JSON encoder, never spliced: a record is embedded
+//! verbatim as a JSON value, which is safe because every record was checked
+//! at intake to be exactly one JSON value without a line break
+//! (`skippr_core::admit`), and is checked again here.
 
+use super::lines::{log_stderr, stdout_lines, Line, Lines};
 use super::{Batch, PluginError, SchemaPlugin, Sink, Source};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use skippr_core::wal::Record;
 use skippr_core::{CompactionId, Position, Records, ResumePoint, SinkOutcome};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -21,19 +32,35 @@ use tracing::{info, warn};
 
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// The longest line a sink or schema plugin may send.
+const REPLY_LINE_BYTES_MAX: usize = 1 << 20;
+/// The longest line a source plugin may send, at least: one batch reply
+/// may hold several records of the largest size.
+const SOURCE_LINE_BYTES_MIN: usize = 64 << 20;
+
+/// The longest line a source plugin may send when records may be up to
+/// `record_bytes_max` bytes: told to it in every `read` request.
+pub fn source_line_bytes_max(record_bytes_max: u64) -> usize {
+    SOURCE_LINE_BYTES_MIN.max(2 * record_bytes_max as usize + (1 << 20))
+}
+
 /// One plugin process and its line channel.
 struct Process {
     name: String,
     command: String,
     role: &'static str,
     timeout: Duration,
+    line_bytes_max: usize,
     running: Option<Running>,
+    /// A line longer than the bound: a restarted plugin would send it
+    /// again, so a source stops the daemon instead of retrying.
+    too_long: Option<String>,
 }
 
 struct Running {
     child: Child,
     stdin: ChildStdin,
-    lines: mpsc::Receiver<Option<String>>,
+    lines: Lines,
 }
 
 #[derive(Deserialize)]
@@ -92,6 +119,32 @@ struct WireRecord {
 #[derive(Deserialize)]
 struct ResultReply {
     outcome: String,
+    /// Echoes of the request's, checked when present.
+    #[serde(default)]
+    seq: Option<u64>,
+    #[serde(default)]
+    compaction_id: Option<String>,
+}
+
+/// A sink's `apply` request.
+#[derive(Serialize)]
+struct ApplyRequest<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    stream: &'a str,
+    seq: u64,
+    compaction_id: String,
+    records: Vec<&'a RawValue>,
+}
+
+/// A schema plugin's `schema` request.
+#[derive(Serialize)]
+struct SchemaRequest<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    stream: &'a str,
+    fingerprint: String,
+    schema: &'a RawValue,
 }
 
 #[derive(Deserialize)]
@@ -100,8 +153,16 @@ struct ErrorReply {
 }
 
 impl Process {
-    fn new(name: &str, command: &str, role: &'static str, timeout: Duration) -> Process {
-        Process { name: name.into(), command: command.into(), role, timeout, running: None }
+    fn new(name: &str, command: &str, role: &'static str, timeout: Duration, line_bytes_max: usize) -> Process {
+        Process {
+            name: name.into(),
+            command: command.into(),
+            role,
+            timeout,
+            line_bytes_max,
+            running: None,
+            too_long: None,
+        }
     }
 
     fn err(&self, what: impl std::fmt::Display) -> PluginError {
@@ -122,27 +183,9 @@ impl Process {
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                match line {
-                    Ok(l) => {
-                        if tx.send(Some(l)).is_err() {
-                            return;
-                        }
-                    }
-                    Err(_) => break,
-                }
-            }
-            let _ = tx.send(None);
-        });
-        let name = self.name.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                info!(plugin = %name, "{line}");
-            }
-        });
-        self.running = Some(Running { child, stdin, lines: rx });
+        let lines = stdout_lines(stdout, self.line_bytes_max, self.line_bytes_max);
+        log_stderr(stderr, self.name.clone());
+        self.running = Some(Running { child, stdin, lines });
         // A process that does not complete its hello is not kept: the next
         // request starts a new one and says hello again.
         let hello = format!(r#"{{"type":"hello","protocol":{PROTOCOL_VERSION},"role":"{}"}}"#, self.role);
@@ -161,19 +204,48 @@ impl Process {
         Ok(Some(reply.streams))
     }
 
-    /// Sends one line and waits for the reply of type `expect`.
+    /// Sends one line and waits for the reply of type `expect`. Exactly one
+    /// line answers a request: one that arrived while no request was in
+    /// flight is a protocol violation, found here before the next request
+    /// goes out.
     fn request(&mut self, line: &str, expect: &str) -> Result<String, PluginError> {
         let timeout = self.timeout;
         let running = self.running.as_mut().expect("started");
+        match running.lines.try_recv() {
+            Err(mpsc::TryRecvError::Empty) => {}
+            Ok(Line::End) | Err(mpsc::TryRecvError::Disconnected) => {
+                let status = self.stop();
+                return Err(self.err(format!("it {status}")));
+            }
+            Ok(stray) => {
+                self.stop();
+                return Err(self.err(format!(
+                    "broke the protocol: it sent a line while no request was in flight (each request gets exactly \
+                     one line); restarted: {}",
+                    shown(&stray)
+                )));
+            }
+        }
         if let Err(e) = writeln!(running.stdin, "{line}").and_then(|_| running.stdin.flush()) {
             let status = self.stop();
             return Err(self.err(format!("cannot write to it ({e}); it {status}")));
         }
         let reply = match running.lines.recv_timeout(timeout) {
-            Ok(Some(reply)) => reply,
-            Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Ok(Line::Text(reply)) => reply,
+            Ok(Line::End) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let status = self.stop();
                 return Err(self.err(format!("it {status}")));
+            }
+            Ok(bad) => {
+                self.stop();
+                let why = self.err(format!("broke the protocol: {}; restarted", shown(&bad)));
+                if let Line::TooLong { bytes_max } = bad {
+                    self.too_long = Some(format!(
+                        "{why}. Its lines may be at most {bytes_max} bytes (every `read` request says so in \
+                         `bytes_max`): send fewer records per batch, or raise --record-bytes-max"
+                    ));
+                }
+                return Err(why);
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 self.stop();
@@ -219,8 +291,7 @@ impl Process {
         let status = match r.child.try_wait() {
             Ok(Some(status)) => format!("exited ({status})"),
             _ => {
-                let _ = r.child.kill();
-                let _ = r.child.wait();
+                super::spawner::kill_tree(&mut r.child);
                 "was killed".into()
             }
         };
@@ -232,19 +303,29 @@ impl Process {
 impl Drop for Process {
     fn drop(&mut self) {
         if let Some(mut r) = self.running.take() {
-            let _ = r.child.kill();
-            let _ = r.child.wait();
+            super::spawner::kill_tree(&mut r.child);
         }
     }
 }
 
-/// A line cut to 200 bytes for a message.
+/// A line the reader thread passed on, for a message.
+fn shown(line: &Line) -> String {
+    match line {
+        Line::Text(text) => clip(text),
+        Line::NotUtf8(lossy) => format!("a line that is not UTF-8: {lossy}"),
+        Line::TooLong { bytes_max } => format!("a line longer than {bytes_max} bytes"),
+        Line::End => "the end of its output".into(),
+    }
+}
+
+/// A line cut to 200 bytes for a message, control characters escaped.
 pub(crate) fn clip(s: &str) -> String {
-    if s.len() > 200 {
+    let cut = if s.len() > 200 {
         format!("{}...", &s[..s.char_indices().take_while(|(i, _)| *i < 200).last().map_or(0, |(i, _)| i)])
     } else {
         s.to_string()
-    }
+    };
+    super::lines::printable(&cut)
 }
 
 /// An external source. It keeps, per partition, the position and checkpoint
@@ -261,18 +342,22 @@ pub struct ExternalSource {
 }
 
 impl ExternalSource {
-    /// Starts the plugin and learns its streams.
-    pub fn start(name: &str, command: &str, timeout: Duration) -> Result<ExternalSource, PluginError> {
-        let mut process = Process::new(name, command, "source", timeout);
+    /// Starts the plugin and learns its streams. Its lines may be up to
+    /// [`source_line_bytes_max`] of `record_bytes_max`.
+    pub fn start(
+        name: &str,
+        command: &str,
+        timeout: Duration,
+        record_bytes_max: u64,
+    ) -> Result<ExternalSource, PluginError> {
+        let line_bytes_max = source_line_bytes_max(record_bytes_max);
+        let mut process = Process::new(name, command, "source", timeout, line_bytes_max);
         let streams = process.ensure()?.unwrap_or_default();
         if streams.is_empty() {
             return Err(process.err("declared no streams in its hello"));
         }
-        if let Some(bad) = streams
-            .iter()
-            .find(|s| s.is_empty() || !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
-        {
-            return Err(process.err(format!("declared the stream name {bad:?}: use letters, digits, '-' and '_'")));
+        for stream in &streams {
+            skippr_core::admit::check_stream_name(stream).map_err(|why| process.err(format!("in its hello: {why}")))?;
         }
         Ok(ExternalSource { process, streams, resume: BTreeMap::new(), checkpoints: BTreeMap::new(), opened: false })
     }
@@ -311,6 +396,10 @@ impl Source for ExternalSource {
         self.streams.clone()
     }
 
+    fn refused(&self) -> Option<String> {
+        self.process.too_long.clone()
+    }
+
     fn open(&mut self, resume: &[ResumePoint]) -> Result<(), PluginError> {
         self.resume = resume
             .iter()
@@ -326,7 +415,11 @@ impl Source for ExternalSource {
 
     fn read(&mut self, records_max: u32) -> Result<(Vec<Batch>, bool), PluginError> {
         self.reopen_if_restarted()?;
-        let line = self.process.request(&format!(r#"{{"type":"read","max":{records_max}}}"#), "batch")?;
+        let bytes_max = self.process.line_bytes_max;
+        let line = self.process.request(
+            &serde_json::json!({ "type": "read", "max": records_max, "bytes_max": bytes_max }).to_string(),
+            "batch",
+        )?;
         let reply: BatchReply = self.process.parse(&line)?;
         let mut batches = Vec::with_capacity(reply.batches.len());
         for b in reply.batches {
@@ -368,7 +461,7 @@ pub struct ExternalSink {
 
 impl ExternalSink {
     pub fn start(name: &str, command: &str, timeout: Duration) -> Result<ExternalSink, PluginError> {
-        let mut process = Process::new(name, command, "sink", timeout);
+        let mut process = Process::new(name, command, "sink", timeout, REPLY_LINE_BYTES_MAX);
         process.ensure()?;
         Ok(ExternalSink { process })
     }
@@ -382,22 +475,38 @@ impl Sink for ExternalSink {
         id: CompactionId,
         records: &Records,
     ) -> Result<SinkOutcome, PluginError> {
-        self.process.ensure()?;
-        // Records are JSON values with the exact bytes their source emitted:
-        // they are spliced in, never re-encoded.
-        let mut line = format!(
-            r#"{{"type":"apply","stream":{},"seq":{seq},"compaction_id":"{id}","records":["#,
-            serde_json::to_string(stream).expect("a string encodes")
-        );
+        // Records are embedded as the exact bytes their source emitted, each
+        // checked to be one JSON value: nothing in one can change the
+        // message around it. One that is not (written to the WAL by a
+        // release that did not check at intake) stops the stream.
+        let mut values = Vec::with_capacity(records.len());
         for (i, r) in records.iter().enumerate() {
-            if i > 0 {
-                line.push(',');
+            match std::str::from_utf8(r).ok().and_then(|text| serde_json::from_str::<&RawValue>(text).ok()) {
+                Some(value) if !value.get().contains(['\n', '\r']) => values.push(value),
+                _ => {
+                    tracing::error!(
+                        plugin = %self.process.name, stream, seq, compaction_id = %id, record = i,
+                        "a committed record is not exactly one JSON value on one line, so no sink plugin can be \
+                         sent it: the stream stops (skip the batch by operator command)"
+                    );
+                    return Ok(SinkOutcome::Fatal);
+                }
             }
-            line.push_str(std::str::from_utf8(r).map_err(|_| self.process.err("a record is not UTF-8 JSON"))?);
         }
-        line.push_str("]}");
+        let request = ApplyRequest { kind: "apply", stream, seq, compaction_id: id.to_string(), records: values };
+        let line = serde_json::to_string(&request).expect("a request encodes");
+        self.process.ensure()?;
         let reply = self.process.request(&line, "result")?;
         let result: ResultReply = self.process.parse(&reply)?;
+        let id_text = id.to_string();
+        if result.seq.is_some_and(|s| s != seq) || result.compaction_id.as_ref().is_some_and(|c| *c != id_text) {
+            self.process.stop();
+            return Err(self.process.err(format!(
+                "broke the protocol: it answered for seq {:?}, compaction_id {:?} a request for seq {seq}, \
+                 compaction_id {id_text} (a stale or repeated answer); restarted",
+                result.seq, result.compaction_id
+            )));
+        }
         let outcome = match result.outcome.as_str() {
             "applied" => SinkOutcome::Applied,
             "already_applied" => SinkOutcome::AlreadyApplied,
@@ -418,7 +527,7 @@ pub struct ExternalSchema {
 
 impl ExternalSchema {
     pub fn start(name: &str, command: &str, timeout: Duration) -> Result<ExternalSchema, PluginError> {
-        let mut process = Process::new(name, command, "schema", timeout);
+        let mut process = Process::new(name, command, "schema", timeout, REPLY_LINE_BYTES_MAX);
         process.ensure()?;
         Ok(ExternalSchema { process })
     }
@@ -427,11 +536,12 @@ impl ExternalSchema {
 impl SchemaPlugin for ExternalSchema {
     fn decide(&mut self, stream: &str, fingerprint: u64, schema: &[u8]) -> Result<Option<String>, PluginError> {
         self.process.ensure()?;
-        let schema = std::str::from_utf8(schema).map_err(|_| self.process.err("a schema is not UTF-8 JSON"))?;
-        let line = format!(
-            r#"{{"type":"schema","stream":{},"fingerprint":"{fingerprint:016x}","schema":{schema}}}"#,
-            serde_json::to_string(stream).expect("a string encodes")
-        );
+        let schema = std::str::from_utf8(schema)
+            .ok()
+            .and_then(|text| serde_json::from_str::<&RawValue>(text).ok())
+            .ok_or_else(|| self.process.err("a schema is not one JSON value"))?;
+        let request = SchemaRequest { kind: "schema", stream, fingerprint: format!("{fingerprint:016x}"), schema };
+        let line = serde_json::to_string(&request).expect("a request encodes");
         let reply = self.process.request(&line, "decision")?;
         let decision: DecisionReply = self.process.parse(&reply)?;
         Ok((!decision.accept).then_some(decision.reason))

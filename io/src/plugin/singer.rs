@@ -32,6 +32,7 @@
 //! last one ended, from the last state handed to the host (after a restart,
 //! from the committed one), written to a file passed as `--state`.
 
+use super::lines::{log_stderr, stdout_lines, Line, Lines};
 use super::process::clip;
 use super::{Batch, PluginError, Source};
 use serde::{Deserialize, Serialize};
@@ -40,7 +41,7 @@ use serde_json::Value;
 use skippr_core::wal::Record;
 use skippr_core::{Position, ResumePoint};
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -66,7 +67,19 @@ pub struct SingerSettings {
     /// A batch handed to the host stays below this many bytes, so that it
     /// commits in one group.
     pub batch_bytes: u64,
+    /// The largest record (`--record-bytes-max`): a line of the tap may be
+    /// this long and 1 MiB more, and a longer one stops the daemon.
+    pub record_bytes_max: u64,
 }
+
+impl SingerSettings {
+    fn line_bytes_max(&self) -> usize {
+        self.record_bytes_max as usize + (1 << 20)
+    }
+}
+
+/// Bytes of the tap's lines read ahead of the source, at most (or one line).
+const QUEUE_BYTES: usize = 8 << 20;
 
 /// A stream as the catalog (or discovery) declares it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,14 +118,6 @@ impl Checkpoint {
     }
 }
 
-/// A line of the tap's output, as its reader thread passes it on.
-enum Line {
-    Text(String),
-    /// Bytes that are not UTF-8 (a Singer message never is).
-    Bad(String),
-    End,
-}
-
 /// The running hash of a partition's records in a window.
 fn hash_records<'a>(records: impl IntoIterator<Item = &'a Vec<u8>>) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -125,7 +130,7 @@ fn hash_records<'a>(records: impl IntoIterator<Item = &'a Vec<u8>>) -> u64 {
 
 struct Run {
     child: Child,
-    lines: mpsc::Receiver<Line>,
+    lines: Lines,
     last_line: Instant,
     state_file: Option<PathBuf>,
 }
@@ -248,13 +253,7 @@ impl SingerSource {
         match run.child.try_wait() {
             Ok(Some(status)) => (format!("exited ({status})"), status.success()),
             _ => {
-                // The whole group: `sh -c` may not exec the tap.
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(run.child.id() as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                let _ = run.child.kill();
-                let _ = run.child.wait();
+                super::spawner::kill_tree(&mut run.child);
                 ("was killed".into(), false)
             }
         }
@@ -303,7 +302,7 @@ impl SingerSource {
             command.push_str(&format!(" --properties {}", shell_quote(&p.to_string_lossy())));
         }
         self.runs += 1;
-        let (child, lines) = match spawn_lines(&command) {
+        let (child, lines) = match spawn_lines(&command, self.settings.line_bytes_max()) {
             Ok(started) => started,
             Err(e) => {
                 if let Some(f) = state_file {
@@ -520,13 +519,28 @@ impl Source for SingerSource {
             match run.lines.recv_timeout(wait) {
                 Ok(Line::Text(line)) => {
                     run.last_line = Instant::now();
+                    if line.trim().is_empty() {
+                        continue;
+                    }
                     // A STATE that closed an empty window brings nothing:
                     // read on.
                     if let Some(batches) = self.take_line(&line)?.filter(|b| !b.is_empty()) {
                         return Ok((batches, false));
                     }
                 }
-                Ok(Line::Bad(what)) => return Err(self.fail(what)),
+                Ok(Line::NotUtf8(lossy)) => {
+                    return Err(self.fail(format!("printed a line that is not UTF-8: {lossy}")));
+                }
+                Ok(Line::TooLong { bytes_max }) => {
+                    // The tap would send the same line on every run.
+                    let why = format!(
+                        "the Singer tap printed a line longer than {bytes_max} bytes: a record may be at most \
+                         --record-bytes-max ({}) bytes; raise it, or keep such records out of the tap's output",
+                        self.settings.record_bytes_max
+                    );
+                    self.refused = Some(why.clone());
+                    return Err(self.fail(why));
+                }
                 Ok(Line::End) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let (status, clean) = self.stop_run();
                     if !clean {
@@ -697,6 +711,8 @@ pub fn parse_catalog(text: &str) -> Result<Vec<SingerStream>, PluginError> {
             .unwrap_or_default();
         let name: String =
             tap_name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+        skippr_core::admit::check_stream_name(&name)
+            .map_err(|why| bad(format!("selects the stream {:?}, refused: {why}", super::process::clip(&tap_name))))?;
         streams.push(SingerStream { tap_name, name, key_properties: keys });
     }
     if streams.is_empty() {
@@ -708,7 +724,7 @@ pub fn parse_catalog(text: &str) -> Result<Vec<SingerStream>, PluginError> {
 /// Runs the tap with `--discover` and returns what it prints.
 fn discover(settings: &SingerSettings) -> Result<String, PluginError> {
     let command = format!("{} --discover", settings.command);
-    let (mut child, lines) = spawn_lines(&command)?;
+    let (mut child, lines) = spawn_lines(&command, settings.line_bytes_max())?;
     let mut out = String::new();
     let deadline = Instant::now() + settings.timeout.max(Duration::from_secs(30));
     loop {
@@ -717,15 +733,17 @@ fn discover(settings: &SingerSettings) -> Result<String, PluginError> {
                 out.push_str(&l);
                 out.push('\n');
             }
-            Ok(Line::Bad(what)) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(PluginError(format!("`{command}` {what}")));
+            Ok(Line::NotUtf8(lossy)) => {
+                super::spawner::kill_tree(&mut child);
+                return Err(PluginError(format!("`{command}` printed a line that is not UTF-8: {lossy}")));
+            }
+            Ok(Line::TooLong { bytes_max }) => {
+                super::spawner::kill_tree(&mut child);
+                return Err(PluginError(format!("`{command}` printed a line longer than {bytes_max} bytes")));
             }
             Ok(Line::End) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                super::spawner::kill_tree(&mut child);
                 return Err(PluginError(format!("`{command}` did not finish within {:?}", settings.timeout)));
             }
         }
@@ -739,40 +757,17 @@ fn discover(settings: &SingerSettings) -> Result<String, PluginError> {
     Ok(out)
 }
 
-/// Starts `sh -c command` with stdout as a channel of lines (`None` at its
-/// end) and stderr logged.
-fn spawn_lines(command: &str) -> Result<(Child, mpsc::Receiver<Line>), PluginError> {
+/// Starts `sh -c command` under a watchdog (`spawner`), its stdout read as
+/// lines of at most `line_bytes_max` bytes and its stderr logged.
+fn spawn_lines(command: &str, line_bytes_max: usize) -> Result<(Child, Lines), PluginError> {
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(command).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    // A group of its own, so that a kill reaches the tap under `sh`.
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let mut child = super::spawner::spawn(cmd).map_err(|e| PluginError(format!("cannot start `{command}`: {e}")))?;
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
-    let (tx, rx) = mpsc::sync_channel(10_000);
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).split(b'\n') {
-            let Ok(bytes) = line else { break };
-            let line = match String::from_utf8(bytes) {
-                Ok(l) if l.trim().is_empty() => continue,
-                Ok(l) => Line::Text(l),
-                Err(e) => Line::Bad(format!(
-                    "printed a line that is not UTF-8: {}",
-                    clip(&String::from_utf8_lossy(e.as_bytes()))
-                )),
-            };
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(Line::End);
-    });
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            info!(plugin = "singer", "{line}");
-        }
-    });
-    Ok((child, rx))
+    let lines = stdout_lines(stdout, line_bytes_max, QUEUE_BYTES);
+    log_stderr(stderr, "singer".into());
+    Ok((child, lines))
 }
 
 fn shell_quote(s: &str) -> String {
@@ -862,6 +857,7 @@ mod tests {
             buffer_bytes: 1 << 20,
             timeout: Duration::from_secs(5),
             batch_bytes,
+            record_bytes_max: 4 << 20,
         }
     }
 

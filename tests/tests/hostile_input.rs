@@ -1,0 +1,413 @@
+//! Input from outside, distrusted where it crosses into the daemon (issue
+//! #27): records are checked at intake (one JSON value, UTF-8, one line,
+//! within `--record-bytes-max`) and refused naming the file and byte offset;
+//! what reaches a plugin is built by an encoder, so no record can rewrite
+//! the message around it; a plugin's reply answers the request in flight and
+//! no other; plugins and everything they start die with the daemon; lines
+//! from plugins and taps, names, durations and file-name partitions are
+//! bounded; DATA_DIR and the files the daemon writes have deliberate modes;
+//! plugin logs reach the daemon's log with control characters escaped.
+
+use skippr_tests::*;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn plugin(name: &str) -> String {
+    format!("python3 {}", repo_root().join("tests").join("plugins").join(name).display())
+}
+
+fn daemon(data: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(skipprd_bin());
+    cmd.args(["run", "--data-dir", data.to_str().unwrap()]).args(extra);
+    // A known umask, so that the modes below are the ones asked for.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// `--once` over the `*.jsonl` files of `input` (not followed).
+fn read_files(data: &Path, input: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["--once", "--source", "file", "--file-dir", input.to_str().unwrap(), "--file-follow", "false"];
+    args.extend(extra);
+    daemon(data, &args).output().unwrap()
+}
+
+/// Every line of every batch file of a directory sink's `stream`, in order.
+fn sink_lines(sink: &Path, stream: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(sink.join(stream)) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = entries
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| std::fs::read_to_string(f).unwrap().lines().map(String::from).collect::<Vec<_>>())
+        .collect()
+}
+
+#[test]
+fn a_line_longer_than_the_record_limit_stops_the_file_source_naming_the_file_and_offset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, input) = (tmp.path().join("data"), tmp.path().join("in"));
+    std::fs::create_dir(&input).unwrap();
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(5 << 20));
+    std::fs::write(input.join("app.jsonl"), format!("{{\"n\":1}}\n{big}\n{{\"n\":3}}\n")).unwrap();
+    let out = read_files(&data, &input, &[]);
+    assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
+    let says = stderr(&out);
+    assert!(says.contains("app.jsonl") && says.contains("at byte offset 8"), "{says}");
+    assert!(says.contains("--record-bytes-max (4194304 bytes)"), "{says}");
+    // The same again: never skipped, whatever the restarts.
+    let again = read_files(&data, &input, &[]);
+    assert_eq!(again.status.code(), Some(10), "{}", stderr(&again));
+    // A line that fits the read window but not the limit: refused by the
+    // intake check, naming the line.
+    let small = tmp.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    std::fs::write(small.join("app.jsonl"), format!("{{\"n\":1}}\n\"{}\"\n", "y".repeat(2000))).unwrap();
+    let out = read_files(&tmp.path().join("d2"), &small, &["--record-bytes-max", "1024"]);
+    assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
+    assert!(stderr(&out).contains("the line at byte offset 8"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("more than --record-bytes-max (1024)"), "{}", stderr(&out));
+}
+
+#[test]
+fn lines_that_are_not_one_json_value_are_refused_at_intake_and_never_reach_a_sink() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: [(&str, &[u8], &str); 4] = [
+        (
+            "injection",
+            b"{\"msg\":\"x\"}],\"stream\":\"../../elsewhere\",\"seq\":777,\"records\":[{\"injected\":true}",
+            "not exactly one JSON value",
+        ),
+        ("empty", b"", "not exactly one JSON value"),
+        ("not-utf8", b"{\"a\":\"\xff\"}", "not valid UTF-8"),
+        ("two-values", b"{\"a\":1} {\"b\":2}", "not exactly one JSON value"),
+    ];
+    for (name, line, says) in cases {
+        let (data, input, out_dir) =
+            (tmp.path().join(name), tmp.path().join(format!("{name}-in")), tmp.path().join(format!("{name}-out")));
+        std::fs::create_dir(&input).unwrap();
+        let mut body = b"{\"n\":1}\n".to_vec();
+        body.extend_from_slice(line);
+        body.extend_from_slice(b"\n{\"n\":3}\n");
+        std::fs::write(input.join("app.jsonl"), body).unwrap();
+        let sink = plugin("sink.py");
+        let out = Command::new(skipprd_bin())
+            .args(["run", "--data-dir", data.to_str().unwrap(), "--once", "--source", "file"])
+            .args(["--file-dir", input.to_str().unwrap(), "--file-follow", "false", "--sink", "command"])
+            .args(["--sink-command", &sink])
+            .env("OUT_DIR", &out_dir)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(10), "{name}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{name}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("app.jsonl") && stderr(&out).contains("byte offset 8"),
+            "{name}: {}",
+            stderr(&out)
+        );
+        assert!(!tmp.path().join("elsewhere").exists() && !out_dir.join("../../elsewhere").exists(), "{name}");
+        for stream in std::fs::read_dir(&out_dir).into_iter().flatten() {
+            let stream = stream.unwrap().file_name();
+            assert_eq!(stream, "lines", "{name}: only the configured stream");
+        }
+    }
+}
+
+#[test]
+fn json_that_looks_like_the_message_around_it_reaches_the_sink_plugin_as_it_was_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, input, out_dir) = (tmp.path().join("data"), tmp.path().join("in"), tmp.path().join("out"));
+    std::fs::create_dir(&input).unwrap();
+    let lines = [
+        r#"{"msg":"x\"}],\"stream\":\"../../elsewhere\",\"seq\":777,\"records\":[{\"injected\":true}"}"#,
+        r#"["]}", "\n", "\u2028", {"type":"result","outcome":"applied"}]"#,
+        r#""just a string""#,
+        "  {\"spaced\" :  1 }\t",
+        "{\"crlf\":true}",
+    ];
+    let mut body = lines.join("\n");
+    body.push_str("\r\n");
+    std::fs::write(input.join("app.jsonl"), body).unwrap();
+    let sink = plugin("sink.py");
+    let out = Command::new(skipprd_bin())
+        .args(["run", "--data-dir", data.to_str().unwrap(), "--once", "--source", "file"])
+        .args(["--file-dir", input.to_str().unwrap(), "--file-follow", "false", "--sink", "command"])
+        .args(["--sink-command", &sink])
+        .env("OUT_DIR", &out_dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let streams: Vec<_> = std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(streams, ["lines"], "one stream, where it belongs");
+    // sink.py writes each record re-encoded by Python's json: compare values.
+    let got: Vec<serde_json::Value> =
+        sink_lines(&out_dir, "lines").iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let want: Vec<serde_json::Value> = lines.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(got, want);
+}
+
+/// The sink echoes `seq` and `compaction_id` (as PROTOCOL.md recommends):
+/// its stale second answer is found either as a line that came while no
+/// request was in flight, or as an answer for another batch. A version 1
+/// sink that does not echo is caught only by the first check, which depends
+/// on the stale line arriving before the next request goes out.
+#[test]
+fn a_stale_reply_from_a_sink_is_a_protocol_violation_and_the_batch_is_applied_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, out_dir) = (tmp.path().join("data"), tmp.path().join("out"));
+    let sink = plugin("sink.py");
+    let out = daemon(&data, &["--once", "--sink", "command", "--sink-command", &sink])
+        .args(["--generator-records", "15000"])
+        .env("OUT_DIR", &out_dir)
+        .env("DOUBLE_FIRST", "1")
+        .env("RETRYABLE_SECOND", "1")
+        .env("MARKER", tmp.path().join("marker"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(tmp.path().join("marker").exists(), "the sink misbehaved");
+    assert!(stderr(&out).contains("broke the protocol"), "{}", stderr(&out));
+    assert_exactly_once(&out_dir, &["events"], 2, 15_000);
+}
+
+/// Live processes whose command line holds `marker`.
+fn processes_with(marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+            .unwrap_or(true);
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        // The daemon names the command in its own arguments (and so do the
+        // watchdogs it forks): only the plugin's processes count.
+        if !zombie && cmdline.contains(marker) && !cmdline.contains("--source-command") {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_plugin_its_children_and_every_restarted_one_die_with_the_daemon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let starts = tmp.path().join("starts");
+    let marker = format!("orphan-check-{}", std::process::id());
+    // `; true` makes the shell fork instead of exec: the plugin is the
+    // shell's child, and it starts a child of its own.
+    let cmd = format!("{} {marker}; true", plugin("source.py"));
+    let mut child = daemon(&data, &["--source", "command", "--source-command", &cmd, "--plugin-timeout", "1"])
+        .env("CHILD", "1")
+        .env("HANG_READS", "1")
+        .env("STARTS", &starts)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = || std::fs::read_to_string(&starts).map(|s| s.lines().count()).unwrap_or(0);
+    // Each hangs on its first read and is killed after a second.
+    wait_until("the hanging source is restarted three times", Duration::from_secs(60), || started() >= 4);
+    let live = processes_with(&marker);
+    // The running plugin, its child, and the shell above it at most.
+    assert!(live.len() <= 3, "{} processes of {} started plugins live on: {live:?}", live.len(), started());
+    child.kill().unwrap(); // SIGKILL
+    assert_eq!(child.wait().unwrap().signal(), Some(9));
+    wait_until("every plugin process dies with the SIGKILLed daemon", Duration::from_secs(5), || {
+        processes_with(&marker).is_empty()
+    });
+}
+
+#[test]
+fn a_source_line_past_the_bound_stops_the_daemon_in_bounded_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let source = plugin("source.py");
+    let mut child = daemon(&data, &["--once", "--source", "command", "--source-command", &source])
+        .env("LONG_LINE", (300u64 << 20).to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut err, &mut s).unwrap();
+        s
+    });
+    let pid = child.id() as i32;
+    let (status, peak_kib) = wait_with_peak_rss(pid);
+    let says = reader.join().unwrap();
+    assert_eq!(status.code(), Some(10), "{says}");
+    assert!(says.contains("a line longer than 67108864 bytes"), "{says}");
+    // A 64 MiB line held while reading it, and the daemon's own: far below
+    // the 300 MiB the plugin sent.
+    assert!(peak_kib < 200 << 10, "peak RSS {peak_kib} KiB");
+}
+
+/// Waits for child `pid` and returns its status and peak RSS (KiB).
+fn wait_with_peak_rss(pid: i32) -> (std::process::ExitStatus, i64) {
+    let mut status = 0;
+    let mut usage: nix::libc::rusage = unsafe { std::mem::zeroed() };
+    let got = unsafe { nix::libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(got, pid);
+    (std::process::ExitStatus::from_raw(status), usage.ru_maxrss)
+}
+
+#[test]
+fn a_taps_line_past_the_bound_stops_the_daemon_naming_the_setting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let tap = format!("python3 {}", repo_root().join("tests/plugins/singer_tap.py").display());
+    let out = daemon(&data, &["--once", "--source", "singer", "--singer-command", &tap, "--record-bytes-max", "1024"])
+        .envs([("RECORDS", "10"), ("PAD", "2000000")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
+    assert!(stderr(&out).contains("longer than 1049600 bytes"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--record-bytes-max (1024)"), "{}", stderr(&out));
+}
+
+#[test]
+fn stream_names_that_are_empty_too_long_unsafe_or_reserved_are_refused_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tap = format!("python3 {}", repo_root().join("tests/plugins/singer_tap.py").display());
+    let long = "s".repeat(300);
+    for (name, says) in [
+        ("", "may not be empty"),
+        (&long[..], "more than 63"),
+        ("skippr_progress", "is reserved"),
+        ("-x", "is refused"),
+    ] {
+        let catalog = tmp.path().join("catalog.json");
+        std::fs::write(&catalog, serde_json::json!({"streams": [{"tap_stream_id": name}]}).to_string()).unwrap();
+        let out = daemon(&tmp.path().join("d"), &["--once", "--source", "singer", "--singer-command", &tap])
+            .args(["--singer-catalog", catalog.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(11), "{name}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{name}: {}", stderr(&out));
+    }
+    let out = daemon(&tmp.path().join("d"), &["--once", "--generator-streams", "../up"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("is refused"), "{}", stderr(&out));
+}
+
+#[test]
+fn two_file_names_with_one_partition_leave_one_unread_and_every_other_file_is_ingested() {
+    use skippr_io::plugin::FileSource;
+    let (a, b) = ("app-368724.jsonl", "app-798200.jsonl");
+    assert_eq!(FileSource::partition_of(a), FileSource::partition_of(b), "the names collide");
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, input) = (tmp.path().join("data"), tmp.path().join("in"));
+    std::fs::create_dir(&input).unwrap();
+    std::fs::write(input.join(a), "{\"f\":\"a\"}\n").unwrap();
+    std::fs::write(input.join(b), "{\"f\":\"b\"}\n").unwrap();
+    std::fs::write(input.join("other.jsonl"), "{\"f\":\"other\"}\n{\"f\":\"other\"}\n").unwrap();
+    let out = read_files(&data, &input, &[]);
+    // The run cannot end as if every file were read: exit 10, naming it.
+    assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&format!("but {b}")), "{}", stderr(&out));
+    std::fs::rename(input.join(b), input.join("renamed.jsonl")).unwrap();
+    let out = read_files(&data, &input, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut got = sink_lines(&data.join("sink"), "lines");
+    got.sort();
+    assert_eq!(got, ["{\"f\":\"a\"}", "{\"f\":\"b\"}", "{\"f\":\"other\"}", "{\"f\":\"other\"}"]);
+}
+
+#[test]
+fn durations_past_a_year_are_refused_with_exit_three() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    for flags in [
+        &["--plugin-timeout", "1e300"][..],
+        &["--drain-timeout", "1e19"],
+        &["--source", "singer", "--singer-command", "true", "--singer-interval", "1e19"],
+        &["--wal-max-delay-seconds", "inf"],
+    ] {
+        let out = daemon(&data, flags).arg("--once").output().unwrap();
+        assert_eq!(out.status.code(), Some(3), "{flags:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("a year"), "{flags:?}: {}", stderr(&out));
+    }
+    let toml = tmp.path().join("c.toml");
+    std::fs::write(&toml, "plugin_timeout_seconds = 1e300\n").unwrap();
+    let out = daemon(&data, &["--once", "--config", toml.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let out = daemon(&data, &["--once", "--record-bytes-max", "99999999999"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn data_dir_is_the_owners_and_sink_files_take_the_documented_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out = daemon(&data, &["--once", "--generator-records", "100"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(mode(&data), 0o700, "DATA_DIR");
+    assert_eq!(mode(&data.join("wal")), 0o700, "the WAL's directory");
+    for file in ["LOCK", "offsets.redb"] {
+        assert_eq!(mode(&data.join(file)), 0o600, "{file}");
+    }
+    for segment in std::fs::read_dir(data.join("wal")).unwrap() {
+        let segment = segment.unwrap().path();
+        if segment.is_file() {
+            assert_eq!(mode(&segment), 0o600, "{}", segment.display());
+        }
+    }
+    let batches: Vec<PathBuf> =
+        std::fs::read_dir(data.join("sink/events")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(!batches.is_empty());
+    for batch in &batches {
+        assert_eq!(mode(batch), 0o640, "{}", batch.display());
+    }
+    assert_eq!(mode(&data.join("sink/events")), 0o750);
+    let other = tmp.path().join("strict");
+    let out = daemon(&other, &["--once", "--generator-records", "100", "--sink-dir-mode", "0600"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for batch in std::fs::read_dir(other.join("sink/events")).unwrap() {
+        assert_eq!(mode(&batch.unwrap().path()), 0o600);
+    }
+    let out = daemon(&other, &["--once", "--sink-dir-mode", "0444"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}
+
+#[test]
+fn a_plugins_control_characters_reach_the_log_escaped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let source = plugin("source.py");
+    let out = daemon(&data, &["--once", "--source", "command", "--source-command", &source])
+        .env("RECORDS", "10")
+        .env("STDERR_TEXT", "over\rwritten \u{1b}[2J cleared")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert!(log.contains(r"over\rwritten \u{1b}[2J cleared"), "{log}");
+    assert!(!log.contains('\r') && !log.contains('\u{1b}'), "raw control characters in the log");
+}
