@@ -6,10 +6,26 @@
 
 use std::fmt;
 
-/// The default largest record, in bytes.
+/// The default largest record, in bytes (less where a WAL segment is
+/// smaller than twice this: [`record_bytes_max_for`]).
 pub const RECORD_BYTES_MAX_DEFAULT: u64 = 4 << 20;
-/// The largest record `--record-bytes-max` may allow.
-pub const RECORD_BYTES_MAX_LIMIT: u64 = 64 << 20;
+/// The largest record `--record-bytes-max` may allow: a commit group that
+/// holds one stays well within the largest frame the WAL and the peer
+/// protocol accept (64 MiB).
+pub const RECORD_BYTES_MAX_LIMIT: u64 = 32 << 20;
+
+/// The largest record a WAL of `segment_bytes` segments takes: half a
+/// segment, so that a record too large for a usual commit group gets a
+/// group of its own in a fresh segment, beside the segment's snapshot.
+pub fn segment_record_bytes_max(segment_bytes: u64) -> u64 {
+    segment_bytes / 2
+}
+
+/// The record limit when none is configured: the default, or half a
+/// segment where that is less.
+pub fn record_bytes_max_for(segment_bytes: u64) -> u64 {
+    RECORD_BYTES_MAX_DEFAULT.min(segment_record_bytes_max(segment_bytes))
+}
 /// The longest stream name, in bytes: PostgreSQL's identifier limit, so a
 /// stream's table is named by the stream and never truncated.
 pub const STREAM_NAME_BYTES_MAX: usize = 63;

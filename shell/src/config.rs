@@ -4,7 +4,7 @@
 
 use clap::Args;
 use serde::Deserialize;
-use skippr_core::admit::{check_stream_name, RECORD_BYTES_MAX_DEFAULT, RECORD_BYTES_MAX_LIMIT};
+use skippr_core::admit::{check_stream_name, record_bytes_max_for, segment_record_bytes_max, RECORD_BYTES_MAX_LIMIT};
 use skippr_core::{LeaseConfig, Limits};
 use skippr_io::aws::AwsSettings;
 use skippr_io::plugin::postgres_sink::{
@@ -176,8 +176,8 @@ pub struct RunArgs {
     #[arg(long, env = "SKIPPR_RECORD_CACHE_BYTES", value_name = "BYTES")]
     pub record_cache_bytes: Option<u64>,
     /// The largest record a source may send, in bytes: a larger one stops
-    /// the daemon (exit 10) naming where it is; at most 67108864 [default:
-    /// 4194304].
+    /// the daemon (exit 10) naming where it is; at most 33554432 and half of
+    /// WAL_BYTES_PER_FILE, which also caps the default [default: 4194304].
     #[arg(long, env = "SKIPPR_RECORD_BYTES_MAX", value_name = "BYTES")]
     pub record_bytes_max: Option<u64>,
     /// Exit 0 once every finite source is exhausted, committed and delivered.
@@ -569,11 +569,20 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         ));
     }
     let record_cache_bytes = args.record_cache_bytes.or(file.record_cache_bytes).unwrap_or(limits.record_cache_bytes);
-    let record_bytes_max = args.record_bytes_max.or(file.record_bytes_max).unwrap_or(RECORD_BYTES_MAX_DEFAULT);
+    let record_bytes_max =
+        args.record_bytes_max.or(file.record_bytes_max).unwrap_or(record_bytes_max_for(wal_bytes_per_file));
     if !(RECORD_BYTES_MIN..=RECORD_BYTES_MAX_LIMIT).contains(&record_bytes_max) {
         return Err(format!(
             "SKIPPR_RECORD_BYTES_MAX is {record_bytes_max}; give a size between {RECORD_BYTES_MIN} and \
              {RECORD_BYTES_MAX_LIMIT} bytes"
+        ));
+    }
+    if record_bytes_max > segment_record_bytes_max(wal_bytes_per_file) {
+        return Err(format!(
+            "SKIPPR_RECORD_BYTES_MAX is {record_bytes_max}, more than half a WAL segment (WAL_BYTES_PER_FILE is \
+             {wal_bytes_per_file}): a record must fit a segment beside its snapshot; raise WAL_BYTES_PER_FILE to \
+             at least {} or lower SKIPPR_RECORD_BYTES_MAX",
+            record_bytes_max * 2
         ));
     }
     let drain_timeout_seconds = args.drain_timeout.or(file.drain_timeout).unwrap_or(secs(limits.drain_timeout));
@@ -1027,7 +1036,7 @@ mod tests {
             ("wal_max_delay_seconds", secs(limits.segment_age_max).to_string()),
             ("wal_max_bytes", limits.wal_bytes_max.to_string()),
             ("record_cache_bytes", limits.record_cache_bytes.to_string()),
-            ("record_bytes_max", RECORD_BYTES_MAX_DEFAULT.to_string()),
+            ("record_bytes_max", skippr_core::admit::RECORD_BYTES_MAX_DEFAULT.to_string()),
             ("drain_timeout", secs(limits.drain_timeout).to_string()),
             ("stall_seconds", secs(limits.stall_report_after.unwrap()).to_string()),
             ("lease_seconds", secs(LeaseConfig::default().steal_after).to_string()),

@@ -239,6 +239,8 @@ fn a_plugin_its_children_and_every_restarted_one_die_with_the_daemon() {
 }
 
 #[test]
+// The child is reaped by wait4, which also gives its peak RSS.
+#[allow(clippy::zombie_processes)]
 fn a_source_line_past_the_bound_stops_the_daemon_in_bounded_memory() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
@@ -410,4 +412,30 @@ fn a_plugins_control_characters_reach_the_log_escaped() {
     let log = stderr(&out);
     assert!(log.contains(r"over\rwritten \u{1b}[2J cleared"), "{log}");
     assert!(!log.contains('\r') && !log.contains('\u{1b}'), "raw control characters in the log");
+}
+
+#[test]
+fn records_larger_than_a_commit_group_land_whole_up_to_the_limit_and_the_limit_fits_a_segment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, input) = (tmp.path().join("data"), tmp.path().join("in"));
+    std::fs::create_dir(&input).unwrap();
+    // A commit group holds 1 MiB; these records take 5 and 12 MiB, between
+    // small ones.
+    let big = |n: usize, c: char| format!("{{\"pad\":\"{}\"}}", c.to_string().repeat(n << 20));
+    let lines = ["{\"n\":1}".to_string(), big(5, 'a'), "{\"n\":3}".into(), big(12, 'b'), "{\"n\":5}".into()];
+    std::fs::write(input.join("app.jsonl"), lines.join("\n") + "\n").unwrap();
+    let out = read_files(&data, &input, &["--record-bytes-max", &(16u64 << 20).to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(sink_lines(&data.join("sink"), "lines"), lines, "every record whole, once, in order");
+    let verify = skipprd(&["wal", "verify", data.to_str().unwrap()]);
+    assert_eq!(verify.status.code(), Some(0), "{}", stdout(&verify));
+    // Run again: nothing new, nothing twice.
+    let again = read_files(&data, &input, &["--record-bytes-max", &(16u64 << 20).to_string()]);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert_eq!(sink_lines(&data.join("sink"), "lines"), lines);
+    // A record limit past half a segment is refused, naming both settings.
+    let out =
+        read_files(&tmp.path().join("d2"), &input, &["--record-bytes-max", "40000", "--wal-bytes-per-file", "65536"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("WAL_BYTES_PER_FILE is 65536"), "{}", stderr(&out));
 }

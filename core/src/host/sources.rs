@@ -216,7 +216,10 @@ impl Sources {
 }
 
 /// Splits a batch's records into source-batch frames that each fit a commit
-/// group; every chunk leaves room for the checkpoint the last one carries.
+/// group; every chunk leaves room for the checkpoint the last one carries. A
+/// record too large for a group's usual size goes in a frame of its own,
+/// which the WAL writer commits in a group of its own (the intake limit,
+/// at most half a segment, keeps it within one).
 fn split(
     cfg: &HostConfig,
     key: PartitionKey,
@@ -237,10 +240,7 @@ fn split(
     let total = records.len();
     for (n, record) in records.into_iter().enumerate() {
         let len = 12 + record.bytes.len();
-        if len > frame_budget {
-            return Err("a record is larger than a commit group allows");
-        }
-        if chunk_bytes + len > frame_budget {
+        if !chunk.is_empty() && chunk_bytes + len > frame_budget {
             let next = record.position;
             frames.push(frame(std::mem::take(&mut chunk), next, None));
             chunk_bytes = 0;

@@ -62,7 +62,7 @@ impl WalWriter {
                 self.snapshot_wanted = true;
             }
         }
-        len = self.fill(&mut frames, len, at.room.min(limits.group_bytes_max.max(len)));
+        len = self.fill(&mut frames, len, at.room.min(limits.group_bytes_max.max(len)), &at, limits);
         seal_now |= self.must_seal(&at, &frames, len, limits)?;
         let full = at.offset + len + limits.group_bytes_max + SEAL_RESERVE > limits.segment_bytes;
         if seal_due || full || seal_now {
@@ -95,16 +95,23 @@ impl WalWriter {
         Some(Layout { segment: active.id, offset, fresh: offset == SEGMENT_HEADER_BYTES as u64, room })
     }
 
-    /// Moves pending frames into the group while they fit `budget`.
-    fn fill(&mut self, frames: &mut Vec<Frame>, mut len: u64, budget: u64) -> u64 {
+    /// Moves pending frames into the group while they fit `budget`. A frame
+    /// larger than any group's budget (one large record) rides alone in a
+    /// group of its own, where the segment's `room` holds it.
+    fn fill(&mut self, frames: &mut Vec<Frame>, mut len: u64, budget: u64, at: &Layout, limits: &Limits) -> u64 {
         while let Some(frame) = self.pending.front() {
             let flen = frame.encoded_len() as u64;
-            if len + flen > budget {
+            let oversized = flen + COMMIT_FRAME_BYTES as u64 > limits.group_bytes_max;
+            let alone = oversized && frames.iter().all(|f| matches!(f, Frame::Snapshot(_))) && len + flen <= at.room;
+            if len + flen > budget && !alone {
                 break;
             }
             len += flen;
             self.pending_bytes -= flen;
             frames.push(self.pending.pop_front().expect("front exists"));
+            if len > budget {
+                break;
+            }
         }
         len
     }
