@@ -268,7 +268,14 @@ async fn run(cfg: RunConfig) -> i32 {
         c.peers.flush(std::time::Duration::from_secs(1)).await;
     }
     let code = exit::for_stop(&reason);
-    let message = explain(&reason, &place);
+    let mut message = explain(&reason, &place);
+    if matches!(reason, StopReason::OffsetsAheadOfWal { .. } | StopReason::SinkAheadOfWal { .. })
+        && cfg.wal == WalConfig::Disk
+    {
+        if let Some(tail) = crate::tools::disk_wal_tail(&cfg.data_dir) {
+            message = format!("{message}. {tail}");
+        }
+    }
     if matches!(reason, StopReason::FinishedUnconfirmed { .. }) {
         warn!("{message}");
     } else if code == exit::OK {

@@ -62,6 +62,29 @@ pub fn wal_verify(data_dir: &Path) -> i32 {
     verify(&files, |id| dir.join(format!("{:020}.seg", id.0)).display().to_string())
 }
 
+/// For a daemon that stopped because its offsets store or a sink holds more
+/// than the disk WAL: where the WAL ends on bytes that are not a whole
+/// commit group, said as `wal verify` says it, if it does.
+pub fn disk_wal_tail(data_dir: &Path) -> Option<String> {
+    let dir = data_dir.join(WAL_DIR);
+    let (ids, _) = list_dir(&dir).ok()?;
+    let files: Vec<_> = ids
+        .iter()
+        .map(|id| std::fs::read(dir.join(format!("{:020}.seg", id.0))).map(|b| (*id, b)))
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let view: Vec<_> = files.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+    let scanned = scan(&view, false).ok()?;
+    let tail = skippr_core::wal::unreadable_tail(&view, &scanned)?;
+    Some(format!(
+        "The WAL's segment {} ends at byte {} with {}; as more was acknowledged than the WAL holds before them, \
+         damage is the likelier: check the disk before resetting anything",
+        dir.join(format!("{:020}.seg", tail.segment.0)).display(),
+        tail.offset,
+        skippr_core::wal::UNREADABLE_TAIL
+    ))
+}
+
 /// Clustered mode: this host's segments scanned, and its committed prefix:
 /// the oldest group it holds, the last its saved commit index covers, and
 /// a digest of `from..=through` that operators compare between hosts
@@ -156,6 +179,15 @@ fn verify(files: &[(skippr_core::SegmentId, Vec<u8>)], name: impl Fn(skippr_core
                 }
             }
             println!("ok: {} segments, {records} records", segments.len());
+            if let Some(tail) = skippr_core::wal::unreadable_tail(&view, &segments) {
+                println!(
+                    "note: {} ends at byte {} with {}; the daemon stops if its offsets store or a sink holds \
+                     more than the WAL before them",
+                    name(tail.segment),
+                    tail.offset,
+                    skippr_core::wal::UNREADABLE_TAIL
+                );
+            }
             exit::OK
         }
     }

@@ -439,3 +439,50 @@ fn records_larger_than_a_commit_group_land_whole_up_to_the_limit_and_the_limit_f
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("WAL_BYTES_PER_FILE is 65536"), "{}", stderr(&out));
 }
+
+/// The WAL's last source batch damaged (one bit), with nothing after it:
+/// `wal verify` and `run` make the same judgement of the active segment's
+/// end and say it in the same words; neither delivers anything.
+#[test]
+fn a_damaged_last_group_is_reported_alike_by_wal_verify_and_run() {
+    use skippr_core::wal::{scan, Frame, UNREADABLE_TAIL};
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out = daemon(&data, &["--once", "--generator-records", "500"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // The segment holding the last group with a source batch: everything
+    // after that group is zeroed (as if never written), and one bit inside
+    // it flipped.
+    let wal = data.join("wal");
+    let mut files: Vec<_> = std::fs::read_dir(&wal).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    let ids: Vec<_> = files
+        .iter()
+        .map(|p| skippr_core::SegmentId(p.file_stem().unwrap().to_string_lossy().parse().unwrap()))
+        .collect();
+    let bytes: Vec<Vec<u8>> = files.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    let view: Vec<_> = ids.iter().copied().zip(bytes.iter().map(|b| b.as_slice())).collect();
+    let scanned = scan(&view, false).unwrap();
+    let (i, group) = scanned
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| s.groups.iter().map(move |g| (i, g)))
+        .rfind(|(_, g)| g.frames.iter().any(|f| matches!(f, Frame::SourceBatch(_))))
+        .expect("a source batch was committed");
+    let mut damaged = bytes[i].clone();
+    damaged[group.end as usize..].fill(0);
+    damaged[(group.offset + group.end) as usize / 2] ^= 0x10;
+    std::fs::write(&files[i], &damaged).unwrap();
+    for later in &files[i + 1..] {
+        std::fs::remove_file(later).unwrap();
+    }
+    let verify = skipprd(&["wal", "verify", data.to_str().unwrap()]);
+    assert_eq!(verify.status.code(), Some(0), "{}", stdout(&verify));
+    assert!(stdout(&verify).contains(UNREADABLE_TAIL), "{}", stdout(&verify));
+    assert!(stdout(&verify).contains(&format!("at byte {}", group.offset)), "{}", stdout(&verify));
+    let before = sink_lines(&data.join("sink"), "events").len();
+    let run = daemon(&data, &["--once", "--generator-records", "500"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(6), "{}", stderr(&run));
+    assert!(stderr(&run).contains(UNREADABLE_TAIL), "{}", stderr(&run));
+    assert_eq!(sink_lines(&data.join("sink"), "events").len(), before, "nothing more delivered");
+}

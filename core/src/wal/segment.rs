@@ -228,6 +228,41 @@ impl Scan<'_> {
     }
 }
 
+/// Where a scanned WAL ends on bytes that are not a whole commit group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnreadableTail {
+    pub segment: SegmentId,
+    pub offset: u64,
+}
+
+/// What the WAL's last bytes are when they do not validate: one sentence,
+/// the same wherever a tool or the daemon reports them.
+pub const UNREADABLE_TAIL: &str = "bytes that are not a whole commit group: a write torn by a crash (recovery \
+     ends the WAL before them), or damage to the last committed group; from the WAL alone the two cannot be told \
+     apart";
+
+/// How many bytes past the WAL's end are looked at: a torn write leaves a
+/// frame header there at least.
+const TAIL_PROBE_BYTES: usize = 64;
+
+/// The place where the WAL `scanned` from `segments` ends on bytes that are
+/// not a whole commit group, if it does: the segment where the scan ended
+/// holds something other than zeros (a never written, preallocated tail)
+/// where the next group would go. Recovery reads such bytes as a torn write
+/// (the WAL's end); `wal verify` and the daemon's messages both report them
+/// through this one judgement. A sealed segment or a torn creation ends
+/// cleanly.
+pub fn unreadable_tail(segments: &[(SegmentId, &[u8])], scanned: &[ScannedSegment]) -> Option<UnreadableTail> {
+    // The WAL goes on past a sealed segment; it ends in the first one that
+    // is not sealed (spares after it hold nothing yet).
+    let last = scanned.iter().find(|s| !s.sealed)?;
+    last.header_epoch?;
+    let bytes = segments.iter().find(|(id, _)| *id == last.id)?.1;
+    let from = (last.end as usize).min(bytes.len());
+    let probe = &bytes[from..bytes.len().min(from + TAIL_PROBE_BYTES)];
+    probe.iter().any(|b| *b != 0).then_some(UnreadableTail { segment: last.id, offset: last.end })
+}
+
 /// What a whole commit group is, checked without decoding its frames.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupShape {
