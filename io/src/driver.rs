@@ -513,9 +513,10 @@ fn refused_record(source: &dyn crate::plugin::Source, batches: &[Batch], bytes_m
             if let Err(fault) = skippr_core::admit::check_record(&record.bytes, bytes_max) {
                 let place = source.describe(batch.partition, record.position);
                 return Some(format!(
-                    "the source sent a record that is refused ({place}): {fault}. Nothing from it was committed. \
-                     Fix the input or the source (or, for a record that is only too large, raise \
-                     --record-bytes-max, now {bytes_max}) and start again"
+                    "the source sent a record of stream {:?} that is refused ({place}): {fault}. Nothing from it was \
+                     committed. Fix the input or the source (or, for a record that is only too large, raise \
+                     --record-bytes-max, now {bytes_max}) and start again",
+                    crate::plugin::process::clip(&batch.stream)
                 ));
             }
         }

@@ -557,6 +557,12 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     };
     let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from("./data"));
     let wal_bytes_per_file = args.wal_bytes_per_file.or(file.wal_bytes_per_file).unwrap_or(limits.segment_bytes);
+    if wal_bytes_per_file > WAL_BYTES_PER_FILE_MAX {
+        return Err(format!(
+            "WAL_BYTES_PER_FILE is {wal_bytes_per_file}; a segment may be at most {WAL_BYTES_PER_FILE_MAX} bytes \
+             (16 GiB)"
+        ));
+    }
     let wal_max_delay_seconds =
         args.wal_max_delay_seconds.or(file.wal_max_delay_seconds).unwrap_or(secs(limits.segment_age_max));
     positive("WAL_MAX_DELAY_SECONDS", wal_max_delay_seconds)?;
@@ -640,6 +646,13 @@ const STALL_EXIT_SECONDS: f64 = 300.0;
 
 /// How long an external plugin may take to answer.
 const PLUGIN_TIMEOUT_SECONDS: f64 = 30.0;
+
+/// The generator's bounds: it keeps a position per partition in memory.
+const GENERATOR_STREAMS_MAX: usize = 1024;
+const GENERATOR_PARTITIONS_MAX: u32 = 65_536;
+
+/// The largest WAL segment: 16 GiB (each is created at its full size).
+const WAL_BYTES_PER_FILE_MAX: u64 = 16 << 30;
 
 /// The smallest `--record-bytes-max`.
 const RECORD_BYTES_MIN: u64 = 1024;
@@ -777,6 +790,12 @@ fn source_config(args: &SourceArgs, file: SourceArgs) -> Result<SourceConfig, St
     if let SourceConfig::Generator { streams, partitions, .. } = &source {
         if streams.is_empty() || *partitions == 0 {
             return Err("the generator needs at least one stream and one partition".into());
+        }
+        if streams.len() > GENERATOR_STREAMS_MAX || *partitions > GENERATOR_PARTITIONS_MAX {
+            return Err(format!(
+                "the generator takes at most {GENERATOR_STREAMS_MAX} streams and {GENERATOR_PARTITIONS_MAX} \
+                 partitions per stream"
+            ));
         }
         for stream in streams {
             check_stream_name(stream).map_err(|why| format!("the generator's streams: {why}"))?;

@@ -9,7 +9,7 @@ or answers retryable without applying, or applies and exits without
 answering, or hangs. Batches it applies go to
 OUT_DIR/<stream>/<seq, 20 digits>-<compaction_id>.jsonl like sink.py's (a
 replay with the same records is already_applied; anything else under a
-taken number is fatal).
+taken number is fatal): the same code writes them.
 """
 import json
 import os
@@ -17,34 +17,10 @@ import random
 import sys
 import time
 
-OUT_DIR = os.environ["OUT_DIR"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sink import apply, send  # noqa: E402  (sink.py's batch files and lines)
+
 STARTS = os.environ["FUZZ_STARTS"]
-
-
-def send(obj):
-    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-
-
-def apply(msg):
-    stream_dir = os.path.join(OUT_DIR, msg["stream"])
-    os.makedirs(stream_dir, exist_ok=True)
-    seq = msg["seq"]
-    name = f"{seq:020}-{msg['compaction_id']}.jsonl"
-    body = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in msg["records"])
-    path = os.path.join(stream_dir, name)
-    if os.path.exists(path):
-        with open(path) as f:
-            return "already_applied" if f.read() == body else "fatal"
-    if any(n.startswith(f"{seq:020}-") for n in os.listdir(stream_dir)):
-        return "fatal"
-    tmp = os.path.join(stream_dir, "." + name)
-    with open(tmp, "w") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
-    return "applied"
 
 
 def main():

@@ -39,6 +39,14 @@ fn read_files(data: &Path, input: &Path, extra: &[&str]) -> Output {
     daemon(data, &args).output().unwrap()
 }
 
+/// `read_files` into the suite's sink plugin, which writes under `out_dir`.
+fn read_files_into_plugin(data: &Path, input: &Path, out_dir: &Path) -> Output {
+    let sink = plugin("sink.py");
+    let mut args = vec!["--once", "--source", "file", "--file-dir", input.to_str().unwrap(), "--file-follow", "false"];
+    args.extend(["--sink", "command", "--sink-command", &sink]);
+    daemon(data, &args).env("OUT_DIR", out_dir).output().unwrap()
+}
+
 /// Every line of every batch file of a directory sink's `stream`, in order.
 fn sink_lines(sink: &Path, stream: &str) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(sink.join(stream)) else { return Vec::new() };
@@ -101,14 +109,7 @@ fn lines_that_are_not_one_json_value_are_refused_at_intake_and_never_reach_a_sin
         body.extend_from_slice(line);
         body.extend_from_slice(b"\n{\"n\":3}\n");
         std::fs::write(input.join("app.jsonl"), body).unwrap();
-        let sink = plugin("sink.py");
-        let out = Command::new(skipprd_bin())
-            .args(["run", "--data-dir", data.to_str().unwrap(), "--once", "--source", "file"])
-            .args(["--file-dir", input.to_str().unwrap(), "--file-follow", "false", "--sink", "command"])
-            .args(["--sink-command", &sink])
-            .env("OUT_DIR", &out_dir)
-            .output()
-            .unwrap();
+        let out = read_files_into_plugin(&data, &input, &out_dir);
         assert_eq!(out.status.code(), Some(10), "{name}: {}", stderr(&out));
         assert!(stderr(&out).contains(says), "{name}: {}", stderr(&out));
         assert!(
@@ -139,14 +140,7 @@ fn json_that_looks_like_the_message_around_it_reaches_the_sink_plugin_as_it_was_
     let mut body = lines.join("\n");
     body.push_str("\r\n");
     std::fs::write(input.join("app.jsonl"), body).unwrap();
-    let sink = plugin("sink.py");
-    let out = Command::new(skipprd_bin())
-        .args(["run", "--data-dir", data.to_str().unwrap(), "--once", "--source", "file"])
-        .args(["--file-dir", input.to_str().unwrap(), "--file-follow", "false", "--sink", "command"])
-        .args(["--sink-command", &sink])
-        .env("OUT_DIR", &out_dir)
-        .output()
-        .unwrap();
+    let out = read_files_into_plugin(&data, &input, &out_dir);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let streams: Vec<_> = std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(streams, ["lines"], "one stream, where it belongs");
@@ -339,7 +333,7 @@ fn two_file_names_with_one_partition_leave_one_unread_and_every_other_file_is_in
 }
 
 #[test]
-fn durations_past_a_year_are_refused_with_exit_three() {
+fn durations_past_a_year_and_counts_past_their_bounds_are_refused_with_exit_three() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     for flags in [
@@ -356,8 +350,15 @@ fn durations_past_a_year_are_refused_with_exit_three() {
     std::fs::write(&toml, "plugin_timeout_seconds = 1e300\n").unwrap();
     let out = daemon(&data, &["--once", "--config", toml.to_str().unwrap()]).output().unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    let out = daemon(&data, &["--once", "--record-bytes-max", "99999999999"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    // Counts past their bounds, too.
+    for flags in [
+        &["--record-bytes-max", "99999999999"][..],
+        &["--generator-partitions", "4294967295"],
+        &["--wal-bytes-per-file", "18446744073709551615"],
+    ] {
+        let out = daemon(&data, flags).arg("--once").output().unwrap();
+        assert_eq!(out.status.code(), Some(3), "{flags:?}: {}", stderr(&out));
+    }
 }
 
 fn mode(path: &Path) -> u32 {
