@@ -8,7 +8,7 @@ use skippr_tests::*;
 use std::process::Command;
 
 const PARTITIONS: u64 = 3;
-const RECORDS: u64 = 50_000;
+const RECORDS: u64 = 20_000;
 
 #[test]
 fn sixteen_chaos_runs_all_sigkilled_then_a_clean_run_deliver_exactly_once() {
@@ -28,7 +28,7 @@ fn sixteen_chaos_runs_all_sigkilled_then_a_clean_run_deliver_exactly_once() {
         let mut c = Command::new(skipprd_bin());
         c.args(["run", "--once", "--data-dir", data.to_str().unwrap()])
             .args(["--generator-partitions", &PARTITIONS.to_string(), "--generator-records", &RECORDS.to_string()])
-            .args(["--generator-rate", "6000", "--wal-bytes-per-file", "1048576"])
+            .args(["--wal-bytes-per-file", "1048576"])
             .env("WAL_STORAGE", "s3")
             .env("SKIPPR_WAL_S3_BUCKET", &bucket)
             .env("SKIPPR_OFFSET_DYNAMODB_TABLE", &table)
@@ -36,9 +36,14 @@ fn sixteen_chaos_runs_all_sigkilled_then_a_clean_run_deliver_exactly_once() {
             .envs(env.clone());
         c
     };
-    // At most 6,000 records a second and kills within 1.4 s: the sixteen
-    // runs cannot send the 150,000 records between them.
-    let killed = chaos_runs(16, "0.6", "1.4", Work::Paced { rate: 6000, total: PARTITIONS * RECORDS }, run);
+    // At most 2,500 records a second and kills within 1.4 s: the sixteen
+    // runs cannot send the 60,000 records between them.
+    let paced = || {
+        let mut c = run();
+        c.args(["--generator-rate", "2500"]);
+        c
+    };
+    let killed = chaos_runs(16, "0.6", "1.4", Work::Paced { rate: 2500, total: PARTITIONS * RECORDS }, paced);
     assert_eq!(killed, 16, "every run was killed with work in flight");
     let out = run().output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
