@@ -282,6 +282,15 @@ fn a_taps_line_past_the_bound_stops_the_daemon_naming_the_setting() {
     assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
     assert!(stderr(&out).contains("longer than 1049600 bytes"), "{}", stderr(&out));
     assert!(stderr(&out).contains("--record-bytes-max (1024)"), "{}", stderr(&out));
+    // A line within the bound whose record is past the limit: refused at
+    // intake, naming the tap's stream and the record.
+    let out = daemon(&tmp.path().join("d2"), &["--once", "--source", "singer", "--singer-command", &tap])
+        .args(["--record-bytes-max", "1024"])
+        .envs([("RECORDS", "10"), ("PAD", "1500")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
+    assert!(stderr(&out).contains(r#"record number 0 (from 0) the tap sent of stream "events""#), "{}", stderr(&out));
 }
 
 #[test]

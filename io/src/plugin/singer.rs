@@ -593,6 +593,10 @@ impl Source for SingerSource {
     fn refused(&self) -> Option<String> {
         self.refused.clone()
     }
+
+    fn describe(&self, partition: u32, position: Position) -> String {
+        format!("record number {} (from 0) the tap sent of stream {:?}", position.0, self.stream_name(partition))
+    }
 }
 
 impl Drop for SingerSource {
