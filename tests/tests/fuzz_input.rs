@@ -261,7 +261,10 @@ fn a_sink_plugin_answering_at_random_gets_every_record_exactly_once() {
         let (data, out) = (tmp.path().join("data"), tmp.path().join("out"));
         let plugin = format!("python3 {}", repo_root().join("tests/plugins/fuzz_sink.py").display());
         let mut cmd = Command::new(skipprd_bin());
-        cmd.args(["run", "--once", "--data-dir", data.to_str().unwrap(), "--plugin-timeout", "1"])
+        // 5 s for an answer: a plugin that hangs costs that much, and the
+        // hello at start (which must answer, or the run exits 11) is far
+        // within it even on a loaded machine (1 s was not, once).
+        cmd.args(["run", "--once", "--data-dir", data.to_str().unwrap(), "--plugin-timeout", "5"])
             .args(["--generator-records", "3000", "--generator-rate", "20000"])
             .args(["--sink", "command", "--sink-command", &plugin])
             .env("OUT_DIR", &out)

@@ -222,9 +222,11 @@ fn a_plugin_its_children_and_every_restarted_one_die_with_the_daemon() {
     let started = || std::fs::read_to_string(&starts).map(|s| s.lines().count()).unwrap_or(0);
     // Each hangs on its first read and is killed after a second.
     wait_until("the hanging source is restarted three times", Duration::from_secs(60), || started() >= 4);
-    let live = processes_with(&marker);
-    // The running plugin, its child, and the shell above it at most.
-    assert!(live.len() <= 3, "{} processes of {} started plugins live on: {live:?}", live.len(), started());
+    // The running plugin, its child, and the shell above it at most (the
+    // last one killed may take a moment to die).
+    wait_until("no process of an earlier plugin lives on", Duration::from_secs(5), || {
+        processes_with(&marker).len() <= 3
+    });
     child.kill().unwrap(); // SIGKILL
     assert_eq!(child.wait().unwrap().signal(), Some(9));
     wait_until("every plugin process dies with the SIGKILLed daemon", Duration::from_secs(5), || {
