@@ -26,6 +26,14 @@ fn seeds(default: std::ops::Range<u64>) -> std::ops::Range<u64> {
     a.parse().expect("A")..b.parse().expect("B")
 }
 
+/// Names a failing seed with the one command that runs it alone.
+fn repro(kind: &str, seed: u64, test: &str) -> String {
+    format!(
+        "{kind} seed {seed} (SKIPPR_FUZZ_SEEDS={seed}..{} cargo test --release --workspace --test fuzz_input -- {test})",
+        seed + 1
+    )
+}
+
 /// splitmix64: the test's own small generator, so a seed means the same
 /// input on every machine.
 struct Rng(u64);
@@ -168,10 +176,7 @@ fn random_files(rng: &mut Rng, dir: &Path) -> BTreeMap<String, Vec<Line>> {
 #[test]
 fn random_files_are_ingested_exactly_once_or_refused_at_the_first_bad_line() {
     for seed in seeds(0..24) {
-        let what = format!(
-            "file fuzz seed {seed} (SKIPPR_FUZZ_SEEDS={seed}..{} cargo test --release --test fuzz_input -- random_files)",
-            seed + 1
-        );
+        let what = repro("file fuzz", seed, "random_files");
         let mut rng = Rng(seed);
         let tmp = tempfile::tempdir().unwrap();
         let (data, input, out) = (tmp.path().join("data"), tmp.path().join("in"), tmp.path().join("out"));
@@ -253,10 +258,7 @@ fn destination(dir: &Path, what: &str) -> Vec<Vec<u8>> {
 #[test]
 fn a_sink_plugin_answering_at_random_gets_every_record_exactly_once() {
     for seed in seeds(0..6) {
-        let what = format!(
-            "reply fuzz seed {seed} (SKIPPR_FUZZ_SEEDS={seed}..{} cargo test --release --test fuzz_input -- a_sink_plugin)",
-            seed + 1
-        );
+        let what = repro("reply fuzz", seed, "a_sink_plugin");
         let tmp = tempfile::tempdir().unwrap();
         let (data, out) = (tmp.path().join("data"), tmp.path().join("out"));
         let plugin = format!("python3 {}", repo_root().join("tests/plugins/fuzz_sink.py").display());

@@ -487,7 +487,7 @@ impl Sink for ExternalSink {
                     tracing::error!(
                         plugin = %self.process.name, stream, seq, compaction_id = %id, record = i,
                         "a committed record is not exactly one JSON value on one line, so no sink plugin can be \
-                         sent it: the stream stops (skip the batch by operator command)"
+                         sent it: the stream stops"
                     );
                     return Ok(SinkOutcome::Fatal);
                 }
