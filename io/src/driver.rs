@@ -120,8 +120,6 @@ pub async fn drive(
                     )
                 }
                 Output::Stalled { what: skippr_core::io::STALL_RAFT_QUORUM, for_ } => {
-                    backends.metrics.stalled.set(1);
-                    backends.metrics.raft_no_quorum.set(1);
                     error!(
                         last_error = %crate::health::last_warning().unwrap_or_else(|| "none logged".into()),
                         "no raft leader with a majority for {:.0} s: nothing more is acknowledged until a majority of \
@@ -129,6 +127,10 @@ pub async fn drive(
                          hosts, SKIPPR_CLUSTER_PEERS and the network between them",
                         for_.as_micros() as f64 / 1e6
                     );
+                    // The gauges change after the log line: whoever sees them
+                    // change finds the line written.
+                    backends.metrics.stalled.set(1);
+                    backends.metrics.raft_no_quorum.set(1);
                 }
                 Output::Stalled { what, for_ } => {
                     backends.metrics.stalled.set(1);
@@ -143,9 +145,9 @@ pub async fn drive(
                     );
                 }
                 Output::Unstalled if backends.peers.is_some() => {
+                    info!("a raft leader with a majority again: the pipeline makes progress");
                     backends.metrics.stalled.set(0);
                     backends.metrics.raft_no_quorum.set(0);
-                    info!("a raft leader with a majority again: the pipeline makes progress");
                 }
                 Output::Unstalled => {
                     backends.metrics.stalled.set(0);

@@ -126,10 +126,13 @@ async fn ask_to_join(peers: Arc<Peers>, data_dir: PathBuf, node: u64, replaces: 
             .and_then(|(_, saved)| saved)
             .is_some_and(|s| s.conf.voters.contains(&node) && s.conf.voters_outgoing.is_empty());
         if voter {
+            // Said before the file goes: whoever waits for the file to go
+            // then finds the line in the log.
+            tracing::info!(node, "this host is a voter of the cluster; node {replaces} is removed for good");
             if let Err(e) = std::fs::remove_file(data_dir.join(JOIN_FILE)) {
                 tracing::warn!(error = %e, "cannot remove {}", data_dir.join(JOIN_FILE).display());
             }
-            return tracing::info!(node, "this host is a voter of the cluster; node {replaces} is removed for good");
+            return;
         }
         peers.ask_to_join(node, replaces);
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;

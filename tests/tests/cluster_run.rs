@@ -256,8 +256,11 @@ fn a_follower_whose_data_is_lost_comes_back_under_a_new_id_with_cluster_join() {
     }
     cluster.start(4);
     let join_file = tmp.path().join("d4").join("cluster-join");
-    wait_until("node 4 a voter (its join file removed)", PATIENCE, || !join_file.exists());
-    assert!(file_contains(&cluster.log(4), "this host is a voter of the cluster"), "{}", cluster.tail(4));
+    // Waits for the log line too: the log is written by another process,
+    // and whether it reached the file when the join file went is not ours to assume.
+    wait_until("node 4 a voter (its join file removed, the log saying so)", PATIENCE, || {
+        !join_file.exists() && file_contains(&cluster.log(4), "this host is a voter of the cluster")
+    });
     every_record_reaches_the_sink(&cluster, 2 * records);
     std::thread::sleep(Duration::from_secs(1));
     assert_exactly_once(&cluster.sink, &["events"], 2, records);
