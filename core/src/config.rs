@@ -25,7 +25,25 @@ pub struct HostConfig {
     /// disk and S3 modes.
     pub cluster: Option<ClusterConfig>,
     pub mutations: Mutations,
+    /// Input an operator gives up (`run --skip-input`), recorded in the WAL
+    /// at the start of the run.
+    pub skips: Vec<SkipRequest>,
 }
+
+/// The input of one partition from `at` (included) to `next` (not
+/// included), given up by an operator's command, and why: typically the
+/// one record a source sent that the intake rules refuse.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkipRequest {
+    pub key: crate::ids::PartitionKey,
+    pub stream: crate::ids::StreamId,
+    pub at: crate::ids::Position,
+    pub next: crate::ids::Position,
+    pub reason: String,
+}
+
+/// The longest reason a skip may carry, in bytes.
+pub const SKIP_REASON_BYTES_MAX: usize = 1024;
 
 /// Clustered mode: which raft node this host is, the voters, and how often
 /// raft ticks (an election after `replication::ELECTION_TICKS` ticks
@@ -225,6 +243,17 @@ impl HostConfig {
                 ));
             }
         }
+        for skip in &self.skips {
+            if skip.at >= skip.next {
+                return err(format!("a skip must end after it starts ({}..{})", skip.at.0, skip.next.0));
+            }
+            if skip.key.source.0 as usize >= self.sources.len() || skip.stream.0 as usize >= self.streams.len() {
+                return err("a skip names a source or stream the configuration does not have".into());
+            }
+            if skip.reason.len() > SKIP_REASON_BYTES_MAX {
+                return err(format!("a skip's reason is longer than {SKIP_REASON_BYTES_MAX} bytes"));
+            }
+        }
         if l.retry_min.as_micros() == 0 || l.retry_max < l.retry_min {
             return err("retry_min must be positive and at most retry_max".into());
         }
@@ -276,6 +305,7 @@ mod tests {
             lease: Some(LeaseConfig::default()),
             cluster: None,
             mutations: Mutations::NONE,
+            skips: Vec::new(),
         }
     }
 

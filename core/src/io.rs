@@ -101,6 +101,17 @@ pub enum Output {
         node: u64,
         why: &'static str,
     },
+    /// An operator's skip at the start of a run: `recorded` when it is
+    /// committed to the WAL now; otherwise the partition's committed
+    /// `position` is already at or past its end (it was done by an earlier
+    /// run), and nothing is done.
+    Skip {
+        key: PartitionKey,
+        at: Position,
+        next: Position,
+        position: Position,
+        recorded: bool,
+    },
     /// The engine stopped; no further output follows.
     Stopped(StopReason),
 }
@@ -205,7 +216,10 @@ pub enum LeaseOp {
 #[derive(Debug)]
 pub enum PluginOp {
     /// Start a source with the recovered positions (a read-only snapshot).
-    SourceOpen { source: SourceId, resume: Vec<ResumePoint> },
+    /// `skips`: per partition, the input from `at` to `next` an operator
+    /// gave up (recorded in the WAL): the source passes over it, and the
+    /// intake rules do not apply to it.
+    SourceOpen { source: SourceId, resume: Vec<ResumePoint>, skips: Vec<(u32, Position, Position)> },
     /// Ask a source for up to `records_max` records. Answer: `Batches`,
     /// promptly, with what is available (possibly nothing: the engine asks
     /// again after `Limits::source_poll`). A clean shutdown waits for
@@ -478,6 +492,10 @@ pub enum StopReason {
     SourceProtocol { source: SourceId, partition: u32, what: &'static str },
     /// A source said it cannot go on until an operator changes something.
     SourceRefused { source: SourceId, why: String },
+    /// An operator's skip names input that is not next to be read: the
+    /// partition's committed position is past its start but short of its
+    /// end.
+    SkipNotNext { key: PartitionKey, at: Position, next: Position, position: Position },
     /// The snapshot no longer fits in a segment: raise the segment size.
     SegmentTooSmall { needed: u64 },
     /// The configuration names a source, sink or stream differently from

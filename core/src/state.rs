@@ -4,7 +4,7 @@
 
 use crate::ids::*;
 pub use crate::wal::PartitionState;
-use crate::wal::{CompactionPlan, Frame, Names, SchemaDecision, Snapshot};
+use crate::wal::{CompactionPlan, Frame, Names, SchemaDecision, Skipped, Snapshot};
 use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -67,8 +67,29 @@ impl CommittedState {
                 self.all_finished = None;
             }
             Frame::AllFinished => self.all_finished = self.finished.map(|_| lsn),
+            Frame::Skipped(k) => self.skip(lsn, k),
             Frame::Seal | Frame::Commit(_) | Frame::Fence | Frame::Membership(_) => {}
         }
+    }
+
+    /// An operator's skip: where the partition is at its start, it moves
+    /// on past it, and so does every sink that had delivered everything
+    /// before it. Elsewhere the batch that passes over it does that.
+    fn skip(&mut self, lsn: Lsn, k: &Skipped) {
+        if k.at == Position(0) && !self.partitions.contains_key(&k.key) {
+            let fresh = PartitionState { stream: k.stream, position: k.at, lsn, records: 0, checkpoint: None };
+            self.partitions.insert(k.key, fresh);
+        }
+        let Some(p) = self.partitions.get_mut(&k.key).filter(|p| p.position == k.at) else { return };
+        p.position = k.next;
+        p.lsn = lsn;
+        for sink in (0..self.names.sinks.len() as u16).map(SinkId) {
+            if self.acked(sink, k.key) == k.at {
+                self.acked.insert((sink, k.key), k.next);
+            }
+        }
+        self.finished = None;
+        self.all_finished = None;
     }
 
     /// Everything a snapshot frame carries. `drop_frontier` is the planted

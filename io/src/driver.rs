@@ -13,7 +13,8 @@ use crate::peer::{Incoming, Peers};
 use crate::plugin::{Batch, SchemaPlugin, Sink, Source};
 use crate::s3_wal::S3Wal;
 use skippr_core::io::{Input, IoOp, IoReply, LeaseOp, OffsetsOp, Output, PluginOp, SourceBatchIn, StopReason, WalOp};
-use skippr_core::{Host, IoError, IoId, SinkOutcome, StreamId};
+use skippr_core::{Host, IoError, IoId, Position, SinkOutcome, StreamId};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -59,7 +60,14 @@ pub struct Backends {
     pub peers: Option<Arc<Peers>>,
     /// The largest record a source may send (`--record-bytes-max`).
     pub record_bytes_max: u64,
+    /// Per source, the input an operator gave up this run, as the engine
+    /// opened it: `(partition, at, next)`. The intake rules pass over it
+    /// (the engine drops it).
+    pub skips: Mutex<BTreeMap<u16, Vec<Skip>>>,
 }
+
+/// An operator's skip: partition, and the positions it starts and ends at.
+pub type Skip = (u32, Position, Position);
 
 /// How long a snapshot's copy may go without a chunk before it fails.
 const SNAPSHOT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
@@ -118,6 +126,20 @@ pub async fn drive(
                         open_compactions = s.open_compactions,
                         "recovered"
                     )
+                }
+                Output::Skip { key, at, next, position, recorded } => {
+                    let (partition, at, next) = (key.partition, at.0, next.0);
+                    if recorded {
+                        warn!(partition, at, next, "giving up input on the operator's command (recorded in the WAL)");
+                    } else {
+                        info!(
+                            partition,
+                            at,
+                            next,
+                            position = position.0,
+                            "nothing to skip: the partition is past that input already (an earlier run skipped it)"
+                        );
+                    }
                 }
                 Output::Stalled { what: skippr_core::io::STALL_RAFT_QUORUM, for_ } => {
                     error!(
@@ -411,8 +433,10 @@ fn count_append(
 /// Requests to sources, sinks and the schema plugin.
 fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoReply, IoError> {
     match op {
-        PluginOp::SourceOpen { source, resume } => {
+        PluginOp::SourceOpen { source, resume, skips } => {
             let mut s = b.sources[source.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            s.pass_over(&skips);
+            b.skips.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(source.0, skips);
             s.open(&resume).map(|_| IoReply::Done).map_err(|e| plugin_failed("source open", e))
         }
         PluginOp::SourceRead { source, records_max } => {
@@ -424,18 +448,26 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                     None => return Err(plugin_failed("source read", e)),
                 },
             };
-            if let Some(why) = refused_record(&**s, &batches, b.record_bytes_max) {
+            let skips = b.skips.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&source.0).cloned();
+            if let Some(why) = refused_record(&**s, &batches, b.record_bytes_max, skips.as_deref().unwrap_or(&[])) {
                 return Ok(IoReply::SourceRefused { why });
             }
             let read_at = std::time::Instant::now();
             let batches: Vec<SourceBatchIn> = batches
                 .into_iter()
                 .map(|batch| {
-                    totals.records.fetch_add(batch.records.len() as u64, Ordering::Relaxed);
+                    let skipped = |r: &skippr_core::wal::Record| {
+                        skips
+                            .iter()
+                            .flatten()
+                            .any(|&(p, at, next)| p == batch.partition && at <= r.position && r.position < next)
+                    };
+                    let given_up = batch.records.iter().filter(|r| skipped(r)).count() as u64;
+                    totals.records.fetch_add(batch.records.len() as u64 - given_up, Ordering::Relaxed);
                     if !batch.records.is_empty() {
                         totals.acks.read(source, batch.partition, batch.end, read_at);
                     }
-                    b.metrics.records.inc_by(batch.records.len() as u64);
+                    b.metrics.records.inc_by(batch.records.len() as u64 - given_up);
                     // An unknown stream name maps to an id the engine
                     // rejects as a protocol error.
                     let stream = b.streams.iter().position(|s| *s == batch.stream).unwrap_or(u16::MAX as usize);
@@ -508,22 +540,43 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
 /// Every record is checked where it enters, before the engine sees its
 /// batch: the first that breaks a rule of `skippr_core::admit` refuses the
 /// whole read (nothing of it is committed, so the next start reads it again)
-/// and says where it is and what to do.
-fn refused_record(source: &dyn crate::plugin::Source, batches: &[Batch], bytes_max: u64) -> Option<String> {
+/// and says where it is and what to do, down to the command that gives up
+/// exactly that record. Input an operator skipped is not checked: the
+/// engine drops it.
+fn refused_record(
+    source: &dyn crate::plugin::Source,
+    batches: &[Batch],
+    bytes_max: u64,
+    skips: &[Skip],
+) -> Option<String> {
     for batch in batches {
-        for record in &batch.records {
+        for (i, record) in batch.records.iter().enumerate() {
+            let skipped =
+                |&(p, at, next): &Skip| p == batch.partition && at <= record.position && record.position < next;
+            if skips.iter().any(skipped) {
+                continue;
+            }
             if let Err(fault) = skippr_core::admit::check_record(&record.bytes, bytes_max) {
                 let place = source.describe(batch.partition, record.position);
+                let next = batch.records.get(i + 1).map_or(batch.end, |r| r.position);
+                let skip = skip_input_arg(&batch.stream, batch.partition, record.position, next);
                 return Some(format!(
                     "the source sent a record of stream {:?} that is refused ({place}): {fault}. Nothing from it was \
                      committed. Fix the input or the source (or, for a record that is only too large, raise \
-                     --record-bytes-max, now {bytes_max}) and start again",
+                     --record-bytes-max, now {bytes_max}) and start again; or give up exactly this record: start \
+                     again with the same settings and `{skip}` (recorded in the WAL)",
                     crate::plugin::process::clip(&batch.stream)
                 ));
             }
         }
     }
     None
+}
+
+/// The `run` option that gives up the input of `partition` of `stream`
+/// from `at` to `next`, as an operator types it.
+pub fn skip_input_arg(stream: &str, partition: u32, at: Position, next: Position) -> String {
+    format!("--skip-input {}:{partition}:{}..{}", crate::plugin::process::clip(stream), at.0, next.0)
 }
 
 fn plugin_failed(what: &str, e: crate::plugin::PluginError) -> IoError {

@@ -184,6 +184,17 @@ pub struct RunArgs {
     #[arg(long)]
     #[serde(skip)]
     pub once: bool,
+    /// Give up exactly the input a refusal (exit 10) names, as its message
+    /// prints it: STREAM:PARTITION:AT..NEXT, positions as the source counts
+    /// them. Recorded in the WAL before anything is read; once done, it is
+    /// a no-op. Repeat for several.
+    #[arg(long, value_name = "STREAM:PARTITION:AT..NEXT")]
+    #[serde(skip)]
+    pub skip_input: Vec<String>,
+    /// Why the input is given up, kept in the WAL with each --skip-input.
+    #[arg(long, value_name = "TEXT", requires = "skip_input")]
+    #[serde(skip)]
+    pub skip_reason: Option<String>,
     /// How long a clean shutdown may drain, in seconds [default: 30].
     #[arg(long, value_name = "SECONDS")]
     #[serde(rename = "drain_timeout_seconds")]
@@ -489,6 +500,9 @@ pub struct RunConfig {
     pub wal_max_bytes: u64,
     pub record_cache_bytes: u64,
     pub record_bytes_max: u64,
+    /// `--skip-input`, parsed, and the reason given with it.
+    pub skips: Vec<InputSkip>,
+    pub skip_reason: String,
     pub drain_timeout_seconds: f64,
     pub stall_seconds: f64,
     /// Only under `--once`.
@@ -510,6 +524,66 @@ fn secs(d: skippr_core::Duration) -> f64 {
 
 /// Resolves flags, environment, file and defaults into one configuration,
 /// or says which value is wrong and what would be right.
+/// Input an operator gives up (`--skip-input`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputSkip {
+    pub stream: String,
+    pub partition: u32,
+    pub at: u64,
+    pub next: u64,
+}
+
+fn input_skip(text: &str) -> Result<InputSkip, String> {
+    let bad = |why: &str| {
+        format!(
+            "--skip-input {text:?}: {why}; give STREAM:PARTITION:AT..NEXT exactly as the refusal message prints it \
+             (for example events:3:1024..5120)"
+        )
+    };
+    let mut parts = text.splitn(3, ':');
+    let (Some(stream), Some(partition), Some(range)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(bad("it has fewer than three parts"));
+    };
+    check_stream_name(stream).map_err(|e| bad(&format!("the stream name is not one a source may use ({e})")))?;
+    let partition = partition.parse().map_err(|_| bad("the partition is not a number"))?;
+    let (at, next) = range.split_once("..").ok_or_else(|| bad("the positions are not AT..NEXT"))?;
+    let (Ok(at), Ok(next)) = (at.parse::<u64>(), next.parse::<u64>()) else {
+        return Err(bad("the positions are not numbers"));
+    };
+    if at >= next {
+        return Err(bad("NEXT must be past AT"));
+    }
+    Ok(InputSkip { stream: stream.into(), partition, at, next })
+}
+
+/// Every `--skip-input`, each once, none overlapping another.
+fn input_skips(texts: &[String]) -> Result<Vec<InputSkip>, String> {
+    let mut skips = texts.iter().map(|s| input_skip(s)).collect::<Result<Vec<_>, _>>()?;
+    skips.sort_by_key(|k| (k.stream.clone(), k.partition, k.at, k.next));
+    skips.dedup();
+    for pair in skips.windows(2) {
+        if (&pair[0].stream, pair[0].partition) == (&pair[1].stream, pair[1].partition) && pair[1].at < pair[0].next {
+            return Err(format!(
+                "--skip-input gives {}:{}:{}..{} and {}..{}, which overlap; give each refused input once",
+                pair[0].stream, pair[0].partition, pair[0].at, pair[0].next, pair[1].at, pair[1].next
+            ));
+        }
+    }
+    Ok(skips)
+}
+
+fn skip_reason(reason: Option<&str>) -> Result<String, String> {
+    let reason = reason.unwrap_or("given up by the operator (run --skip-input)");
+    if reason.len() > skippr_core::config::SKIP_REASON_BYTES_MAX {
+        return Err(format!(
+            "--skip-reason is {} bytes; keep it under {}",
+            reason.len(),
+            skippr_core::config::SKIP_REASON_BYTES_MAX
+        ));
+    }
+    Ok(reason.into())
+}
+
 pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     let file = match &args.config {
         Some(path) => load(path)?,
@@ -629,6 +703,8 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         wal_max_bytes,
         record_cache_bytes,
         record_bytes_max,
+        skips: input_skips(&args.skip_input)?,
+        skip_reason: skip_reason(args.skip_reason.as_deref())?,
         drain_timeout_seconds,
         stall_seconds,
         stall_exit_seconds: args.once.then_some(stall_exit_seconds),

@@ -56,6 +56,7 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::SinkFatal { .. } => SINK_FATAL,
         StopReason::SourceProtocol { .. } | StopReason::SourceRefused { .. } => SOURCE_PROTOCOL,
         StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } | StopReason::NotMember { .. } => CONFIG,
+        StopReason::SkipNotNext { .. } => CONFIG,
         StopReason::SchemaRejected { .. } => SCHEMA_REJECTED,
         StopReason::Fenced { .. }
         | StopReason::LeaseLost { .. }

@@ -147,8 +147,15 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
             format!("source {} partition {partition} broke the protocol: {what}", source.0)
         }
         StopReason::SourceRefused { source, why } => format!(
-            "source {} cannot go on: {why}. Nothing committed is lost: change the setting and start again",
+            "source {} cannot go on: {why}. Nothing committed is lost",
             source.0
+        ),
+        StopReason::SkipNotNext { key, at, next, position } => format!(
+            "--skip-input names positions {}..{} of partition {}, but the WAL has committed that partition up to \
+             position {} (inside that span): a skip must start at or after what is committed, so this one would \
+             give up input that is already delivered. Nothing was skipped; copy the option from the latest refusal \
+             message",
+            at.0, next.0, key.partition, position.0
         ),
         StopReason::NamesChanged { kind, index, wal, config } => format!(
             "the WAL knows {kind} #{index} as '{wal}', but the configuration calls it '{config}': {kind}s are \

@@ -4,10 +4,12 @@
 //! source and the sink, and drives the engine until it stops; then maps the
 //! stop to an exit code and prints one summary line.
 
-use crate::config::{resolve, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig, WalConfig};
+use crate::config::{resolve, InputSkip, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig, WalConfig};
 use crate::exit;
 use crate::explain::{explain, WalPlace};
+use skippr_core::config::SkipRequest;
 use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations, StopReason};
+use skippr_core::{PartitionKey, Position, SourceId, StreamId};
 use skippr_io::driver::{SharedSchema, SharedSink, SharedSource};
 use skippr_io::dynamo::Dynamo;
 use skippr_io::metrics::Metrics;
@@ -221,6 +223,10 @@ async fn run(cfg: RunConfig) -> i32 {
             Err(e) => return fail(e),
         };
         let streams = source.streams();
+        let skips = match skip_requests(&cfg, &streams) {
+            Ok(skips) => skips,
+            Err(e) => return fail((exit::CONFIG, e)),
+        };
         let host_config = HostConfig {
             // Per run: it seeds retry jitter and the low half of the writer epoch.
             seed: run_seed(),
@@ -233,6 +239,7 @@ async fn run(cfg: RunConfig) -> i32 {
             lease: cfg.lease_table.as_ref().map(|_| lease_config(cfg.lease_seconds)),
             cluster: cluster.as_ref().map(|c| c.config.clone()),
             mutations: Mutations::NONE,
+            skips,
         };
         let host = match Host::new(host_config, clock.now()) {
             Ok(h) => h,
@@ -252,6 +259,7 @@ async fn run(cfg: RunConfig) -> i32 {
             endpoints: endpoints.clone(),
             peers: cluster.as_ref().map(|c| Arc::clone(&c.peers)),
             record_bytes_max: cfg.record_bytes_max,
+            skips: Default::default(),
         };
         let incoming = cluster.as_mut().map(|c| &mut c.incoming);
         let reason = drive(host, backends, clock, &mut shutdown, incoming, Arc::clone(&totals)).await;
@@ -416,4 +424,26 @@ fn limits(cfg: &RunConfig) -> Limits {
         record_cache_bytes: cfg.record_cache_bytes,
         ..Limits::for_segment_bytes(cfg.wal_bytes_per_file)
     }
+}
+
+/// `--skip-input`, for the engine: the stream must be one the source has.
+fn skip_requests(cfg: &RunConfig, streams: &[String]) -> Result<Vec<SkipRequest>, String> {
+    let request = |skip: &InputSkip| {
+        let Some(stream) = streams.iter().position(|s| *s == skip.stream) else {
+            return Err(format!(
+                "--skip-input names stream {:?}, which this source does not have (it has {}): copy the option from \
+                 the refusal message",
+                skip.stream,
+                streams.join(", ")
+            ));
+        };
+        Ok(SkipRequest {
+            key: PartitionKey { source: SourceId(0), partition: skip.partition },
+            stream: StreamId(stream as u16),
+            at: Position(skip.at),
+            next: Position(skip.next),
+            reason: cfg.skip_reason.clone(),
+        })
+    };
+    cfg.skips.iter().map(request).collect()
 }

@@ -179,6 +179,25 @@ fn verify(files: &[(skippr_core::SegmentId, Vec<u8>)], name: impl Fn(skippr_core
                 }
             }
             println!("ok: {} segments, {records} records", segments.len());
+            // The operator's skips the WAL still holds, each with its place.
+            let mut streams: Vec<String> = Vec::new();
+            for group in segments.iter().flat_map(|s| &s.groups) {
+                for frame in &group.frames {
+                    match frame {
+                        Frame::Snapshot(s) => streams.clone_from(&s.names.streams),
+                        Frame::Skipped(k) => println!(
+                            "skipped at lsn {}: stream {}, partition {}, positions {}..{}: {}",
+                            group.lsn.0,
+                            streams.get(k.stream.0 as usize).map_or_else(|| format!("#{}", k.stream.0), Clone::clone),
+                            k.key.partition,
+                            k.at.0,
+                            k.next.0,
+                            k.reason.escape_debug()
+                        ),
+                        _ => {}
+                    }
+                }
+            }
             if let Some(tail) = skippr_core::wal::unreadable_tail(&view, &segments) {
                 println!(
                     "note: {} ends at byte {} with {}; the daemon stops if its offsets store or a sink holds \

@@ -463,6 +463,7 @@ impl Scenario {
             lease: (self.wal == WalMode::S3).then(|| self.lease.clone()),
             cluster: None,
             mutations,
+            skips: Vec::new(),
         }
     }
 

@@ -137,6 +137,13 @@ impl Trace {
                 self.u64(*node);
                 self.update(why.as_bytes());
             }
+            Output::Skip { key, at, next, position, recorded } => {
+                self.u64(21);
+                self.u64((key.source.0 as u64) << 32 | key.partition as u64);
+                self.u64(at.0);
+                self.u64(next.0);
+                self.u64(position.0 ^ (*recorded as u64) << 63);
+            }
         }
         if self.print {
             self.lines.push(format!("{now} <- {}", describe_output(output)));
@@ -296,7 +303,7 @@ impl Trace {
                     self.update(&e.value.encode());
                 }
             }
-            IoOp::Plugin(PluginOp::SourceOpen { source, resume }) => {
+            IoOp::Plugin(PluginOp::SourceOpen { source, resume, .. }) => {
                 self.u64(37 ^ (source.0 as u64) << 8);
                 for r in resume {
                     self.u64(r.position.0);
@@ -406,6 +413,9 @@ pub fn describe_output(output: &Output) -> String {
         Output::Unstalled => "stall over".into(),
         Output::WalFull { bytes, limit } => format!("WAL full: {bytes} B of {limit}"),
         Output::WalRoom { bytes } => format!("WAL has room: {bytes} B"),
+        Output::Skip { key, at, next, position, recorded } => {
+            format!("skip {key:?} {}..{} at {} recorded {recorded}", at.0, next.0, position.0)
+        }
         Output::Send(m) => format!("send {}", describe_message(m)),
         Output::Role { term, leader, is_leader } => {
             format!("role term={term} leader={leader}{}", if *is_leader { " (this host)" } else { "" })
@@ -458,7 +468,7 @@ pub fn describe_op(op: &IoOp) -> String {
             }
             s
         }
-        IoOp::Plugin(PluginOp::SourceOpen { source, resume }) => {
+        IoOp::Plugin(PluginOp::SourceOpen { source, resume, .. }) => {
             let mut s = format!("source-open {}", source.0);
             for r in resume {
                 let _ = write!(s, " p{}={}", r.partition, r.position.0);

@@ -498,3 +498,74 @@ fn a_damaged_last_group_is_reported_alike_by_wal_verify_and_run() {
     assert!(stderr(&run).contains(UNREADABLE_TAIL), "{}", stderr(&run));
     assert_eq!(sink_lines(&data.join("sink"), "events").len(), before, "nothing more delivered");
 }
+
+/// The `--skip-input` option a refusal message prints, as its two words.
+fn printed_skip(out: &Output) -> [String; 2] {
+    let says = stderr(out);
+    let at = says.find("`--skip-input ").unwrap_or_else(|| panic!("the refusal prints a skip: {says}"));
+    let option = &says[at + 1..];
+    let option = &option[..option.find('`').unwrap()];
+    let (flag, value) = option.split_once(' ').unwrap();
+    [flag.to_string(), value.to_string()]
+}
+
+#[test]
+fn an_operator_gives_up_exactly_the_refused_lines_with_the_printed_option_recorded_in_the_wal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, input) = (tmp.path().join("data"), tmp.path().join("in"));
+    std::fs::create_dir(&input).unwrap();
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(5 << 20));
+    let body = format!("{{\"n\":1}}\n{{\"n\":2}}\nnot json\n{{\"n\":4}}\n{big}\n{{\"n\":6}}\n");
+    std::fs::write(input.join("app.jsonl"), body).unwrap();
+    // First the line that is not JSON (inside a read), then the line too
+    // long to read: each refused, each given up with the option printed.
+    let mut skips: Vec<String> = Vec::new();
+    for (n, says) in [(1, "not exactly one JSON value"), (2, "longer than --record-bytes-max")] {
+        let mut extra: Vec<&str> = Vec::new();
+        for value in &skips {
+            extra.extend(["--skip-input", value.as_str()]);
+        }
+        let out = read_files(&data, &input, &extra);
+        assert_eq!(out.status.code(), Some(10), "refusal {n}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "refusal {n}: {}", stderr(&out));
+        let [flag, value] = printed_skip(&out);
+        assert_eq!(flag, "--skip-input");
+        skips.push(value);
+    }
+    let sink = data.join("sink");
+    let mut extra: Vec<&str> = vec!["--skip-reason", "export bug 42"];
+    for value in &skips {
+        extra.extend(["--skip-input", value.as_str()]);
+    }
+    let out = read_files(&data, &input, &extra);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("giving up input on the operator's command"), "{}", stderr(&out));
+    let want = ["{\"n\":1}", "{\"n\":2}", "{\"n\":4}", "{\"n\":6}"];
+    assert_eq!(sink_lines(&sink, "lines"), want);
+    // The WAL says what was given up, where and why: the first skip was
+    // recorded by the run that then met the long line, with the default
+    // reason.
+    let verify = Command::new(skipprd_bin()).args(["wal", "verify", data.to_str().unwrap()]).output().unwrap();
+    let listed = String::from_utf8_lossy(&verify.stdout).into_owned();
+    for (value, why) in skips.iter().zip(["given up by the operator (run --skip-input)", "export bug 42"]) {
+        let (_, rest) = value.split_once(':').unwrap();
+        let (partition, span) = rest.split_once(':').unwrap();
+        let line = format!("stream lines, partition {partition}, positions {span}: {why}");
+        assert_eq!(listed.matches(&line).count(), 1, "{line} in {listed}");
+    }
+    // Given again, the option does nothing; without it nothing is refused.
+    let again = read_files(&data, &input, &extra);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert!(stderr(&again).contains("nothing to skip"), "{}", stderr(&again));
+    assert_eq!(read_files(&data, &input, &[]).status.code(), Some(0));
+    assert_eq!(sink_lines(&sink, "lines"), want, "nothing twice");
+    // A skip over input already delivered is refused, and changes nothing.
+    let (stream_partition, _) = skips[0].rsplit_once(':').unwrap();
+    let across = format!("{stream_partition}:1..999999999");
+    let out = read_files(&data, &input, &["--skip-input", &across]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("already delivered"), "{}", stderr(&out));
+    let mistyped = read_files(&data, &input, &["--skip-input", "lines:1:9..3"]);
+    assert_eq!(mistyped.status.code(), Some(3), "{}", stderr(&mistyped));
+    assert!(stderr(&mistyped).contains("NEXT must be past AT"), "{}", stderr(&mistyped));
+}

@@ -119,6 +119,11 @@ impl Host {
                     self.offsets.committed(b.key, &self.committed.partitions[&b.key], false);
                     self.records.push(b.key, place, b.records);
                 }
+                Frame::Skipped(k) => {
+                    if let Some(p) = self.committed.partitions.get(&k.key).filter(|p| p.lsn == place.lsn) {
+                        self.offsets.committed(k.key, p, false);
+                    }
+                }
                 Frame::CompactionDone(done) => self.prune_acked(done.stream),
                 _ => {}
             }

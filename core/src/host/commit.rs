@@ -65,6 +65,14 @@ impl Host {
                 }
             }
             Frame::CompactionDone(done) => self.prune_acked(done.stream),
+            Frame::Skipped(k) => {
+                // Where it moved the partition on, the source and the
+                // offsets store learn the new position.
+                if let Some(p) = self.committed.partitions.get(&k.key).filter(|p| p.lsn == place.lsn) {
+                    self.sources.committed(k.key, p.position);
+                    self.offsets.committed(k.key, p, false);
+                }
+            }
             _ => {}
         }
     }

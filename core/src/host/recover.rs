@@ -8,7 +8,7 @@
 use super::*;
 use crate::io::{OffsetsOp, WalOp};
 use crate::recovery::{recover, WalDamage};
-use crate::wal::Frame;
+use crate::wal::{Frame, Skipped};
 use offsets_writer::StoreCheck;
 
 impl Host {
@@ -209,12 +209,45 @@ impl Host {
             open_compactions: self.committed.open.len(),
         }));
         self.phase = Phase::Running;
+        if let Err(stop) = self.record_skips() {
+            return self.stop(stop);
+        }
         if self.shutdown_requested {
             self.on_shutdown();
         }
         for source in (0..self.cfg.sources.len() as u16).map(SourceId) {
             self.sources.open(&mut self.fx, &self.committed, source);
         }
+    }
+}
+
+impl Host {
+    /// The operator's skips (`run --skip-input`), before any source opens:
+    /// each one names input not yet committed (the partition stands at or
+    /// before its start) and is recorded in the WAL ahead of everything
+    /// read after it; one whose end the partition already passed was done
+    /// by an earlier run.
+    fn record_skips(&mut self) -> Result<(), StopReason> {
+        for skip in self.cfg.skips.clone() {
+            let position = self.committed.partitions.get(&skip.key).map_or(Position(0), |p| p.position);
+            let (key, at, next) = (skip.key, skip.at, skip.next);
+            if position > at && position < next {
+                return Err(StopReason::SkipNotNext { key, at, next, position });
+            }
+            let recorded = position <= at;
+            self.fx.emit(Output::Skip { key, at, next, position, recorded });
+            if recorded {
+                self.wal.push(Frame::Skipped(Skipped {
+                    key,
+                    stream: skip.stream,
+                    at,
+                    next,
+                    reason: skip.reason.clone(),
+                }));
+                self.sources.skip(&skip);
+            }
+        }
+        Ok(())
     }
 }
 

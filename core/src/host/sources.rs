@@ -7,12 +7,12 @@
 //! coordinator.
 
 use super::effects::{Effects, Pending, Retry};
-use crate::config::{HostConfig, Limits, SEAL_RESERVE};
+use crate::config::{HostConfig, Limits, SkipRequest, SEAL_RESERVE};
 use crate::ids::*;
 use crate::io::PluginOp;
 use crate::io::{IoError, IoOp, ResumePoint, SourceBatchIn, StopReason};
 use crate::state::CommittedState;
-use crate::wal::{Frame, Record, SourceBatch, FRAME_HEADER_BYTES};
+use crate::wal::{Frame, Record, Skipped, SourceBatch, FRAME_HEADER_BYTES};
 use std::collections::BTreeMap;
 
 pub(super) struct Sources {
@@ -30,6 +30,8 @@ struct Slot {
     ack_io: Option<IoId>,
     /// The acks in flight, put back if their request fails.
     acks_sent: Vec<(u32, Position)>,
+    /// Input an operator gave up this run.
+    skips: Vec<SkipRequest>,
 }
 
 /// A source batch taken in, as frames for the next group.
@@ -70,7 +72,18 @@ impl Sources {
                 checkpoint: p.checkpoint.clone(),
             })
             .collect();
-        fx.io(Pending::SourceOpen(source), IoOp::Plugin(PluginOp::SourceOpen { source, resume }));
+        let skips = self.slots[source.0 as usize].skips.iter().map(|k| (k.key.partition, k.at, k.next)).collect();
+        fx.io(Pending::SourceOpen(source), IoOp::Plugin(PluginOp::SourceOpen { source, resume, skips }));
+    }
+
+    /// An operator's skip, before the source opens: its records are dropped
+    /// where they arrive; a partition at its start moves on past it now.
+    pub(super) fn skip(&mut self, skip: &SkipRequest) {
+        self.slots[skip.key.source.0 as usize].skips.push(skip.clone());
+        let accepted = self.accepted.entry(skip.key).or_default();
+        if *accepted == skip.at {
+            *accepted = skip.next;
+        }
     }
 
     pub(super) fn on_opened(&mut self, fx: &mut Effects, source: SourceId, ok: bool) {
@@ -159,8 +172,18 @@ impl Sources {
         if !accept_resent {
             records.retain(|r| r.position >= floor);
         }
+        let skips = &self.slots[source.0 as usize].skips;
+        records.retain(|r| !skips.iter().any(|k| k.key == key && k.at <= r.position && r.position < k.next));
         if records.is_empty() {
-            return Ok(None);
+            // Nothing but skipped input, from where the partition stands:
+            // the skip, committed again there, moves it on.
+            let Some(k) = skips.iter().find(|k| k.key == key && k.at == floor && k.next <= batch.end) else {
+                return Ok(None);
+            };
+            let frame =
+                Frame::Skipped(Skipped { key, stream: batch.stream, at: k.at, next: k.next, reason: k.reason.clone() });
+            self.accepted.insert(key, k.next);
+            return Ok(Some(Admitted { key, frames: vec![frame], end: k.next, records: 0, checkpoint: None }));
         }
         let end = batch.end;
         if !accept_resent {

@@ -33,6 +33,7 @@ pub enum FrameKind {
     Membership = 9,
     Finished = 10,
     AllFinished = 11,
+    Skipped = 12,
 }
 
 impl FrameKind {
@@ -49,6 +50,7 @@ impl FrameKind {
             9 => FrameKind::Membership,
             10 => FrameKind::Finished,
             11 => FrameKind::AllFinished,
+            12 => FrameKind::Skipped,
             _ => return None,
         })
     }
@@ -70,6 +72,17 @@ pub struct SourceBatch {
     pub end: Position,
     pub checkpoint: Option<Vec<u8>>,
     pub records: Vec<Record>,
+}
+
+/// Input of partition `key` from position `at` (included) to `next` (not
+/// included) that an operator chose to give up, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    pub key: PartitionKey,
+    pub stream: StreamId,
+    pub at: Position,
+    pub next: Position,
+    pub reason: String,
 }
 
 /// A schema plugin's answer for a stream, committed so that replay never asks
@@ -193,6 +206,13 @@ pub enum Frame {
     /// Clustered `--once`: every member has learnt that the terminal entry
     /// committed. A host under `--once` that applies it stops.
     AllFinished,
+    /// An operator gave up the input of a partition from `at` to `next`
+    /// (`run --skip-input`). Committed where the partition's position is
+    /// `at`, it moves the position to `next` (and every sink's acknowledged
+    /// position with it, where that was `at`: the gap holds nothing to
+    /// deliver); elsewhere it only records the decision, and the source
+    /// batch that passes over the gap follows it.
+    Skipped(Skipped),
 }
 
 impl Frame {
@@ -209,6 +229,7 @@ impl Frame {
             Frame::Membership(_) => FrameKind::Membership,
             Frame::Finished => FrameKind::Finished,
             Frame::AllFinished => FrameKind::AllFinished,
+            Frame::Skipped(_) => FrameKind::Skipped,
         }
     }
 

@@ -29,6 +29,7 @@ impl Frame {
                     + s.finished.map_or(0, |_| 16)
             }
             Frame::Seal | Frame::Fence | Frame::Finished | Frame::AllFinished => 0,
+            Frame::Skipped(k) => 2 + 4 + 2 + 8 + 8 + 4 + k.reason.len(),
             Frame::Membership(cc) => cc.len(),
             Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
         }
@@ -101,6 +102,13 @@ impl Frame {
                 }
             }
             Frame::Seal | Frame::Fence | Frame::Finished | Frame::AllFinished => {}
+            Frame::Skipped(k) => {
+                put_key(w, k.key);
+                w.u16(k.stream.0);
+                w.u64(k.at.0);
+                w.u64(k.next.0);
+                w.bytes(k.reason.as_bytes());
+            }
             Frame::Membership(cc) => w.buf.extend_from_slice(cc),
             Frame::Commit(c) => {
                 w.u32(c.frames);
@@ -216,6 +224,13 @@ pub(super) fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, D
         FrameKind::Fence => Frame::Fence,
         FrameKind::Finished => Frame::Finished,
         FrameKind::AllFinished => Frame::AllFinished,
+        FrameKind::Skipped => Frame::Skipped(Skipped {
+            key: get_key(&mut r)?,
+            stream: StreamId(r.u16()?),
+            at: Position(r.u64()?),
+            next: Position(r.u64()?),
+            reason: String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?,
+        }),
         FrameKind::Membership => Frame::Membership(r.take_up_to(r.remaining()).to_vec()),
         FrameKind::Commit => Frame::Commit(CommitRecord { frames: r.u32()?, bytes: r.u32()? }),
     };

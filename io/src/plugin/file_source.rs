@@ -59,6 +59,8 @@ pub struct FileSource {
     /// a run without `follow`.
     unfinished: BTreeSet<String>,
     refused: Option<String>,
+    /// Input an operator gave up: per partition, `(at, next)`.
+    skips: Vec<(u32, Position, Position)>,
 }
 
 /// What the source knows of one partition.
@@ -114,6 +116,7 @@ impl FileSource {
             colliding: BTreeSet::new(),
             unfinished: BTreeSet::new(),
             refused: None,
+            skips: Vec::new(),
         }
     }
 
@@ -276,9 +279,26 @@ impl FileSource {
         let read = memchr::memchr(b'\n', &buf[at..]).is_none() && from + buf.len() as u64 >= len;
         // No line in a full window (a read with budget left took none).
         if records.is_empty() && !read && buf.len() == window {
+            let cannot = |e: std::io::Error| PluginError(format!("cannot read {}: {e}", found.path.display()));
+            let end = line_end(&mut file, from + buf.len() as u64).map_err(cannot)?;
+            let (at, next) = (Self::position(generation, from), end.map(|end| Self::position(generation, end)));
+            if let Some(next) = next.filter(|next| self.skips.contains(&(partition, at, *next))) {
+                // Given up by the operator: read on after it.
+                t.offset = next.0 & ((1 << OFFSET_BITS) - 1);
+                return Ok((None, false));
+            }
+            let give_up = match next {
+                Some(next) => format!(
+                    "; or give up exactly this line: start again with the same settings and `{}` (recorded in the \
+                     WAL)",
+                    crate::driver::skip_input_arg(&self.stream, partition, at, next)
+                ),
+                None => " (the line has no newline yet, so it cannot be given up until it has one)".into(),
+            };
             let why = format!(
                 "the file source's {} holds a line longer than --record-bytes-max ({} bytes) at byte offset {}: \
-                 nothing from it was committed; raise --record-bytes-max (at most {}), or move the file out of {}",
+                 nothing from it was committed; raise --record-bytes-max (at most {}), or move the file out of \
+                 {}{give_up}",
                 found.path.display(),
                 self.record_bytes_max,
                 from,
@@ -329,6 +349,10 @@ impl FileSource {
 impl Source for FileSource {
     fn streams(&self) -> Vec<String> {
         vec![self.stream.clone()]
+    }
+
+    fn pass_over(&mut self, skips: &[(u32, Position, Position)]) {
+        self.skips = skips.to_vec();
     }
 
     fn open(&mut self, resume: &[ResumePoint]) -> Result<(), PluginError> {
@@ -449,6 +473,25 @@ fn fingerprint(path: &Path, limit: u64) -> Option<(u64, u32)> {
 
 /// Reads until `buf` is full or the file ends (it may be shorter than it
 /// was when listed).
+/// The offset just past the first newline at or after `from`, read in
+/// bounded pieces (the line may be any length); `None` at the end of the
+/// file without one.
+fn line_end(file: &mut std::fs::File, from: u64) -> std::io::Result<Option<u64>> {
+    let mut buf = vec![0u8; FILE_READ_BYTES];
+    let mut at = from;
+    file.seek(SeekFrom::Start(from))?;
+    loop {
+        let n = read_up_to(file, &mut buf)?;
+        if let Some(nl) = memchr::memchr(b'\n', &buf[..n]) {
+            return Ok(Some(at + nl as u64 + 1));
+        }
+        if n < buf.len() {
+            return Ok(None);
+        }
+        at += n as u64;
+    }
+}
+
 fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {

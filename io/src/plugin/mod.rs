@@ -54,6 +54,13 @@ pub trait Source: Send {
     fn streams(&self) -> Vec<String>;
     /// Starts (or restarts) at the host's positions: a read-only snapshot.
     fn open(&mut self, resume: &[ResumePoint]) -> Result<(), PluginError>;
+    /// Before `open`: input an operator gave up, per partition `(at,
+    /// next)`. The engine drops the records in it; a source that refuses
+    /// input before it becomes a record (a line too long to read) passes
+    /// over it instead.
+    fn pass_over(&mut self, skips: &[(u32, Position, Position)]) {
+        let _ = skips;
+    }
     /// Up to `records_max` records, promptly; `true` when a finite source
     /// has nothing more, ever.
     fn read(&mut self, records_max: u32) -> Result<(Vec<Batch>, bool), PluginError>;

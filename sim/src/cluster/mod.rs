@@ -682,6 +682,7 @@ impl ClusterWorld {
                 Output::LeaseWait { .. } | Output::Stalled { .. } | Output::Unstalled => {
                     unreachable!("clustered engines take no lease and watch no stalls")
                 }
+                Output::Skip { .. } => unreachable!("the simulator's runs skip nothing"),
             }
         }
     }
@@ -923,7 +924,7 @@ impl ClusterWorld {
             return Err(IoError::Failed);
         }
         match op {
-            PluginOp::SourceOpen { source, resume } => {
+            PluginOp::SourceOpen { source, resume, .. } => {
                 // Only the newest leader's resume is judged: a deposed one
                 // that has not noticed yet resumes stale, and harmlessly.
                 let newest = self.nodes.iter().map(|n| n.term).max().unwrap_or(0);

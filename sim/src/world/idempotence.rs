@@ -75,6 +75,7 @@ fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets)
                 Output::LeaseWait { .. } => unreachable!("recovering alone takes no lease"),
                 Output::WalFull { .. } | Output::WalRoom { .. } => unreachable!("sources are read only after recovery"),
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
+                Output::Skip { .. } => unreachable!("the simulator's runs skip nothing"),
                 Output::Send(_) | Output::Role { .. } | Output::JoinRefused { .. } => {
                     unreachable!("recovering alone is not clustered")
                 }

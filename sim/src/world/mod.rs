@@ -498,6 +498,7 @@ impl World {
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
                 Output::WalFull { .. } => self.stats.wal_full += 1,
                 Output::WalRoom { .. } => {}
+                Output::Skip { .. } => unreachable!("the simulator's runs skip nothing"),
                 Output::Send(_) | Output::Role { .. } | Output::JoinRefused { .. } => {
                     unreachable!("this world runs one host, not a cluster")
                 }

@@ -123,7 +123,7 @@ impl World {
             return Err(IoError::Failed);
         }
         match op {
-            PluginOp::SourceOpen { source, resume } => {
+            PluginOp::SourceOpen { source, resume, .. } => {
                 // A woken writer resumes from what it recovered before it
                 // froze: stale, and harmless while it cannot commit.
                 if who == Who::Live {

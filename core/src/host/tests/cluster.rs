@@ -24,6 +24,7 @@ fn cluster_config(node: u64, seed: u64, mutations: Mutations) -> HostConfig {
     HostConfig {
         seed: seed * 10 + node,
         mutations,
+        skips: Vec::new(),
         limits,
         cluster: Some(ClusterConfig { node, voters: (1..=HOSTS).collect(), tick: TICK, shared_offsets: false }),
         ..config()

@@ -25,6 +25,7 @@ fn config() -> HostConfig {
         lease: None,
         cluster: None,
         mutations: crate::Mutations::NONE,
+        skips: Vec::new(),
     }
 }
 
@@ -47,6 +48,8 @@ struct Harness {
     deleted: Vec<SegmentId>,
     /// `WalFull` (true) and `WalRoom` (false) outputs, in order.
     wal_full: Vec<bool>,
+    /// Every `Skip` output's `recorded`, in order.
+    skips: Vec<bool>,
 }
 
 impl Harness {
@@ -93,6 +96,7 @@ impl Harness {
             objects: None,
             deleted: vec![],
             wal_full: vec![],
+            skips: vec![],
         }
     }
 
@@ -106,6 +110,7 @@ impl Harness {
                     Output::LeaseWait { holder, .. } => self.lease_waits.push(holder),
                     Output::WalFull { .. } => self.wal_full.push(true),
                     Output::WalRoom { .. } => self.wal_full.push(false),
+                    Output::Skip { recorded, .. } => self.skips.push(recorded),
                     Output::Recovered(_) | Output::Stalled { .. } | Output::Unstalled => {}
                     Output::Send(_) | Output::Role { .. } | Output::JoinRefused { .. } => unreachable!("not clustered"),
                 }
@@ -292,3 +297,4 @@ mod engine;
 mod lease;
 mod memory;
 mod recovery;
+mod skips;

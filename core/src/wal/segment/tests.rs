@@ -47,7 +47,14 @@ fn groups() -> Vec<Vec<Frame>> {
                 seq: CompactionSeq(0),
             }),
             Frame::SchemaDecision(SchemaDecision { stream: StreamId(0), fingerprint: 1 }),
-            batch(0, 3, 1),
+            Frame::Skipped(Skipped {
+                key: key(0),
+                stream: StreamId(0),
+                at: Position(4),
+                next: Position(5),
+                reason: "bad export".into(),
+            }),
+            batch(0, 5, 1),
         ],
     ]
 }
