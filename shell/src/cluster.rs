@@ -269,9 +269,14 @@ pub struct IdentityArgs {
 /// `run` asks the cluster to let it in while the file is there.
 pub const JOIN_FILE: &str = "cluster-join";
 
+/// Exactly the 16 hex digits `cluster init` printed: a shortened id would
+/// name another cluster.
 fn parse_cluster_id(s: &str) -> Result<u64, String> {
-    u64::from_str_radix(s, 16)
-        .map_err(|_| format!("'{s}' is not a cluster id: 16 hex digits, as `cluster init` printed"))
+    let bad = || format!("'{s}' is not a cluster id: give all 16 hex digits, as `cluster init` printed them");
+    if s.len() != 16 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    u64::from_str_radix(s, 16).map_err(|_| bad())
 }
 
 /// `join`: false for `init` (the host is one of the first voters).

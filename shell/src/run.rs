@@ -37,7 +37,11 @@ pub fn main(args: RunArgs) -> i32 {
             return exit::CONFIG;
         }
     };
-    crate::logging::init(cfg.json_logs);
+    let node = match &cfg.wal {
+        WalConfig::Clustered(c) => Some(c.node),
+        _ => None,
+    };
+    crate::logging::init(cfg.json_logs, node);
     // One writer per WAL: on disk the directory lock says so; in S3 mode the
     // lease does.
     let local = !matches!(cfg.wal, WalConfig::S3 { .. }) || cfg.offsets == OffsetsConfig::Disk;

@@ -25,6 +25,12 @@ fn init_and_join_write_an_identity_once_and_refuse_what_would_reuse_one() {
     let old_id = skipprd(&["cluster", "join", "--node-id", "2", "--voters", "1,2,3", "--cluster-id", &id, b]);
     assert_eq!(old_id.status.code(), Some(3));
     assert!(stderr(&old_id).contains("joins under a new id"), "{}", stderr(&old_id));
+    // An abbreviated id names another cluster: refused, never padded.
+    for short in [&id[..4], &id[12..], "0x12345678abcdef0", &format!("{id}0")] {
+        let out = skipprd(&["cluster", "join", "--node-id", "4", "--voters", "1,2,3", "--cluster-id", short, b]);
+        assert_eq!(out.status.code(), Some(2), "{short}: {}", stderr(&out));
+        assert!(stderr(&out).contains("give all 16 hex digits"), "{short}: {}", stderr(&out));
+    }
     let no_id = skipprd(&["cluster", "join", "--node-id", "4", "--voters", "1,2,3", b]);
     assert!(stderr(&no_id).contains("--cluster-id is required"), "{}", stderr(&no_id));
     let no_old = skipprd(&["cluster", "join", "--node-id", "4", "--voters", "1,2,3", "--cluster-id", &id, b]);

@@ -203,3 +203,55 @@ fn over_tls_the_daemon_verifies_the_server_against_its_ca_file_and_lands_every_r
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("sslmode=require"), "{}", stderr(&out));
 }
+
+/// A role given a schema of its own (USAGE and CREATE on it, nothing on the
+/// database beyond what every role has) is all the sink needs: it creates
+/// the schema only where it is missing.
+#[test]
+fn a_role_with_only_usage_and_create_on_an_existing_schema_is_enough() {
+    let schema = pg::fresh_schema("least");
+    let role = format!("skippr_least_{}", std::process::id());
+    let mut admin = pg::client();
+    admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).unwrap();
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN PASSWORD 'least-secret'; CREATE SCHEMA \"{schema}\"; \
+             GRANT USAGE, CREATE ON SCHEMA \"{schema}\" TO {role}"
+        ))
+        .unwrap();
+    let url = pg::url();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (_, place) = rest.split_once('@').unwrap();
+    let as_role = format!("{scheme}://{role}:least-secret@{place}");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = daemon(&tmp.path().join("data"), &schema, &["--once", "--generator-records", "500"])
+        .env("SKIPPR_POSTGRES_URL", &as_role)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    pg::assert_exactly_once(&schema, "events", 2, 500);
+    admin.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE; DROP ROLE {role}")).unwrap();
+}
+
+/// A server that cannot be reached is named with the cause, not only
+/// "error connecting to server".
+#[test]
+fn an_unreachable_server_is_logged_with_its_cause() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("log");
+    let mut child = daemon(&tmp.path().join("data"), "public", &["--once"])
+        .env("SKIPPR_POSTGRES_URL", format!("postgresql://nobody@127.0.0.1:{port}/nothing"))
+        .stderr(std::fs::File::create(&log).unwrap())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !file_contains(&log, "Connection refused") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("error connecting to server: Connection refused"), "{text}");
+}

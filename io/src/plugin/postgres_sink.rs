@@ -193,7 +193,7 @@ impl PostgresSink {
             if self.ready.contains(&table) {
                 continue;
             }
-            let ddl = if table == PROGRESS { self.progress_ddl() } else { self.stream_ddl(&table) };
+            let ddl = if table == PROGRESS { self.progress_ddl()? } else { self.stream_ddl(&table) };
             let client = self.client.as_mut().expect("connected above");
             client.batch_execute(&ddl).map_err(|e| self.fail(&e))?;
             self.ready.insert(table);
@@ -201,15 +201,24 @@ impl PostgresSink {
         Ok(())
     }
 
-    fn progress_ddl(&self) -> String {
-        format!(
-            "CREATE SCHEMA IF NOT EXISTS {schema}; CREATE TABLE IF NOT EXISTS {schema}.{PROGRESS} (
+    /// The progress table, and first the schema where it does not exist
+    /// yet: creating a schema needs `CREATE` on the database, which a role
+    /// given a schema of its own need not have.
+    fn progress_ddl(&mut self) -> Result<String, Failure> {
+        let client = self.client.as_mut().expect("connected");
+        let exists = client
+            .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&self.settings.schema])
+            .map_err(|e| classify(&e))?
+            .is_some();
+        let schema = quote(&self.settings.schema);
+        let create_schema = if exists { String::new() } else { format!("CREATE SCHEMA IF NOT EXISTS {schema}; ") };
+        Ok(format!(
+            "{create_schema}CREATE TABLE IF NOT EXISTS {schema}.{PROGRESS} (
                 pipeline text NOT NULL, wal text NOT NULL, stream text NOT NULL, seq bigint NOT NULL,
                 compaction_id text NOT NULL, records bigint NOT NULL,
                 applied_at timestamptz NOT NULL DEFAULT now(),
-                PRIMARY KEY (pipeline, wal, stream, seq))",
-            schema = quote(&self.settings.schema)
-        )
+                PRIMARY KEY (pipeline, wal, stream, seq))"
+        ))
     }
 
     fn stream_ddl(&self, stream: &str) -> String {
@@ -546,8 +555,9 @@ fn classify_connect(e: &postgres::Error) -> Failure {
 
 fn classify(e: &postgres::Error) -> Failure {
     let Some(code) = e.code() else {
-        // No SQLSTATE: the connection itself (refused, reset, timed out).
-        return Failure::Transient(e.to_string());
+        // No SQLSTATE: the connection itself (refused, reset, timed out),
+        // named down to its cause.
+        return Failure::Transient(with_causes(e));
     };
     let message = match e.as_db_error() {
         Some(db) => {
@@ -573,6 +583,21 @@ fn classify(e: &postgres::Error) -> Failure {
     } else {
         Failure::Fatal(message)
     }
+}
+
+/// An error and every cause under it: `error connecting to server:
+/// Connection refused (os error 111)`, not the first part alone.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// A record's bytes in COPY's text format: backslash, tab, newline and
