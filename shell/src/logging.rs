@@ -3,12 +3,12 @@
 //! (`skippr_io::health`), for the stall report.
 
 use std::fmt::{self, Write};
-use tracing_subscriber::fmt::format::{Format, Writer};
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
-use tracing_subscriber::registry::LookupSpan;
 use std::io::IsTerminal;
 use tracing::field::{Field, Visit};
+use tracing_subscriber::fmt::format::{Format, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
@@ -40,7 +40,12 @@ where
     N: for<'a> FormatFields<'a> + 'static,
     F: FormatEvent<S, N>,
 {
-    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &tracing::Event<'_>) -> fmt::Result {
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> fmt::Result {
         if !self.json {
             write!(writer, "[node {}] ", self.node)?;
             return self.inner.format_event(ctx, writer, event);

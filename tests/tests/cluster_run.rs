@@ -222,6 +222,12 @@ fn under_once_every_host_exits_0_by_itself_also_when_started_again() {
     assert_exactly_once(&cluster.sink, &["events"], 2, records);
     for node in 1..=3 {
         assert!(!file_contains(&cluster.log(node), "had not learnt"), "node {node}: {}", cluster.tail(node));
+        // Every log line names its host, as three hosts sharing a terminal need.
+        let log = std::fs::read_to_string(cluster.log(node)).unwrap();
+        let logged: Vec<&str> = log.lines().filter(|l| l.contains(" INFO ") || l.contains(" WARN ")).collect();
+        assert!(!logged.is_empty());
+        let prefix = format!("[node {node}] ");
+        assert!(logged.iter().all(|l| l.starts_with(&prefix)), "node {node}: {}", cluster.tail(node));
     }
     // Started again alone, a host finds the finished run on its own disk.
     cluster.start(2);
