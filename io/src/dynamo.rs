@@ -64,10 +64,7 @@ pub fn check_table_name(table: &str) -> Result<(), String> {
     if (3..=255).contains(&table.len()) && ok_chars {
         Ok(())
     } else {
-        Err(format!(
-            "'{table}' is not a valid DynamoDB table name: use 3 to 255 letters, digits, '_', '-' or '.' \
-             (SKIPPR_OFFSET_DYNAMODB_TABLE)"
-        ))
+        Err(format!("'{table}' is not a valid DynamoDB table name: use 3 to 255 letters, digits, '_', '-' or '.'"))
     }
 }
 

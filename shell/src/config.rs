@@ -156,7 +156,9 @@ pub struct RunArgs {
     #[serde(flatten)]
     pub aws: AwsArgs,
     /// S3 mode: another writer may take the lease over once its holder has
-    /// not renewed it for this long, in seconds [default: 10].
+    /// not renewed it for this long, in seconds; at least 0.2. Every S3 and
+    /// DynamoDB request under the lease, its retries included, ends within
+    /// 45 % of it (at most 60 s) [default: 10].
     #[arg(long, env = "SKIPPR_LEASE_SECONDS", value_name = "SECONDS", allow_negative_numbers = true)]
     pub lease_seconds: Option<f64>,
     /// Size of a WAL segment file in bytes [default: 67108864].
@@ -592,7 +594,9 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     let limits = Limits::default();
     let table = args.table.dynamodb_table.clone().or(file.table.dynamodb_table);
     if let Some(t) = &table {
-        skippr_io::dynamo::check_table_name(t)?;
+        skippr_io::dynamo::check_table_name(t).map_err(|e| {
+            format!("{e} ({})", named("--dynamodb-table", "SKIPPR_OFFSET_DYNAMODB_TABLE", "dynamodb_table"))
+        })?;
     }
     let wal = wal_config(&args.wal.or(file.wal), &args.cluster.or(file.cluster))?;
     let lease_table = match (&wal, &table) {
@@ -617,11 +621,12 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         other => return Err(format!("unknown SKIPPR_OFFSET_STORE '{other}': use disk or dynamodb")),
     };
     let lease_seconds = args.lease_seconds.or(file.lease_seconds).unwrap_or(secs(LeaseConfig::default().steal_after));
-    positive("SKIPPR_LEASE_SECONDS", lease_seconds)?;
+    let lease_name = || named("--lease-seconds", "SKIPPR_LEASE_SECONDS", "lease_seconds");
+    positive(&lease_name(), lease_seconds)?;
     if lease_seconds < LEASE_SECONDS_MIN {
         return Err(format!(
-            "SKIPPR_LEASE_SECONDS must be at least {LEASE_SECONDS_MIN} (not {lease_seconds}): every S3 and DynamoDB \
-             request must finish within half of it"
+            "{} must be at least {LEASE_SECONDS_MIN} (not {lease_seconds}): {LEASE_RULE}",
+            lease_name()
         ));
     }
     let aws = AwsSettings {
@@ -631,47 +636,55 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     };
     let data_dir = args.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from("./data"));
     let wal_bytes_per_file = args.wal_bytes_per_file.or(file.wal_bytes_per_file).unwrap_or(limits.segment_bytes);
+    let segment_name = || named("--wal-bytes-per-file", "WAL_BYTES_PER_FILE", "wal_bytes_per_file");
     if wal_bytes_per_file > WAL_BYTES_PER_FILE_MAX {
         return Err(format!(
-            "WAL_BYTES_PER_FILE is {wal_bytes_per_file}; a segment may be at most {WAL_BYTES_PER_FILE_MAX} bytes \
-             (16 GiB)"
+            "{} is {wal_bytes_per_file}; a segment may be at most {WAL_BYTES_PER_FILE_MAX} bytes (16 GiB)",
+            segment_name()
         ));
     }
     let wal_max_delay_seconds =
         args.wal_max_delay_seconds.or(file.wal_max_delay_seconds).unwrap_or(secs(limits.segment_age_max));
-    positive("WAL_MAX_DELAY_SECONDS", wal_max_delay_seconds)?;
+    positive(
+        &named("--wal-max-delay-seconds", "WAL_MAX_DELAY_SECONDS", "wal_max_delay_seconds"),
+        wal_max_delay_seconds,
+    )?;
     let wal_max_bytes = args.wal_max_bytes.or(file.wal_max_bytes).unwrap_or(limits.wal_bytes_max);
     if wal_max_bytes < wal_bytes_per_file.saturating_mul(2) {
         return Err(format!(
-            "WAL_MAX_BYTES ({wal_max_bytes}) must be at least two WAL segments (2 x WAL_BYTES_PER_FILE = {}): raise \
-             it, or lower WAL_BYTES_PER_FILE",
+            "{} ({wal_max_bytes}) must be at least two WAL segments (2 x {} = {}): raise it, or lower the segment size",
+            named("--wal-max-bytes", "WAL_MAX_BYTES", "wal_max_bytes"),
+            segment_name(),
             wal_bytes_per_file.saturating_mul(2)
         ));
     }
     let record_cache_bytes = args.record_cache_bytes.or(file.record_cache_bytes).unwrap_or(limits.record_cache_bytes);
     let record_bytes_max =
         args.record_bytes_max.or(file.record_bytes_max).unwrap_or(record_bytes_max_for(wal_bytes_per_file));
+    let record_name = || named("--record-bytes-max", "SKIPPR_RECORD_BYTES_MAX", "record_bytes_max");
     if !(RECORD_BYTES_MIN..=RECORD_BYTES_MAX_LIMIT).contains(&record_bytes_max) {
         return Err(format!(
-            "SKIPPR_RECORD_BYTES_MAX is {record_bytes_max}; give a size between {RECORD_BYTES_MIN} and \
-             {RECORD_BYTES_MAX_LIMIT} bytes"
+            "{} is {record_bytes_max}; give a size between {RECORD_BYTES_MIN} and {RECORD_BYTES_MAX_LIMIT} bytes",
+            record_name()
         ));
     }
     if record_bytes_max > segment_record_bytes_max(wal_bytes_per_file) {
         return Err(format!(
-            "SKIPPR_RECORD_BYTES_MAX is {record_bytes_max}, more than half a WAL segment (WAL_BYTES_PER_FILE is \
-             {wal_bytes_per_file}): a record must fit a segment beside its snapshot; raise WAL_BYTES_PER_FILE to \
-             at least {} or lower SKIPPR_RECORD_BYTES_MAX",
-            record_bytes_max * 2
+            "{} is {record_bytes_max}, more than half a WAL segment ({} is {wal_bytes_per_file}): a record must fit \
+             a segment beside its snapshot; raise the segment size to at least {} or lower {}",
+            record_name(),
+            segment_name(),
+            record_bytes_max * 2,
+            record_name()
         ));
     }
     let drain_timeout_seconds = args.drain_timeout.or(file.drain_timeout).unwrap_or(secs(limits.drain_timeout));
     positive("--drain-timeout", drain_timeout_seconds)?;
     let stall_default = limits.stall_report_after.map(secs).expect("core reports stalls by default");
     let stall_seconds = args.stall_seconds.or(file.stall_seconds).unwrap_or(stall_default);
-    positive("SKIPPR_STALL_SECONDS", stall_seconds)?;
+    positive(&named("--stall-seconds", "SKIPPR_STALL_SECONDS", "stall_seconds"), stall_seconds)?;
     let stall_exit_seconds = args.stall_exit_seconds.or(file.stall_exit_seconds).unwrap_or(STALL_EXIT_SECONDS);
-    positive("SKIPPR_STALL_EXIT_SECONDS", stall_exit_seconds)?;
+    positive(&named("--stall-exit-seconds", "SKIPPR_STALL_EXIT_SECONDS", "stall_exit_seconds"), stall_exit_seconds)?;
     let json_logs = match args.log_format.clone().or(file.log_format).as_deref().unwrap_or("text") {
         "text" => false,
         "json" => true,
@@ -1015,6 +1028,12 @@ pub(crate) fn metrics_addr(a: &str) -> Result<std::net::SocketAddr, String> {
 /// leave no time for any request to finish.
 pub const LEASE_SECONDS_MIN: f64 = 0.2;
 
+/// The lease's one rule, as the help, the errors and the README state it.
+pub const LEASE_RULE: &str =
+    "every S3 and DynamoDB request under the lease, its retries included, must end within 45 % \
+                              of the span (at most 60 s), so that one sent while the lease was held ends before \
+                              another writer may take it over";
+
 /// Under a lease, a request (retries included) must end before half the
 /// span has passed, so a delete or create sent while the lease was valid
 /// cannot land after another writer took over: 45 % of the span, at most
@@ -1032,6 +1051,20 @@ fn file_mode(text: &str) -> Result<u32, String> {
             "--sink-dir-mode is {text:?}; give an octal file mode that lets the owner read and write, such as 0640 or \
              0600"
         )),
+    }
+}
+
+/// A setting named the way the operator set it: the flag when the command
+/// line has it, else the environment variable when that is set, else the
+/// configuration file's key.
+fn named(flag: &str, env: &str, key: &str) -> String {
+    let on_line = std::env::args().any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+    if on_line {
+        flag.to_string()
+    } else if std::env::var_os(env).is_some() {
+        env.to_string()
+    } else {
+        format!("{key} (the configuration file)")
     }
 }
 

@@ -101,6 +101,24 @@ fn a_bad_table_name_is_a_configuration_error() {
     let out = s3_run("some-bucket", "ab", tmp.path()).output().unwrap();
     let line = one_line_error(&out, 3);
     assert!(line.contains("'ab' is not a valid DynamoDB table name"), "{line}");
+    assert!(line.contains("(SKIPPR_OFFSET_DYNAMODB_TABLE)"), "named as it was set: {line}");
+    // Set by the flag, the message names the flag.
+    let out = s3_run("some-bucket", "ab", tmp.path())
+        .env_remove("SKIPPR_OFFSET_DYNAMODB_TABLE")
+        .args(["--dynamodb-table", "xy"])
+        .output()
+        .unwrap();
+    let line = one_line_error(&out, 3);
+    assert!(line.contains("'xy' is not a valid DynamoDB table name") && line.contains("(--dynamodb-table)"), "{line}");
+    let out = Command::new(skipprd_bin())
+        .args(["run", "--lease-seconds", "0.1", "--data-dir", tmp.path().join("d").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let line = one_line_error(&out, 3);
+    assert!(
+        line.contains("--lease-seconds must be at least 0.2") && line.contains("within 45 % of the span"),
+        "{line}"
+    );
     let out = Command::new(skipprd_bin())
         .args(["offsets", "init-table", "--dynamodb-table", "no spaces"])
         .envs(aws::env())
