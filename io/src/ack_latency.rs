@@ -28,7 +28,11 @@ pub struct AckLatency {
 struct Inner {
     /// Per (source, partition): the end of each read batch and when it was
     /// read, oldest first.
-    pending: BTreeMap<(SourceId, u32), VecDeque<(Position, Instant)>>,
+    pending: BTreeMap<(SourceId, u32), VecDeque<(Position, u64, Instant)>>,
+    /// Records of the batches acked so far: committed to the WAL.
+    acked_records: u64,
+    /// A batch left the bounded queue unacked: `acked_records` is a floor.
+    lost_count: bool,
     /// Microseconds, three significant digits.
     waits: Histogram<u64>,
     /// The first read measured and the last ack that measured one: the
@@ -51,20 +55,30 @@ pub struct AckSummary {
 impl Default for AckLatency {
     fn default() -> AckLatency {
         let waits = Histogram::new_with_bounds(1, HIGHEST.as_micros() as u64, 3).expect("valid bounds");
-        AckLatency { inner: Mutex::new(Inner { pending: BTreeMap::new(), waits, first_read: None, last_ack: None }) }
+        let inner = Inner {
+            pending: BTreeMap::new(),
+            acked_records: 0,
+            lost_count: false,
+            waits,
+            first_read: None,
+            last_ack: None,
+        };
+        AckLatency { inner: Mutex::new(inner) }
     }
 }
 
 impl AckLatency {
     /// A read of `source` returned a batch of `partition` ending at `end`.
-    pub fn read(&self, source: SourceId, partition: u32, end: Position, at: Instant) {
+    pub fn read(&self, source: SourceId, partition: u32, end: Position, records: u64, at: Instant) {
         let mut inner = self.lock();
         inner.first_read.get_or_insert(at);
         let queue = inner.pending.entry((source, partition)).or_default();
-        if queue.len() == PENDING_MAX {
+        let full = queue.len() == PENDING_MAX;
+        if full {
             queue.pop_front();
         }
-        queue.push_back((end, at));
+        queue.push_back((end, records, at));
+        inner.lost_count |= full;
     }
 
     /// `source` is told that everything below `position` in `partition` is
@@ -72,14 +86,15 @@ impl AckLatency {
     /// the time it waited is returned (oldest first) and recorded.
     pub fn acked(&self, source: SourceId, partition: u32, position: Position, at: Instant) -> Vec<Duration> {
         let mut inner = self.lock();
-        let Inner { pending, waits, last_ack, .. } = &mut *inner;
+        let Inner { pending, waits, last_ack, acked_records, .. } = &mut *inner;
         let Some(queue) = pending.get_mut(&(source, partition)) else { return Vec::new() };
         let mut acked = Vec::new();
-        while let Some(&(end, read_at)) = queue.front() {
+        while let Some(&(end, records, read_at)) = queue.front() {
             if end > position {
                 break;
             }
             queue.pop_front();
+            *acked_records += records;
             let wait = at.saturating_duration_since(read_at);
             waits.saturating_record((wait.as_micros() as u64).clamp(1, HIGHEST.as_micros() as u64));
             acked.push(wait);
@@ -90,6 +105,13 @@ impl AckLatency {
 
     /// An engine stopped: what it read and never acked is forgotten (the next
     /// engine reads it again from the WAL's positions).
+    /// Records acknowledged to their sources, that is committed to the WAL,
+    /// and whether that is exact (a floor once a queue overflowed).
+    pub fn committed_records(&self) -> (u64, bool) {
+        let inner = self.lock();
+        (inner.acked_records, !inner.lost_count)
+    }
+
     pub fn forget_pending(&self) {
         self.lock().pending.clear();
     }
@@ -124,10 +146,10 @@ mod tests {
         let l = AckLatency::default();
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        l.read(SourceId(0), 0, Position(100), t0);
-        l.read(SourceId(0), 1, Position(50), t0);
-        l.read(SourceId(0), 0, Position(200), t0 + ms(2));
-        l.read(SourceId(0), 0, Position(300), t0 + ms(4));
+        l.read(SourceId(0), 0, Position(100), 100, t0);
+        l.read(SourceId(0), 1, Position(50), 50, t0);
+        l.read(SourceId(0), 0, Position(200), 100, t0 + ms(2));
+        l.read(SourceId(0), 0, Position(300), 100, t0 + ms(4));
         // Below the second batch's end: only the first is covered.
         assert_eq!(l.acked(SourceId(0), 0, Position(199), t0 + ms(10)), vec![ms(10)]);
         assert_eq!(l.acked(SourceId(0), 0, Position(300), t0 + ms(12)), vec![ms(10), ms(8)]);
@@ -149,10 +171,11 @@ mod tests {
         let l = AckLatency::default();
         let t0 = Instant::now();
         for i in 0..(PENDING_MAX as u64 + 10) {
-            l.read(SourceId(0), 0, Position(i + 1), t0);
+            l.read(SourceId(0), 0, Position(i + 1), 1, t0);
         }
         assert_eq!(l.lock().pending[&(SourceId(0), 0)].len(), PENDING_MAX);
         assert_eq!(l.acked(SourceId(0), 0, Position(u64::MAX), t0).len(), PENDING_MAX);
         assert_eq!(l.summary().unwrap().acked_batches, PENDING_MAX as u64);
+        assert_eq!(l.committed_records(), (PENDING_MAX as u64, false), "a floor, and said to be one");
     }
 }

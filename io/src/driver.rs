@@ -465,7 +465,8 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                     let given_up = batch.records.iter().filter(|r| skipped(r)).count() as u64;
                     totals.records.fetch_add(batch.records.len() as u64 - given_up, Ordering::Relaxed);
                     if !batch.records.is_empty() {
-                        totals.acks.read(source, batch.partition, batch.end, read_at);
+                        let records = batch.records.len() as u64 - given_up;
+                        totals.acks.read(source, batch.partition, batch.end, records, read_at);
                     }
                     b.metrics.records.inc_by(batch.records.len() as u64 - given_up);
                     // An unknown stream name maps to an id the engine

@@ -310,9 +310,15 @@ async fn run(cfg: RunConfig) -> i32 {
         ),
         None => "ack p50: -, ack p99: -, acked in: -".to_string(),
     };
+    // What this run committed: the records acknowledged to their sources.
+    // After a clean stop that is every record read.
+    let committed = match totals.acks.committed_records() {
+        (n, true) => n.to_string(),
+        (n, false) => format!("at least {n}"),
+    };
     println!(
-        "records: {records}, commits: {}, compactions: {}, elapsed: {elapsed:.2}s, records/s: {:.0}, wal bytes: {}, \
-         {acks}",
+        "records: {records}, committed: {committed}, commits: {}, compactions: {}, elapsed: {elapsed:.2}s, records/s: \
+         {:.0}, wal bytes: {}, {acks}",
         totals.commits.load(Ordering::Relaxed),
         totals.compactions.load(Ordering::Relaxed),
         records as f64 / elapsed.max(1e-9),

@@ -32,10 +32,11 @@ run() {
     local line
     line=$(env "${env[@]}" $bin run --once --data-dir "$dir" --pipeline "$n" --generator-partitions 2 \
         --generator-records "$RECORDS" --wal-bytes-per-file "$seg" 2>/dev/null | tail -1)
-    # records: R, commits: C, compactions: X, elapsed: Es, records/s: S
+    # records: R, committed: R, commits: C, compactions: X, elapsed: Es, records/s: S, ... (by name)
     echo "$line" | awk -F', ' '{
-        split($2, c, ": "); split($4, e, ": "); split($5, r, ": "); sub("s", "", e[2]);
-        printf "%d %d %d %.2f\n", r[2], c[2], c[2] / e[2], 1000 * e[2] / c[2] }'
+        for (i = 1; i <= NF; i++) { split($i, kv, ": "); v[kv[1]] = kv[2] }
+        sub("s$", "", v["elapsed"]);
+        printf "%d %d %d %.2f\n", v["records/s"], v["commits"], v["commits"] / v["elapsed"], 1000 * v["elapsed"] / v["commits"] }'
 }
 
 median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }

@@ -449,7 +449,7 @@ fn records_larger_than_a_commit_group_land_whole_up_to_the_limit_and_the_limit_f
     let out =
         read_files(&tmp.path().join("d2"), &input, &["--record-bytes-max", "40000", "--wal-bytes-per-file", "65536"]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("WAL_BYTES_PER_FILE is 65536"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("(--wal-bytes-per-file is 65536)"), "{}", stderr(&out));
 }
 
 /// The WAL's last source batch damaged (one bit), with nothing after it:

@@ -289,8 +289,11 @@ fn a_frozen_writer_wakes_up_fenced_out_and_acknowledges_nothing_more() {
     use nix::unistd::Pid;
     let (bucket, table, tmp) = setup("frozen");
     let sink = tmp.path().join("sink");
-    let mut a =
-        daemon(&bucket, &table, &sink, 3000, 1000, false).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut a = daemon(&bucket, &table, &sink, 3000, 1000, false)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     wait_until("the first daemon to deliver", PATIENCE, || !read_dir_sink(&sink).is_empty());
     let pid = Pid::from_raw(a.id() as i32);
     kill(pid, Signal::SIGSTOP).unwrap();
@@ -303,6 +306,14 @@ fn a_frozen_writer_wakes_up_fenced_out_and_acknowledges_nothing_more() {
     std::io::Read::read_to_string(a.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert_eq!(status.code(), Some(14), "fenced out or lease lost: {err}");
     assert!(err.contains("another writer") || err.contains("lease was taken over"), "{err}");
+    // Its last line tells what it read from what it committed.
+    let mut out = String::new();
+    std::io::Read::read_to_string(a.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let field = |name: &str| -> u64 {
+        let at = out.find(&format!("{name}: ")).unwrap_or_else(|| panic!("{name} in {out}")) + name.len() + 2;
+        out[at..].split(',').next().unwrap().parse().unwrap_or_else(|_| panic!("{name} in {out}"))
+    };
+    assert!(field("committed") > 0 && field("committed") <= field("records"), "{out}");
     // Whatever it had in flight is either in the WAL or was never
     // acknowledged: a last run finds everything exactly once.
     let out = daemon(&bucket, &table, &sink, 3000, 0, true).output().unwrap();
