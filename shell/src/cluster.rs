@@ -50,6 +50,11 @@ fn members(data_dir: &Path) -> Result<Members, (i32, String)> {
     }
 }
 
+/// Before anything is written: DATA_DIR holds a cluster identity.
+pub fn check_identity(data_dir: &Path) -> Result<(), (i32, String)> {
+    members(data_dir).map(|_| ())
+}
+
 /// The WAL's identity in a shared offsets store: the cluster's, the same on
 /// every host.
 pub fn wal_identity(data_dir: &Path) -> Result<String, String> {
@@ -187,7 +192,9 @@ pub fn status(args: StatusArgs) -> i32 {
 #[derive(clap::Args)]
 pub struct CertsArgs {
     /// Where to write `ca.pem`, `ca-key.pem` and `node-<ID>.pem`,
-    /// `node-<ID>-key.pem` for each node (created, mode 0700).
+    /// `node-<ID>-key.pem` for each node (created, mode 0700). Where it
+    /// holds `ca.pem` and `ca-key.pem` already (made here before), only the
+    /// nodes' files are written, issued by that CA: for a host that joins.
     #[arg(long, value_name = "DIR")]
     dir: PathBuf,
     /// The node ids to make certificates for, comma-separated.
@@ -196,7 +203,8 @@ pub struct CertsArgs {
 }
 
 /// `skipprd cluster certs`: a new CA and a certificate per node, keys at
-/// mode 0600. Refuses to overwrite anything.
+/// mode 0600; or, in a directory holding the CA already, certificates for
+/// more nodes from it. Refuses to overwrite anything.
 pub fn certs(args: CertsArgs) -> i32 {
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -207,11 +215,32 @@ pub fn certs(args: CertsArgs) -> i32 {
     if args.nodes.contains(&0) {
         return fail("node ids must be positive".into());
     }
-    let (ca, ca_key, nodes) = match skippr_io::peer::tls::generate(&args.nodes) {
-        Ok(g) => g,
-        Err(e) => return fail(format!("cannot make the certificates: {e}")),
+    let (ca_path, ca_key_path) = (args.dir.join("ca.pem"), args.dir.join("ca-key.pem"));
+    let (mut files, nodes) = match (ca_path.exists(), ca_key_path.exists()) {
+        (true, true) => {
+            let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+            let issued = read(&ca_path)
+                .and_then(|ca| Ok((ca, read(&ca_key_path)?)))
+                .and_then(|(ca, key)| skippr_io::peer::tls::issue(&ca, &key, &args.nodes));
+            match issued {
+                Ok(nodes) => (Vec::new(), nodes),
+                Err(e) => return fail(format!("cannot issue from the CA in {}: {e}", args.dir.display())),
+            }
+        }
+        (false, false) => match skippr_io::peer::tls::generate(&args.nodes) {
+            Ok((ca, ca_key, nodes)) => {
+                (vec![("ca.pem".to_string(), ca, 0o644), ("ca-key.pem".to_string(), ca_key, 0o600)], nodes)
+            }
+            Err(e) => return fail(format!("cannot make the certificates: {e}")),
+        },
+        _ => {
+            return fail(format!(
+                "{} holds one of ca.pem and ca-key.pem but not the other: give the directory that holds both, or \
+                 an empty one for a new CA",
+                args.dir.display()
+            ))
+        }
     };
-    let mut files = vec![("ca.pem".to_string(), ca, 0o644), ("ca-key.pem".to_string(), ca_key, 0o600)];
     for (node, cert, key) in nodes {
         files.push((format!("node-{node}.pem"), cert, 0o644));
         files.push((format!("node-{node}-key.pem"), key, 0o600));
@@ -220,7 +249,10 @@ pub fn certs(args: CertsArgs) -> i32 {
         return fail(format!("{}: {e}", args.dir.display()));
     }
     if let Some((name, ..)) = files.iter().find(|(name, ..)| args.dir.join(name).exists()) {
-        return fail(format!("{} exists already; give an empty --dir", args.dir.join(name).display()));
+        return fail(format!(
+            "{} exists already; nothing is overwritten (give another node id, or an empty --dir for a new CA)",
+            args.dir.join(name).display()
+        ));
     }
     for (name, pem, mode) in &files {
         let path = args.dir.join(name);

@@ -42,6 +42,15 @@ pub fn main(args: RunArgs) -> i32 {
         _ => None,
     };
     crate::logging::init(cfg.json_logs, node);
+    // A clustered host without its identity takes no part: refused before
+    // the lock or the WAL's directory are made, so it leaves nothing behind.
+    if node.is_some() {
+        if let Err((code, e)) = crate::cluster::check_identity(&cfg.data_dir) {
+            error!("{e}");
+            eprintln!("skipprd run: {e}");
+            return code;
+        }
+    }
     // One writer per WAL: on disk the directory lock says so; in S3 mode the
     // lease does.
     let local = !matches!(cfg.wal, WalConfig::S3 { .. }) || cfg.offsets == OffsetsConfig::Disk;

@@ -254,6 +254,7 @@ fn a_follower_whose_data_is_lost_comes_back_under_a_new_id_with_cluster_join() {
     cluster.start(lost);
     assert_eq!(cluster.wait(lost, PATIENCE), Some(3), "{}", cluster.tail(lost));
     assert!(file_contains(&cluster.log(lost), "holds no cluster identity"));
+    assert!(!tmp.path().join(format!("d{lost}")).exists(), "a refused start leaves nothing behind");
     // It comes back as node 4; the others learn its address one at a time.
     cluster.join(lost);
     for node in [other, leader] {

@@ -136,17 +136,59 @@ pub type Generated = (String, String, Vec<(u64, String, String)>);
 /// Makes a new CA and one certificate per node, signed by it, each for the
 /// node's name and for both TLS roles.
 pub fn generate(nodes: &[u64]) -> Result<Generated, rcgen::Error> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-    };
-    let ca_key = KeyPair::generate()?;
+    let ca_key = rcgen::KeyPair::generate()?;
+    let ca = ca_params()?;
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let ca_pem = (ca_cert.pem(), ca_key.serialize_pem());
+    let nodes = sign_nodes(&rcgen::Issuer::new(ca, ca_key), nodes)?;
+    Ok((ca_pem.0, ca_pem.1, nodes))
+}
+
+/// A certificate and key per node, from a CA `generate` made (its
+/// certificate and key as PEM): for a host that joins later. Each one is
+/// checked to chain to that CA certificate, so a key that is not the CA's
+/// is refused rather than written.
+pub fn issue(ca_pem: &str, ca_key_pem: &str, nodes: &[u64]) -> Result<Vec<(u64, String, String)>, String> {
+    let key = rcgen::KeyPair::from_pem(ca_key_pem).map_err(|e| format!("the CA key: {e}"))?;
+    let issuer = rcgen::Issuer::new(ca_params().map_err(|e| e.to_string())?, key);
+    let issued = sign_nodes(&issuer, nodes).map_err(|e| e.to_string())?;
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots
+            .add(cert.map_err(|e| format!("the CA certificate: {e}"))?)
+            .map_err(|e| format!("the CA certificate: {e}"))?;
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| format!("the CA certificate: {e}"))?;
+    for (node, cert, _) in &issued {
+        let der = CertificateDer::from_pem_slice(cert.as_bytes()).map_err(|e| e.to_string())?;
+        let name = ServerName::try_from(node_name(*node)).map_err(|e| e.to_string())?;
+        let now = rustls::pki_types::UnixTime::now();
+        rustls::client::danger::ServerCertVerifier::verify_server_cert(&*verifier, &der, &[], &name, &[], now).map_err(|e| {
+            format!("a certificate signed with this key does not chain to this CA certificate ({e}): are ca.pem and ca-key.pem a pair?")
+        })?;
+    }
+    Ok(issued)
+}
+
+/// The cluster CA as `generate` makes it: its name is what issued
+/// certificates name as their issuer.
+fn ca_params() -> Result<rcgen::CertificateParams, rcgen::Error> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyUsagePurpose};
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.distinguished_name.push(DnType::CommonName, "skippr cluster CA");
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let ca_pem = (ca_cert.pem(), ca_key.serialize_pem());
-    let issuer = Issuer::new(ca, ca_key);
+    Ok(ca)
+}
+
+fn sign_nodes(
+    issuer: &rcgen::Issuer<'_, rcgen::KeyPair>,
+    nodes: &[u64],
+) -> Result<Vec<(u64, String, String)>, rcgen::Error> {
+    use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
     let mut out = Vec::new();
     for &node in nodes {
         let key = KeyPair::generate()?;
@@ -154,10 +196,10 @@ pub fn generate(nodes: &[u64]) -> Result<Generated, rcgen::Error> {
         params.distinguished_name.push(DnType::CommonName, node_name(node));
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-        let cert = params.signed_by(&key, &issuer)?;
+        let cert = params.signed_by(&key, issuer)?;
         out.push((node, cert.pem(), key.serialize_pem()));
     }
-    Ok((ca_pem.0, ca_pem.1, out))
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -176,6 +218,18 @@ mod tests {
         assert!(err.contains("do not go together"), "{err}");
         assert!(Tls::from_pem(b"", cert.as_bytes(), key.as_bytes(), 1).is_err(), "no CA");
         assert!(Tls::from_pem(ca.as_bytes(), b"junk", key.as_bytes(), 1).is_err(), "no certificate");
+    }
+
+    #[test]
+    fn a_node_issued_later_by_the_same_ca_loads_and_another_cas_key_is_refused() {
+        let (ca, ca_key, _) = generate(&[1]).unwrap();
+        let issued = issue(&ca, &ca_key, &[4]).unwrap();
+        let (node, cert, key) = &issued[0];
+        assert_eq!(*node, 4);
+        assert!(Tls::from_pem(ca.as_bytes(), cert.as_bytes(), key.as_bytes(), 4).is_ok());
+        let (_, other_key, _) = generate(&[1]).unwrap();
+        let err = issue(&ca, &other_key, &[4]).unwrap_err();
+        assert!(err.contains("does not chain to this CA certificate"), "{err}");
     }
 
     #[test]
