@@ -25,7 +25,7 @@ pub fn wal_verify_s3(bucket: &str, prefix: &str, aws: &skippr_io::aws::AwsSettin
         Ok::<_, String>((wal.location(), files))
     });
     match read {
-        Ok((location, files)) => verify(&files, |id| format!("{location}{:020}/", id.0)),
+        Ok((location, files)) => verify(&files, true, |id| format!("{location}{:020}/", id.0)),
         Err(e) => {
             eprintln!("skipprd wal verify: {e}");
             exit::REMOTE
@@ -59,7 +59,7 @@ pub fn wal_verify(data_dir: &Path) -> i32 {
             }
         }
     }
-    verify(&files, |id| dir.join(format!("{:020}.seg", id.0)).display().to_string())
+    verify(&files, false, |id| dir.join(format!("{:020}.seg", id.0)).display().to_string())
 }
 
 /// For a daemon that stopped because its offsets store or a sink holds more
@@ -141,7 +141,11 @@ pub fn wal_verify_clustered(data_dir: &Path, from: Option<u64>, through: Option<
 
 /// The checks recovery makes, on segments already read; `name` says where a
 /// segment lives.
-fn verify(files: &[(skippr_core::SegmentId, Vec<u8>)], name: impl Fn(skippr_core::SegmentId) -> String) -> i32 {
+fn verify(
+    files: &[(skippr_core::SegmentId, Vec<u8>)],
+    s3: bool,
+    name: impl Fn(skippr_core::SegmentId) -> String,
+) -> i32 {
     let view: Vec<_> = files.iter().map(|(id, b)| (*id, b.as_slice())).collect();
     // The same checks recovery makes: no segment missing, every group
     // valid, nothing missing before the oldest segment that a sink needs.
@@ -157,7 +161,11 @@ fn verify(files: &[(skippr_core::SegmentId, Vec<u8>)], name: impl Fn(skippr_core
         Ok(segments) => {
             let mut records = 0usize;
             for seg in &segments {
-                let name = format!("{:020}.seg", seg.id.0);
+                // The segment's file name, or its objects' key prefix.
+                let name = match s3 {
+                    true => name(seg.id),
+                    false => format!("{:020}.seg", seg.id.0),
+                };
                 let batch_records: usize = seg
                     .groups
                     .iter()

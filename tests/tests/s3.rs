@@ -212,6 +212,10 @@ fn s3_mode_runs_once_resumes_and_names_a_missing_table_or_bucket() {
     let verify = tool(&["wal", "verify"]);
     assert_eq!(verify.status.code(), Some(0), "{}{}", stdout(&verify), stderr(&verify));
     assert!(stdout(&verify).contains(" segments, 6000 records"), "{}", stdout(&verify));
+    // Segments are named by where their objects are: s3://BUCKET/PREFIX<id>/.
+    let listed = stdout(&verify);
+    let first = listed.lines().next().unwrap();
+    assert!(first.starts_with(&format!("s3://{bucket}/")) && !first.contains(".seg"), "{listed}");
     let show = tool(&["offsets", "show"]);
     assert_eq!(show.status.code(), Some(0), "{}", stderr(&show));
     let text = stdout(&show);
