@@ -25,10 +25,13 @@ pub struct AckLatency {
     inner: Mutex<Inner>,
 }
 
+/// A batch read and not yet acked: its end, its records, when it was read.
+type Unacked = (Position, u64, Instant);
+
 struct Inner {
     /// Per (source, partition): the end of each read batch and when it was
     /// read, oldest first.
-    pending: BTreeMap<(SourceId, u32), VecDeque<(Position, u64, Instant)>>,
+    pending: BTreeMap<(SourceId, u32), VecDeque<Unacked>>,
     /// Records of the batches acked so far: committed to the WAL.
     acked_records: u64,
     /// A batch left the bounded queue unacked: `acked_records` is a floor.
