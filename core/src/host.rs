@@ -198,6 +198,13 @@ impl Host {
                 self.on_raft_news(news);
             }
             Input::Join { node, replaces } => self.on_join(node, replaces),
+            Input::Removed { by, node } => {
+                let news = match self.authority.raft() {
+                    Some(r) => r.told_removed(by, node),
+                    None => Vec::new(),
+                };
+                self.on_raft_news(news);
+            }
             Input::SnapshotServed { to, ok } => {
                 let news = match self.authority.raft() {
                     Some(r) => r.snapshot_served(&mut self.fx, to, ok),

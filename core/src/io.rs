@@ -44,6 +44,13 @@ pub enum Input {
         to: u64,
         ok: bool,
     },
+    /// Clustered mode: peer `by` says node `node` was removed from the
+    /// cluster (its answer to a message from a removed id, `TellRemoved`).
+    /// Heeded only when `node` is this host and `by` a member it knows.
+    Removed {
+        by: u64,
+        node: u64,
+    },
 }
 
 /// A raft message between hosts (raft-rs's protobuf type).
@@ -94,6 +101,12 @@ pub enum Output {
         term: u64,
         leader: u64,
         is_leader: bool,
+    },
+    /// A message came from node `to`, removed from the cluster for good:
+    /// tell it so (`Input::Removed` on its side), and it stops rather than
+    /// waiting for a leader that will never answer it.
+    TellRemoved {
+        to: u64,
     },
     /// A `Join` was refused, and why (this host does not lead, the id is
     /// taken or removed, another change is under way).
@@ -540,6 +553,11 @@ impl StopReason {
 /// What `Output::Stalled` names when no leader with a majority is known
 /// (clustered mode).
 pub const STALL_RAFT_QUORUM: &str = "raft quorum";
+
+/// What `Output::Stalled` names when, besides, no peer has sent this host
+/// a single message since the stall began: the others are down, cannot be
+/// reached, or do not know this host (clustered mode).
+pub const STALL_RAFT_NO_PEER: &str = "raft peers";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecoverySummary {

@@ -141,6 +141,19 @@ pub async fn drive(
                         );
                     }
                 }
+                Output::Stalled { what: skippr_core::io::STALL_RAFT_NO_PEER, for_ } => {
+                    error!(
+                        last_error = %crate::health::last_warning().unwrap_or_else(|| "none logged".into()),
+                        "no peer has sent this host a message for {:.0} s, so no raft leader with a majority is known: \
+                         nothing more is acknowledged until a majority of the cluster's hosts run and reach each other \
+                         (nothing committed is lost); check that the other hosts run, SKIPPR_CLUSTER_PEERS and the \
+                         network between them (a host whose id was removed from the cluster is told so, and stops, \
+                         as soon as a peer hears from it)",
+                        for_.as_micros() as f64 / 1e6
+                    );
+                    backends.metrics.stalled.set(1);
+                    backends.metrics.raft_no_quorum.set(1);
+                }
                 Output::Stalled { what: skippr_core::io::STALL_RAFT_QUORUM, for_ } => {
                     error!(
                         last_error = %crate::health::last_warning().unwrap_or_else(|| "none logged".into()),
@@ -194,6 +207,13 @@ pub async fn drive(
                     Some(peers) => peers.send(&m),
                     None => unreachable!("only clustered engines send raft messages"),
                 },
+                Output::TellRemoved { to } => match &backends.peers {
+                    Some(peers) => {
+                        debug!(node = to, "a message from node {to}, removed from the cluster: telling it so");
+                        peers.tell_removed(to)
+                    }
+                    None => unreachable!("only clustered engines hear from peers"),
+                },
                 Output::Role { term, leader, is_leader } => {
                     let why = role_change_reason(role_seen, (term, leader, is_leader));
                     role_seen = Some((term, leader, is_leader));
@@ -244,6 +264,7 @@ pub async fn drive(
                     Incoming::Raft(m) => Input::Peer(m),
                     Incoming::Served { to, ok } => Input::SnapshotServed { to, ok },
                     Incoming::Join { node, replaces } => Input::Join { node, replaces },
+                    Incoming::Removed { by, node } => Input::Removed { by, node },
                 };
                 host.handle(clock.now(), input)
             }

@@ -126,6 +126,11 @@ pub enum Incoming {
         node: u64,
         replaces: u64,
     },
+    /// Node `by` says node `node` (this host) was removed from the cluster.
+    Removed {
+        by: u64,
+        node: u64,
+    },
 }
 
 /// Reads the bytes of this host's segments for a peer's snapshot install.
@@ -140,6 +145,9 @@ impl SegmentReader for crate::DiskWal {
 }
 
 type Pending = Arc<Mutex<BTreeMap<u64, oneshot::Sender<Result<Bytes, String>>>>>;
+/// Each accepted connection's queue of answers, by the node that dialed it
+/// (the latest connection of each).
+type Answers = Arc<Mutex<BTreeMap<u64, mpsc::Sender<Frame>>>>;
 
 struct Outbound {
     queue: mpsc::Sender<Frame>,
@@ -149,6 +157,7 @@ struct Outbound {
 /// A running transport. Dropping it stops its tasks.
 pub struct Peers {
     outbound: BTreeMap<u64, Outbound>,
+    answers: Answers,
     next_request: AtomicU64,
     tasks: Vec<JoinHandle<()>>,
     fetch_timeout: Duration,
@@ -176,7 +185,10 @@ impl Peers {
             net.bind(&own).await.map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {own}: {e}")))?;
         let (incoming, rx) = mpsc::channel(1024);
         let cfg = Arc::new(cfg);
-        let mut tasks = vec![tokio::spawn(accept_loop::<N>(listener, Arc::clone(&cfg), tls.clone(), reader, incoming))];
+        let answers = Answers::default();
+        let accepting =
+            accept_loop::<N>(listener, Arc::clone(&cfg), tls.clone(), reader, incoming.clone(), Arc::clone(&answers));
+        let mut tasks = vec![tokio::spawn(accepting)];
         let mut outbound = BTreeMap::new();
         for (&peer, addr) in cfg.peers.iter().filter(|(id, _)| **id != cfg.node) {
             let (queue, frames) = mpsc::channel(cfg.queue);
@@ -188,12 +200,13 @@ impl Peers {
                 peer,
                 addr: addr.clone(),
                 pending: Arc::clone(&out.pending),
+                incoming: incoming.clone(),
             };
             tasks.push(tokio::spawn(dial.run(frames)));
             outbound.insert(peer, out);
         }
         let fetch_timeout = cfg.fetch_timeout;
-        Ok((Peers { outbound, next_request: AtomicU64::new(1), tasks, fetch_timeout }, rx))
+        Ok((Peers { outbound, answers, next_request: AtomicU64::new(1), tasks, fetch_timeout }, rx))
     }
 
     /// Queues a raft message for its peer; dropped if the queue is full or
@@ -256,6 +269,15 @@ impl Peers {
         }
     }
 
+    /// Tells node `node`, which dialed this host and was removed from the
+    /// cluster, that it was: on the connection it dialed (no other host
+    /// dials a removed id). Dropped if it has none now; it sends again.
+    pub fn tell_removed(&self, node: u64) {
+        if let Some(answers) = self.answers.lock().expect("not poisoned").get(&node) {
+            let _ = answers.try_send(Frame::Removed { node });
+        }
+    }
+
     /// Tells `peer` that the transfer of its snapshot ended.
     pub fn transfer_ended(&self, peer: u64, ok: bool) {
         if let Some(out) = self.outbound.get(&peer) {
@@ -272,6 +294,7 @@ struct Dial<N: Net> {
     peer: u64,
     addr: String,
     pending: Pending,
+    incoming: mpsc::Sender<Incoming>,
 }
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -383,6 +406,13 @@ impl<N: Net> Dial<N> {
                     Ok(Some(Frame::Pong)) => continue,
                     Ok(Some(Frame::Chunk { request, bytes })) => (request, Ok(bytes)),
                     Ok(Some(Frame::ChunkFailed { request, reason })) => (request, Err(reason)),
+                    Ok(Some(Frame::Removed { node })) => {
+                        let told = Incoming::Removed { by: self.peer, node };
+                        if self.incoming.send(told).await.is_err() {
+                            return "the engine stopped".to_string();
+                        }
+                        continue;
+                    }
                     Ok(Some(other)) => {
                         return format!("the peer sent {} where only chunks may come", kind_name(&other));
                     }
@@ -429,6 +459,7 @@ fn kind_name(f: &Frame) -> &'static str {
         Frame::Join { .. } => "a join request",
         Frame::Ping => "a ping",
         Frame::Pong => "a pong",
+        Frame::Removed { .. } => "a removal",
     }
 }
 
@@ -445,6 +476,7 @@ async fn accept_loop<N: Net>(
     tls: Tls,
     reader: Arc<dyn SegmentReader>,
     incoming: mpsc::Sender<Incoming>,
+    answers: Answers,
 ) {
     loop {
         match N::accept(&mut listener).await {
@@ -454,6 +486,7 @@ async fn accept_loop<N: Net>(
                     tls: tls.clone(),
                     reader: Arc::clone(&reader),
                     incoming: incoming.clone(),
+                    answers: Arc::clone(&answers),
                     from,
                 };
                 tokio::spawn(inbound.run(stream));
@@ -472,6 +505,7 @@ struct Inbound {
     tls: Tls,
     reader: Arc<dyn SegmentReader>,
     incoming: mpsc::Sender<Incoming>,
+    answers: Answers,
     /// The remote address, for the log.
     from: String,
 }
@@ -549,6 +583,7 @@ impl Inbound {
     ) -> String {
         let (mut r, mut w) = tokio::io::split(tls);
         let (answers, mut to_write) = mpsc::channel::<Frame>(4);
+        self.answers.lock().expect("not poisoned").insert(node, answers.clone());
         let writer = tokio::spawn(async move {
             while let Some(frame) = to_write.recv().await {
                 if write_frame(&mut w, &frame).await.is_err() || w.flush().await.is_err() {
@@ -627,6 +662,10 @@ impl Inbound {
             }
         };
         writer.abort();
+        let mut by_node = self.answers.lock().expect("not poisoned");
+        if by_node.get(&node).is_some_and(|a| a.same_channel(&answers)) {
+            by_node.remove(&node);
+        }
         why
     }
 }

@@ -217,6 +217,7 @@ impl Totals {
         t.joins += s.joins;
         t.promotions += s.promotions;
         t.joins_refused += s.joins_refused;
+        t.removed_told += s.removed_told;
         t.snapshots += s.snapshots;
         t.snapshot_failures += s.snapshot_failures;
         t.truncations_interrupted += s.truncations_interrupted;
@@ -275,6 +276,7 @@ impl Totals {
             ("clustered: wiped hosts joined again", t.joins as f64 / n),
             ("clustered: joined hosts promoted", t.promotions as f64 / n),
             ("clustered: joins refused", t.joins_refused as f64 / n),
+            ("clustered: removed hosts told", t.removed_told as f64 / n),
             ("clustered: snapshots installed", t.snapshots as f64 / n),
             ("clustered: snapshot transfers failed", t.snapshot_failures as f64 / n),
             ("clustered: hosts that died in the middle of a truncation", t.truncations_interrupted as f64 / n),

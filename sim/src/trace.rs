@@ -83,6 +83,11 @@ impl Trace {
                 self.u64(*to);
                 self.u64(*ok as u64);
             }
+            Input::Removed { by, node } => {
+                self.u64(7);
+                self.u64(*by);
+                self.u64(*node);
+            }
         }
         if self.print {
             self.lines.push(format!("{now} -> {}", describe_input(input)));
@@ -131,6 +136,10 @@ impl Trace {
                 self.u64(19);
                 self.u64(*term);
                 self.u64(*leader ^ (*is_leader as u64) << 63);
+            }
+            Output::TellRemoved { to } => {
+                self.u64(22);
+                self.u64(*to);
             }
             Output::JoinRefused { node, why } => {
                 self.u64(20);
@@ -347,6 +356,7 @@ pub fn describe_input(input: &Input) -> String {
         Input::Shutdown => "shutdown".into(),
         Input::Peer(m) => format!("peer {}", describe_message(m)),
         Input::Join { node, replaces } => format!("join node {node} in place of {replaces}"),
+        Input::Removed { by, node } => format!("node {by} says node {node} was removed"),
         Input::SnapshotServed { to, ok } => {
             format!("snapshot served to node {to}: {}", if *ok { "done" } else { "failed" })
         }
@@ -420,6 +430,7 @@ pub fn describe_output(output: &Output) -> String {
         Output::Role { term, leader, is_leader } => {
             format!("role term={term} leader={leader}{}", if *is_leader { " (this host)" } else { "" })
         }
+        Output::TellRemoved { to } => format!("tell node {to} it was removed"),
         Output::JoinRefused { node, why } => format!("join of node {node} refused: {why}"),
     }
 }

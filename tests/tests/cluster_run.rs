@@ -10,6 +10,7 @@
 use nix::sys::signal::Signal;
 use skippr_tests::cluster::Cluster;
 use skippr_tests::*;
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -192,7 +193,9 @@ fn a_host_without_a_majority_says_so_and_recovers_when_one_returns() {
         cluster.kill(*n);
     }
     wait_until("the no-majority metric", PATIENCE, || metric(&cluster, leader, "skippr_raft_no_quorum ") == Some(1));
-    assert!(file_contains(&cluster.log(leader), "no raft leader with a majority for"), "{}", cluster.tail(leader));
+    // Nothing arrives from either: the line says so, not only that no majority is known.
+    let said = "no peer has sent this host a message for";
+    assert!(file_contains(&cluster.log(leader), said), "{}", cluster.tail(leader));
     let held = records_in(&cluster.sink);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(records_in(&cluster.sink), held, "nothing more is delivered without a majority");
@@ -249,6 +252,10 @@ fn a_follower_whose_data_is_lost_comes_back_under_a_new_id_with_cluster_join() {
     let other = (1..=3).find(|n| *n != leader && *n != lost).unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     cluster.kill(lost);
+    // Its disk, as it was: put back once another host has taken its place.
+    let old_disk = tmp.path().join("old-disk");
+    let copied = Command::new("cp").arg("-a").arg(tmp.path().join(format!("d{lost}"))).arg(&old_disk).status();
+    assert!(copied.unwrap().success());
     std::fs::remove_dir_all(tmp.path().join(format!("d{lost}"))).unwrap();
     // Started on the empty DATA_DIR, it refuses to take part.
     cluster.start(lost);
@@ -275,6 +282,12 @@ fn a_follower_whose_data_is_lost_comes_back_under_a_new_id_with_cluster_join() {
     let status = cluster_status(&cluster, cluster.leader(PATIENCE));
     assert!(status.contains("peer 4: match index "), "{status}");
     assert!(!status.contains(&format!("peer {lost}:")), "node {lost} is removed: {status}");
+    // Started again on its old disk, which never heard of its removal, it
+    // is told so by the first peer that hears from it, and stops.
+    std::fs::rename(&old_disk, tmp.path().join(format!("d{lost}"))).unwrap();
+    cluster.start(lost);
+    assert_eq!(cluster.wait(lost, PATIENCE), Some(3), "{}", cluster.tail(lost));
+    assert!(file_contains(&cluster.log(lost), &format!("says node {lost} was removed")), "{}", cluster.tail(lost));
     for node in [leader, other, 4] {
         assert_eq!(cluster.stop(node, Duration::from_secs(30)), Some(0), "node {node}: {}", cluster.tail(node));
     }

@@ -68,6 +68,9 @@ pub(super) struct Replication {
     /// for its proposal to commit; and whether that was reported.
     no_quorum_since: Option<Instant>,
     stall_reported: bool,
+    /// When a peer's message last arrived: a stall with none since it
+    /// began is reported as silence, not as a missing majority.
+    heard_at: Option<Instant>,
 }
 
 /// What raft decided, for the coordinator to route.
@@ -116,6 +119,7 @@ impl Replication {
             mutations,
             no_quorum_since: Some(now),
             stall_reported: false,
+            heard_at: None,
         }
     }
 
@@ -286,7 +290,11 @@ impl Replication {
         match (self.no_quorum_since, report_after) {
             (Some(since), Some(after)) if !self.stall_reported && fx.now >= since + after => {
                 self.stall_reported = true;
-                fx.emit(Output::Stalled { what: crate::io::STALL_RAFT_QUORUM, for_: fx.now - since });
+                let what = match self.heard_at {
+                    Some(heard) if heard >= since => crate::io::STALL_RAFT_QUORUM,
+                    _ => crate::io::STALL_RAFT_NO_PEER,
+                };
+                fx.emit(Output::Stalled { what, for_: fx.now - since });
             }
             (None, _) if self.stall_reported => {
                 self.stall_reported = false;
@@ -313,8 +321,28 @@ impl Replication {
 
     pub(super) fn step(&mut self, fx: &mut Effects, m: PeerMessage) -> Vec<RaftNews> {
         let Some(r) = self.replica.as_mut() else { return Vec::new() };
+        self.heard_at = Some(fx.now);
         r.step(m);
         self.drain(fx)
+    }
+
+    /// Peer `by` says node `node` was removed from the cluster. Heeded when
+    /// `node` is this host and `by` a member it knows: a removal is a
+    /// committed membership change, never undone, so one member's word is
+    /// enough. This host's own log may predate it (started again on its old
+    /// disk after another host took its place).
+    pub(super) fn told_removed(&mut self, by: u64, node: u64) -> Vec<RaftNews> {
+        let Some(r) = self.replica.as_ref() else { return Vec::new() };
+        if node != self.config.node || by == node || !r.knows(by) {
+            return Vec::new();
+        }
+        vec![RaftNews::Stop(StopReason::NotMember {
+            what: format!(
+                "node {by} says node {node} was removed from the cluster (another host took its place while this \
+                 one was away); the id is refused forever: bring this host back under a new id with `skipprd \
+                 cluster join` on an empty DATA_DIR"
+            ),
+        })]
     }
 
     /// The request in flight is durable: raft hears of each `Ready` in it.
@@ -623,6 +651,7 @@ impl Replication {
                 }
                 ReplicaOutput::Failed(e) => news.push(RaftNews::Stop(cluster_log(e))),
                 ReplicaOutput::LeaderConfirmed(_) => news.push(RaftNews::LeaderConfirmed),
+                ReplicaOutput::FromRemoved(to) => fx.emit(Output::TellRemoved { to }),
                 ReplicaOutput::Removed => news.push(RaftNews::Stop(StopReason::NotMember {
                     what: format!(
                         "node {} was removed from the cluster (another host took its place); it is refused forever",

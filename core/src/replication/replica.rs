@@ -79,6 +79,9 @@ pub enum ReplicaOutput {
     LeaderConfirmed(Vec<u8>),
     /// A committed membership change removed this host's own id.
     Removed,
+    /// A message came from `from`, an id removed for good: it is dropped,
+    /// and its sender should hear why.
+    FromRemoved(u64),
 }
 
 /// What a host knows of the cluster, for metrics and `cluster status`.
@@ -354,6 +357,13 @@ impl Replica {
         self.membership.members()
     }
 
+    /// Whether `id` is in this host's configuration (a voter or learner,
+    /// incoming or outgoing).
+    pub fn knows(&self, id: u64) -> bool {
+        let conf = self.raw.raft.prs().conf().to_conf_state();
+        [&conf.voters, &conf.learners, &conf.voters_outgoing, &conf.learners_next].iter().any(|ids| ids.contains(&id))
+    }
+
     /// The configuration as this host applied it.
     pub fn conf(&self) -> ConfState {
         sorted(self.raw.raft.prs().conf().to_conf_state())
@@ -361,9 +371,12 @@ impl Replica {
 
     /// A message from a peer. One raft-rs refuses (a stale term, a peer it
     /// does not know) is dropped, and so is one from a removed id: raft
-    /// retransmits what matters.
+    /// retransmits what matters. A removed sender is named (`FromRemoved`):
+    /// it may be a host started again on its old disk, which never heard of
+    /// its removal.
     pub fn step(&mut self, m: Message) {
         if self.membership.refuses(m.from) {
+            self.out.push_back(ReplicaOutput::FromRemoved(m.from));
             return;
         }
         let _ = self.raw.step(m);

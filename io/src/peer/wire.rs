@@ -71,6 +71,13 @@ pub enum Frame {
     /// stopped), whatever TCP says.
     Ping,
     Pong,
+    /// The accepting host's answer to a raft message from a removed id:
+    /// `node` (the dialing host) was removed from the cluster for good.
+    /// Sent on the connection the removed host dialed, since the others no
+    /// longer dial it.
+    Removed {
+        node: u64,
+    },
 }
 
 impl Frame {
@@ -87,6 +94,7 @@ impl Frame {
             Frame::Join { .. } => 9,
             Frame::Ping => 10,
             Frame::Pong => 11,
+            Frame::Removed { .. } => 12,
         }
     }
 
@@ -124,6 +132,7 @@ impl Frame {
                 b.put_u64_le(*node);
                 b.put_u64_le(*replaces);
             }
+            Frame::Removed { node } => b.put_u64_le(*node),
         }
         let len = (b.len() - 4) as u32;
         b[..4].copy_from_slice(&len.to_le_bytes());
@@ -181,6 +190,10 @@ impl Frame {
             }
             10 => Frame::Ping,
             11 => Frame::Pong,
+            12 => {
+                need(&body, 8)?;
+                Frame::Removed { node: body.get_u64_le() }
+            }
             _ => return Err("a frame of an unknown kind"),
         };
         if !body.is_empty() {
@@ -232,6 +245,7 @@ mod tests {
             Frame::Join { node: 4, replaces: 2 },
             Frame::Ping,
             Frame::Pong,
+            Frame::Removed { node: 3 },
         ]
     }
 

@@ -60,6 +60,11 @@ enum Event {
         result: Result<IoReply, IoError>,
     },
     Deliver(Box<PeerMessage>),
+    /// Node `by`'s word that node `to` was removed (`Output::TellRemoved`).
+    TellRemoved {
+        by: u64,
+        to: u64,
+    },
     Crash {
         power: bool,
     },
@@ -394,6 +399,10 @@ impl ClusterWorld {
                 Some(&slot) => Some(slot),
                 None => return, // an id that no host runs (any longer)
             },
+            Event::TellRemoved { to, .. } => match self.slot_of.get(to) {
+                Some(&slot) => Some(slot),
+                None => return,
+            },
             _ => None,
         };
         let event = match node {
@@ -421,6 +430,13 @@ impl ClusterWorld {
                 let from = self.slot_of.get(&m.from).map_or(0, |&s| s as u64 + 1);
                 if !self.blocked.contains(&(from, to as u64 + 1)) && self.nodes[to].host.is_some() {
                     self.feed(to, Input::Peer(m));
+                }
+            }
+            Event::TellRemoved { by, to } => {
+                let slot = self.slot_of[&to];
+                let from = self.slot_of.get(&by).map_or(0, |&s| s as u64 + 1);
+                if !self.blocked.contains(&(from, slot as u64 + 1)) && self.nodes[slot].host.is_some() {
+                    self.feed(slot, Input::Removed { by, node: to });
                 }
             }
             Event::Served { node, gen, to, ok } => {
@@ -668,6 +684,12 @@ impl ClusterWorld {
             match output {
                 Output::Io { id, op } => self.submit(node, id, op),
                 Output::Send(m) => self.send(m),
+                Output::TellRemoved { to } => {
+                    self.stats.removed_told += 1;
+                    let by = self.nodes[node].id;
+                    let net = self.scenario.cluster.net;
+                    self.after(Die::Network, net, Event::TellRemoved { by, to });
+                }
                 Output::Role { term, is_leader, .. } => {
                     let n = &mut self.nodes[node];
                     n.term = term;

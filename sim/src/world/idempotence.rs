@@ -76,7 +76,7 @@ fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets)
                 Output::WalFull { .. } | Output::WalRoom { .. } => unreachable!("sources are read only after recovery"),
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
                 Output::Skip { .. } => unreachable!("the simulator's runs skip nothing"),
-                Output::Send(_) | Output::Role { .. } | Output::JoinRefused { .. } => {
+                Output::Send(_) | Output::TellRemoved { .. } | Output::Role { .. } | Output::JoinRefused { .. } => {
                     unreachable!("recovering alone is not clustered")
                 }
             }

@@ -127,6 +127,8 @@ pub struct RunStats {
     pub joins: u64,
     pub promotions: u64,
     pub joins_refused: u64,
+    /// Messages from removed ids answered with `TellRemoved`.
+    pub removed_told: u64,
     /// Clustered mode: snapshots installed, and transfers that failed (the
     /// sender gone, or its segments no longer the manifest's).
     pub snapshots: u64,
@@ -499,7 +501,7 @@ impl World {
                 Output::WalFull { .. } => self.stats.wal_full += 1,
                 Output::WalRoom { .. } => {}
                 Output::Skip { .. } => unreachable!("the simulator's runs skip nothing"),
-                Output::Send(_) | Output::Role { .. } | Output::JoinRefused { .. } => {
+                Output::Send(_) | Output::TellRemoved { .. } | Output::Role { .. } | Output::JoinRefused { .. } => {
                     unreachable!("this world runs one host, not a cluster")
                 }
                 Output::Stopped(reason) if who == Who::Zombie => self.on_zombie_stopped(reason),

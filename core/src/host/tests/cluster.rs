@@ -67,8 +67,15 @@ struct Cluster {
     leading: Vec<bool>,
     /// (host, true) for every `Stalled`, (host, false) for every `Unstalled`.
     stalls: Vec<(usize, bool)>,
+    /// What each `Stalled` named, by host.
+    stall_whats: Vec<(usize, &'static str)>,
     /// Every message is lost.
     cut: bool,
+    /// Every message to this host is lost.
+    deaf: Option<usize>,
+    /// `TellRemoved` outputs are lost (the planted fault of the removal
+    /// test), else each is heard at once.
+    drop_tells: bool,
     leaders: BTreeMap<u64, u64>,
     /// `--once`: sources say they are exhausted at the last record, and
     /// hosts that stop cleanly are marked instead of failing the run.
@@ -121,7 +128,10 @@ impl Cluster {
             follower_writes: 0,
             leading: vec![false; HOSTS as usize],
             stalls: Vec::new(),
+            stall_whats: Vec::new(),
             cut: false,
+            deaf: None,
+            drop_tells: false,
             leaders: BTreeMap::new(),
             once: false,
             finished: vec![false; HOSTS as usize],
@@ -169,7 +179,14 @@ impl Cluster {
                     self.nodes[i].held.push((id, op))
                 }
                 Output::Send(m) => self.net.push(m),
-                Output::Stalled { what: crate::io::STALL_RAFT_QUORUM, .. } => self.stalls.push((i, true)),
+                Output::Stalled { what, .. } => {
+                    self.stalls.push((i, true));
+                    self.stall_whats.push((i, what));
+                }
+                Output::TellRemoved { to } if !self.cut && !self.drop_tells => {
+                    let by = i as u64 + 1;
+                    self.handle(to as usize - 1, Input::Removed { by, node: to });
+                }
                 Output::Unstalled => self.stalls.push((i, false)),
                 Output::Role { term, is_leader: true, .. }
                     if *self.leaders.entry(term).or_insert(i as u64 + 1) != i as u64 + 1 =>
@@ -317,7 +334,7 @@ impl Cluster {
             40..=79 if !self.net.is_empty() => {
                 let at = self.next(self.net.len() as u64) as usize;
                 let m = self.net.swap_remove(at);
-                if self.next(30) != 0 && !self.cut {
+                if self.next(30) != 0 && !self.cut && self.deaf != Some(m.to as usize - 1) {
                     let to = m.to as usize - 1;
                     self.handle(to, Input::Peer(m));
                 }
@@ -509,6 +526,63 @@ fn hosts_that_reach_no_majority_report_a_stall_and_its_end() {
     }
     let ended: BTreeSet<usize> = c.stalls.iter().filter(|s| !s.1).map(|s| s.0).collect();
     assert_eq!(ended.len(), HOSTS as usize, "every host reports its end once a leader is known: {:?}", c.stalls);
+    // Nothing arrived at any of them: they say so, not that a majority is missing.
+    assert!(c.stall_whats.iter().all(|w| w.1 == crate::io::STALL_RAFT_NO_PEER), "{:?}", c.stall_whats);
+}
+
+#[test]
+fn a_stalled_host_that_hears_peers_reports_a_missing_majority_and_one_that_hears_none_silence() {
+    let mut c = Cluster::new(4, Mutations::NONE);
+    // Host 3 is away for good, host 2 hears nothing: host 1 hears host 2
+    // campaign in vain; host 2 hears no one.
+    c.nodes[2].host = None;
+    c.finished[2] = true;
+    c.deaf = Some(1);
+    while c.now < Instant::from_micros(30_000_000) {
+        c.step(false);
+    }
+    assert_eq!(c.failure, None);
+    let what = |i: usize| c.stall_whats.iter().find(|w| w.0 == i).map(|w| w.1);
+    assert_eq!(what(0), Some(crate::io::STALL_RAFT_QUORUM), "{:?}", c.stall_whats);
+    assert_eq!(what(1), Some(crate::io::STALL_RAFT_NO_PEER), "{:?}", c.stall_whats);
+}
+
+#[test]
+fn a_removed_host_started_on_its_old_disk_is_told_so_by_a_peer_and_stops() {
+    let removed_while_away = |drop_tells: bool| {
+        let mut c = Cluster::new(6, Mutations::NONE);
+        c.drop_tells = drop_tells;
+        // Hosts 1 and 2 applied host 3's removal while it was away (a
+        // cluster of two voters now); host 3's disk predates it.
+        for i in 0..2 {
+            c.nodes[i].host = None;
+            let node = i as u64 + 1;
+            let segment_bytes = config().limits.segment_bytes;
+            let members = Members { cluster: 7, node, segment_bytes, removed: vec![3], ..Members::default() };
+            c.nodes[i].hard = first_file(&members, &[1, 2]).unwrap();
+            c.start(i);
+        }
+        while c.failure.is_none() && c.now < Instant::from_micros(30_000_000) {
+            c.step(false);
+        }
+        let stop = c.failure.take();
+        // Hosts 1 and 2 go on without it.
+        c.finished[2] |= stop.is_some();
+        while c.failure.is_none() && c.delivered().len() < 20 && c.now < Instant::from_micros(60_000_000) {
+            c.step(false);
+        }
+        (stop, c.nodes[2].host.is_some(), c.delivered().len().min(20))
+    };
+    let (failure, running, delivered) = removed_while_away(false);
+    let failure = failure.expect("host 3 stops");
+    assert!(failure.starts_with("host 3 stopped: NotMember"), "{failure}");
+    assert!(failure.contains("says node 3 was removed") && failure.contains("cluster join"), "{failure}");
+    assert!(!running);
+    assert_eq!(delivered, 20, "hosts 1 and 2 go on");
+    // Without the word of a peer, host 3 waits for a leader for ever.
+    let (failure, running, _) = removed_while_away(true);
+    assert_eq!(failure, None);
+    assert!(running, "host 3 still runs, waiting");
 }
 
 #[test]

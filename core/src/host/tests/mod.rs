@@ -112,7 +112,9 @@ impl Harness {
                     Output::WalRoom { .. } => self.wal_full.push(false),
                     Output::Skip { recorded, .. } => self.skips.push(recorded),
                     Output::Recovered(_) | Output::Stalled { .. } | Output::Unstalled => {}
-                    Output::Send(_) | Output::Role { .. } | Output::JoinRefused { .. } => unreachable!("not clustered"),
+                    Output::Send(_) | Output::TellRemoved { .. } | Output::Role { .. } | Output::JoinRefused { .. } => {
+                        unreachable!("not clustered")
+                    }
                 }
             }
             let Some(i) = self.held.iter().position(|(_, op)| is_storage(op)) else {

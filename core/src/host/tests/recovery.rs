@@ -153,7 +153,9 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
                 Output::Recovered(_) => panic!("recovered without reading a segment"),
                 Output::LeaseWait { .. } | Output::Stalled { .. } | Output::Unstalled => {}
                 Output::WalFull { .. } | Output::WalRoom { .. } | Output::Skip { .. } => {}
-                Output::Send(_) | Output::Role { .. } | Output::JoinRefused { .. } => unreachable!("not clustered"),
+                Output::Send(_) | Output::TellRemoved { .. } | Output::Role { .. } | Output::JoinRefused { .. } => {
+                    unreachable!("not clustered")
+                }
             }
         }
         if stopped.is_some() {
