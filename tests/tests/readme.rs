@@ -93,32 +93,77 @@ fn giving_up_refused_input_runs_as_written() {
     );
 }
 
+/// The clustered quick start's hosts on free ports: the script that starts
+/// them, the one that prints each one's status line, and node `n`'s
+/// metrics port (`n` in 1..=4; node 4 joins in the disk-loss walk-through).
+struct ClusterPorts {
+    peers: Vec<u16>,
+    metrics: Vec<u16>,
+}
+
+impl ClusterPorts {
+    fn new() -> ClusterPorts {
+        let ports = free_ports(8);
+        ClusterPorts { peers: ports[..4].to_vec(), metrics: ports[4..].to_vec() }
+    }
+
+    /// Sets `P` to node `$var`'s metrics port: `910N` is node N's in the
+    /// README, each mapped to a free one.
+    fn map(&self, var: &str) -> String {
+        let m = &self.metrics;
+        format!("case ${var} in 1) P={};; 2) P={};; 3) P={};; 4) P={};; esac; ", m[0], m[1], m[2], m[3])
+    }
+
+    fn start(&self) -> String {
+        let mut subs: Vec<(String, String)> =
+            (0..3).map(|i| (format!("127.0.0.1:700{}", i + 1), format!("127.0.0.1:{}", self.peers[i]))).collect();
+        let head = "host() {  # host N: node N in the background, its process id in pid-N\n";
+        subs.push((head.to_string(), format!("{head}  {}\n", self.map("1"))));
+        subs.push(("127.0.0.1:910$1".to_string(), "127.0.0.1:$P".to_string()));
+        let subs: Vec<(&str, String)> = subs.iter().map(|(a, b)| (a.as_str(), b.clone())).collect();
+        substituted("cluster", &walkthrough("cluster"), &subs)
+    }
+
+    fn find_leader(&self) -> String {
+        let subs =
+            [("do skipprd", format!("do {} skipprd", self.map("n"))), ("127.0.0.1:910$n", "127.0.0.1:$P".to_string())];
+        substituted("cluster-leader", &walkthrough("cluster-leader"), &subs)
+    }
+
+    fn status(&self, dir: &Path, node: u64) -> String {
+        let script = format!("skipprd cluster status --metrics-addr 127.0.0.1:{}", self.metrics[node as usize - 1]);
+        stdout(&run_bash(dir, &script))
+    }
+}
+
+/// SIGTERM to every host the walk-through started (its process group);
+/// waits until all have exited and returns what they logged.
+fn stop_all(hosts: &std::process::Child, log: &Path) -> String {
+    let group = nix::unistd::Pid::from_raw(-(hosts.id() as i32));
+    nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while nix::sys::signal::kill(group, None).is_ok() {
+        assert!(Instant::now() < deadline, "the hosts did not stop: {}", std::fs::read_to_string(log).unwrap());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::read_to_string(log).unwrap()
+}
+
+fn stopped_cleanly(text: &str, node: u64) -> bool {
+    text.lines().any(|l| l.starts_with(&format!("[node {node}] ")) && l.contains("stopped cleanly"))
+}
+
 #[test]
 fn the_clustered_quick_start_runs_as_written_and_finds_its_leader() {
     let tmp = tempfile::tempdir().unwrap();
-    let ports = free_ports(6);
-    let subs: Vec<(String, String)> = ports[..3]
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (format!("127.0.0.1:700{}", i + 1), format!("127.0.0.1:{p}")))
-        .collect();
-    // The metrics ports: `910$n` is node n's; each is mapped to a free one.
-    let map = format!("case $n in 1) P={};; 2) P={};; 3) P={};; esac; ", ports[3], ports[4], ports[5]);
-    let start_subs: Vec<(&str, String)> = subs
-        .iter()
-        .map(|(a, b)| (a.as_str(), b.clone()))
-        .chain([
-            ("for n in 1 2 3; do\n", format!("for n in 1 2 3; do\n  {map}\n")),
-            ("127.0.0.1:910$n", "127.0.0.1:$P".to_string()),
-        ])
-        .collect();
-    let start = substituted("cluster", &walkthrough("cluster"), &start_subs);
+    let ports = ClusterPorts::new();
     let log = tmp.path().join("terminal");
-    let mut hosts =
-        bash(tmp.path(), &start).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
-    let group = nix::unistd::Pid::from_raw(-(hosts.id() as i32));
-    let leader_subs = [("do skipprd", format!("do {map} skipprd")), ("127.0.0.1:910$n", "127.0.0.1:$P".to_string())];
-    let find = substituted("cluster-leader", &walkthrough("cluster-leader"), &leader_subs);
+    let mut hosts = bash(tmp.path(), &ports.start())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let find = ports.find_leader();
     // One leader, two followers of it, within the patience of a slow machine.
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
@@ -141,17 +186,65 @@ fn the_clustered_quick_start_runs_as_written_and_finds_its_leader() {
     assert!(status.contains(&format!("follower of node {leader_id}")), "{status}");
     assert_eq!(hosts.wait().unwrap().code(), Some(0), "the walk-through's own commands succeed");
     // The three hosts stop cleanly on SIGTERM; each line names its host.
-    nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while nix::sys::signal::kill(group, None).is_ok() {
-        assert!(Instant::now() < deadline, "the hosts did not stop: {}", std::fs::read_to_string(&log).unwrap());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = stop_all(&hosts, &log);
     for n in 1..=3 {
         assert!(text.contains(&format!("[node {n}] ")), "{text}");
-        let stopped = text.lines().any(|l| l.starts_with(&format!("[node {n}] ")) && l.contains("stopped cleanly"));
-        assert!(stopped, "node {n} stopped cleanly: {text}");
+        assert!(stopped_cleanly(&text, n), "node {n} stopped cleanly: {text}");
     }
     assert!(tmp.path().join("shared-sink").join("events").is_dir(), "the leader delivered to the shared sink");
+}
+
+#[test]
+fn the_disk_loss_walkthrough_brings_a_lost_host_back_as_node_4() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ports = ClusterPorts::new();
+    let log = tmp.path().join("terminal");
+    // The quick start, a leader elected, then the walk-through in the same shell.
+    let elected = "for i in $(seq 600); do grep -q 'this host leads the cluster' terminal && break; sleep 0.1; done\n";
+    let node4 = [("127.0.0.1:7004", format!("127.0.0.1:{}", ports.peers[3]))];
+    let lost = substituted("cluster-disk-loss", &walkthrough("cluster-disk-loss"), &node4);
+    let script = format!("{}{elected}{lost}", ports.start());
+    let mut hosts = bash(tmp.path(), &script)
+        .stdout(std::fs::File::create(tmp.path().join("said")).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let code = loop {
+        if let Some(done) = hosts.try_wait().unwrap() {
+            break done.code();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the walk-through's commands did not end: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let terminal = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code, Some(0), "a command of the walk-through failed: {terminal}");
+    let said = std::fs::read_to_string(tmp.path().join("said")).unwrap();
+    assert!(said.contains("node 3 on an empty disk: exit 3"), "{said}");
+    assert!(!tmp.path().join("d3").exists(), "the refused start wrote nothing");
+    let voter = |text: &str| text.lines().any(|l| l.starts_with("[node 4] ") && l.contains("a voter of the cluster"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !voter(&std::fs::read_to_string(&log).unwrap()) {
+        assert!(Instant::now() < deadline, "node 4 is no voter: {}", std::fs::read_to_string(&log).unwrap());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The leader (1, 2 or 4) lists node 4 among its peers, and node 3 no longer.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let leading = [1, 2, 4].map(|n| ports.status(tmp.path(), n)).into_iter().find(|s| s.contains(": leader,"));
+        if let Some(s) = leading.filter(|s| s.contains("peer 4: match index ")) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no leader lists node 4: {}", std::fs::read_to_string(&log).unwrap());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(!status.contains("peer 3:"), "{status}");
+    let text = stop_all(&hosts, &log);
+    for n in [1, 2, 4] {
+        assert!(stopped_cleanly(&text, n), "node {n} stopped cleanly: {text}");
+    }
 }
