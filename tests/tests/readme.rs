@@ -248,3 +248,96 @@ fn the_disk_loss_walkthrough_brings_a_lost_host_back_as_node_4() {
         assert!(stopped_cleanly(&text, n), "node {n} stopped cleanly: {text}");
     }
 }
+
+/// The suite's PostgreSQL URL without its password, and the password.
+fn postgres_url_and_password() -> (String, String) {
+    let url = pg::url();
+    let rest = url.strip_prefix("postgresql://").expect("a postgresql:// URL");
+    let (creds, host) = rest.split_once('@').expect("credentials in the URL");
+    let (user, password) = creds.split_once(':').expect("a password in the URL");
+    (format!("postgresql://{user}@{host}"), password.to_string())
+}
+
+#[test]
+fn the_postgresql_walkthrough_runs_as_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (url, password) = postgres_url_and_password();
+    let pgpass = tmp.path().join("pgpass");
+    std::fs::write(&pgpass, format!("{password}\n")).unwrap();
+    std::fs::set_permissions(&pgpass, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    // The walk-through writes into the database's `public` schema.
+    pg::client().batch_execute("DROP TABLE IF EXISTS public.events").unwrap();
+    let subs =
+        [("postgresql://loader@db.internal/warehouse", url), ("/etc/skipprd/pgpass", pgpass.display().to_string())];
+    let script = substituted("postgres", &walkthrough("postgres"), &subs);
+    let out = run_bash(tmp.path(), &script);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("records: 20000, committed: 20000,"), "{}", stdout(&out));
+    pg::assert_exactly_once("public", "events", 2, 10_000);
+    let columns = pg::client()
+        .query_one(
+            "SELECT count(*) FROM public.events WHERE seq = (data->>'seq')::bigint AND value = data->>'value'",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(columns.get::<_, i64>(0), 20_000, "the columns computed from each record");
+}
+
+#[test]
+fn the_singer_walkthrough_runs_as_written_and_its_tap_re_run_keeps_one_row_per_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tap = std::env::var("SKIPPR_TEST_TAP_JSONL")
+        .expect("SKIPPR_TEST_TAP_JSONL is not set: run the suite with ./test.sh, which installs tap-jsonl");
+    let venv = Path::new(&tap).parent().unwrap().display().to_string();
+    pg::client().batch_execute("DROP TABLE IF EXISTS public.items").unwrap();
+    let subs = [("postgresql://loader@db.internal/warehouse", pg::url())];
+    let script = substituted("singer", &walkthrough("singer"), &subs);
+    for run in 1..=2 {
+        let mut cmd = bash(tmp.path(), &script);
+        let bin = Path::new(&skipprd_bin()).parent().unwrap().display().to_string();
+        cmd.env("PATH", format!("{bin}:{venv}:{}", std::env::var("PATH").unwrap_or_default()));
+        let out = output_within(&mut cmd, Duration::from_secs(120));
+        assert_eq!(out.status.code(), Some(0), "run {run}: {}", stderr(&out));
+        let rows = pg::client().query("SELECT data->>'id', data->>'v' FROM public.items ORDER BY 1", &[]).unwrap();
+        let rows: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let want = [("1", "one"), ("2", "two")].map(|(a, b)| (a.to_string(), b.to_string()));
+        assert_eq!(rows, want, "run {run}: the tap sends both lines again, the upsert keeps one row each");
+    }
+}
+
+#[test]
+fn the_s3_walkthroughs_run_as_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bucket, table) = aws::bucket_and_table("readme-wal");
+    let out_bucket = aws::runtime().block_on(aws::bucket("readme-out"));
+    let with_aws = |script: &str| {
+        let mut cmd = bash(tmp.path(), script);
+        cmd.envs(aws::env());
+        output_within(&mut cmd, Duration::from_secs(120))
+    };
+    // S3 mode: the table created by the walk-through itself, on a fresh name.
+    let fresh_table = format!("{table}-walk");
+    let subs = [
+        ("SKIPPR_OFFSET_DYNAMODB_TABLE=skipprd ", format!("SKIPPR_OFFSET_DYNAMODB_TABLE={fresh_table} ")),
+        ("SKIPPR_WAL_S3_BUCKET=my-wal", format!("SKIPPR_WAL_S3_BUCKET={bucket}")),
+    ];
+    let out = with_aws(&substituted("s3-mode", &walkthrough("s3-mode"), &subs));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("records: 20000, committed: 20000,"), "{}", stdout(&out));
+    // The S3 sink: one object per destination batch under the prefix.
+    let subs = [("--sink-s3-bucket out", format!("--sink-s3-bucket {out_bucket}"))];
+    let out = with_aws(&substituted("s3-sink", &walkthrough("s3-sink"), &subs));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let keys = aws::runtime().block_on(async {
+        let sdk = aws::sdk(&aws::endpoint()).await;
+        let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&sdk).force_path_style(true).build());
+        let listed = s3.list_objects_v2().bucket(&out_bucket).prefix("orders/events/").send().await.unwrap();
+        listed.contents().iter().map(|o| o.key().unwrap().to_string()).collect::<Vec<_>>()
+    });
+    assert!(!keys.is_empty(), "no objects under orders/events/");
+    let named = |k: &String| {
+        let n = k.strip_prefix("orders/events/").and_then(|n| n.strip_suffix(".jsonl"));
+        n.is_some_and(|n| n.len() == 20 && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    assert!(keys.iter().all(named), "{keys:?}");
+}
