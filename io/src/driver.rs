@@ -276,6 +276,14 @@ pub async fn drive(
                 if signal.is_some() {
                     totals.shutdown.store(true, Ordering::Relaxed);
                     info!("shutdown requested: draining");
+                    if host.raft_status().is_some_and(|s| s.is_leader) {
+                        // It stops once another host leads: said here, since
+                        // the wait can be seconds when the others stop too.
+                        info!(
+                            "this host leads the cluster: it stops once it has handed leadership to a caught-up \
+                             voter, or after two election timeouts (about 2 s) if none takes it"
+                        );
+                    }
                     host.handle(clock.now(), Input::Shutdown);
                 }
             }

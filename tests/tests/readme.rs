@@ -191,6 +191,9 @@ fn the_clustered_quick_start_runs_as_written_and_finds_its_leader() {
         assert!(text.contains(&format!("[node {n}] ")), "{text}");
         assert!(stopped_cleanly(&text, n), "node {n} stopped cleanly: {text}");
     }
+    // The leader at the SIGTERM (the one found, unless an election came
+    // between) says why it may outlive the others by a couple of seconds.
+    assert!(text.lines().any(|l| l.contains("it stops once it has handed")), "{text}");
     assert!(tmp.path().join("shared-sink").join("events").is_dir(), "the leader delivered to the shared sink");
 }
 
