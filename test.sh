@@ -25,5 +25,7 @@ cargo build --release --locked --workspace --all-targets
 . tests/scripts/moto.sh
 . tests/scripts/postgres.sh
 . tests/scripts/singer.sh
+# FUSE for the power-cut tests (mounting as root; fuse3 installed where missing).
+. tests/scripts/fuse.sh
 
 cargo test --release --locked --workspace

@@ -56,8 +56,7 @@ impl DiskWal {
         // A snapshot's install that committed before a crash is completed
         // before anything reads the WAL.
         wal.finish_install()?;
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&wal.dir)?;
-        sync_dir(data_dir)?;
+        create_dir_durably(&wal.dir, 0o700)?;
         Ok(wal)
     }
 
@@ -323,6 +322,37 @@ pub fn list_dir(dir: &Path) -> io::Result<(Vec<SegmentId>, Vec<PathBuf>)> {
 
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// Creates `dir` and whatever of its ancestors is missing, each with `mode`,
+/// and makes each new entry durable: the directory that holds it is synced
+/// after it is made, so a power cut cannot take a directory whose contents
+/// were synced (a new DATA_DIR with its WAL, a sink's stream directory).
+pub fn create_dir_durably(dir: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut missing = Vec::new();
+    let mut at = dir;
+    while !at.exists() {
+        missing.push(at);
+        match at.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => at = parent,
+            _ => break,
+        }
+    }
+    for new in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(mode).create(new) {
+            Ok(()) => {}
+            // Made meanwhile by another thread or process: it syncs it.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+        let parent = match new.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        sync_dir(parent)?;
+    }
+    Ok(())
 }
 
 /// How an I/O error reaches the engine.

@@ -66,6 +66,8 @@ impl OffsetsDb {
         txn.open_table(OFFSETS)?;
         txn.open_table(CHECKPOINTS)?;
         txn.commit()?;
+        // The file's entry, made durable (redb syncs the file, not its directory).
+        crate::disk_wal::sync_dir(data_dir).map_err(redb::Error::Io)?;
         Ok(OffsetsDb { db: std::sync::Mutex::new(Some(db)), path, pipeline: pipeline.to_string(), sources })
     }
 

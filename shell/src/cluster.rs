@@ -388,12 +388,7 @@ pub fn identity(args: IdentityArgs, join: bool) -> i32 {
 
 /// The DATA_DIR exists (created 0700) and holds no WAL of its own.
 fn prepare(dir: &Path) -> Result<(), String> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    skippr_io::disk_wal::create_dir_durably(dir, 0o700).map_err(|e| format!("{}: {e}", dir.display()))?;
     let wal = dir.join(skippr_io::disk_wal::WAL_DIR);
     let holds_segments = std::fs::read_dir(&wal).is_ok_and(|mut d| d.next().is_some());
     if holds_segments {

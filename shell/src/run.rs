@@ -76,11 +76,8 @@ pub fn main(args: RunArgs) -> i32 {
 /// tap's state. One that exists with access for others is kept as it is,
 /// with a warning.
 fn create_data_dir(dir: &Path) -> Result<(), String> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
+    use std::os::unix::fs::PermissionsExt;
+    skippr_io::disk_wal::create_dir_durably(dir, 0o700)
         .map_err(|e| format!("cannot create DATA_DIR {}: {e}", dir.display()))?;
     let mode = std::fs::metadata(dir).map(|m| m.permissions().mode() & 0o777).unwrap_or(0o700);
     if mode & 0o077 != 0 {

@@ -2,6 +2,7 @@
 //! same `cargo` profile and run it as a real child process.
 
 pub mod cluster;
+pub mod forgetfs;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

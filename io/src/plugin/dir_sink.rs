@@ -5,7 +5,7 @@ use skippr_core::{CompactionId, Records, SinkOutcome};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -42,8 +42,10 @@ impl DirSink {
         self
     }
 
+    /// Made durable with its entry, so a batch synced and linked in it
+    /// cannot vanish with it at a power cut.
     fn create_dir(&self, dir: &Path) -> std::io::Result<()> {
-        std::fs::DirBuilder::new().recursive(true).mode(self.mode | (self.mode & 0o444) >> 2).create(dir)
+        crate::disk_wal::create_dir_durably(dir, self.mode | (self.mode & 0o444) >> 2)
     }
 
     fn load(&mut self, stream: &str) -> Result<&mut BTreeMap<u64, CompactionId>, PluginError> {
