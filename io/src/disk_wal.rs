@@ -174,6 +174,9 @@ impl DiskWal {
         }
         file.write_all_at(header, 0)?;
         file.sync_all()?;
+        if crate::planted::armed(crate::planted::DriverFault::SkipSegmentDirSync) {
+            return Ok(());
+        }
         sync_dir(&self.dir)
     }
 
@@ -217,6 +220,9 @@ impl DiskWal {
     pub fn append(&self, segment: SegmentId, offset: u64, bytes: &[u8]) -> io::Result<()> {
         let open = self.open_for(segment, offset, bytes.len())?;
         let (_, file, _) = open.as_ref().expect("opened");
+        if crate::planted::armed(crate::planted::DriverFault::AckBeforeDurable) {
+            return file.write_all_at(bytes, offset);
+        }
         self.append_syncs.fetch_add(1, Ordering::Relaxed);
         if !self.no_dsync_flag.load(Ordering::Relaxed) {
             match write_all_dsync(file, bytes, offset) {

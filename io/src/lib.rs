@@ -18,6 +18,7 @@ pub mod health;
 pub mod metrics;
 pub mod offsets_db;
 pub mod peer;
+pub mod planted;
 pub mod plugin;
 pub mod s3_wal;
 

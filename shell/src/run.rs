@@ -63,6 +63,20 @@ pub fn main(args: RunArgs) -> i32 {
         }
     };
     crate::chaos::arm_from_env();
+    match skippr_io::planted::arm_from_env() {
+        Ok(faults) => {
+            for f in faults {
+                warn!(
+                    fault = f.name(),
+                    "a planted driver fault is armed: this run breaks a durability rule on purpose"
+                );
+            }
+        }
+        Err(e) => {
+            eprintln!("skipprd run: {e}");
+            return exit::USAGE;
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -3,10 +3,11 @@
 //! forgets what was not synced (`skippr_tests::forgetfs`). At seeded moments
 //! it SIGKILLs itself (chaos mode) and the power is cut: everything not made
 //! durable is dropped, and the daemon starts again on what is left. At the
-//! end every record is in the sink exactly once and `wal verify` is clean
+//! end every record is in the sink exactly once, and `wal verify` is clean
 //! after every cut. The generator is paced so that no run can finish before
 //! its kill (`Work::Paced`'s bound), and the loop counts the cuts that landed
-//! mid-ingest.
+//! mid-ingest. The same loop with a fault planted in a driver
+//! (`SKIPPR_PLANTED_DRIVER_FAULTS`) must fail.
 
 use skippr_tests::forgetfs::mount::Mount;
 use skippr_tests::forgetfs::Cut;
@@ -20,27 +21,31 @@ fn wal_verify(data: &Path) -> std::process::Output {
     Command::new(skipprd_bin()).args(["wal", "verify", data.to_str().unwrap()]).output().unwrap()
 }
 
-#[test]
-fn the_power_cut_mid_ingest_again_and_again_loses_and_duplicates_nothing() {
+/// `cuts` runs each killed mid-ingest and followed by a cut, then one run
+/// to the end; with `planted` armed in every run. What the cuts dropped, or
+/// the first thing that broke.
+fn power_cut_loop(cuts: u64, planted: Option<&str>) -> Result<Cut, String> {
     Mount::available().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("mnt");
     std::fs::create_dir(&dir).unwrap();
     let mut m = Mount::new(&dir).unwrap();
     let (data, sink) = (dir.join("data"), dir.join("sink"));
-    const CUTS: u64 = 100;
     let (rate, per_partition) = (2_000u64, 120_000u64);
     let (min, max) = ("0.2", "1.0");
-    assert!((CUTS as f64) * 1.0 * (rate as f64) < (2 * per_partition) as f64, "no run can finish before its kill");
+    assert!((cuts as f64) * 1.0 * (rate as f64) < (2 * per_partition) as f64, "no run can finish before its kill");
     let daemon = || {
         let mut c = Command::new(skipprd_bin());
         c.args(["run", "--once", "--generator-records", &per_partition.to_string()])
             .args(["--data-dir", data.to_str().unwrap(), "--sink-dir", sink.to_str().unwrap()])
             .args(["--wal-bytes-per-file", "1048576"]);
+        if let Some(fault) = planted {
+            c.env("SKIPPR_PLANTED_DRIVER_FAULTS", fault);
+        }
         c
     };
     let (mut landed, mut dropped) = (0u64, Cut::default());
-    for seed in 0..CUTS {
+    for seed in 0..cuts {
         let out = daemon()
             .args(["--generator-rate", &rate.to_string()])
             .env("SKIPPR_CHAOS_MODE", "yes")
@@ -51,24 +56,58 @@ fn the_power_cut_mid_ingest_again_and_again_loses_and_duplicates_nothing() {
             .unwrap();
         match (out.status.signal(), out.status.code()) {
             (Some(9), _) => landed += 1,
-            other => panic!("run {seed} ended with {other:?}: {}", stderr(&out)),
+            other => return Err(format!("run {seed} ended with {other:?}: {}", stderr(&out))),
         }
         let cut = m.cut().unwrap();
         dropped.files_reverted += cut.files_reverted;
         dropped.dirs_reverted += cut.dirs_reverted;
         dropped.nodes_gone += cut.nodes_gone;
         let verify = wal_verify(&data);
-        assert_eq!(verify.status.code(), Some(0), "after cut {seed} ({cut:?}): {}", stderr(&verify));
+        if verify.status.code() != Some(0) {
+            return Err(format!("wal verify after cut {seed} ({cut:?}): {}", stderr(&verify)));
+        }
     }
-    assert_eq!(landed, CUTS, "every cut landed mid-ingest");
+    assert_eq!(landed, cuts, "every cut landed mid-ingest");
+    let out = output_within(&mut daemon(), Duration::from_secs(300));
+    if out.status.code() != Some(0) {
+        return Err(format!("the last run ended with {:?}: {}", out.status, stderr(&out)));
+    }
+    std::panic::catch_unwind(|| assert_exactly_once(&sink, &["events"], 2, per_partition))
+        .map_err(|e| format!("the sink: {:?}", e.downcast_ref::<String>()))?;
+    if wal_verify(&data).status.code() != Some(0) {
+        return Err("wal verify at the end".into());
+    }
+    Ok(dropped)
+}
+
+#[test]
+fn the_power_cut_mid_ingest_again_and_again_loses_and_duplicates_nothing() {
+    let dropped = power_cut_loop(100, None).unwrap();
     // The cuts dropped what was not yet synced (temporary files of the sink,
     // entries not yet synced), or they tested nothing. The WAL's own files
     // hold nothing unsynced at a kill: each commit is an `RWF_DSYNC` write,
     // which the kernel follows with an `fsync` of the file.
     assert!(dropped != Cut::default(), "{dropped:?}");
-    let out = output_within(&mut daemon(), Duration::from_secs(300));
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_exactly_once(&sink, &["events"], 2, per_partition);
-    assert_eq!(wal_verify(&data).status.code(), Some(0));
-    eprintln!("{CUTS} cuts, all mid-ingest; dropped in all: {dropped:?}");
+    eprintln!("100 cuts, all mid-ingest; dropped in all: {dropped:?}");
+}
+
+#[test]
+fn each_fault_planted_in_a_driver_is_caught_by_the_power_cut_loop() {
+    for fault in ["skip-segment-dir-sync", "ack-before-durable", "sink-link-unsynced"] {
+        let caught = power_cut_loop(20, Some(fault)).expect_err(fault);
+        let why = caught.lines().find(|l| l.starts_with("skipprd run:")).unwrap_or(caught.lines().next().unwrap_or(""));
+        eprintln!("{fault}: caught: {} / {why}", caught.lines().next().unwrap_or_default());
+    }
+}
+
+#[test]
+fn an_unknown_planted_fault_is_refused_naming_the_known_ones() {
+    let out = Command::new(skipprd_bin())
+        .args(["run", "--once", "--generator-records", "1"])
+        .env("SKIPPR_PLANTED_DRIVER_FAULTS", "skip-everything")
+        .current_dir(tempfile::tempdir().unwrap().path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("\"skip-everything\", which is no planted driver fault: skip-segment-dir-sync"));
 }

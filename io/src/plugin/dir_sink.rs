@@ -116,7 +116,10 @@ impl Sink for DirSink {
             .mode(self.mode)
             .open(&tmp)
             .map_err(|e| err("cannot write", e))?;
-        f.write_all(&body).and_then(|_| f.sync_all()).map_err(|e| err("cannot write", e))?;
+        let planted = crate::planted::armed(crate::planted::DriverFault::SinkLinkUnsynced);
+        f.write_all(&body)
+            .and_then(|_| if planted { Ok(()) } else { f.sync_all() })
+            .map_err(|e| err("cannot write", e))?;
         drop(f);
         let linked = std::fs::hard_link(&tmp, &path);
         let _ = std::fs::remove_file(&tmp);
