@@ -18,6 +18,10 @@ child process of its own that sleeps (its command line carries this
 process's arguments, so a test can count both). HANG_READS=1 hangs on every
 read. LONG_LINE=N answers the first read with N bytes and no newline, then
 hangs. STDERR_TEXT is written to stderr at start.
+ACK_LOG, when set, is a file each acknowledgement is appended to
+("partition position" lines) before it is answered; a source started again
+never sends below what it was acknowledged there, as a source that released
+acknowledged data (a Kafka offset committed, a file deleted) could not.
 """
 import json
 import os
@@ -69,6 +73,19 @@ def misbehave_now(reads):
         time.sleep(3600)
 
 
+def acked_positions():
+    """The highest position each partition was acknowledged (ACK_LOG)."""
+    acked = {}
+    if os.environ.get("ACK_LOG") and os.path.exists(os.environ["ACK_LOG"]):
+        with open(os.environ["ACK_LOG"]) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2:
+                    p, pos = int(parts[0]), int(parts[1])
+                    acked[p] = max(acked.get(p, 0), pos)
+    return acked
+
+
 def main():
     if os.environ.get("PIDFILE"):
         with open(os.environ["PIDFILE"], "w") as f:
@@ -100,6 +117,11 @@ def main():
             next_pos = {p: 0 for p in range(PARTITIONS)}
             for r in msg["resume"]:
                 next_pos[r["partition"]] = r["position"]
+            for p, acked in acked_positions().items():
+                if next_pos.get(p, 0) < acked:
+                    print(f"source: partition {p} resumes at {next_pos.get(p, 0)}, below the {acked} it was "
+                          "acknowledged: that input is released and never comes again", file=sys.stderr, flush=True)
+                    next_pos[p] = acked
             send({"type": "opened"})
         elif kind == "read":
             reads += 1
@@ -144,6 +166,10 @@ def main():
             else:
                 send({"type": "batch", "batches": batches, "exhausted": exhausted})
         elif kind == "ack":
+            if os.environ.get("ACK_LOG"):
+                with open(os.environ["ACK_LOG"], "a") as f:
+                    for a in msg["acks"]:
+                        f.write(f"{a['partition']} {a['position']}\n")
             send({"type": "acked"})
         else:
             send({"type": "error", "message": f"unknown request {kind}"})
