@@ -19,7 +19,7 @@ fn mounted() -> (tempfile::TempDir, Mount) {
 }
 
 fn sync_dir(dir: &std::path::Path) {
-    File::open(dir).unwrap().sync_all().unwrap();
+    skippr_io::disk_wal::sync_dir(dir).unwrap();
 }
 
 #[test]

@@ -32,7 +32,8 @@ pub struct Membership {
     asked: Option<Join>,
 }
 
-fn all_ids(conf: &ConfState) -> Vec<u64> {
+/// Every id in `conf` (voters and learners, incoming and outgoing), ascending.
+pub(super) fn all_ids(conf: &ConfState) -> Vec<u64> {
     let mut ids: Vec<u64> = [&conf.voters, &conf.learners, &conf.voters_outgoing, &conf.learners_next]
         .into_iter()
         .flatten()

@@ -360,8 +360,7 @@ impl Replica {
     /// Whether `id` is in this host's configuration (a voter or learner,
     /// incoming or outgoing).
     pub fn knows(&self, id: u64) -> bool {
-        let conf = self.raw.raft.prs().conf().to_conf_state();
-        [&conf.voters, &conf.learners, &conf.voters_outgoing, &conf.learners_next].iter().any(|ids| ids.contains(&id))
+        super::membership::all_ids(&self.conf()).contains(&id)
     }
 
     /// The configuration as this host applied it.
