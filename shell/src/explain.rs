@@ -181,7 +181,12 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
             "this host led raft term {term} and another host leads now; it acknowledged nothing that a majority              had not made durable, and the next start follows the new leader"
         ),
         StopReason::ClusterLog { what } => {
-            format!("this host's clustered WAL cannot be trusted, so it will not vote: {what} ({})", wal.root())
+            format!(
+                "this host's clustered WAL cannot be trusted, so it will not vote: {what} ({}); the others hold \
+                 what was committed: bring this host back on an empty DATA_DIR under a new node id with \
+                 `skipprd cluster join --replaces <this node's id>`",
+                wal.root()
+            )
         }
         StopReason::NotMember { what } => format!("this host takes no part in the cluster: {what} ({})", wal.root()),
         StopReason::SnapshotInstalled { index } => format!(

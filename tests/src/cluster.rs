@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 pub struct Cluster {
     pub root: PathBuf,
+    /// Each host's DATA_DIR, node 1 first.
+    data: Vec<PathBuf>,
     /// The cluster's id, as `cluster init` printed it.
     pub id: String,
     pub sink: PathBuf,
@@ -32,6 +34,14 @@ impl Cluster {
     /// Certificates and three initialized DATA_DIRs under `root`; nothing
     /// runs yet.
     pub fn new(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Cluster {
+        let data: Vec<PathBuf> = (1..=3).map(|n| root.join(format!("d{n}"))).collect();
+        Cluster::with_data_dirs(root, &data, args, env)
+    }
+
+    /// As `new`, with the three hosts' DATA_DIRs at `data` (on mounts of
+    /// their own, say).
+    pub fn with_data_dirs(root: &Path, data: &[PathBuf], args: &[&str], env: &[(&str, &str)]) -> Cluster {
+        assert_eq!(data.len(), 3, "three hosts");
         let certs = root.join("certs");
         let out = skipprd(&["cluster", "certs", "--dir", certs.to_str().unwrap(), "--nodes", "1,2,3"]);
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -42,7 +52,7 @@ impl Cluster {
         let again = skipprd(&["cluster", "certs", "--dir", certs.to_str().unwrap(), "--nodes", "4"]);
         assert!(stderr(&again).contains("nothing is overwritten"), "{}", stderr(&again));
         let init = |node: u64, id: Option<&str>| {
-            let data = root.join(format!("d{node}"));
+            let data = &data[node as usize - 1];
             let mut a =
                 vec!["cluster", "init", "--node-id", "", "--voters", "1,2,3", "--wal-bytes-per-file", "4194304"];
             let node_s = node.to_string();
@@ -61,6 +71,7 @@ impl Cluster {
         Cluster {
             id,
             root: root.to_path_buf(),
+            data: data.to_vec(),
             sink: root.join("sink"),
             peer_ports: (0..3).map(|_| free_port()).collect(),
             metrics_ports: (0..3).map(|_| free_port()).collect(),
@@ -75,6 +86,7 @@ impl Cluster {
     /// prepared by `cluster join` in place of node `replaces`.
     pub fn join(&mut self, replaces: u64) {
         let data = self.root.join("d4");
+        self.data.push(data.clone());
         let replaces = replaces.to_string();
         let args = [
             "cluster",
@@ -98,6 +110,15 @@ impl Cluster {
         self.children.push(None);
     }
 
+    /// Sets (or with `None` removes) an environment variable for every host
+    /// started from now on.
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            self.env.push((key.to_string(), v.to_string()));
+        }
+    }
+
     pub fn peers(&self) -> String {
         let entries: Vec<String> =
             self.peer_ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect();
@@ -106,6 +127,11 @@ impl Cluster {
 
     pub fn metrics_port(&self, node: u64) -> u16 {
         self.metrics_ports[node as usize - 1]
+    }
+
+    /// Host `node`'s DATA_DIR.
+    pub fn data(&self, node: u64) -> &Path {
+        &self.data[node as usize - 1]
     }
 
     pub fn log(&self, node: u64) -> PathBuf {
@@ -119,7 +145,7 @@ impl Cluster {
         c.arg("run")
             .args(&self.args)
             .env("WAL_STORAGE", "clustered")
-            .env("DATA_DIR", self.root.join(format!("d{node}")))
+            .env("DATA_DIR", self.data(node))
             .env("SKIPPR_CLUSTER_NODE_ID", node.to_string())
             .env("SKIPPR_CLUSTER_PEERS", self.peers())
             .env("SKIPPR_CLUSTER_CA", certs.join("ca.pem"))
@@ -169,6 +195,15 @@ impl Cluster {
     /// Waits for host `node` to exit by itself and returns its exit code.
     pub fn wait(&mut self, node: u64, limit: Duration) -> Option<i32> {
         self.exit_code(node, limit, &format!("exit by itself within {limit:?}"))
+    }
+
+    /// Host `node`'s exit code if it has exited (reaped then), `None`
+    /// while it runs.
+    pub fn exited(&mut self, node: u64) -> Option<Option<i32>> {
+        let child = self.children[node as usize - 1].as_mut()?;
+        let status = child.try_wait().unwrap()?;
+        self.children[node as usize - 1] = None;
+        Some(status.code())
     }
 
     /// Reaps host `node` within `limit`, or kills it and panics saying it

@@ -123,6 +123,39 @@ pub fn assert_exactly_once(dir: &Path, streams: &[&str], partitions: u64, record
     }
 }
 
+/// Acknowledgements the sink does not bear out: for each partition of
+/// `stream` in an acknowledgement log (`tests/plugins/source.py`'s
+/// `ACK_LOG`: "partition position" lines, a position being the next one to
+/// read), the records below the highest position acknowledged that the
+/// directory sink at `sink` lacks. Empty when every acknowledged record was
+/// delivered: a source that released what it was acknowledged can send
+/// none of them again, so each one missing is a lost acknowledgement.
+pub fn lost_acknowledgements(acks: &Path, sink: &Path, stream: &str) -> Vec<String> {
+    let mut acked: std::collections::BTreeMap<u64, u64> = Default::default();
+    for line in std::fs::read_to_string(acks).unwrap_or_default().lines() {
+        if let Some((p, pos)) = line.split_once(' ') {
+            let (p, pos) = (p.parse().expect("a partition"), pos.parse().expect("a position"));
+            let at = acked.entry(p).or_default();
+            *at = (*at).max(pos);
+        }
+    }
+    let got = read_dir_sink(sink);
+    let mut lost = Vec::new();
+    for (p, through) in acked {
+        let seqs: std::collections::BTreeSet<u64> =
+            got.get(&(stream.to_string(), p)).into_iter().flatten().copied().collect();
+        let missing: Vec<u64> = (0..through).filter(|s| !seqs.contains(s)).collect();
+        if let Some(first) = missing.first() {
+            lost.push(format!(
+                "partition {p} was acknowledged through position {through}, but the sink lacks {} of the records \
+                 below it (the first at {first})",
+                missing.len()
+            ));
+        }
+    }
+    lost
+}
+
 /// How much work a chaos loop's source holds, which decides whether a kill
 /// can land in every run whatever the machine's speed.
 pub enum Work {

@@ -95,6 +95,10 @@ fn power_cut_loop_from(cuts: u64, planted: Option<&str>, source: Source) -> Resu
     if out.status.code() != Some(0) {
         return Err(format!("the last run ended with {:?}: {}", out.status, stderr(&out)));
     }
+    let lost = lost_acknowledgements(&acks, &sink, "events");
+    if !lost.is_empty() {
+        return Err(format!("acknowledgements lost: {}", lost.join("; ")));
+    }
     std::panic::catch_unwind(|| assert_exactly_once(&sink, &["events"], 2, per_partition))
         .map_err(|e| format!("the sink: {:?}", e.downcast_ref::<String>()))?;
     if wal_verify(&data).status.code() != Some(0) {
@@ -144,4 +148,20 @@ fn an_unknown_planted_fault_is_refused_naming_the_known_ones() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("\"skip-everything\", which is no planted driver fault: skip-segment-dir-sync"));
+}
+
+#[test]
+fn the_lost_acknowledgement_check_names_an_acknowledged_record_missing_from_the_sink() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (acks, sink) = (tmp.path().join("acked"), tmp.path().join("sink"));
+    std::fs::create_dir_all(sink.join("events")).unwrap();
+    let line = |p: u64, s: u64| format!("{{\"stream\":\"events\",\"partition\":{p},\"seq\":{s}}}\n");
+    let batch: String = (0..3).map(|s| line(0, s)).chain((0..2).map(|s| line(1, s))).collect();
+    std::fs::write(sink.join("events/000001.jsonl"), batch).unwrap();
+    std::fs::write(&acks, "0 2\n1 2\n0 3\n").unwrap();
+    assert!(lost_acknowledgements(&acks, &sink, "events").is_empty(), "all acknowledged records are there");
+    // Partition 1 acknowledged through 3, its record 2 never delivered.
+    std::fs::write(&acks, "0 3\n1 3\n").unwrap();
+    let lost = lost_acknowledgements(&acks, &sink, "events");
+    assert_eq!(lost, ["partition 1 was acknowledged through position 3, but the sink lacks 1 of the records below it (the first at 2)"]);
 }

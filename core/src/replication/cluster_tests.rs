@@ -522,3 +522,58 @@ fn a_followers_quiet_ticks_counted_at_once_do_what_ticking_each_would() {
         }
     }
 }
+
+/// A host whose hard state lost the term its log had reached (a disk that
+/// dropped a synced slot) and that then leads in a lower term must stop
+/// rather than write an entry of that term after the log's later ones
+/// (the power-cut loop's `hard-state-unsynced` reaches this).
+#[test]
+fn an_entry_whose_term_is_below_the_one_before_it_is_refused_not_written() {
+    let (end, _) = genesis(SEGMENT_BYTES);
+    let conf = ConfState::from(((1..=HOSTS).collect::<Vec<_>>(), vec![]));
+    let mut log = Log::new(HardState::default(), conf, (0, 0), end);
+    let fence = |index, term| raft::eraftpb::Entry { index, term, ..Default::default() };
+    assert!(log.append(&[fence(1, 5), fence(2, 5)]).is_ok());
+    let refused = log.append(&[fence(3, 2)]).expect_err("a term that went down");
+    assert_eq!(refused.index, 3);
+    assert!(refused.what.contains("hard state lost a term"), "{refused}");
+    // Within one append too, and a truncating append is checked against
+    // the entry it follows.
+    assert!(log.append(&[fence(2, 6), fence(3, 4)]).is_err());
+    assert!(log.append(&[fence(2, 4)]).is_err(), "index 1 is of term 5");
+    assert!(log.append(&[fence(2, 5), fence(3, 7)]).is_ok(), "terms that rise or stay are taken");
+}
+
+/// A crash between a `Ready`'s groups and its hard state leaves entries of
+/// a term the saved state never reached (a follower's first append in a
+/// new term; a first start's term 0). The host restarts in its log's term
+/// with no vote: at term 0, raft-rs panicked rejecting a pre-vote.
+#[test]
+fn a_hard_state_behind_its_logs_term_is_raised_to_it_with_no_vote() {
+    let w = run(1, |_| {}).unwrap();
+    let h = &w.hosts[0];
+    let saved = decode_file(&h.hard_file).unwrap().unwrap();
+    let refs: Vec<(SegmentId, &[u8])> = h.disk.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+    let (log, _) = Log::restore(saved.hard.clone(), saved.conf.clone(), &refs).expect("restored");
+    let last_term = log.term_of(log.last_index()).expect("held");
+    assert!(last_term > 0 && saved.hard.term >= last_term, "the run saved its term");
+    assert_eq!(log.hard_state(), &saved.hard, "a hard state at its log's term is kept as it is");
+    let behind = HardState { term: 0, vote: 0, commit: 0, ..Default::default() };
+    let (log, _) = Log::restore(behind, saved.conf.clone(), &refs).expect("restored");
+    assert_eq!((log.hard_state().term, log.hard_state().vote), (last_term, 0));
+    // A candidate whose log is behind asks for a pre-vote: refused, in the
+    // log's term.
+    let last = log.last_index();
+    let mut replica = Replica::new(log, members(1), 0, &limits(), 1).expect("a valid config");
+    let mut m = Message::default();
+    m.set_msg_type(raft::eraftpb::MessageType::MsgRequestPreVote);
+    (m.from, m.to, m.term, m.index, m.log_term) = (2, 1, 1, 0, 0);
+    replica.step(m);
+    let answers: Vec<_> = std::iter::from_fn(|| replica.poll())
+        .filter_map(|o| match o {
+            ReplicaOutput::Send(m) => Some((m.get_msg_type(), m.reject, m.term)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answers, [(raft::eraftpb::MessageType::MsgRequestPreVoteResponse, true, last_term)], "{last}");
+}

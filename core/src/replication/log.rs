@@ -174,6 +174,19 @@ impl Log {
         if log.hard.commit > last {
             return Err(RestoreError::CommitLost { commit: log.hard.commit, last });
         }
+        // A `Ready`'s groups are made durable before its hard state, so a
+        // crash between them leaves entries of a term the saved hard state
+        // has not reached (a follower's first append in a new term). The
+        // host did reach that term, and voted in it for no one whose vote
+        // counted: a vote leaves only after the hard state holding it is
+        // durable. So the term is raised to the log's, with no vote. Left
+        // lower, raft-rs would answer in a term its log had passed (at term
+        // 0 it panics answering a pre-vote) and could lead in it.
+        let last_term = log.terms.term(last).expect("the log holds its last index");
+        if log.hard.term < last_term {
+            log.hard.term = last_term;
+            log.hard.vote = 0;
+        }
         log.held_from = log.hard.commit + 1;
         log.durable = log.hard.commit;
         for index in log.held_from..=last {
@@ -303,6 +316,19 @@ impl Log {
         let mut out = Appended::default();
         let Some(first) = entries.first().map(|e| e.index) else { return Ok(out) };
         assert!(first > self.base.0 && first <= self.last_index() + 1, "raft-rs appends right after its log");
+        // Terms never go down in a raft log. An entry of a lower term after
+        // the one before it means this host took part in a term its log had
+        // already passed: its hard state lost a term and vote it had saved
+        // (a disk that did not keep what was synced). It must not go on.
+        let mut before = self.terms.term(first - 1).unwrap_or(self.base.1);
+        for e in entries {
+            if e.term < before {
+                let what = "its term is below the term of the entry before it: this host's hard state lost a term \
+                            and vote its log had passed (a disk that does not keep what it synced?)";
+                return Err(EntryError { index: e.index, what });
+            }
+            before = e.term;
+        }
         if first <= self.last_index() {
             assert!(first > self.hard.commit, "raft-rs never truncates what is committed");
             let kept_end = self.end_after(first - 1);
