@@ -53,21 +53,41 @@ impl StoredOffset {
 
 pub type DbResult<T> = Result<T, redb::Error>;
 
+/// A new, empty store at `path`, whole or not at all: made under another
+/// name, its tables committed (redb syncs the file), then renamed into
+/// place and the directory synced. A power cut while redb lays out a new
+/// file leaves one that is no database (found by the power-cut tests'
+/// crash states), so the store's name appears only once its file is
+/// complete; what a cut left under the other name is made again.
+fn create_whole(data_dir: &Path, path: &Path) -> DbResult<()> {
+    let new = path.with_extension("redb.new");
+    match std::fs::remove_file(&new) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(redb::Error::Io(e)),
+        _ => {}
+    }
+    let db = Database::create(&new)?;
+    // Its checkpoints may hold a tap's state verbatim: the owner's only.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o600)).map_err(redb::Error::Io)?;
+    let txn = db.begin_write()?;
+    txn.open_table(OFFSETS)?;
+    txn.open_table(CHECKPOINTS)?;
+    txn.commit()?;
+    drop(db);
+    std::fs::rename(&new, path).map_err(redb::Error::Io)?;
+    // The new name, made durable (redb syncs the file, not its directory).
+    crate::disk_wal::sync_dir(data_dir).map_err(redb::Error::Io)
+}
+
 impl OffsetsDb {
     /// Opens or creates the store. `sources` maps the engine's `SourceId`s to
     /// names, which are what the store keeps.
     pub fn open(data_dir: &Path, pipeline: &str, sources: Vec<String>) -> DbResult<OffsetsDb> {
         let path = data_dir.join(OFFSETS_FILE);
+        if !path.exists() {
+            create_whole(data_dir, &path)?;
+        }
         let db = Database::create(&path)?;
-        // Its checkpoints may hold a tap's state verbatim: the owner's only.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(redb::Error::Io)?;
-        let txn = db.begin_write()?;
-        txn.open_table(OFFSETS)?;
-        txn.open_table(CHECKPOINTS)?;
-        txn.commit()?;
-        // The file's entry, made durable (redb syncs the file, not its directory).
-        crate::disk_wal::sync_dir(data_dir).map_err(redb::Error::Io)?;
         Ok(OffsetsDb { db: std::sync::Mutex::new(Some(db)), path, pipeline: pipeline.to_string(), sources })
     }
 
@@ -213,6 +233,21 @@ mod tests {
             value: OffsetValue { position: Position(position), lsn: Lsn(lsn), records: position },
             checkpoint: Some(format!("cp{position}").into_bytes()),
         }
+    }
+
+    #[test]
+    fn a_store_whose_creation_was_cut_short_is_made_again_under_its_own_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        // What a power cut during redb's first layout left: a file that is
+        // no database, under the name a store is made under.
+        std::fs::write(tmp.path().join("offsets.redb.new"), vec![0; 73728]).unwrap();
+        let db = OffsetsDb::open(tmp.path(), "main", vec!["s".into()]).unwrap();
+        drop(db);
+        assert!(!tmp.path().join("offsets.redb.new").exists());
+        assert!(read_all(&tmp.path().join(OFFSETS_FILE)).unwrap().is_empty());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(tmp.path().join(OFFSETS_FILE)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]

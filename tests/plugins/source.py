@@ -19,7 +19,7 @@ process's arguments, so a test can count both). HANG_READS=1 hangs on every
 read. LONG_LINE=N answers the first read with N bytes and no newline, then
 hangs. STDERR_TEXT is written to stderr at start.
 ACK_LOG, when set, is a file each acknowledgement is appended to
-("partition position" lines) before it is answered; a source started again
+("partition position" lines, with O_DSYNC) before it is answered; a source started again
 never sends below what it was acknowledged there, as a source that released
 acknowledged data (a Kafka offset committed, a file deleted) could not.
 """
@@ -167,9 +167,13 @@ def main():
                 send({"type": "batch", "batches": batches, "exhausted": exhausted})
         elif kind == "ack":
             if os.environ.get("ACK_LOG"):
-                with open(os.environ["ACK_LOG"], "a") as f:
-                    for a in msg["acks"]:
-                        f.write(f"{a['partition']} {a['position']}\n")
+                # Durable before it is answered (O_DSYNC), as a source that
+                # released what it was acknowledged would make its release.
+                fd = os.open(os.environ["ACK_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_DSYNC, 0o600)
+                try:
+                    os.write(fd, "".join(f"{a['partition']} {a['position']}\n" for a in msg["acks"]).encode())
+                finally:
+                    os.close(fd)
             send({"type": "acked"})
         else:
             send({"type": "error", "message": f"unknown request {kind}"})

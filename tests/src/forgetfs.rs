@@ -95,10 +95,35 @@ pub struct Cut {
     pub nodes_gone: u64,
 }
 
+/// One change to the file system, as a trace records it (what a crash
+/// state is built from: `Model::apply` replays it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Create { parent: Ino, name: String, kind: Kind },
+    Write { ino: Ino, offset: u64, data: Vec<u8>, dsync: bool },
+    Truncate { ino: Ino, size: u64 },
+    Sync { ino: Ino },
+    Unlink { parent: Ino, name: String, dir: bool },
+    Link { ino: Ino, parent: Ino, name: String },
+    Rename { parent: Ino, name: String, to_parent: Ino, to_name: String },
+    Forget { ino: Ino },
+}
+
+impl Op {
+    /// Whether the op is a durability call (an `fsync` of a file or a
+    /// directory, or a write durable by itself).
+    pub fn is_durability_call(&self) -> bool {
+        matches!(self, Op::Sync { .. } | Op::Write { dsync: true, .. })
+    }
+}
+
+#[derive(Clone)]
 pub struct Model {
     nodes: BTreeMap<Ino, Node>,
     next: Ino,
     rules: Rules,
+    /// Every change made since `record`, in order.
+    trace: Option<Vec<Op>>,
 }
 
 impl Default for Model {
@@ -111,7 +136,64 @@ impl Model {
     /// An empty file system: its root directory, durable.
     pub fn new(rules: Rules) -> Model {
         let nodes = BTreeMap::from([(ROOT, Node::Dir(Dir::default()))]);
-        Model { nodes, next: ROOT + 1, rules }
+        Model { nodes, next: ROOT + 1, rules, trace: None }
+    }
+
+    /// Records every change from now on (a model replaying the trace from
+    /// the state it was in now goes through the same inode numbers).
+    pub fn record(&mut self) {
+        self.trace = Some(Vec::new());
+    }
+
+    /// The changes recorded since `record`, and stops recording.
+    pub fn take_trace(&mut self) -> Vec<Op> {
+        self.trace.take().unwrap_or_default()
+    }
+
+    fn note(&mut self, op: impl FnOnce() -> Op) {
+        if let Some(trace) = &mut self.trace {
+            trace.push(op());
+        }
+    }
+
+    /// Makes one recorded change again.
+    pub fn apply(&mut self, op: &Op) -> Result<(), Errno> {
+        match op {
+            Op::Create { parent, name, kind } => self.create(*parent, name, kind.clone()).map(|_| ()),
+            Op::Write { ino, offset, data, dsync } => self.write(*ino, *offset, data, *dsync),
+            Op::Truncate { ino, size } => self.truncate(*ino, *size),
+            Op::Sync { ino } => self.sync(*ino),
+            Op::Unlink { parent, name, dir } => self.unlink(*parent, name, *dir),
+            Op::Link { ino, parent, name } => self.link(*ino, *parent, name),
+            Op::Rename { parent, name, to_parent, to_name } => self.rename(*parent, name, *to_parent, to_name),
+            Op::Forget { ino } => {
+                self.forget(*ino);
+                Ok(())
+            }
+        }
+    }
+
+    /// Every file and directory a reader reaches now, by path from the
+    /// root ("" for the root; directories as `None`, files with their
+    /// bytes): what a crash state is compared and written out by.
+    pub fn view(&self) -> BTreeMap<String, Option<Vec<u8>>> {
+        let mut out = BTreeMap::new();
+        let mut todo = vec![(String::new(), ROOT)];
+        while let Some((path, ino)) = todo.pop() {
+            match self.nodes.get(&ino) {
+                Some(Node::Dir(d)) => {
+                    for (name, child) in &d.current {
+                        todo.push((format!("{path}/{name}"), *child));
+                    }
+                    out.insert(path, None);
+                }
+                Some(Node::File(f)) => {
+                    out.insert(path, Some(f.current.clone()));
+                }
+                None => {}
+            }
+        }
+        out
     }
 
     fn dir(&self, ino: Ino) -> Result<&Dir, Errno> {
@@ -195,12 +277,13 @@ impl Model {
         }
         let ino = self.next;
         self.next += 1;
-        let node = match kind {
+        let node = match &kind {
             Kind::File => Node::File(File::default()),
             Kind::Dir => Node::Dir(Dir::default()),
         };
         self.nodes.insert(ino, node);
         self.dir_mut(parent)?.current.insert(name.to_string(), ino);
+        self.note(|| Op::Create { parent, name: name.to_string(), kind });
         Ok(ino)
     }
 
@@ -220,11 +303,13 @@ impl Model {
         if durable_too {
             put(&mut f.durable, offset, data);
         }
+        self.note(|| Op::Write { ino, offset, data: data.to_vec(), dsync });
         Ok(())
     }
 
     pub fn truncate(&mut self, ino: Ino, size: u64) -> Result<(), Errno> {
         self.file_mut(ino)?.current.resize(size as usize, 0);
+        self.note(|| Op::Truncate { ino, size });
         Ok(())
     }
 
@@ -236,6 +321,7 @@ impl Model {
             Some(Node::Dir(d)) => d.durable.clone_from(&d.current),
             None => return Err(Errno::ENOENT),
         }
+        self.note(|| Op::Sync { ino });
         Ok(())
     }
 
@@ -250,6 +336,7 @@ impl Model {
             _ => {}
         }
         self.dir_mut(parent)?.current.remove(name);
+        self.note(|| Op::Unlink { parent, name: name.to_string(), dir });
         Ok(())
     }
 
@@ -260,6 +347,7 @@ impl Model {
             return Err(Errno::EEXIST);
         }
         self.dir_mut(parent)?.current.insert(name.to_string(), ino);
+        self.note(|| Op::Link { ino, parent, name: name.to_string() });
         Ok(())
     }
 
@@ -284,6 +372,7 @@ impl Model {
         }
         self.dir_mut(parent)?.current.remove(name);
         self.dir_mut(to_parent)?.current.insert(to_name.to_string(), ino);
+        self.note(|| Op::Rename { parent, name: name.to_string(), to_parent, to_name: to_name.to_string() });
         Ok(())
     }
 
@@ -370,9 +459,64 @@ impl Model {
                 self.nodes.values().any(|n| matches!(n, Node::Dir(d) if d.durable.values().any(|i| *i == ino)));
             if !named_durably {
                 self.nodes.remove(&ino);
+                self.note(|| Op::Forget { ino });
             }
         }
     }
+}
+
+/// What a reader finds in a file system: path → a directory (`None`) or a
+/// file's bytes.
+pub type View = BTreeMap<String, Option<Vec<u8>>>;
+
+/// Every crash state a power cut could leave during a run traced from an
+/// empty file system, each handed to `check` once with the number of ops
+/// it follows: after each op, the state with nothing unsynced kept (the
+/// cut) and the state with everything kept (whatever was written reached
+/// the disk by chance). Between two durability calls these are the states
+/// after every write since the last one, kept or not; each distinct state
+/// is handed over once. Returns how many there were.
+pub fn crash_states(trace: &[Op], rules: Rules, mut check: impl FnMut(usize, View)) -> Result<u64, String> {
+    use std::hash::{Hash, Hasher};
+    let mut model = Model::new(rules);
+    let mut seen = BTreeSet::new();
+    let mut offer = |at: usize, view: View| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        view.hash(&mut h);
+        if seen.insert(h.finish()) {
+            check(at, view);
+        }
+    };
+    for at in 0..=trace.len() {
+        if at > 0 {
+            model
+                .apply(&trace[at - 1])
+                .map_err(|e| format!("op {}: {:?} failed on replay: {e}", at - 1, trace[at - 1]))?;
+        }
+        offer(at, model.view());
+        let mut cut = model.clone();
+        cut.cut();
+        offer(at, cut.view());
+    }
+    Ok(seen.len() as u64)
+}
+
+/// Writes a view out under `root` (which exists): directories mode 0700,
+/// files 0600.
+pub fn write_view(view: &View, root: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    for (path, bytes) in view {
+        let at = root.join(path.trim_start_matches('/'));
+        match bytes {
+            None if path.is_empty() => {}
+            None => std::fs::DirBuilder::new().mode(0o700).create(&at)?,
+            Some(b) => {
+                std::fs::write(&at, b)?;
+                std::fs::set_permissions(&at, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes `data` into `bytes` at `offset`, zero-filling a gap.
@@ -530,5 +674,45 @@ mod tests {
         assert_eq!(m.links(f), 1);
         m.link(f, ROOT, "g").unwrap();
         assert_eq!(m.links(f), 2);
+    }
+
+    #[test]
+    fn a_trace_replays_to_the_same_files_and_yields_each_crash_state_once() {
+        let mut m = Model::default();
+        m.record();
+        let d = m.create(ROOT, "d", Kind::Dir).unwrap();
+        let f = m.create(d, "f", Kind::File).unwrap();
+        m.write(f, 0, b"ab", false).unwrap();
+        m.sync(f).unwrap();
+        m.sync(d).unwrap();
+        m.sync(ROOT).unwrap();
+        m.write(f, 2, b"cd", false).unwrap();
+        m.create(d, "tmp", Kind::File).unwrap();
+        let trace = m.take_trace();
+        assert_eq!(trace.len(), 8);
+        assert!(trace[3].is_durability_call() && !trace[2].is_durability_call());
+        let mut states = Vec::new();
+        let n = crash_states(&trace, Rules::POSIX, |at, view| states.push((at, view))).unwrap();
+        assert_eq!(n as usize, states.len());
+        let root = |v: &View| v.keys().cloned().collect::<Vec<_>>();
+        let file = |v: &View| v.get("/d/f").cloned().flatten();
+        // The last state kept whole is what a reader saw at the end.
+        assert!(states.iter().any(|(_, v)| *v == m.view()));
+        // Before the root's sync a cut leaves nothing but the root: the
+        // empty state, handed over at the start and never again.
+        assert_eq!((states[0].0, root(&states[0].1)), (0, vec![String::new()]));
+        assert!(states[1..].iter().all(|(_, v)| v.len() > 1));
+        // The file: empty when made, "ab", "abcd" kept whole; never "cd".
+        let files: BTreeSet<_> = states.iter().filter_map(|(_, v)| file(v)).collect();
+        assert_eq!(files, BTreeSet::from([Vec::new(), b"ab".to_vec(), b"abcd".to_vec()]));
+        // A state reached twice is handed over once.
+        let mut views: Vec<_> = states.iter().map(|(_, v)| v.clone()).collect();
+        views.dedup();
+        assert_eq!(views.len(), states.len());
+        // Written out, it reads back as it was.
+        let tmp = tempfile::tempdir().unwrap();
+        write_view(&m.view(), tmp.path()).unwrap();
+        assert_eq!(std::fs::read(tmp.path().join("d/f")).unwrap(), b"abcd");
+        assert_eq!(std::fs::read(tmp.path().join("d/tmp")).unwrap(), b"");
     }
 }

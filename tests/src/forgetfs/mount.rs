@@ -350,6 +350,17 @@ impl Mount {
         Ok(())
     }
 
+    /// Records every change from now on (`Model::record`).
+    pub fn record(&self) {
+        self.model.lock().unwrap_or_else(|p| p.into_inner()).record();
+    }
+
+    /// The changes recorded since `record`; recorded from a fresh mount,
+    /// they replay onto `Model::new` (see `crash_states`).
+    pub fn take_trace(&self) -> Vec<super::Op> {
+        self.model.lock().unwrap_or_else(|p| p.into_inner()).take_trace()
+    }
+
     pub fn path(&self) -> &Path {
         &self.dir
     }
