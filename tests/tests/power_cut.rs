@@ -24,6 +24,14 @@ fn wal_verify(data: &Path) -> std::process::Output {
     Command::new(skipprd_bin()).args(["wal", "verify", data.to_str().unwrap()]).output().unwrap()
 }
 
+/// The seed of the kill schedule: `SKIPPR_POWER_CUT_SEED`, 0 by default
+/// (`tests/scripts/power-cuts.sh` runs the loops under many).
+fn schedule_seed() -> u64 {
+    let seed = std::env::var("SKIPPR_POWER_CUT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    println!("kill schedule seed {seed} (SKIPPR_POWER_CUT_SEED={seed} to run it again)");
+    seed
+}
+
 /// Where the records come from: the built-in generator, or the suite's
 /// command source (`tests/plugins/source.py`) logging every acknowledgement
 /// to a file outside the mount, and never sending again below it.
@@ -70,12 +78,13 @@ fn power_cut_loop_from(cuts: u64, planted: Option<&str>, source: Source) -> Resu
         c
     };
     let (mut landed, mut dropped) = (0u64, Cut::default());
+    let base = schedule_seed();
     for seed in 0..cuts {
         let out = daemon()
             .args(["--generator-rate", &rate.to_string()])
             .env("RATE", rate.to_string())
             .env("SKIPPR_CHAOS_MODE", "yes")
-            .env("SKIPPR_CHAOS_SEED", (1000 + seed).to_string())
+            .env("SKIPPR_CHAOS_SEED", (1000 + base * 100_000 + seed).to_string())
             .env("SKIPPR_CHAOS_MIN_SECONDS", min)
             .env("SKIPPR_CHAOS_MAX_SECONDS", max)
             .output()

@@ -208,8 +208,8 @@ fn cluster_power_cuts(rounds: u64, seed: u64, planted: Option<&str>) -> Result<C
 #[test]
 fn power_cuts_of_the_leader_a_follower_two_and_all_three_hosts_lose_and_duplicate_nothing() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let seed = std::env::var("SKIPPR_CLUSTER_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    println!("schedule seed {seed} (SKIPPR_CLUSTER_TEST_SEED={seed} to run it again)");
+    let seed = std::env::var("SKIPPR_POWER_CUT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    println!("schedule seed {seed} (SKIPPR_POWER_CUT_SEED={seed} to run it again)");
     let cuts = cluster_power_cuts(9, seed, None).unwrap();
     println!("{cuts:?}");
     assert_eq!((cuts.leader, cuts.follower, cuts.two_at_once, cuts.all_three), (3, 3, 3, 1));
