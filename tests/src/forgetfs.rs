@@ -139,10 +139,12 @@ impl Model {
         Model { nodes, next: ROOT + 1, rules, trace: None }
     }
 
-    /// Records every change from now on (a model replaying the trace from
-    /// the state it was in now goes through the same inode numbers).
-    pub fn record(&mut self) {
+    /// Records every change from now on. Returns the model as it is now,
+    /// which the trace replays onto (through the same inode numbers).
+    pub fn record(&mut self) -> Model {
+        let start = Model { trace: None, ..self.clone() };
         self.trace = Some(Vec::new());
+        start
     }
 
     /// The changes recorded since `record`, and stops recording.
@@ -399,6 +401,18 @@ impl Model {
         false
     }
 
+    /// Everything as it is now made durable: the state a cut leaves when
+    /// whatever was written had reached the disk by chance.
+    pub fn keep_all(&mut self) {
+        for node in self.nodes.values_mut() {
+            match node {
+                Node::File(f) => f.durable.clone_from(&f.current),
+                Node::Dir(d) => d.durable.clone_from(&d.current),
+            }
+        }
+        self.cut();
+    }
+
     /// Cuts the power: every file and directory returns to its durable
     /// state, and what no durable entry reaches is gone.
     pub fn cut(&mut self) -> Cut {
@@ -469,22 +483,24 @@ impl Model {
 /// file's bytes.
 pub type View = BTreeMap<String, Option<Vec<u8>>>;
 
-/// Every crash state a power cut could leave during a run traced from an
-/// empty file system, each handed to `check` once with the number of ops
+/// Every crash state a power cut could leave during a run traced from the
+/// file system `start` (`Model::record`'s), each handed to `check` once
+/// (as a file system, and as what a reader finds in it) with the number of ops
 /// it follows: after each op, the state with nothing unsynced kept (the
 /// cut) and the state with everything kept (whatever was written reached
 /// the disk by chance). Between two durability calls these are the states
 /// after every write since the last one, kept or not; each distinct state
 /// is handed over once. Returns how many there were.
-pub fn crash_states(trace: &[Op], rules: Rules, mut check: impl FnMut(usize, View)) -> Result<u64, String> {
+pub fn crash_states(start: Model, trace: &[Op], mut check: impl FnMut(usize, Model, View)) -> Result<u64, String> {
     use std::hash::{Hash, Hasher};
-    let mut model = Model::new(rules);
+    let mut model = start;
     let mut seen = BTreeSet::new();
-    let mut offer = |at: usize, view: View| {
+    let mut offer = |at: usize, state: Model| {
+        let view = state.view();
         let mut h = std::collections::hash_map::DefaultHasher::new();
         view.hash(&mut h);
         if seen.insert(h.finish()) {
-            check(at, view);
+            check(at, state, view);
         }
     };
     for at in 0..=trace.len() {
@@ -493,10 +509,12 @@ pub fn crash_states(trace: &[Op], rules: Rules, mut check: impl FnMut(usize, Vie
                 .apply(&trace[at - 1])
                 .map_err(|e| format!("op {}: {:?} failed on replay: {e}", at - 1, trace[at - 1]))?;
         }
-        offer(at, model.view());
+        let mut kept = model.clone();
+        kept.keep_all();
+        offer(at, kept);
         let mut cut = model.clone();
         cut.cut();
-        offer(at, cut.view());
+        offer(at, cut);
     }
     Ok(seen.len() as u64)
 }
@@ -679,7 +697,7 @@ mod tests {
     #[test]
     fn a_trace_replays_to_the_same_files_and_yields_each_crash_state_once() {
         let mut m = Model::default();
-        m.record();
+        let start = m.record();
         let d = m.create(ROOT, "d", Kind::Dir).unwrap();
         let f = m.create(d, "f", Kind::File).unwrap();
         m.write(f, 0, b"ab", false).unwrap();
@@ -692,7 +710,7 @@ mod tests {
         assert_eq!(trace.len(), 8);
         assert!(trace[3].is_durability_call() && !trace[2].is_durability_call());
         let mut states = Vec::new();
-        let n = crash_states(&trace, Rules::POSIX, |at, view| states.push((at, view))).unwrap();
+        let n = crash_states(start, &trace, |at, _, view| states.push((at, view))).unwrap();
         assert_eq!(n as usize, states.len());
         let root = |v: &View| v.keys().cloned().collect::<Vec<_>>();
         let file = |v: &View| v.get("/d/f").cloned().flatten();

@@ -12,7 +12,7 @@
 //! sends below them. The same with a fault planted in a driver must fail.
 
 use skippr_tests::forgetfs::mount::Mount;
-use skippr_tests::forgetfs::{crash_states, write_view, Op, Rules, View};
+use skippr_tests::forgetfs::{crash_states, write_view, Model, Op, View};
 use skippr_tests::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -44,20 +44,21 @@ fn daemon(data: &Path, sink: &Path, acks: &Path, planted: Option<&str>) -> Comma
     c
 }
 
-/// The changes one run made to an empty file system, in order.
-fn traced_run(planted: Option<&str>) -> Vec<Op> {
+/// The changes one run made to an empty file system, in order, and that
+/// file system.
+fn traced_run(planted: Option<&str>) -> (Model, Vec<Op>) {
     Mount::available().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("mnt");
     std::fs::create_dir(&dir).unwrap();
     let m = Mount::new(&dir).unwrap();
-    m.record();
+    let start = m.record();
     let out = output_within(
         &mut daemon(&dir.join("data"), &dir.join("sink"), &dir.join("acked"), planted),
         Duration::from_secs(120),
     );
     assert_eq!(out.status.code(), Some(0), "the traced run: {}", stderr(&out));
-    m.take_trace()
+    (start, m.take_trace())
 }
 
 /// What is wrong with crash state `view`, if anything: written out under
@@ -104,7 +105,7 @@ struct Found {
 
 /// Every crash state of `trace`, checked two at a time; stops at the first
 /// that fails.
-fn check_all(trace: &[Op]) -> Found {
+fn check_all(start: Model, trace: &[Op]) -> Found {
     let tmp = tempfile::tempdir().unwrap();
     let failed: Arc<Mutex<Option<(usize, String)>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -132,7 +133,7 @@ fn check_all(trace: &[Op]) -> Found {
         })
         .collect();
     let mut k = 0;
-    let states = crash_states(trace, Rules::POSIX, |at, view| {
+    let states = crash_states(start, trace, |at, _, view| {
         if !stop.load(Ordering::Relaxed) {
             k += 1;
             tx.send((at, view, tmp.path().join(format!("state-{k}")))).unwrap();
@@ -150,9 +151,9 @@ fn check_all(trace: &[Op]) -> Found {
 #[test]
 fn every_crash_state_of_a_traced_run_recovers_with_every_record_once_and_no_acknowledgement_lost() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let trace = traced_run(None);
+    let (start, trace) = traced_run(None);
     let syncs = trace.iter().filter(|o| o.is_durability_call()).count();
-    let found = check_all(&trace);
+    let found = check_all(start, &trace);
     println!(
         "{} changes traced ({syncs} durability calls): {} crash states, {} checked",
         trace.len(),
@@ -170,9 +171,132 @@ fn every_crash_state_of_a_traced_run_recovers_with_every_record_once_and_no_ackn
 fn each_fault_planted_in_a_driver_is_caught_by_the_crash_states() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     for fault in ["skip-segment-dir-sync", "ack-before-durable", "sink-link-unsynced"] {
-        let trace = traced_run(Some(fault));
-        let found = check_all(&trace);
+        let (start, trace) = traced_run(Some(fault));
+        let found = check_all(start, &trace);
         let (at, why) = found.failed.unwrap_or_else(|| panic!("{fault}: all {} crash states passed", found.states));
         println!("{fault}: caught at the crash state after op {at} of {}: {why}", trace.len());
     }
+}
+
+/// A leader's segment 3 and the manifest of a snapshot through it: a
+/// snapshot group at LSN 11 (term 2), a fence at 12 (term 3), and a group
+/// past the snapshot at 13.
+fn leader_segment() -> (Vec<u8>, skippr_core::replication::snapshot::Manifest) {
+    use skippr_core::replication::hard_state::Members;
+    use skippr_core::replication::snapshot::{Manifest, ManifestSegment};
+    use skippr_core::wal::{encode_group, encode_header, Frame};
+    use skippr_core::{Epoch, Lsn, SegmentId};
+    let id = SegmentId(3);
+    let mut bytes = encode_header(id, Epoch(2));
+    let snap = Frame::Snapshot(skippr_core::state::CommittedState::default().snapshot(false, &Default::default()));
+    bytes.extend(encode_group(id, Epoch(2), Lsn(11), &[&snap]));
+    bytes.extend(encode_group(id, Epoch(3), Lsn(12), &[&Frame::Fence]));
+    let end = bytes.len() as u64;
+    bytes.extend(encode_group(id, Epoch(3), Lsn(13), &[&Frame::Fence]));
+    bytes.resize(8192, 0);
+    let members = Members { cluster: 7, node: 2, segment_bytes: 8192, ..Members::default() };
+    let segments = vec![ManifestSegment { id, bytes: end, size: 8192 }];
+    (bytes, Manifest { index: 12, term: 3, sealed: false, segments, members })
+}
+
+/// A snapshot's install (clustered mode: a follower too far behind takes
+/// the leader's segments and a new hard state in place of its own), traced
+/// through the file system that forgets: every crash state it could leave
+/// opens (finishing an install that was committed) to the old WAL and hard
+/// state, or to the new ones, whole; never a mix, never an error.
+#[test]
+fn every_crash_state_of_a_snapshot_install_opens_to_the_old_wal_or_the_new_one_whole() {
+    use skippr_core::replication::hard_state::{FILE_BYTES, SLOT_BYTES};
+    use skippr_core::SegmentId;
+    use skippr_io::disk_wal::{create_dir_durably, sync_dir, DiskWal};
+    use skippr_io::hard_state_file::FILE_NAME;
+    use std::io::Write;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    Mount::available().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mount::new(&mnt).unwrap();
+    // The follower, durably: an old segment 0 and a hard state of 0xaa.
+    let data = mnt.join("data");
+    create_dir_durably(&data, 0o700).unwrap();
+    let wal = DiskWal::open(&data).unwrap();
+    wal.create(SegmentId(0), b"old", 4096).unwrap();
+    let mut state = std::fs::File::create(data.join(FILE_NAME)).unwrap();
+    state.write_all(&vec![0xaa; FILE_BYTES]).unwrap();
+    state.sync_all().unwrap();
+    sync_dir(&data).unwrap();
+    let start = m.record();
+    let (leader, manifest) = leader_segment();
+    let end = manifest.segments[0].bytes as usize;
+    let staging = wal.stage(&manifest).unwrap();
+    for (segment, have, bytes) in staging.missing().unwrap() {
+        let mut at = have as usize;
+        while at < bytes as usize {
+            let n = 100.min(bytes as usize - at);
+            staging.write(segment, at as u64, &leader[at..at + n]).unwrap();
+            at += n;
+        }
+    }
+    wal.install(staging, &(SLOT_BYTES as u64, vec![0x55; 64])).unwrap();
+    drop(wal);
+    let trace = m.take_trace();
+    drop(m);
+    let (mut old, mut new) = (0, 0);
+    let mut failed = None;
+    let states = crash_states(start, &trace, |at, state, _| {
+        if failed.is_some() {
+            return;
+        }
+        // Opened on the model itself: a directory a cut left under two
+        // names is one directory, as it would be on a disk.
+        let dir = tmp.path().join(format!("state-{at}-{}", old + new));
+        std::fs::create_dir(&dir).unwrap();
+        let mount = Mount::with_model(&dir, state).unwrap();
+        let data = dir.join("data");
+        let opened = DiskWal::open(&data).and_then(|wal| {
+            let (ids, strays) = wal.list()?;
+            let first = match ids.first() {
+                Some(id) => wal.read(*id)?,
+                None => Vec::new(),
+            };
+            Ok((ids, strays, first, std::fs::read(data.join(FILE_NAME))?))
+        });
+        let verdict = match opened {
+            Err(e) => Err(format!("opening it: {e}")),
+            Ok((ids, strays, first, state)) if strays.is_empty() => {
+                if ids == [SegmentId(0)] && first.starts_with(b"old") && state == vec![0xaa; FILE_BYTES] {
+                    old += 1;
+                    Ok(())
+                } else if ids == [SegmentId(3)]
+                    && first[..end] == leader[..end]
+                    && state[..SLOT_BYTES] == vec![0xaa; SLOT_BYTES][..]
+                    && state[SLOT_BYTES..SLOT_BYTES + 64] == [0x55; 64]
+                {
+                    new += 1;
+                    Ok(())
+                } else {
+                    Err(format!("segments {ids:?}, hard state starting {:?}, a mix", &state.get(..4)))
+                }
+            }
+            Ok((_, strays, ..)) => Err(format!("strays in the WAL: {strays:?}")),
+        };
+        match verdict {
+            Ok(()) if dir.join("data/install.ready").exists() => {
+                failed = Some((at, "the install was not finished at the open".to_string()))
+            }
+            Ok(()) => {}
+            Err(why) => failed = Some((at, why)),
+        }
+        drop(mount);
+    })
+    .unwrap();
+    if let Some((at, why)) = failed {
+        panic!("the crash state after op {at} of {} ({:?}): {why}", trace.len(), trace.get(at.wrapping_sub(1)));
+    }
+    println!(
+        "a snapshot install: {} changes, {states} crash states: {old} open to the old WAL, {new} to the new",
+        trace.len()
+    );
+    assert!(old > 0 && new > 0, "both sides reached");
 }

@@ -23,7 +23,8 @@ use tracing::info;
 pub const INSTALL_DIR: &str = "install";
 const READY_DIR: &str = "install.ready";
 const MANIFEST_FILE: &str = "manifest";
-const OLD_WAL: &str = "old-wal";
+/// Where the old WAL is set aside while an install swaps the new one in.
+const SET_ASIDE_WAL: &str = "wal.old";
 
 /// Why an install did not happen. The old WAL and hard state are intact.
 #[derive(Debug)]
@@ -185,10 +186,21 @@ impl DiskWal {
     }
 
     /// Completes an install whose commit a crash interrupted (`open` calls
-    /// it before anything else): the staged
+    /// it before anything else), or the one just committed: the staged
     /// WAL takes the place of the old one, the staged hard state the place
     /// of the old file, and the staging goes. Returns whether there was
-    /// one. Every step is idempotent and recognisable.
+    /// one. Every step is idempotent, made durable before the next, and
+    /// recognisable from what exists.
+    ///
+    /// No directory moves between two directories: on the POSIX minimum
+    /// each side of such a rename is durable with its own directory's sync,
+    /// so a cut can leave a directory under both names (and deleting one
+    /// would delete the other's files) or under neither. The old WAL is set
+    /// aside within DATA_DIR (`wal` → `wal.old`, one directory's change),
+    /// a new `wal` is made, and the staged segments and hard state are
+    /// moved into place file by file, the destination synced before the
+    /// source: a cut leaves each file under its new name, or under both
+    /// (the same file, whose staged name is then unlinked), never neither.
     pub fn finish_install(&self) -> io::Result<bool> {
         let ready = self.data_dir.join(READY_DIR);
         if !ready.is_dir() {
@@ -196,16 +208,32 @@ impl DiskWal {
         }
         self.forget_open_files();
         let staged_wal = ready.join(WAL_DIR);
+        let set_aside = self.data_dir.join(SET_ASIDE_WAL);
         if staged_wal.is_dir() {
-            if self.dir.exists() {
-                std::fs::rename(&self.dir, ready.join(OLD_WAL))?;
+            // While the staged WAL is there, `wal` is the old one until it
+            // is set aside, and the new one after.
+            if !set_aside.exists() && self.dir.exists() {
+                std::fs::rename(&self.dir, &set_aside)?;
+                sync_dir(&self.data_dir)?;
             }
-            std::fs::rename(&staged_wal, &self.dir)?;
-            sync_dir(&self.data_dir)?;
+            super::create_dir_durably(&self.dir, 0o700)?;
+            for entry in std::fs::read_dir(&staged_wal)? {
+                let name = entry?.file_name();
+                move_file(&staged_wal.join(&name), &self.dir.join(&name))?;
+            }
+            sync_dir(&self.dir)?;
+            sync_dir(&staged_wal)?;
+            std::fs::remove_dir(&staged_wal)?;
+            sync_dir(&ready)?;
         }
         let staged_state = ready.join(HARD_STATE_FILE);
         if staged_state.is_file() {
-            std::fs::rename(&staged_state, self.data_dir.join(HARD_STATE_FILE))?;
+            move_file(&staged_state, &self.data_dir.join(HARD_STATE_FILE))?;
+            sync_dir(&self.data_dir)?;
+            sync_dir(&ready)?;
+        }
+        if set_aside.exists() {
+            std::fs::remove_dir_all(&set_aside)?;
             sync_dir(&self.data_dir)?;
         }
         std::fs::remove_dir_all(&ready)?;
@@ -213,6 +241,23 @@ impl DiskWal {
         let (segments, _) = list_dir(&self.dir)?;
         info!(segments = segments.len(), wal = %self.dir.display(), "a snapshot's segments replaced the WAL");
         Ok(true)
+    }
+}
+
+/// Moves the file `from` to `to` (replacing a file there) in another
+/// directory. Where a cut left it under both names already, the staged
+/// name goes. The caller syncs `to`'s directory, then `from`'s.
+fn move_file(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let same = match (std::fs::metadata(from), std::fs::metadata(to)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    };
+    if same {
+        // A rename between two names of one file does nothing (POSIX).
+        std::fs::remove_file(from)
+    } else {
+        std::fs::rename(from, to)
     }
 }
 
@@ -338,10 +383,11 @@ mod tests {
     }
 
     /// A crash after the commit at each step of the swap: the next start
-    /// finishes it, whichever step it reached.
+    /// finishes it, whichever step it reached, also where a cut left a
+    /// moved file under both names.
     #[test]
     fn a_swap_a_crash_interrupted_is_finished_at_the_next_start() {
-        for step in 0..4 {
+        for step in 0..6 {
             let (leader, manifest) = leader_segment();
             let (tmp, wal) = follower();
             let staging = wal.stage(&manifest).unwrap();
@@ -354,21 +400,33 @@ mod tests {
             }
             std::fs::write(staging.dir.join(HARD_STATE_FILE), vec![0x55; FILE_BYTES]).unwrap();
             std::fs::rename(&staging.dir, &ready).unwrap();
+            let segment = format!("{:020}.seg", 3);
+            let (staged, placed) = (ready.join(WAL_DIR).join(&segment), wal.dir().join(&segment));
             if step >= 1 {
-                std::fs::rename(wal.dir(), ready.join(OLD_WAL)).unwrap();
+                std::fs::rename(wal.dir(), tmp.path().join(SET_ASIDE_WAL)).unwrap();
             }
             if step >= 2 {
-                std::fs::rename(ready.join(WAL_DIR), wal.dir()).unwrap();
+                std::fs::create_dir(wal.dir()).unwrap();
             }
-            if step >= 3 {
-                std::fs::rename(ready.join(HARD_STATE_FILE), tmp.path().join(HARD_STATE_FILE)).unwrap();
+            if step == 3 {
+                std::fs::hard_link(&staged, &placed).unwrap();
+            }
+            if step >= 4 {
+                std::fs::rename(&staged, &placed).unwrap();
+                std::fs::remove_dir(ready.join(WAL_DIR)).unwrap();
+            }
+            if step >= 5 {
+                let state = tmp.path().join(HARD_STATE_FILE);
+                std::fs::remove_file(&state).unwrap();
+                std::fs::hard_link(ready.join(HARD_STATE_FILE), &state).unwrap();
             }
             drop(wal);
             // Opening the WAL finishes it.
             let wal = DiskWal::open(tmp.path()).unwrap();
-            assert_eq!(wal.list().unwrap().0, vec![SegmentId(3)], "step {step}");
+            assert_eq!(wal.list().unwrap(), (vec![SegmentId(3)], vec![]), "step {step}");
+            assert_eq!(&wal.read(SegmentId(3)).unwrap()[..100], &leader[..100]);
             assert_eq!(std::fs::read(tmp.path().join(HARD_STATE_FILE)).unwrap(), vec![0x55; FILE_BYTES]);
-            assert!(!ready.exists());
+            assert!(!ready.exists() && !tmp.path().join(SET_ASIDE_WAL).exists());
             assert!(!wal.finish_install().unwrap(), "nothing more to do");
         }
     }

@@ -327,12 +327,15 @@ impl Mount {
     }
 
     pub fn with_rules(dir: &Path, rules: Rules) -> std::io::Result<Mount> {
-        let mut mount = Mount {
-            dir: dir.to_path_buf(),
-            model: Arc::new(Mutex::new(Model::new(rules))),
-            seen: Arc::default(),
-            session: None,
-        };
+        Mount::with_model(dir, Model::new(rules))
+    }
+
+    /// `model` mounted at `dir`: a crash state, say, for recovery to run
+    /// on with the model's own semantics (a file or directory a cut left
+    /// under two names stays one).
+    pub fn with_model(dir: &Path, model: Model) -> std::io::Result<Mount> {
+        let mut mount =
+            Mount { dir: dir.to_path_buf(), model: Arc::new(Mutex::new(model)), seen: Arc::default(), session: None };
         mount.mount()?;
         Ok(mount)
     }
@@ -350,13 +353,13 @@ impl Mount {
         Ok(())
     }
 
-    /// Records every change from now on (`Model::record`).
-    pub fn record(&self) {
-        self.model.lock().unwrap_or_else(|p| p.into_inner()).record();
+    /// Records every change from now on; returns the file system as it is
+    /// now, which the trace replays onto (`Model::record`).
+    pub fn record(&self) -> super::Model {
+        self.model.lock().unwrap_or_else(|p| p.into_inner()).record()
     }
 
-    /// The changes recorded since `record`; recorded from a fresh mount,
-    /// they replay onto `Model::new` (see `crash_states`).
+    /// The changes recorded since `record` (see `crash_states`).
     pub fn take_trace(&self) -> Vec<super::Op> {
         self.model.lock().unwrap_or_else(|p| p.into_inner()).take_trace()
     }
