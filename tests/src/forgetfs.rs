@@ -25,8 +25,9 @@
 //! atomic across two directories in both, where here each side is durable
 //! with its own directory's sync (so a cut can leave both names, or
 //! neither); XFS orders metadata in its log likewise. Sector writes are
-//! taken as whole here (the disk's write cache honours flushes, and a torn
-//! sector is the checksums' business).
+//! taken as whole here (the disk's write cache honours flushes). A cut
+//! keeps or drops each write whole; the crash states built from a trace
+//! (`crash_states`) also tear writes at a sector boundary.
 
 pub mod mount;
 
@@ -488,9 +489,12 @@ pub type View = BTreeMap<String, Option<Vec<u8>>>;
 /// (as a file system, and as what a reader finds in it) with the number of ops
 /// it follows: after each op, the state with nothing unsynced kept (the
 /// cut) and the state with everything kept (whatever was written reached
-/// the disk by chance). Between two durability calls these are the states
-/// after every write since the last one, kept or not; each distinct state
-/// is handed over once. Returns how many there were.
+/// the disk by chance); and for each write that spans a sector boundary,
+/// the power failing in its middle (`torn_prefix`: the sectors before the
+/// boundary nearest its middle written, on top of the cut before it).
+/// Between two durability calls these are the states after every write
+/// since the last one, kept or not; each distinct state is handed over
+/// once. Returns how many there were.
 pub fn crash_states(start: Model, trace: &[Op], mut check: impl FnMut(usize, Model, View)) -> Result<u64, String> {
     use std::hash::{Hash, Hasher};
     let mut model = start;
@@ -505,6 +509,17 @@ pub fn crash_states(start: Model, trace: &[Op], mut check: impl FnMut(usize, Mod
     };
     for at in 0..=trace.len() {
         if at > 0 {
+            // The power failing while this write was under way: the
+            // sectors up to a sector boundary near its middle reached the
+            // disk, the rest did not (a torn write, what checksums are for).
+            if let Op::Write { ino, offset, data, .. } = &trace[at - 1] {
+                if let Some(torn) = torn_prefix(*offset, data.len()) {
+                    let mut cut = model.clone();
+                    cut.write(*ino, *offset, &data[..torn], true).map_err(|e| format!("op {}: {e}", at - 1))?;
+                    cut.cut();
+                    offer(at, cut);
+                }
+            }
             model
                 .apply(&trace[at - 1])
                 .map_err(|e| format!("op {}: {:?} failed on replay: {e}", at - 1, trace[at - 1]))?;
@@ -517,6 +532,18 @@ pub fn crash_states(start: Model, trace: &[Op], mut check: impl FnMut(usize, Mod
         offer(at, cut);
     }
     Ok(seen.len() as u64)
+}
+
+/// Sectors, for torn writes.
+pub const SECTOR_BYTES: u64 = 512;
+
+/// How much of a write of `len` bytes at `offset` a power failure in its
+/// middle leaves: up to the sector boundary nearest its middle, if one
+/// falls strictly inside it.
+fn torn_prefix(offset: u64, len: usize) -> Option<usize> {
+    let middle = offset + len as u64 / 2;
+    let boundary = (middle + SECTOR_BYTES / 2) / SECTOR_BYTES * SECTOR_BYTES;
+    (boundary > offset && boundary < offset + len as u64).then(|| (boundary - offset) as usize)
 }
 
 /// Writes a view out under `root` (which exists): directories mode 0700,
@@ -732,5 +759,24 @@ mod tests {
         write_view(&m.view(), tmp.path()).unwrap();
         assert_eq!(std::fs::read(tmp.path().join("d/f")).unwrap(), b"abcd");
         assert_eq!(std::fs::read(tmp.path().join("d/tmp")).unwrap(), b"");
+    }
+
+    #[test]
+    fn a_write_across_a_sector_boundary_is_also_torn_there() {
+        assert_eq!(torn_prefix(0, 1024), Some(512));
+        assert_eq!(torn_prefix(100, 1000), Some(412), "the boundary at 512, nearest the middle at 600");
+        assert_eq!(torn_prefix(0, 300), None, "no boundary inside it");
+        let mut m = Model::default();
+        let f = m.create(ROOT, "f", Kind::File).unwrap();
+        m.sync(ROOT).unwrap();
+        let start = m.record();
+        m.write(f, 0, &[7; 1024], true).unwrap();
+        let trace = m.take_trace();
+        let mut files = BTreeSet::new();
+        crash_states(start, &trace, |_, _, view| {
+            files.insert(view["/f"].clone().unwrap());
+        })
+        .unwrap();
+        assert_eq!(files, BTreeSet::from([Vec::new(), vec![7; 512], vec![7; 1024]]));
     }
 }
