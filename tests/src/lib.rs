@@ -83,7 +83,7 @@ pub fn read_dir_sink(dir: &Path) -> std::collections::BTreeMap<(String, u64), Ve
         let mut files: Vec<PathBuf> = std::fs::read_dir(&stream)
             .unwrap()
             .map(|e| e.unwrap().path())
-            // Temporary files (".tmp-...") are batches still being written.
+            // Temporary files (hidden, ".tmp") are batches being written.
             .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
             .filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
             .collect();

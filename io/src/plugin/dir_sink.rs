@@ -71,6 +71,14 @@ fn file_name(seq: u64, id: CompactionId) -> String {
     format!("{seq:020}-{id}.jsonl")
 }
 
+/// A batch's temporary file, unique to this process and call: hidden, and
+/// ending in `.tmp`, so that no reader's pattern for batches (`*.jsonl`)
+/// takes one a killed process left behind for a batch.
+fn temporary_name(seq: u64, id: CompactionId) -> String {
+    let n = TEMPORARIES.fetch_add(1, Ordering::Relaxed);
+    format!(".{seq:020}-{id}.{}-{n}.tmp", std::process::id())
+}
+
 fn parse_name(name: &str) -> Option<(u64, CompactionId)> {
     let stem = name.strip_suffix(".jsonl")?;
     let (seq, id) = stem.split_once('-')?;
@@ -108,8 +116,7 @@ impl Sink for DirSink {
             None => {}
         }
         self.create_dir(&dir).map_err(|e| err("cannot create the directory of", e))?;
-        let n = TEMPORARIES.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!(".tmp-{}-{n}-{}", std::process::id(), file_name(seq, id)));
+        let tmp = dir.join(temporary_name(seq, id));
         let mut f = OpenOptions::new()
             .create_new(true)
             .write(true)
@@ -167,6 +174,17 @@ fn another_id_under(dir: &Path, seq: u64, id: CompactionId) -> std::io::Result<b
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_temporary_file_is_never_taken_for_a_batch() {
+        let (a, b) = (temporary_name(7, CompactionId(0xab)), temporary_name(7, CompactionId(0xab)));
+        assert_ne!(a, b, "unique per call");
+        for name in [a, b] {
+            assert!(name.starts_with('.') && name.ends_with(".tmp"), "{name}");
+            assert!(!name.ends_with(".jsonl"), "{name}");
+            assert_eq!(parse_name(&name), None, "{name}");
+        }
+    }
 
     #[test]
     fn the_dir_sink_is_idempotent_and_refuses_different_bytes() {
