@@ -207,7 +207,7 @@ pub struct CertsArgs {
 /// more nodes from it. Refuses to overwrite anything.
 pub fn certs(args: CertsArgs) -> i32 {
     use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let fail = |what: String| {
         eprintln!("skipprd cluster certs: {what}");
         exit::CONFIG
@@ -245,7 +245,7 @@ pub fn certs(args: CertsArgs) -> i32 {
         files.push((format!("node-{node}.pem"), cert, 0o644));
         files.push((format!("node-{node}-key.pem"), key, 0o600));
     }
-    if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&args.dir) {
+    if let Err(e) = skippr_io::disk_wal::create_dir_durably(&args.dir, 0o700) {
         return fail(format!("{}: {e}", args.dir.display()));
     }
     if let Some((name, ..)) = files.iter().find(|(name, ..)| args.dir.join(name).exists()) {
@@ -265,6 +265,10 @@ pub fn certs(args: CertsArgs) -> i32 {
         if let Err(e) = written {
             return fail(format!("{}: {e}", path.display()));
         }
+    }
+    // The files' entries, made durable with their bytes.
+    if let Err(e) = skippr_io::disk_wal::sync_dir(&args.dir) {
+        return fail(format!("{}: {e}", args.dir.display()));
     }
     println!("wrote {} files to {}", files.len(), args.dir.display());
     println!("every host needs ca.pem and its own node-<ID>.pem and node-<ID>-key.pem; keep ca-key.pem off the hosts");
@@ -370,7 +374,8 @@ pub fn identity(args: IdentityArgs, join: bool) -> i32 {
             .truncate(true)
             .mode(0o600)
             .open(&path)
-            .and_then(|mut f| f.write_all(format!("{old}\n").as_bytes()).and_then(|()| f.sync_all()));
+            .and_then(|mut f| f.write_all(format!("{old}\n").as_bytes()).and_then(|()| f.sync_all()))
+            .and_then(|()| skippr_io::disk_wal::sync_dir(&args.data_dir));
         if let Err(e) = written {
             return fail(format!("{}: {e}", path.display()));
         }

@@ -130,3 +130,31 @@ fn the_daemon_on_the_file_system_keeps_everything_it_delivered_through_a_cut() {
     skippr_tests::assert_exactly_once(&sink, &["events"], 2, 3000);
     assert!(m.seen.file_syncs.load(Ordering::Relaxed) > 0 && m.seen.dir_syncs.load(Ordering::Relaxed) > 0);
 }
+
+#[test]
+fn a_clusters_certificates_and_data_dirs_survive_a_cut_right_after_they_are_made() {
+    let (_tmp, mut m) = mounted();
+    let certs = m.path().join("deploy/certs");
+    let out = skippr_tests::skipprd(&["cluster", "certs", "--dir", certs.to_str().unwrap(), "--nodes", "1,2,3"]);
+    assert_eq!(out.status.code(), Some(0), "{}", skippr_tests::stderr(&out));
+    let data = m.path().join("d1");
+    let init = ["cluster", "init", "--node-id", "1", "--voters", "1,2,3", data.to_str().unwrap()];
+    let out = skippr_tests::skipprd(&init);
+    assert_eq!(out.status.code(), Some(0), "{}", skippr_tests::stderr(&out));
+    let id = skippr_tests::stdout(&out).split_whitespace().nth(1).unwrap().trim_end_matches(':').to_string();
+    let joined = m.path().join("d4");
+    let join = ["cluster", "join", "--node-id", "4", "--voters", "1,2,3", "--cluster-id", &id, "--replaces", "3"];
+    let out = skippr_tests::skipprd(&[&join[..], &[joined.to_str().unwrap()]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", skippr_tests::stderr(&out));
+    let listing = |dir: &std::path::Path| {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    };
+    let (made, inited, prepared) = (listing(&certs), listing(&data), listing(&joined));
+    assert_eq!(made.len(), 8, "{made:?}");
+    m.cut().unwrap();
+    assert_eq!(listing(&certs), made, "an operator's certificates, written and reported, are kept");
+    assert_eq!((listing(&data), listing(&joined)), (inited, prepared), "the DATA_DIRs init and join prepared");
+}
