@@ -46,8 +46,8 @@ pub struct Backends {
     pub lease: Option<Arc<Dynamo>>,
     pub sources: Vec<SharedSource>,
     pub sinks: Vec<SharedSink>,
-    /// Stream names by `StreamId`.
-    pub streams: Arc<Vec<String>>,
+    /// The streams' names and ids, resolved once at start.
+    pub streams: Arc<StreamNames>,
     /// Sink names by `SinkId`.
     pub sink_names: Vec<String>,
     /// The schema plugin, if one is configured.
@@ -64,6 +64,32 @@ pub struct Backends {
     /// opened it: `(partition, at, next)`. The intake rules pass over it
     /// (the engine drops it).
     pub skips: Mutex<BTreeMap<u16, Vec<Skip>>>,
+}
+
+/// The streams a source declared, by `StreamId` and by name: a batch's
+/// stream is resolved once per batch by lookup, never searched for.
+pub struct StreamNames {
+    names: Vec<String>,
+    ids: BTreeMap<String, StreamId>,
+}
+
+impl StreamNames {
+    pub fn new(names: Vec<String>) -> StreamNames {
+        let ids = names.iter().enumerate().map(|(i, n)| (n.clone(), StreamId(i as u16))).collect();
+        StreamNames { names, ids }
+    }
+
+    pub fn name(&self, id: StreamId) -> &str {
+        &self.names[id.0 as usize]
+    }
+
+    pub fn id(&self, name: &str) -> Option<StreamId> {
+        self.ids.get(name).copied()
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
 }
 
 /// An operator's skip: partition, and the positions it starts and ends at.
@@ -245,7 +271,7 @@ pub async fn drive(
         for (sink, stream, lag) in host.compaction_lag() {
             let labels = vec![
                 ("sink".to_string(), backends.sink_names[sink.0 as usize].clone()),
-                ("stream".to_string(), backends.streams[stream.0 as usize].clone()),
+                ("stream".to_string(), backends.streams.name(stream).to_string()),
             ];
             backends.metrics.compaction_lag.get_or_create(&labels).set(lag as i64);
         }
@@ -477,6 +503,16 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                     None => return Err(plugin_failed("source read", e)),
                 },
             };
+            if let Some(batch) = batches.iter().find(|batch| b.streams.id(&batch.stream).is_none()) {
+                let why = format!(
+                    "partition {} sent records of stream {:?}, which the source did not declare (it declared {}): \
+                     a bug of the source, or a stream added without restarting it",
+                    batch.partition,
+                    batch.stream,
+                    b.streams.names().join(", ")
+                );
+                return Ok(IoReply::SourceRefused { why });
+            }
             let skips = b.skips.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&source.0).cloned();
             if let Some(why) = refused_record(&**s, &batches, b.record_bytes_max, skips.as_deref().unwrap_or(&[])) {
                 return Ok(IoReply::SourceRefused { why });
@@ -498,12 +534,9 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                         totals.acks.read(source, batch.partition, batch.end, records, read_at);
                     }
                     b.metrics.records.inc_by(batch.records.len() as u64 - given_up);
-                    // An unknown stream name maps to an id the engine
-                    // rejects as a protocol error.
-                    let stream = b.streams.iter().position(|s| *s == batch.stream).unwrap_or(u16::MAX as usize);
                     SourceBatchIn {
                         partition: batch.partition,
-                        stream: StreamId(stream as u16),
+                        stream: b.streams.id(&batch.stream).expect("every stream was looked up above"),
                         records: batch.records,
                         end: batch.end,
                         checkpoint: batch.checkpoint,
@@ -527,7 +560,7 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
             let Some(plugin) = &b.schema else {
                 return Ok(IoReply::Schema { accept: true, reason: String::new() });
             };
-            let name = &b.streams[stream.0 as usize];
+            let name = b.streams.name(stream);
             let verdict =
                 plugin.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).decide(name, fingerprint, &schema);
             match verdict.map_err(|e| plugin_failed("schema decision", e))? {
@@ -537,19 +570,17 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
         }
         PluginOp::SinkProgress { sink } => {
             let mut sink = b.sinks[sink.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let applied = sink.progress(&b.streams).map_err(|e| plugin_failed("asking a sink for its progress", e))?;
+            let applied =
+                sink.progress(b.streams.names()).map_err(|e| plugin_failed("asking a sink for its progress", e))?;
             let by_id = applied
                 .into_iter()
-                .filter_map(|(name, seq)| {
-                    let stream = b.streams.iter().position(|s| *s == name)?;
-                    Some((skippr_core::StreamId(stream as u16), skippr_core::CompactionSeq(seq)))
-                })
+                .filter_map(|(name, seq)| Some((b.streams.id(&name)?, skippr_core::CompactionSeq(seq))))
                 .collect();
             Ok(IoReply::SinkProgress(by_id))
         }
         PluginOp::SinkApply(a) => {
             let mut sink = b.sinks[a.sink.0 as usize].lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let stream = &b.streams[a.stream.0 as usize];
+            let stream = b.streams.name(a.stream);
             let outcome = sink.apply(stream, a.seq.0, a.id, &a.records).map_err(|e| {
                 b.metrics.compactions.get_or_create(&vec![("outcome".into(), "error".into())]).inc();
                 plugin_failed("sink apply", e)

@@ -275,7 +275,7 @@ async fn run(cfg: RunConfig) -> i32 {
             lease: lease.clone(),
             sources: vec![Arc::new(Mutex::new(source)) as SharedSource],
             sinks: vec![Arc::new(Mutex::new(sink)) as SharedSink],
-            streams: Arc::new(streams),
+            streams: Arc::new(skippr_io::driver::StreamNames::new(streams)),
             sink_names: vec!["sink".into()],
             schema,
             metrics: Arc::clone(&metrics),

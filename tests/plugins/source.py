@@ -17,7 +17,8 @@ STARTS, when set, is a file each process appends its pid to. CHILD=1 starts a
 child process of its own that sleeps (its command line carries this
 process's arguments, so a test can count both). HANG_READS=1 hangs on every
 read. LONG_LINE=N answers the first read with N bytes and no newline, then
-hangs. STDERR_TEXT is written to stderr at start.
+hangs. STDERR_TEXT is written to stderr at start. UNDECLARED_STREAM, when set,
+is the stream every batch names instead of the declared STREAM.
 ACK_LOG, when set, is a file each acknowledgement is appended to
 ("partition position" lines, with O_DSYNC) before it is answered; a source started again
 never sends below what it was acknowledged there, as a source that released
@@ -149,7 +150,8 @@ def main():
                     {"position": s, "data": {"stream": STREAM, "partition": p, "seq": s, "note": "x"}}
                     for s in range(start, end)
                 ]
-                batch = {"partition": p, "stream": STREAM, "records": records, "end": end, "checkpoint": f"cp-{p}-{end}"}
+                stream = os.environ.get("UNDECLARED_STREAM", STREAM)
+                batch = {"partition": p, "stream": stream, "records": records, "end": end, "checkpoint": f"cp-{p}-{end}"}
                 if SCHEMA is not None:
                     batch["schema"] = SCHEMA
                 batches.append(batch)

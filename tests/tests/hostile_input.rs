@@ -569,3 +569,34 @@ fn an_operator_gives_up_exactly_the_refused_lines_with_the_printed_option_record
     assert_eq!(mistyped.status.code(), Some(3), "{}", stderr(&mistyped));
     assert!(stderr(&mistyped).contains("NEXT must be past AT"), "{}", stderr(&mistyped));
 }
+
+#[test]
+fn a_batch_of_a_stream_the_source_never_declared_stops_the_daemon_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sink = tmp.path().join("sink");
+    let out = daemon(
+        &tmp.path().join("data"),
+        &[
+            "--once",
+            "--source",
+            "command",
+            "--source-command",
+            &plugin("source.py"),
+            "--sink-dir",
+            sink.to_str().unwrap(),
+        ],
+    )
+    .env("STREAM", "orders")
+    .env("UNDECLARED_STREAM", "refunds")
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "partition 0 sent records of stream \"refunds\", which the source did not declare (it declared orders)"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    assert!(sink_lines(&sink, "refunds").is_empty() && sink_lines(&sink, "orders").is_empty());
+}
