@@ -225,6 +225,8 @@ fn every_crash_state_of_a_snapshot_install_opens_to_the_old_wal_or_the_new_one_w
     let mut state = std::fs::File::create(data.join(FILE_NAME)).unwrap();
     state.write_all(&vec![0xaa; FILE_BYTES]).unwrap();
     state.sync_all().unwrap();
+    // Nothing stays open on the mount: it could not be unmounted.
+    drop(state);
     sync_dir(&data).unwrap();
     let start = m.record();
     let (leader, manifest) = leader_segment();
