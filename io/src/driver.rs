@@ -46,7 +46,7 @@ pub struct Backends {
     pub lease: Option<Arc<Dynamo>>,
     pub sources: Vec<SharedSource>,
     pub sinks: Vec<SharedSink>,
-    /// The streams' names and ids, resolved once at start.
+    /// The declared streams by id and by name, built once at start.
     pub streams: Arc<StreamNames>,
     /// Sink names by `SinkId`.
     pub sink_names: Vec<String>,
@@ -503,15 +503,19 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                     None => return Err(plugin_failed("source read", e)),
                 },
             };
-            if let Some(batch) = batches.iter().find(|batch| b.streams.id(&batch.stream).is_none()) {
-                let why = format!(
-                    "partition {} sent records of stream {:?}, which the source did not declare (it declared {}): \
-                     a bug of the source, or a stream added without restarting it",
-                    batch.partition,
-                    batch.stream,
-                    b.streams.names().join(", ")
-                );
-                return Ok(IoReply::SourceRefused { why });
+            let mut streams = Vec::with_capacity(batches.len());
+            for batch in &batches {
+                let Some(id) = b.streams.id(&batch.stream) else {
+                    let why = format!(
+                        "partition {} sent records of stream {:?}, which the source did not declare (it declared \
+                         {}): a bug of the source, or a stream added without restarting it",
+                        batch.partition,
+                        batch.stream,
+                        b.streams.names().join(", ")
+                    );
+                    return Ok(IoReply::SourceRefused { why });
+                };
+                streams.push(id);
             }
             let skips = b.skips.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&source.0).cloned();
             if let Some(why) = refused_record(&**s, &batches, b.record_bytes_max, skips.as_deref().unwrap_or(&[])) {
@@ -520,7 +524,8 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
             let read_at = std::time::Instant::now();
             let batches: Vec<SourceBatchIn> = batches
                 .into_iter()
-                .map(|batch| {
+                .zip(streams)
+                .map(|(batch, stream)| {
                     let skipped = |r: &skippr_core::wal::Record| {
                         skips
                             .iter()
@@ -536,7 +541,7 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                     b.metrics.records.inc_by(batch.records.len() as u64 - given_up);
                     SourceBatchIn {
                         partition: batch.partition,
-                        stream: b.streams.id(&batch.stream).expect("every stream was looked up above"),
+                        stream,
                         records: batch.records,
                         end: batch.end,
                         checkpoint: batch.checkpoint,

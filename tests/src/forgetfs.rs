@@ -179,7 +179,7 @@ impl Model {
     /// Every file and directory a reader reaches now, by path from the
     /// root ("" for the root; directories as `None`, files with their
     /// bytes): what a crash state is compared and written out by.
-    pub fn view(&self) -> BTreeMap<String, Option<Vec<u8>>> {
+    pub fn view(&self) -> View {
         let mut out = BTreeMap::new();
         let mut todo = vec![(String::new(), ROOT)];
         while let Some((path, ino)) = todo.pop() {
@@ -535,7 +535,7 @@ pub fn crash_states(start: Model, trace: &[Op], mut check: impl FnMut(usize, Mod
 }
 
 /// Sectors, for torn writes.
-pub const SECTOR_BYTES: u64 = 512;
+const SECTOR_BYTES: u64 = 512;
 
 /// How much of a write of `len` bytes at `offset` a power failure in its
 /// middle leaves: up to the sector boundary nearest its middle, if one
@@ -751,8 +751,7 @@ mod tests {
         let files: BTreeSet<_> = states.iter().filter_map(|(_, v)| file(v)).collect();
         assert_eq!(files, BTreeSet::from([Vec::new(), b"ab".to_vec(), b"abcd".to_vec()]));
         // A state reached twice is handed over once.
-        let mut views: Vec<_> = states.iter().map(|(_, v)| v.clone()).collect();
-        views.dedup();
+        let views: BTreeSet<_> = states.iter().map(|(_, v)| v.clone()).collect();
         assert_eq!(views.len(), states.len());
         // Written out, it reads back as it was.
         let tmp = tempfile::tempdir().unwrap();
