@@ -76,7 +76,7 @@ pub enum Output {
     /// success: retrying goes on, but the pipeline makes no progress.
     /// Emitted once per stall.
     Stalled {
-        what: &'static str,
+        what: Stall,
         for_: Duration,
     },
     /// A request of the reported stall succeeded again.
@@ -112,7 +112,7 @@ pub enum Output {
     /// taken or removed, another change is under way).
     JoinRefused {
         node: u64,
-        why: &'static str,
+        why: crate::replication::membership::JoinRefusal,
     },
     /// An operator's skip at the start of a run: `recorded` when it is
     /// committed to the WAL now; otherwise the partition's committed
@@ -516,7 +516,7 @@ pub enum StopReason {
     NamesChanged { kind: &'static str, index: usize, wal: String, config: String },
     /// WAL (or lease) requests failed for the configured stall limit
     /// without one success (`--once` only; nothing committed is lost).
-    Stalled { what: &'static str, for_: Duration },
+    Stalled { what: Stall, for_: Duration },
     /// The schema plugin refused a stream's new schema.
     SchemaRejected { stream: StreamId, fingerprint: u64, reason: String },
     /// Clustered mode: this host led `term` and no longer does. Everything
@@ -550,14 +550,46 @@ impl StopReason {
     }
 }
 
-/// What `Output::Stalled` names when no leader with a majority is known
-/// (clustered mode).
-pub const STALL_RAFT_QUORUM: &str = "raft quorum";
+/// What has been failing, in a stall (`Output::Stalled`,
+/// `StopReason::Stalled`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Stall {
+    /// WAL requests.
+    Wal,
+    /// Writer-lease requests (S3 mode).
+    Lease,
+    /// Clustered mode: no leader with a majority is known.
+    RaftQuorum,
+    /// Clustered mode: besides, no peer has sent this host a single message
+    /// since the stall began: the others are down, cannot be reached, or do
+    /// not know this host.
+    RaftNoPeer,
+}
 
-/// What `Output::Stalled` names when, besides, no peer has sent this host
-/// a single message since the stall began: the others are down, cannot be
-/// reached, or do not know this host (clustered mode).
-pub const STALL_RAFT_NO_PEER: &str = "raft peers";
+impl Stall {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stall::Wal => "WAL",
+            Stall::Lease => "lease",
+            Stall::RaftQuorum => "raft quorum",
+            Stall::RaftNoPeer => "raft peers",
+        }
+    }
+}
+
+impl std::fmt::Display for Stall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// As the string it names, quoted: `StopReason`'s `Debug`, which the
+/// simulator's trace hashes, reads as it did when this was a string.
+impl std::fmt::Debug for Stall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecoverySummary {

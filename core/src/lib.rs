@@ -32,6 +32,8 @@ pub mod recovery;
 /// Consensus for the clustered WAL: raft-rs configured and driven by the
 /// engine's ticks and seed (issue #12, in progress).
 pub mod replication;
+/// The rule every sink applies to a batch: new, the same again, or a conflict.
+pub mod sink_ledger;
 /// What the committed WAL says, folded into maps.
 pub mod state;
 /// The engine's own integer time.

@@ -304,6 +304,57 @@ fn read_direct(file: &File) -> io::Result<Vec<u8>> {
     Ok(buf[..at.min(len)].to_vec())
 }
 
+/// The file under DATA_DIR that names a disk WAL in stores it shares with
+/// others (a sink's keys, DynamoDB offsets).
+pub const IDENTITY_FILE: &str = "wal-identity";
+
+/// The disk WAL's identity, made once and kept in `DATA_DIR/wal-identity`,
+/// so that a WAL moved to another directory or host (a backup restored,
+/// a container whose host name changed) is still itself to the
+/// destinations that key by it. A WAL that already holds segments when the
+/// file is first made (one of before the file) keeps the name it had then,
+/// `disk://<host><dir>/`, so what it wrote elsewhere stays its own; a new
+/// one gets that name with a random suffix, so two hosts of one name and
+/// path are never taken for one WAL. Call it under the DATA_DIR lock.
+pub fn wal_identity(data_dir: &Path, random: u64) -> io::Result<String> {
+    if let Some(identity) = read_wal_identity(data_dir)? {
+        return Ok(identity);
+    }
+    let wal_dir = data_dir.join(WAL_DIR);
+    let old = wal_dir.exists() && !list_dir(&wal_dir)?.0.is_empty();
+    let named = derived_identity(&wal_dir);
+    let identity = if old { named } else { format!("{named}#{random:016x}") };
+    let path = data_dir.join(IDENTITY_FILE);
+    let tmp = data_dir.join(format!("{IDENTITY_FILE}.new"));
+    let mut f = OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&tmp)?;
+    io::Write::write_all(&mut f, format!("{identity}\n").as_bytes())?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, &path)?;
+    sync_dir(data_dir)?;
+    Ok(identity)
+}
+
+/// The identity `wal_identity` made, if it has: for tools that must not
+/// write (the WAL's name where none was made yet, as a start would name an
+/// old WAL).
+pub fn read_wal_identity(data_dir: &Path) -> io::Result<Option<String>> {
+    match std::fs::read_to_string(data_dir.join(IDENTITY_FILE)) {
+        Ok(s) if !s.trim().is_empty() => Ok(Some(s.trim().to_string())),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `disk://<host><absolute WAL directory>/`: what named a disk WAL before
+/// the identity file.
+pub fn derived_identity(wal_dir: &Path) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let dir = std::path::absolute(wal_dir).unwrap_or_else(|_| wal_dir.to_path_buf());
+    format!("disk://{}{}/", host.trim(), dir.display())
+}
+
 /// Segment ids in `dir`, and the other files found there.
 pub fn list_dir(dir: &Path) -> io::Result<(Vec<SegmentId>, Vec<PathBuf>)> {
     let mut ids = Vec::new();
@@ -373,6 +424,26 @@ pub fn to_io_error(e: &io::Error) -> IoError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wal_keeps_its_identity_when_moved_and_an_old_one_keeps_its_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let new = tmp.path().join("new");
+        std::fs::create_dir_all(new.join(WAL_DIR)).unwrap();
+        let made = wal_identity(&new, 0xabc).unwrap();
+        assert_eq!(made, format!("{}#0000000000000abc", derived_identity(&new.join(WAL_DIR))));
+        assert_eq!(wal_identity(&new, 0xdef).unwrap(), made, "made once");
+        let moved = tmp.path().join("moved");
+        std::fs::rename(&new, &moved).unwrap();
+        assert_eq!(wal_identity(&moved, 0xdef).unwrap(), made, "moved, still itself");
+        assert_eq!(read_wal_identity(&moved).unwrap(), Some(made));
+        // A WAL of before the file: the name it had.
+        let old = tmp.path().join("old");
+        std::fs::create_dir_all(old.join(WAL_DIR)).unwrap();
+        std::fs::write(old.join(WAL_DIR).join("00000000000000000000.seg"), b"").unwrap();
+        assert_eq!(read_wal_identity(&old).unwrap(), None);
+        assert_eq!(wal_identity(&old, 1).unwrap(), derived_identity(&old.join(WAL_DIR)));
+    }
 
     #[test]
     fn create_append_read_list_delete() {

@@ -12,7 +12,10 @@ use crate::offsets_db::OffsetsDb;
 use crate::peer::{Incoming, Peers};
 use crate::plugin::{Batch, SchemaPlugin, Sink, Source};
 use crate::s3_wal::S3Wal;
-use skippr_core::io::{Input, IoOp, IoReply, LeaseOp, OffsetsOp, Output, PluginOp, SourceBatchIn, StopReason, WalOp};
+use skippr_core::io::{
+    Input, IoOp, IoReply, LeaseOp, OffsetsOp, Output, PluginOp, SourceBatchIn, Stall, StopReason, WalOp,
+};
+use skippr_core::replication::membership::JoinRefusal;
 use skippr_core::{Host, IoError, IoId, Position, SinkOutcome, StreamId};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -167,7 +170,7 @@ pub async fn drive(
                         );
                     }
                 }
-                Output::Stalled { what: skippr_core::io::STALL_RAFT_NO_PEER, for_ } => {
+                Output::Stalled { what: Stall::RaftNoPeer, for_ } => {
                     error!(
                         last_error = %crate::health::last_warning().unwrap_or_else(|| "none logged".into()),
                         "no peer has sent this host a message for {:.0} s, so no raft leader with a majority is known: \
@@ -180,7 +183,7 @@ pub async fn drive(
                     backends.metrics.stalled.set(1);
                     backends.metrics.raft_no_quorum.set(1);
                 }
-                Output::Stalled { what: skippr_core::io::STALL_RAFT_QUORUM, for_ } => {
+                Output::Stalled { what: Stall::RaftQuorum, for_ } => {
                     error!(
                         last_error = %crate::health::last_warning().unwrap_or_else(|| "none logged".into()),
                         "no raft leader with a majority for {:.0} s: nothing more is acknowledged until a majority of \
@@ -250,7 +253,7 @@ pub async fn drive(
                     }
                 }
                 // A joining host asks every peer; only the leader acts.
-                Output::JoinRefused { node, why } if why == skippr_core::replication::membership::NOT_LEADER => {
+                Output::JoinRefused { node, why: JoinRefusal::NotLeader } => {
                     debug!(node, "node {node} asked to join; this host does not lead")
                 }
                 Output::JoinRefused { node, why } => warn!(node, "refused node {node}'s request to join: {why}"),

@@ -6,7 +6,7 @@
 //! - Offsets: `pk = offsets#<WAL identity>#<pipeline>#<source>`,
 //!   `sk = <partition:010>` (the WAL's identity is part of the key, so two
 //!   WALs sharing a table never touch each other's offsets: see
-//!   `wal_identity`);
+//!   `wal_identity`, and `disk_wal::wal_identity` for a disk WAL);
 //!   `value` holds the engine's exact 24-byte value (binary), `lsn` the same
 //!   LSN as a Number, and `checkpoint` the source's opaque checkpoint. A
 //!   write replaces the item whole, only under
@@ -42,18 +42,15 @@ pub struct Dynamo {
 }
 
 /// What names a WAL in the offsets and lease keys: `s3://bucket/prefix/` for
-/// an S3 WAL; for a WAL on a local disk (with offsets in DynamoDB), this
-/// host's name and the WAL directory's absolute path. A WAL moved to another
-/// host or directory starts with no offsets there, which is safe: the
-/// daemon rebuilds them from the WAL.
+/// an S3 WAL; for a WAL on a local disk, the name derived from this host and
+/// the WAL directory (`disk_wal::derived_identity`), which the daemon uses
+/// only until it has made `DATA_DIR/wal-identity` (`disk_wal::wal_identity`,
+/// which moves with the WAL); `offsets show` falls back on it where no such
+/// file was made yet.
 pub fn wal_identity(s3: Option<(&str, &str)>, wal_dir: &std::path::Path) -> String {
     match s3 {
         Some((bucket, prefix)) => crate::s3_wal::location(bucket, prefix),
-        None => {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-            let dir = std::path::absolute(wal_dir).unwrap_or_else(|_| wal_dir.to_path_buf());
-            format!("disk://{}{}/", host.trim(), dir.display())
-        }
+        None => crate::disk_wal::derived_identity(wal_dir),
     }
 }
 

@@ -6,6 +6,7 @@
 //!
 //! The test binary runs itself as the two children (`SKIPPR_DIR_SINK_CHILD`).
 
+use skippr_core::sink_ledger::Scope;
 use skippr_core::{CompactionId, Records, SinkOutcome};
 use skippr_io::plugin::{DirSink, Sink};
 use std::path::Path;
@@ -22,9 +23,25 @@ fn id(seq: u64) -> CompactionId {
     CompactionId(0xc0de_0000 + seq)
 }
 
+fn scope() -> Scope {
+    Scope::new("main", "disk://race/wal/")
+}
+
+/// As the driver applies: an error is retried. The writer of the higher
+/// epoch removes the other's temporary files at its first apply, and the
+/// other's link of one then fails once.
+fn apply(sink: &mut DirSink, seq: u64, id: CompactionId) -> SinkOutcome {
+    for _ in 0..100 {
+        if let Ok(outcome) = sink.apply("events", seq, id, &batch(seq)) {
+            return outcome;
+        }
+    }
+    panic!("batch {seq}: a hundred errors in a row")
+}
+
 /// A child: applies every batch, in order, printing each outcome.
 fn child(dir: &Path) {
-    let mut sink = DirSink::open(dir).unwrap();
+    let mut sink = DirSink::open(dir, &scope()).unwrap();
     // Both start together, once the parent has seen both ready.
     std::fs::write(dir.join(format!("ready-{}", std::process::id())), b"").unwrap();
     while !dir.join("go").exists() {
@@ -32,11 +49,11 @@ fn child(dir: &Path) {
     }
     let mut out = String::new();
     for seq in 0..BATCHES {
-        let outcome = sink.apply("events", seq, id(seq), &batch(seq)).unwrap();
+        let outcome = apply(&mut sink, seq, id(seq));
         out.push_str(&format!("{seq} {outcome:?}\n"));
     }
     // Another id under a taken number is refused.
-    let outcome = sink.apply("events", 0, CompactionId(1), &batch(0)).unwrap();
+    let outcome = apply(&mut sink, 0, CompactionId(1));
     out.push_str(&format!("other {outcome:?}\n"));
     std::fs::write(dir.join(format!("outcomes-{}", std::process::id())), out).unwrap();
 }
@@ -93,7 +110,7 @@ fn two_processes_applying_the_same_batches_at_once_land_each_once() {
             .collect();
         assert_eq!(files.len() as u64, BATCHES, "round {round}: no temporaries left, one file a batch: {files:?}");
         for seq in 0..BATCHES {
-            let name = format!("{seq:020}-{}.jsonl", id(seq));
+            let name = format!("{}.{seq:020}-{}.jsonl", scope().tag(), id(seq));
             let bytes = std::fs::read(tmp.path().join("events").join(&name)).unwrap();
             let expected: Vec<u8> = batch(seq).iter().flat_map(|r| r.iter().copied().chain([b'\n'])).collect();
             assert_eq!(bytes, expected, "round {round}: {name}");

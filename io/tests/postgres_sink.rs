@@ -58,10 +58,48 @@ fn a_replay_is_already_applied_without_touching_the_data_and_another_id_is_fatal
     assert_eq!(again.apply("s", 1, CompactionId(9), &batch(1)).unwrap(), SinkOutcome::Fatal);
     assert_eq!(count(&schema), 6, "neither touched the data");
     assert_eq!(again.progress(&["s".to_string(), "other".to_string()]).unwrap(), vec![("s".to_string(), 1)]);
-    // Another pipeline (or WAL) sharing the database has its own numbers.
-    let mut other = PostgresSink::open(settings.clone(), "second", "disk://test/wal/", &["s".to_string()]).unwrap();
-    assert!(other.progress(&["s".to_string()]).unwrap().is_empty());
-    assert_eq!(other.apply("s", 0, CompactionId(70), &batch(0)).unwrap(), SinkOutcome::Applied);
+    // The same id with other records.
+    assert_eq!(again.apply("s", 0, CompactionId(7), &batch(5)).unwrap(), SinkOutcome::Fatal);
+    // Another pipeline (or WAL) sharing the database has its own numbers,
+    // but never writes into the first's tables.
+    let refused = PostgresSink::open(settings.clone(), "second", "disk://test/wal/", &["s".to_string()]).err().unwrap();
+    assert!(refused.0.contains("belongs to pipeline 'main' of the WAL disk://test/wal/"), "{}", refused.0);
+    assert!(refused.0.contains("another --postgres-schema"), "{}", refused.0);
+    let mut other = PostgresSink::open(settings.clone(), "second", "disk://test/wal/", &["u".to_string()]).unwrap();
+    assert!(other.progress(&["u".to_string()]).unwrap().is_empty());
+    assert_eq!(other.apply("u", 0, CompactionId(70), &batch(0)).unwrap(), SinkOutcome::Applied);
+}
+
+#[test]
+fn tables_and_progress_rows_of_an_earlier_version_keep_working() {
+    // What the sink of before table claims and digests created: a progress
+    // table without a digest column, a stream table, one applied batch.
+    let (schema, settings) = fresh("upgrade");
+    client()
+        .batch_execute(&format!(
+            "CREATE SCHEMA \"{schema}\";
+             CREATE TABLE \"{schema}\".skippr_progress (
+                pipeline text NOT NULL, wal text NOT NULL, stream text NOT NULL, seq bigint NOT NULL,
+                compaction_id text NOT NULL, records bigint NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (pipeline, wal, stream, seq));
+             CREATE TABLE \"{schema}\".s (_skippr_seq bigint NOT NULL, _skippr_row integer NOT NULL, data jsonb NOT NULL);
+             INSERT INTO \"{schema}\".skippr_progress (pipeline, wal, stream, seq, compaction_id, records)
+                VALUES ('main', 'disk://test/wal/', 's', 0, '0000000000000007', 3);
+             INSERT INTO \"{schema}\".s SELECT 0, i, jsonb_build_object('seq', 0, 'i', i) FROM generate_series(0, 2) i;"
+        ))
+        .unwrap();
+    // Another pipeline may not take the old table: its rows are main's.
+    let refused = PostgresSink::open(settings.clone(), "second", "disk://test/wal/", &["s".to_string()]).err().unwrap();
+    assert!(refused.0.contains("belongs to pipeline 'main'"), "{}", refused.0);
+    let mut sink = open(&settings);
+    assert_eq!(sink.progress(&["s".to_string()]).unwrap(), vec![("s".to_string(), 0)]);
+    // A row without a digest compares the id alone.
+    assert_eq!(sink.apply("s", 0, CompactionId(7), &batch(0)).unwrap(), SinkOutcome::AlreadyApplied);
+    assert_eq!(sink.apply("s", 0, CompactionId(8), &batch(0)).unwrap(), SinkOutcome::Fatal);
+    assert_eq!(sink.apply("s", 1, CompactionId(9), &batch(1)).unwrap(), SinkOutcome::Applied);
+    assert_eq!(sink.apply("s", 1, CompactionId(9), &batch(2)).unwrap(), SinkOutcome::Fatal, "digests kept now");
+    assert_eq!(count(&schema), 6);
 }
 
 #[test]

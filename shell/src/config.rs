@@ -212,7 +212,7 @@ pub struct RunArgs {
     /// `text` or `json` logs on stderr [default: text].
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
-    /// The pipeline's name, part of every offsets key [default: main].
+    /// The pipeline's name, part of every offsets key and of the keys its batches have in the sinks (the directory and S3 sinks' tag, PostgreSQL's progress rows) [default: main].
     #[arg(long, value_name = "NAME")]
     pub pipeline: Option<String>,
     #[command(flatten)]

@@ -8,6 +8,7 @@ use crate::config::{resolve, InputSkip, OffsetsConfig, RunArgs, RunConfig, SinkC
 use crate::exit;
 use crate::explain::{explain, WalPlace};
 use skippr_core::config::SkipRequest;
+use skippr_core::sink_ledger::Scope;
 use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations, StopReason};
 use skippr_core::{PartitionKey, Position, SourceId, StreamId};
 use skippr_io::driver::{SharedSchema, SharedSink, SharedSource};
@@ -171,7 +172,8 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
     };
     let sink: Box<dyn Sink> = match &cfg.sink {
         SinkConfig::Dir { dir, mode } => {
-            Box::new(DirSink::open(dir).map_err(|e| (exit::DATA_DIR, e.to_string()))?.with_mode(*mode))
+            let scope = Scope::new(&cfg.pipeline, wal_identity);
+            Box::new(DirSink::open(dir, &scope).map_err(|e| (exit::DATA_DIR, e.to_string()))?.with_mode(*mode))
         }
         SinkConfig::Stdout => Box::new(StdoutSink),
         SinkConfig::Command { command } => {
@@ -190,6 +192,7 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
         }
         SinkConfig::S3 { .. } => Box::new(S3Sink::new(
             s3_sink.expect("connected before the engine starts").clone(),
+            &Scope::new(&cfg.pipeline, wal_identity),
             tokio::runtime::Handle::current(),
         )),
     };
@@ -419,12 +422,16 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
 }
 
 /// What names this WAL in stores shared with others (DynamoDB offsets, a
-/// sink's progress rows): its bucket and prefix, its directory on this host,
-/// or its cluster.
+/// sink's keys): its bucket and prefix, the identity kept in DATA_DIR, or
+/// its cluster.
 fn wal_identity(cfg: &RunConfig) -> Result<String, (i32, String)> {
     Ok(match &cfg.wal {
         WalConfig::S3 { bucket, prefix } => skippr_io::dynamo::wal_identity(Some((bucket, prefix)), &cfg.data_dir),
-        WalConfig::Disk => skippr_io::dynamo::wal_identity(None, &cfg.data_dir.join(skippr_io::disk_wal::WAL_DIR)),
+        // Kept in DATA_DIR, so that a WAL moved elsewhere is still itself.
+        WalConfig::Disk => skippr_io::disk_wal::wal_identity(&cfg.data_dir, run_seed()).map_err(|e| {
+            let file = cfg.data_dir.join(skippr_io::disk_wal::IDENTITY_FILE);
+            (exit::DATA_DIR, format!("cannot read or make the WAL's identity {}: {e}", file.display()))
+        })?,
         // Every host writes the same keys: the cluster's, not a directory's.
         WalConfig::Clustered(_) => crate::cluster::wal_identity(&cfg.data_dir).map_err(|e| (exit::CONFIG, e))?,
     })

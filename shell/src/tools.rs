@@ -332,7 +332,17 @@ pub fn dynamo_offsets(table: &str, store: &StoreArgs, data_dir: &Path, reset: Op
             eprintln!("skipprd offsets: WAL_STORAGE=s3 needs the WAL's bucket: set SKIPPR_WAL_S3_BUCKET");
             return exit::CONFIG;
         }
-        (false, _) => skippr_io::dynamo::wal_identity(None, &data_dir.join(WAL_DIR)),
+        (false, _) => match skippr_io::disk_wal::read_wal_identity(data_dir) {
+            Ok(Some(identity)) => identity,
+            Ok(None) => skippr_io::dynamo::wal_identity(None, &data_dir.join(WAL_DIR)),
+            Err(e) => {
+                eprintln!(
+                    "skipprd offsets: cannot read {}: {e}",
+                    data_dir.join(skippr_io::disk_wal::IDENTITY_FILE).display()
+                );
+                return exit::DATA_DIR;
+            }
+        },
     };
     let aws = store.aws.settings();
     let pipeline = reset.and_then(|r| r.0).unwrap_or(&store.of_pipeline).to_string();

@@ -6,6 +6,7 @@
 use crate::plugins::{checkpoint_bytes, record_bytes_into};
 use crate::scenario::Scenario;
 use skippr_core::io::{ResumePoint, SinkApply};
+use skippr_core::sink_ledger::Verdict;
 use skippr_core::{CompactionId, OffsetValue, PartitionKey, Position, SinkId, SourceId, StreamId};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -172,9 +173,11 @@ impl Checker {
         }
     }
 
-    /// A sink received a destination batch; `took_effect` is the sink's own
-    /// verdict (the id was new to it).
-    pub fn on_apply(&mut self, a: &SinkApply, took_effect: bool) {
+    /// A sink received a destination batch; `verdict` is its ledger's. A
+    /// conflict there is a batch the checker fails below (another id under
+    /// a number, other records under an id), so a run stops before the
+    /// engine hears the sink's `fatal`.
+    pub fn on_apply(&mut self, a: &SinkApply, verdict: Verdict) {
         let digest = digest(&a.records);
         if let Some(prev) = self.applies.get(&(a.sink, a.id)) {
             if prev.digest != digest || prev.seq != a.seq.0 || prev.stream != a.stream || prev.sink != a.sink {
@@ -190,7 +193,7 @@ impl Checker {
             }
             return;
         }
-        assert!(took_effect, "the sink dedupes exactly the ids the checker has seen");
+        assert_ne!(verdict, Verdict::Same, "the sink holds only batches the checker has seen");
         let apply = Apply { sink: a.sink, stream: a.stream, seq: a.seq.0, digest, records: a.records.len() };
         self.applies.insert((a.sink, a.id), apply);
         if let Some(owner) = self.seq_owner.insert((a.sink, a.stream, a.seq.0), a.id) {
@@ -343,9 +346,9 @@ mod tests {
     #[test]
     fn in_order_delivery_passes() {
         let (s, mut c) = setup();
-        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0, 1, 2]), true);
-        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0, 1, 2]), false);
-        c.on_apply(&apply(&s, 2, 1, stream0(&s), &[3]), true);
+        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0, 1, 2]), Verdict::New);
+        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0, 1, 2]), Verdict::Same);
+        c.on_apply(&apply(&s, 2, 1, stream0(&s), &[3]), Verdict::New);
         assert_eq!(broke(&c), "none");
         assert_eq!(c.delivered(), 4);
     }
@@ -353,39 +356,39 @@ mod tests {
     #[test]
     fn duplicate_lost_and_foreign_records() {
         let (s, mut c) = setup();
-        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0, 1, 1]), true);
+        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0, 1, 1]), Verdict::New);
         assert_eq!(broke(&c), invariant::DUPLICATE_DELIVERY);
         let (s, mut c) = setup();
-        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0, 2]), true);
+        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0, 2]), Verdict::New);
         assert_eq!(broke(&c), invariant::LOST_RECORD);
         let (s, mut c) = setup();
         let mut a = apply(&s, 1, 0, stream0(&s), &[0]);
         let mut flipped = a.records.get(0).unwrap().to_vec();
         *flipped.last_mut().unwrap() ^= 1;
         a.records = [&flipped[..]].into_iter().collect();
-        c.on_apply(&a, true);
+        c.on_apply(&a, Verdict::New);
         assert_eq!(broke(&c), invariant::FOREIGN_BYTES);
     }
 
     #[test]
     fn wrong_stream() {
         let (s, mut c) = setup();
-        c.on_apply(&apply(&s, 1, 0, 1 - stream0(&s), &[0]), true);
+        c.on_apply(&apply(&s, 1, 0, 1 - stream0(&s), &[0]), Verdict::New);
         assert_eq!(broke(&c), invariant::WRONG_STREAM);
     }
 
     #[test]
     fn unstable_ids_and_sequences() {
         let (s, mut c) = setup();
-        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0, 1]), true);
-        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0]), false);
+        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0, 1]), Verdict::New);
+        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0]), Verdict::Same);
         assert_eq!(broke(&c), invariant::COMPACTION_ID_UNSTABLE);
         let (s, mut c) = setup();
-        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0]), true);
-        c.on_apply(&apply(&s, 2, 0, stream0(&s), &[1]), true);
+        c.on_apply(&apply(&s, 1, 0, stream0(&s), &[0]), Verdict::New);
+        c.on_apply(&apply(&s, 2, 0, stream0(&s), &[1]), Verdict::New);
         assert_eq!(broke(&c), invariant::SEQUENCE_REUSED);
         let (s, mut c) = setup();
-        c.on_apply(&apply(&s, 1, 1, stream0(&s), &[0]), true);
+        c.on_apply(&apply(&s, 1, 1, stream0(&s), &[0]), Verdict::New);
         assert_eq!(broke(&c), invariant::SEQUENCE_GAP);
     }
 

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod device;
 pub mod disk;
 pub mod operator;
+pub mod plugin_effects;
 pub mod plugins;
 pub mod rng;
 pub mod s3;

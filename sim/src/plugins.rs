@@ -3,15 +3,18 @@
 //! Sources produce deterministic records (a pure function of seed, source,
 //! partition and position), can replay from any position at or above what
 //! they were acked, discard acked data, and re-send from their acked position
-//! after a restart when the scenario says so. Sinks are idempotent by
-//! `compaction_id`. The offsets store applies a write only when its LSN is
+//! after a restart when the scenario says so. Sinks keep the ledger every
+//! real sink keeps (core's `sink_ledger`). The offsets store applies a write only when its LSN is
 //! higher, as the real stores do.
 
 use crate::scenario::SourceSpec;
 use skippr_core::io::{ResumePoint, SourceBatchIn};
+use skippr_core::sink_ledger::{judge, Digest, Entry, Verdict};
 use skippr_core::wal::Record;
-use skippr_core::{CompactionId, CompactionSeq, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, StreamId};
-use std::collections::{BTreeMap, BTreeSet};
+use skippr_core::{
+    CompactionId, CompactionSeq, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, Records, StreamId,
+};
+use std::collections::BTreeMap;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Bytes of the record at `position`: `source: u8 | partition: u8 |
@@ -160,23 +163,29 @@ impl SimSource {
     }
 }
 
-/// An idempotent sink: applies each `compaction_id` once.
+/// The model of a sink: a ledger of the batch held under each (stream,
+/// sequence number), judged by core's rule as every real sink judges it
+/// (one pipeline of one WAL, so the scope is implied): a new number is
+/// applied, the same batch again is `already_applied`, another id or other
+/// records under a number is `fatal`.
 #[derive(Clone, Default)]
 pub struct SimSink {
-    applied: BTreeSet<CompactionId>,
+    held: BTreeMap<(StreamId, CompactionSeq), Entry>,
     /// The highest sequence number applied, per stream.
     highest: BTreeMap<StreamId, CompactionSeq>,
 }
 
 impl SimSink {
-    /// Returns true when this apply took effect (the id was new).
-    pub fn apply(&mut self, id: CompactionId, stream: StreamId, seq: CompactionSeq) -> bool {
-        let took_effect = self.applied.insert(id);
-        if took_effect {
+    /// The rule's verdict on this batch; a new one is applied.
+    pub fn apply(&mut self, id: CompactionId, stream: StreamId, seq: CompactionSeq, records: &Records) -> Verdict {
+        let claim = Entry { id, digest: Some(Digest::of_records(records)) };
+        let verdict = judge(claim, self.held.get(&(stream, seq)).copied());
+        if verdict == Verdict::New {
+            self.held.insert((stream, seq), claim);
             let highest = self.highest.entry(stream).or_insert(seq);
             *highest = (*highest).max(seq);
         }
-        took_effect
+        verdict
     }
 
     /// What the sink can tell the host at recovery.

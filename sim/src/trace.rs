@@ -144,7 +144,7 @@ impl Trace {
             Output::JoinRefused { node, why } => {
                 self.u64(20);
                 self.u64(*node);
-                self.update(why.as_bytes());
+                self.update(why.as_str().as_bytes());
             }
             Output::Skip { key, at, next, position, recorded } => {
                 self.u64(21);

@@ -80,6 +80,10 @@ pub fn read_dir_sink(dir: &Path) -> std::collections::BTreeMap<(String, u64), Ve
     let Ok(streams) = std::fs::read_dir(dir) else { return out };
     for stream in streams {
         let stream = stream.unwrap().path();
+        // Only folders are streams.
+        if !stream.is_dir() {
+            continue;
+        }
         let mut files: Vec<PathBuf> = std::fs::read_dir(&stream)
             .unwrap()
             .map(|e| e.unwrap().path())

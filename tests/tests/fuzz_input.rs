@@ -237,6 +237,11 @@ fn destination(dir: &Path, what: &str) -> Vec<Vec<u8>> {
     let mut lines = Vec::new();
     for stream in streams {
         let stream = stream.unwrap();
+        // The directory sink's own folder (`.skippr/`) is hidden, as its
+        // temporaries are.
+        if stream.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
         assert_eq!(stream.file_name(), "lines", "{what}: a stream outside the destination");
         let mut files: Vec<_> = std::fs::read_dir(stream.path())
             .unwrap()

@@ -339,7 +339,8 @@ fn the_s3_walkthroughs_run_as_written() {
     });
     assert!(!keys.is_empty(), "no objects under orders/events/");
     let named = |k: &String| {
-        let n = k.strip_prefix("orders/events/").and_then(|n| n.strip_suffix(".jsonl"));
+        let n = k.strip_prefix("orders/events/main-").and_then(|n| n.strip_suffix(".jsonl"));
+        let n = n.and_then(|n| n.split_once('.')).filter(|(hash, _)| hash.len() == 16).map(|(_, n)| n);
         n.is_some_and(|n| n.len() == 20 && n.bytes().all(|b| b.is_ascii_digit()))
     };
     assert!(keys.iter().all(named), "{keys:?}");

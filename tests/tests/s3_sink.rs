@@ -4,6 +4,7 @@
 //! taken number is `fatal`; chaos runs with real SIGKILLs end with every
 //! record in the bucket exactly once, plain and gzipped.
 
+use skippr_core::sink_ledger::Scope;
 use skippr_core::{CompactionId, Records, SinkOutcome};
 use skippr_io::plugin::s3_sink::{S3Sink, S3SinkTarget, ID_METADATA};
 use skippr_io::plugin::Sink;
@@ -52,7 +53,13 @@ fn assert_exactly_once_in_bucket(bucket: &str, prefix: &str, stream: &str, parti
     let mut next: BTreeMap<u64, u64> = (0..partitions).map(|p| (p, 0)).collect();
     for (i, (key, body, id)) in objs.iter().enumerate() {
         let name = key.rsplit('/').next().unwrap();
-        assert_eq!(name.split('.').next().unwrap(), format!("{i:020}"), "sequence numbers dense from 0");
+        let tag = objs[0].0.rsplit('/').next().unwrap().split('.').next().unwrap();
+        assert!(tag.starts_with("main-"), "{key}: the pipeline's tag first");
+        assert_eq!(
+            name.split('.').nth(1).unwrap(),
+            format!("{i:020}"),
+            "{key}: one tag, sequence numbers dense from 0"
+        );
         assert_eq!(id.len(), 16, "{key} carries its compaction id: {id:?}");
         for line in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             let v: serde_json::Value = serde_json::from_slice(line).unwrap();
@@ -90,7 +97,8 @@ fn a_lost_answer_resolves_to_already_applied_and_another_batch_under_a_taken_num
     for gzip in [false, true] {
         let prefix = format!("replay-{gzip}/");
         let target = rt.block_on(S3SinkTarget::connect(&sdk, &bucket, &prefix, gzip)).unwrap();
-        let mut sink = S3Sink::new(target, rt.handle().clone());
+        let scope = Scope::new("main", "disk://test/wal/");
+        let mut sink = S3Sink::new(target, &scope, rt.handle().clone());
         assert_eq!(sink.apply("s", 0, CompactionId(7), &batch(0)).unwrap(), SinkOutcome::Applied);
         // The object is created; its answer never arrives.
         proxy.drop_responses.store(true, Ordering::SeqCst);
@@ -104,7 +112,7 @@ fn a_lost_answer_resolves_to_already_applied_and_another_batch_under_a_taken_num
         let objs = objects(&bucket, &prefix);
         let ext = if gzip { "jsonl.gz" } else { "jsonl" };
         let keys: Vec<_> = objs.iter().map(|o| o.0.clone()).collect();
-        assert_eq!(keys, [0, 1].map(|n| format!("{prefix}s/{n:020}.{ext}")));
+        assert_eq!(keys, [0, 1].map(|n| format!("{prefix}s/{}.{n:020}.{ext}", scope.tag())));
         assert_eq!(objs[1].1, b"{\"batch\":1,\"i\":0}\n{\"batch\":1,\"i\":1}\n{\"batch\":1,\"i\":2}\n");
         assert_eq!(objs[1].2, CompactionId(8).to_string());
     }
@@ -146,4 +154,53 @@ fn a_missing_bucket_stops_start_up_with_exit_thirteen_and_says_so() {
         .unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("--sink-s3-bucket"), "{}", stderr(&out));
+}
+
+/// Objects as the sink wrote them before keys carried a pipeline tag
+/// (`<prefix><stream>/<seq>.jsonl`, the id in the metadata): the first
+/// pipeline to find them owns them, counts them in its progress and answers
+/// a replay of one `already_applied`; another pipeline has its own numbers.
+#[test]
+fn objects_of_before_pipeline_tags_belong_to_the_first_pipeline_to_find_them() {
+    let rt = aws::runtime();
+    let bucket = rt.block_on(aws::bucket("s3sink-upgrade"));
+    let sdk = rt.block_on(aws::sdk(&aws::endpoint()));
+    let c = client();
+    rt.block_on(async {
+        for seq in 0..2u64 {
+            let body = skippr_io::plugin::json_lines(&batch(seq));
+            c.put_object()
+                .bucket(&bucket)
+                .key(format!("old/s/{seq:020}.jsonl"))
+                .metadata(ID_METADATA, CompactionId(70 + seq).to_string())
+                .body(body.into())
+                .send()
+                .await
+                .unwrap();
+        }
+    });
+    let target = rt.block_on(S3SinkTarget::connect(&sdk, &bucket, "old/", false)).unwrap();
+    let (main, second) = (Scope::new("main", "disk://test/wal/"), Scope::new("second", "disk://test/wal/"));
+    let mut sink = S3Sink::new(target.clone(), &main, rt.handle().clone());
+    assert_eq!(sink.progress(&["s".into()]).unwrap(), vec![("s".to_string(), 1)]);
+    assert_eq!(sink.apply("s", 1, CompactionId(71), &batch(1)).unwrap(), SinkOutcome::AlreadyApplied);
+    assert_eq!(sink.apply("s", 1, CompactionId(99), &batch(1)).unwrap(), SinkOutcome::Fatal);
+    assert_eq!(sink.apply("s", 1, CompactionId(71), &batch(5)).unwrap(), SinkOutcome::Fatal);
+    assert_eq!(sink.apply("s", 2, CompactionId(72), &batch(2)).unwrap(), SinkOutcome::Applied);
+    let mut other = S3Sink::new(target.clone(), &second, rt.handle().clone());
+    assert!(other.progress(&["s".into()]).unwrap().is_empty(), "the old objects are main's");
+    assert_eq!(other.apply("s", 0, CompactionId(80), &batch(0)).unwrap(), SinkOutcome::Applied);
+    let mut again = S3Sink::new(target, &main, rt.handle().clone());
+    assert_eq!(again.progress(&["s".into()]).unwrap(), vec![("s".to_string(), 2)]);
+    let keys: Vec<String> = objects(&bucket, "old/").into_iter().map(|o| o.0).collect();
+    let expected = [
+        "old/.skippr/legacy-owner".to_string(),
+        "old/s/00000000000000000000.jsonl".to_string(),
+        "old/s/00000000000000000001.jsonl".to_string(),
+        format!("old/s/{}.00000000000000000002.jsonl", main.tag()),
+        format!("old/s/{}.00000000000000000000.jsonl", second.tag()),
+    ];
+    let mut expected = expected.to_vec();
+    expected.sort();
+    assert_eq!(keys, expected);
 }

@@ -191,7 +191,9 @@ impl Host {
     pub(super) fn on_join(&mut self, node: u64, replaces: u64) {
         match self.authority.raft() {
             Some(r) => r.ask_join(&mut self.fx, Join { node, replaces }),
-            None => self.fx.emit(Output::JoinRefused { node, why: "this host is not in clustered mode" }),
+            None => self
+                .fx
+                .emit(Output::JoinRefused { node, why: crate::replication::membership::JoinRefusal::NotClustered }),
         }
     }
 }

@@ -291,8 +291,8 @@ impl Replication {
             (Some(since), Some(after)) if !self.stall_reported && fx.now >= since + after => {
                 self.stall_reported = true;
                 let what = match self.heard_at {
-                    Some(heard) if heard >= since => crate::io::STALL_RAFT_QUORUM,
-                    _ => crate::io::STALL_RAFT_NO_PEER,
+                    Some(heard) if heard >= since => crate::io::Stall::RaftQuorum,
+                    _ => crate::io::Stall::RaftNoPeer,
                 };
                 fx.emit(Output::Stalled { what, for_: fx.now - since });
             }
@@ -542,7 +542,7 @@ impl Replication {
     pub(super) fn ask_join(&mut self, fx: &mut Effects, join: Join) {
         let result = match self.replica.as_mut() {
             Some(r) if self.serving => r.ask_join(join),
-            _ => Err(crate::replication::membership::NOT_LEADER),
+            _ => Err(crate::replication::membership::JoinRefusal::NotLeader),
         };
         if let Err(why) = result {
             fx.emit(Output::JoinRefused { node: join.node, why });

@@ -5,6 +5,7 @@
 //! (`Output::Stalled` once, `Output::Unstalled` when it ends) and, where the
 //! configuration asks (`--once`), ends the run after a limit.
 
+use crate::io::Stall;
 use crate::time::{Duration, Instant};
 
 /// What the watch says when its deadline passes.
@@ -13,12 +14,12 @@ pub(super) enum StallAction {
     None,
     /// Report the stall: `what` has failed for `for_` so far.
     Report {
-        what: &'static str,
+        what: Stall,
         for_: Duration,
     },
     /// The stall outlived the stop limit.
     Stop {
-        what: &'static str,
+        what: Stall,
         for_: Duration,
     },
 }
@@ -76,11 +77,11 @@ impl StallWatch {
     }
 
     /// The side that has been failing longest.
-    fn oldest(&self) -> Option<(&'static str, Instant)> {
+    fn oldest(&self) -> Option<(Stall, Instant)> {
         match (self.wal_since, self.lease_since) {
-            (Some(w), Some(l)) if l < w => Some(("lease", l)),
-            (Some(w), _) => Some(("WAL", w)),
-            (None, Some(l)) => Some(("lease", l)),
+            (Some(w), Some(l)) if l < w => Some((Stall::Lease, l)),
+            (Some(w), _) => Some((Stall::Wal, w)),
+            (None, Some(l)) => Some((Stall::Lease, l)),
             (None, None) => None,
         }
     }
@@ -101,12 +102,12 @@ mod tests {
         assert!(!w.on_done(at(1), false, false));
         assert!(!w.on_done(at(5), false, false));
         assert_eq!(w.deadline(), Some(at(11)), "measured from the first failure");
-        assert_eq!(w.on_timeout(at(11)), StallAction::Report { what: "WAL", for_: Duration::from_secs(10) });
+        assert_eq!(w.on_timeout(at(11)), StallAction::Report { what: Stall::Wal, for_: Duration::from_secs(10) });
         assert_eq!(w.deadline(), Some(at(31)), "reported once; the stop comes next");
         assert!(w.on_done(at(12), false, true), "a success ends the reported stall");
         assert_eq!(w.deadline(), None);
         w.on_done(at(40), true, false);
-        assert_eq!(w.on_timeout(at(70)), StallAction::Stop { what: "lease", for_: Duration::from_secs(30) });
+        assert_eq!(w.on_timeout(at(70)), StallAction::Stop { what: Stall::Lease, for_: Duration::from_secs(30) });
     }
 
     #[test]

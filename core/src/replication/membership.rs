@@ -16,8 +16,44 @@
 use super::hard_state::Members;
 use raft::eraftpb::{ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState};
 
-/// Why a join asked of a host that does not lead is refused.
-pub const NOT_LEADER: &str = "this host does not lead the cluster: ask the leader";
+/// Why a join is refused (`Output::JoinRefused`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JoinRefusal {
+    /// Asked of a host that does not lead: a joining host asks every peer,
+    /// and only the leader acts.
+    NotLeader,
+    /// Asked of an engine that is not clustered.
+    NotClustered,
+    /// The id was removed from the cluster, for good.
+    Removed,
+    AlreadyMember,
+    /// The node to replace is not a voter.
+    NotAVoter,
+    /// Another membership change is under way.
+    ChangeUnderWay,
+}
+
+impl JoinRefusal {
+    /// What the joining host is told.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JoinRefusal::NotLeader => "this host does not lead the cluster: ask the leader",
+            JoinRefusal::NotClustered => "this host is not in clustered mode",
+            JoinRefusal::Removed => {
+                "that node id was removed from the cluster and is refused forever: join under a new id"
+            }
+            JoinRefusal::AlreadyMember => "that node id is already a member",
+            JoinRefusal::NotAVoter => "the node to replace is not a voter of the cluster",
+            JoinRefusal::ChangeUnderWay => "another membership change is under way: ask again when it is done",
+        }
+    }
+}
+
+impl std::fmt::Display for JoinRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// A host asks to join in place of a lost voter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,18 +111,18 @@ impl Membership {
     }
 
     /// A leader is asked to let `join.node` replace `join.replaces`.
-    pub fn ask(&mut self, join: Join, conf: &ConfState) -> Result<(), &'static str> {
+    pub fn ask(&mut self, join: Join, conf: &ConfState) -> Result<(), JoinRefusal> {
         if self.refuses(join.node) {
-            return Err("that node id was removed from the cluster and is refused forever: join under a new id");
+            return Err(JoinRefusal::Removed);
         }
         if all_ids(conf).contains(&join.node) {
-            return Err("that node id is already a member");
+            return Err(JoinRefusal::AlreadyMember);
         }
         if !conf.voters.contains(&join.replaces) {
-            return Err("the node to replace is not a voter of the cluster");
+            return Err(JoinRefusal::NotAVoter);
         }
         if !self.members.replacing.is_empty() || !conf.voters_outgoing.is_empty() || !conf.learners.is_empty() {
-            return Err("another membership change is under way: ask again when it is done");
+            return Err(JoinRefusal::ChangeUnderWay);
         }
         self.asked = Some(join);
         Ok(())
@@ -170,11 +206,8 @@ mod tests {
         let mut m = Membership::new(Members { node: 1, ..Members::default() });
         let c = |raw: &raft::RawNode<_>| sorted(raw.raft.prs().conf().to_conf_state());
         assert_eq!(m.next_change(&c(&raw), |_| true), None, "nothing asked");
-        assert_eq!(
-            m.ask(Join { node: 4, replaces: 7 }, &c(&raw)),
-            Err("the node to replace is not a voter of the cluster")
-        );
-        assert_eq!(m.ask(Join { node: 3, replaces: 2 }, &c(&raw)), Err("that node id is already a member"));
+        assert_eq!(m.ask(Join { node: 4, replaces: 7 }, &c(&raw)), Err(JoinRefusal::NotAVoter));
+        assert_eq!(m.ask(Join { node: 3, replaces: 2 }, &c(&raw)), Err(JoinRefusal::AlreadyMember));
         m.ask(Join { node: 4, replaces: 2 }, &c(&raw)).unwrap();
         let add = m.next_change(&c(&raw), |_| false).unwrap();
         apply(&mut raw, &mut m, &add);
@@ -193,7 +226,8 @@ mod tests {
         assert_eq!(m.members().removed, vec![2]);
         assert!(m.refuses(2) && !m.refuses(4));
         let e = m.ask(Join { node: 2, replaces: 3 }, &c(&raw)).unwrap_err();
-        assert!(e.contains("refused forever"), "{e}");
+        assert_eq!(e, JoinRefusal::Removed);
+        assert!(e.as_str().contains("refused forever"), "{e}");
         assert_eq!(m.next_change(&c(&raw), |_| true), None, "nothing left to do");
     }
 }

@@ -394,9 +394,9 @@ impl Replica {
     }
 
     /// A leader is asked to let a new host join in place of a lost voter.
-    pub fn ask_join(&mut self, join: Join) -> Result<(), &'static str> {
+    pub fn ask_join(&mut self, join: Join) -> Result<(), super::membership::JoinRefusal> {
         if !self.is_leader() {
-            return Err(super::membership::NOT_LEADER);
+            return Err(super::membership::JoinRefusal::NotLeader);
         }
         let conf = self.conf();
         self.membership.ask(join, &conf)

@@ -4,16 +4,22 @@
 //! Tables (in the configured schema, `public` by default):
 //! - `skippr_progress`: one row per applied batch, keyed by (pipeline, WAL
 //!   identity, stream, sequence number), holding the batch's
-//!   `compaction_id`. Two pipelines, or two WALs, may share a database.
+//!   `compaction_id` and the digest of its records (`digest`, added to a
+//!   table of before it). Two pipelines, or two WALs, may share a database.
+//! - `skippr_tables`: the (pipeline, WAL identity) each stream's table
+//!   belongs to, claimed when the sink first prepares it: another
+//!   pipeline's sink refuses to write into it. A table of before this rule
+//!   belongs to the one pipeline its progress rows name.
 //! - one table per stream, named after it: `_skippr_seq` (the batch's
 //!   sequence number), `_skippr_row` (the record's place in the batch),
 //!   `data` (`jsonb`), and optionally columns computed by the server from
 //!   top-level fields of `data` (`--postgres-columns`).
 //!
 //! A batch's progress row is inserted first (`ON CONFLICT DO NOTHING`): if
-//! its number is already there, the row is read back and the batch is
-//! `already_applied` (same id; the data is not touched) or `fatal` (another
-//! id). Two daemons applying the same batch at once (a deposed clustered
+//! its number is already there, the row is read back and judged by core's
+//! sink ledger: `already_applied` (same id and records; the data is not
+//! touched) or `fatal` (another id, or other records; a row of before
+//! digests were kept compares the id alone). Two daemons applying the same batch at once (a deposed clustered
 //! leader and its successor) meet at that row: the second waits for the
 //! first's transaction and then reads its row back. Connection loss (a
 //! session the server ended, a server restart in the middle of a COPY),
@@ -34,6 +40,7 @@ use super::{PluginError, Sink};
 use postgres::error::SqlState;
 use postgres::{Client, Config, NoTls};
 use rustls::ClientConfig;
+use skippr_core::sink_ledger::{conflict_message, judge, Digest, Entry, Verdict};
 use skippr_core::{CompactionId, Records, SinkOutcome};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -194,8 +201,14 @@ impl PostgresSink {
                 continue;
             }
             let ddl = if table == PROGRESS { self.progress_ddl()? } else { self.stream_ddl(&table) };
+            if table != PROGRESS {
+                self.claim_table(&table)?;
+            }
             let client = self.client.as_mut().expect("connected above");
             client.batch_execute(&ddl).map_err(|e| self.fail(&e))?;
+            if table == PROGRESS {
+                self.add_digest_column()?;
+            }
             self.ready.insert(table);
         }
         Ok(())
@@ -216,9 +229,104 @@ impl PostgresSink {
             "{create_schema}CREATE TABLE IF NOT EXISTS {schema}.{PROGRESS} (
                 pipeline text NOT NULL, wal text NOT NULL, stream text NOT NULL, seq bigint NOT NULL,
                 compaction_id text NOT NULL, records bigint NOT NULL,
-                applied_at timestamptz NOT NULL DEFAULT now(),
-                PRIMARY KEY (pipeline, wal, stream, seq))"
+                applied_at timestamptz NOT NULL DEFAULT now(), digest text,
+                PRIMARY KEY (pipeline, wal, stream, seq));
+             CREATE TABLE IF NOT EXISTS {schema}.{TABLES} (
+                table_name text PRIMARY KEY, pipeline text NOT NULL, wal text NOT NULL)"
         ))
+    }
+
+    /// A progress table created before digests were kept gets the column;
+    /// its rows keep a null digest, compared by id alone.
+    fn add_digest_column(&mut self) -> Result<(), Failure> {
+        let client = self.client.as_mut().expect("connected");
+        let missing = client
+            .query_opt(
+                "SELECT 1 FROM information_schema.tables t WHERE t.table_schema = $1 AND t.table_name = $2 \
+                 AND NOT EXISTS (SELECT 1 FROM information_schema.columns c WHERE c.table_schema = $1 \
+                 AND c.table_name = $2 AND c.column_name = 'digest')",
+                &[&self.settings.schema, &PROGRESS],
+            )
+            .map_err(|e| classify(&e))?
+            .is_some();
+        if missing {
+            let schema = quote(&self.settings.schema);
+            let sql = format!("ALTER TABLE {schema}.{PROGRESS} ADD COLUMN IF NOT EXISTS digest text");
+            client.batch_execute(&sql).map_err(|e| match classify(&e) {
+                Failure::Fatal(why) => Failure::Fatal(format!(
+                    "{why}; the progress table of an earlier version needs a digest column: run `{sql}` as its owner"
+                )),
+                transient => transient,
+            })?;
+            info!(schema = %self.settings.schema, "postgres sink: added the digest column to {PROGRESS}");
+        }
+        Ok(())
+    }
+
+    /// Claims a stream's table for this pipeline and WAL, or refuses it when
+    /// another's: the first claim stands. A table that exists without a
+    /// claim (made before tables were claimed) belongs to the one pipeline
+    /// and WAL its progress rows name, or to this one if none do.
+    fn claim_table(&mut self, table: &str) -> Result<(), Failure> {
+        let schema = quote(&self.settings.schema);
+        let (pipeline, wal) = (self.pipeline.clone(), self.wal.clone());
+        let settings_schema = self.settings.schema.clone();
+        let client = self.client.as_mut().expect("connected");
+        let owner = |client: &mut Client| -> Result<Option<(String, String)>, postgres::Error> {
+            let row = client
+                .query_opt(&format!("SELECT pipeline, wal FROM {schema}.{TABLES} WHERE table_name = $1"), &[&table])?;
+            Ok(row.map(|r| (r.get(0), r.get(1))))
+        };
+        let mut held = owner(client).map_err(|e| classify(&e))?;
+        if held.is_none() {
+            let exists = client
+                .query_opt(
+                    "SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2",
+                    &[&settings_schema, &table],
+                )
+                .map_err(|e| classify(&e))?
+                .is_some();
+            let mut claimant = (pipeline.clone(), wal.clone());
+            if exists {
+                let writers = client
+                    .query(
+                        &format!("SELECT DISTINCT pipeline, wal FROM {schema}.{PROGRESS} WHERE stream = $1 LIMIT 2"),
+                        &[&table],
+                    )
+                    .map_err(|e| classify(&e))?;
+                match writers.as_slice() {
+                    [] => {}
+                    [one] => claimant = (one.get(0), one.get(1)),
+                    _ => {
+                        return Err(Failure::Fatal(format!(
+                            "table {}.{} holds the batches of several pipelines (written before tables were \
+                             claimed); name its owner with INSERT INTO {}.{TABLES} (table_name, pipeline, wal), or \
+                             give this pipeline another --postgres-schema",
+                            self.settings.schema, table, self.settings.schema
+                        )))
+                    }
+                }
+            }
+            client
+                .execute(
+                    &format!(
+                        "INSERT INTO {schema}.{TABLES} (table_name, pipeline, wal) VALUES ($1, $2, $3) \
+                         ON CONFLICT DO NOTHING"
+                    ),
+                    &[&table, &claimant.0, &claimant.1],
+                )
+                .map_err(|e| classify(&e))?;
+            held = owner(client).map_err(|e| classify(&e))?;
+        }
+        match held {
+            Some((p, w)) if p == pipeline && w == wal => Ok(()),
+            Some((p, w)) => Err(Failure::Fatal(format!(
+                "table {}.{table} belongs to pipeline '{p}' of the WAL {w}; this is pipeline '{pipeline}' of the WAL \
+                 {wal}, which may not write into it: give this pipeline another --postgres-schema",
+                self.settings.schema
+            ))),
+            None => Err(Failure::Transient(format!("the claim on table {table} vanished; retrying"))),
+        }
     }
 
     fn stream_ddl(&self, stream: &str) -> String {
@@ -273,40 +381,40 @@ impl PostgresSink {
         let schema = quote(&self.settings.schema);
         let (pipeline, wal) = (self.pipeline.clone(), self.wal.clone());
         let id_text = id.to_string();
+        let digest = Digest::of_records(records);
+        let digest_text = digest.to_string();
         let seq_i = i64::try_from(seq).map_err(|_| Failure::Fatal(format!("sequence number {seq} exceeds bigint")))?;
         let client = self.client.as_mut().expect("prepared");
         let result = (|| -> Result<SinkOutcome, postgres::Error> {
             let mut tx = client.transaction()?;
             let inserted = tx.execute(
                 &format!(
-                    "INSERT INTO {schema}.{PROGRESS} (pipeline, wal, stream, seq, compaction_id, records) \
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING"
+                    "INSERT INTO {schema}.{PROGRESS} (pipeline, wal, stream, seq, compaction_id, records, digest) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING"
                 ),
-                &[&pipeline, &wal, &stream, &seq_i, &id_text, &(records.len() as i64)],
+                &[&pipeline, &wal, &stream, &seq_i, &id_text, &(records.len() as i64), &digest_text],
             )?;
             if inserted == 0 {
                 let row = tx.query_one(
                     &format!(
-                        "SELECT compaction_id FROM {schema}.{PROGRESS} \
+                        "SELECT compaction_id, digest FROM {schema}.{PROGRESS} \
                          WHERE pipeline = $1 AND wal = $2 AND stream = $3 AND seq = $4"
                     ),
                     &[&pipeline, &wal, &stream, &seq_i],
                 )?;
-                let existing: String = row.get(0);
+                let (held_id, held_digest): (String, Option<String>) = (row.get(0), row.get(1));
                 tx.rollback()?;
-                if existing == id_text {
-                    return Ok(SinkOutcome::AlreadyApplied);
+                // An id that does not parse is another batch's.
+                let held = Entry {
+                    id: u64::from_str_radix(&held_id, 16).map(CompactionId).unwrap_or(CompactionId(!id.0)),
+                    // A row of before digests were kept: the id alone.
+                    digest: held_digest.map(|d| Digest::parse(&d).unwrap_or(Digest(!digest.0))),
+                };
+                let verdict = judge(Entry { id, digest: Some(digest) }, Some(held));
+                if let Verdict::Conflict(c) = verdict {
+                    error!(stream, seq, "postgres sink: {}", conflict_message(stream, seq, id, c));
                 }
-                error!(
-                    stream,
-                    seq,
-                    compaction_id = %id_text,
-                    applied = %existing,
-                    "postgres sink: batch {seq} of stream {stream} was applied under another compaction id; \
-                     two WALs write under this pipeline and WAL identity, or the destination was restored from \
-                     elsewhere"
-                );
-                return Ok(SinkOutcome::Fatal);
+                return Ok(verdict.outcome());
             }
             let keys = self.settings.keys.get(stream);
             let target = match keys {
@@ -425,6 +533,8 @@ impl Sink for PostgresSink {
 
 /// The progress table's name.
 const PROGRESS: &str = "skippr_progress";
+/// The table that names each stream table's pipeline and WAL.
+const TABLES: &str = "skippr_tables";
 
 /// `user@host:port/database`, never the password.
 pub fn describe(config: &Config) -> String {

@@ -1,29 +1,45 @@
 //! The built-in `s3` sink: one object per destination batch, keyed by its
-//! sequence number alone, `<prefix><stream>/<seq, 20 digits>.jsonl` (or
-//! `.jsonl.gz`), one record per line as emitted, the batch's
-//! `compaction_id` in the object's metadata (`skippr-compaction-id`).
+//! scope and sequence number, `<prefix><stream>/<scope tag>.<seq, 20
+//! digits>.jsonl` (or `.jsonl.gz`), one record per line as emitted, the
+//! batch's `compaction_id` and digest in the object's metadata
+//! (`skippr-compaction-id`, `skippr-digest`). The scope tag (the pipeline
+//! and a hash of it with the WAL identity) lets two pipelines, or two WALs,
+//! share a prefix.
 //!
 //! Every object is created with `If-None-Match: *` on a client without SDK
 //! retries (a silent retry of a put that succeeded would come back 412),
 //! so a number holds one object for good. A 412 means the number is taken:
-//! the object is read back, and the same id with the same records (after
-//! decompressing) is `already_applied`; another id or other records are
-//! `fatal`. A 409 (a concurrent conditional write), throttling, 5xx and
-//! timeouts are retried. So two daemons applying the same batch at once (a
-//! deposed clustered leader and its successor) leave one object.
+//! the object is read back and judged by core's sink ledger: the same id
+//! with the same records (after decompressing) is `already_applied`;
+//! another id or other records are `fatal`. A 409 (a concurrent
+//! conditional write), throttling, 5xx and timeouts are retried. So two
+//! daemons applying the same batch at once (a deposed clustered leader and
+//! its successor) leave one object.
+//!
+//! Objects written before keys carried a scope (`<stream>/<seq>.jsonl`)
+//! belong to the first scope that finds them after the upgrade: it claims
+//! them in `<prefix>.skippr/legacy-owner` (created with `If-None-Match`),
+//! and a batch of its whose number one of them holds is judged against it.
 
 use super::{PluginError, Sink};
 use crate::aws::describe;
 use crate::s3_wal::{definite_refusal, error_code, normalize_prefix, status};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::Client;
+use skippr_core::sink_ledger::{conflict_message, judge, Digest, Entry, Scope, Verdict};
 use skippr_core::{CompactionId, Records, SinkOutcome};
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use tokio::runtime::Handle;
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 /// The metadata key that carries the batch's id.
 pub const ID_METADATA: &str = "skippr-compaction-id";
+/// The metadata key that carries the digest of the batch's records.
+pub const DIGEST_METADATA: &str = "skippr-digest";
+/// Under the prefix: names the scope that owns the objects of before the
+/// upgrade (in a folder of the sink's own, holding no `*.jsonl`).
+pub const LEGACY_OWNER: &str = ".skippr/legacy-owner";
 
 /// Where batches go.
 #[derive(Clone)]
@@ -67,10 +83,45 @@ impl S3SinkTarget {
     }
 
     /// A batch's key.
-    pub fn key(&self, stream: &str, seq: u64) -> String {
-        let ext = if self.gzip { "jsonl.gz" } else { "jsonl" };
-        format!("{}{stream}/{seq:020}.{ext}", self.prefix)
+    pub fn key(&self, tag: &str, stream: &str, seq: u64) -> String {
+        format!("{}{stream}/{tag}.{seq:020}.{}", self.prefix, self.ext())
     }
+
+    /// A batch's key as written before keys carried a scope.
+    pub fn unscoped_key(&self, stream: &str, seq: u64) -> String {
+        format!("{}{stream}/{seq:020}.{}", self.prefix, self.ext())
+    }
+
+    fn ext(&self) -> &'static str {
+        if self.gzip {
+            "jsonl.gz"
+        } else {
+            "jsonl"
+        }
+    }
+}
+
+/// What one listing of a stream's prefix found: this scope's highest
+/// number, and the highest of the objects of before the upgrade.
+#[derive(Clone, Copy, Default)]
+struct Survey {
+    ours: Option<u64>,
+    unscoped: Option<u64>,
+}
+
+/// An object's name under its stream: a scope tag (none for an object of
+/// before the upgrade) and a number.
+fn parse_key(name: &str) -> Option<(Option<&str>, u64)> {
+    let (first, rest) = name.split_once('.')?;
+    let (tag, number) = match rest.split_once('.') {
+        Some((number, ext)) if ext.starts_with("jsonl") => (Some(first), number),
+        _ if rest.starts_with("jsonl") => (None, first),
+        _ => return None,
+    };
+    if number.len() != 20 || tag.is_some_and(|t| t.is_empty()) {
+        return None;
+    }
+    Some((tag, number.parse().ok()?))
 }
 
 /// The sink: a target and the runtime its requests run on (the daemon's;
@@ -78,22 +129,98 @@ impl S3SinkTarget {
 pub struct S3Sink {
     target: S3SinkTarget,
     runtime: Handle,
+    /// This pipeline's and WAL's tag in every key.
+    tag: String,
+    /// Whether the objects of before the upgrade are this scope's, once a
+    /// listing has found some.
+    legacy: Option<bool>,
+    /// Per stream, what its one listing found.
+    surveys: BTreeMap<String, Survey>,
 }
 
 impl S3Sink {
-    pub fn new(target: S3SinkTarget, runtime: Handle) -> S3Sink {
-        S3Sink { target, runtime }
+    pub fn new(target: S3SinkTarget, scope: &Scope, runtime: Handle) -> S3Sink {
+        S3Sink { target, runtime, tag: scope.tag(), legacy: None, surveys: BTreeMap::new() }
+    }
+
+    /// Lists a stream's prefix once: this scope's highest number, and,
+    /// where objects of before the upgrade are this scope's, their highest.
+    async fn survey(&mut self, stream: &str) -> Result<Survey, PluginError> {
+        if let Some(s) = self.surveys.get(stream) {
+            return Ok(*s);
+        }
+        let t = &self.target;
+        let prefix = format!("{}{stream}/", t.prefix);
+        let mut survey = Survey::default();
+        let mut pages = t.client.list_objects_v2().bucket(&t.bucket).prefix(&prefix).into_paginator().send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| PluginError(format!("s3 sink: listing {prefix}: {}", describe(&e))))?;
+            for object in page.contents() {
+                let name = object.key().unwrap_or_default().strip_prefix(&prefix).unwrap_or_default();
+                match parse_key(name) {
+                    Some((Some(tag), seq)) if tag == self.tag => survey.ours = survey.ours.max(Some(seq)),
+                    Some((None, seq)) => survey.unscoped = survey.unscoped.max(Some(seq)),
+                    _ => {}
+                }
+            }
+        }
+        if survey.unscoped.is_some() && !self.adopt_legacy().await? {
+            survey.unscoped = None;
+        }
+        self.surveys.insert(stream.to_string(), survey);
+        Ok(survey)
+    }
+
+    /// Claims the objects of before the upgrade for this scope unless
+    /// another scope has: one conditional put decides.
+    async fn adopt_legacy(&mut self) -> Result<bool, PluginError> {
+        if let Some(ours) = self.legacy {
+            return Ok(ours);
+        }
+        let t = &self.target;
+        let key = format!("{}{LEGACY_OWNER}", t.prefix);
+        let sent = t
+            .puts
+            .put_object()
+            .bucket(&t.bucket)
+            .key(&key)
+            .if_none_match("*")
+            .body(ByteStream::from(format!("{}\n", self.tag).into_bytes()))
+            .send()
+            .await;
+        match sent {
+            Ok(_) => {}
+            Err(e) if matches!(status(&e), Some(412) | Some(409)) => {}
+            Err(e) => return Err(PluginError(format!("s3 sink: put {key}: {}", describe(&e)))),
+        }
+        let Some((_, bytes)) = self.read(&key).await? else {
+            return Err(PluginError(format!("s3 sink: {key} was made, then gone when read back; retrying")));
+        };
+        let ours = String::from_utf8_lossy(&bytes).trim() == self.tag;
+        if ours {
+            info!(key, tag = %self.tag, "s3 sink: the objects written before keys carried a pipeline are this pipeline's");
+        }
+        self.legacy = Some(ours);
+        Ok(ours)
     }
 
     async fn apply_async(
-        &self,
+        &mut self,
         stream: &str,
         seq: u64,
         id: CompactionId,
         body: &[u8],
     ) -> Result<SinkOutcome, PluginError> {
+        let claim = Entry { id, digest: Some(Digest::of_lines(body)) };
+        let survey = self.survey(stream).await?;
+        if survey.unscoped.is_some_and(|highest| seq <= highest) {
+            let key = self.target.unscoped_key(stream, seq);
+            if let Some(held) = self.held(&key).await? {
+                return Ok(self.refuse(&key, stream, seq, id, judge(claim, Some(held))));
+            }
+        }
         let t = &self.target;
-        let key = t.key(stream, seq);
+        let key = t.key(&self.tag, stream, seq);
         let object = if t.gzip { gzip(body) } else { body.to_vec() };
         let sent = t
             .puts
@@ -102,6 +229,7 @@ impl S3Sink {
             .key(&key)
             .if_none_match("*")
             .metadata(ID_METADATA, id.to_string())
+            .metadata(DIGEST_METADATA, claim.digest.expect("set above").to_string())
             .content_type("application/x-ndjson")
             .body(ByteStream::from(object))
             .send()
@@ -111,7 +239,11 @@ impl S3Sink {
             Err(e) => e,
         };
         match status(&e) {
-            Some(412) => self.compare(&key, id, body).await,
+            // The number is taken: by this batch (a replay), or by another.
+            Some(412) => match self.held(&key).await? {
+                Some(held) => Ok(self.refuse(&key, stream, seq, id, judge(claim, Some(held)))),
+                None => Err(PluginError(format!("s3 sink: {key} was taken, then gone when read back; retrying"))),
+            },
             Some(s) if definite_refusal(s, error_code(&e)) => {
                 error!(key, error = %describe(&e), "s3 sink: S3 refused the batch's object");
                 Ok(SinkOutcome::Fatal)
@@ -122,54 +254,46 @@ impl S3Sink {
         }
     }
 
-    /// The number is taken: by this batch (a replay), or by another.
-    async fn compare(&self, key: &str, id: CompactionId, body: &[u8]) -> Result<SinkOutcome, PluginError> {
+    /// An object's body and the id in its metadata ("" without one);
+    /// `None` when there is no such object.
+    async fn read(&self, key: &str) -> Result<Option<(String, Vec<u8>)>, PluginError> {
         let t = &self.target;
-        let got = t
-            .client
-            .get_object()
-            .bucket(&t.bucket)
-            .key(key)
-            .send()
-            .await
-            .map_err(|e| PluginError(format!("s3 sink: reading back {key}: {}", describe(&e))))?;
-        let found_id = got.metadata().and_then(|m| m.get(ID_METADATA)).cloned().unwrap_or_default();
-        let bytes = got
-            .body
-            .collect()
-            .await
-            .map_err(|e| PluginError(format!("s3 sink: reading back {key}: {e}")))?
-            .into_bytes();
-        let records = if t.gzip { gunzip(&bytes) } else { Some(bytes.to_vec()) };
-        if found_id == id.to_string() && records.as_deref() == Some(body) {
-            return Ok(SinkOutcome::AlreadyApplied);
-        }
-        error!(
-            key,
-            compaction_id = %id,
-            found = %found_id,
-            "s3 sink: another batch holds this number (another id, or other records): two WALs write under this \
-             prefix, or the bucket was restored from elsewhere"
-        );
-        Ok(SinkOutcome::Fatal)
+        let got = match t.client.get_object().bucket(&t.bucket).key(key).send().await {
+            Ok(got) => got,
+            Err(e) if status(&e) == Some(404) => return Ok(None),
+            Err(e) => return Err(PluginError(format!("s3 sink: reading back {key}: {}", describe(&e)))),
+        };
+        let id = got.metadata().and_then(|m| m.get(ID_METADATA)).cloned().unwrap_or_default();
+        let body = got.body.collect().await.map_err(|e| PluginError(format!("s3 sink: reading back {key}: {e}")))?;
+        Ok(Some((id, body.into_bytes().to_vec())))
     }
 
-    async fn progress_async(&self, streams: &[String]) -> Result<Vec<(String, u64)>, PluginError> {
-        let t = &self.target;
+    /// What an object holds, for the rule: its id, and the digest of its
+    /// records; `None` when there is no such object.
+    async fn held(&self, key: &str) -> Result<Option<Entry>, PluginError> {
+        let Some((found_id, bytes)) = self.read(key).await? else { return Ok(None) };
+        let records = if self.target.gzip { gunzip(&bytes) } else { Some(bytes) };
+        // An id that does not parse, or bytes that do not decompress, are
+        // another batch's: never this one's.
+        let id = u64::from_str_radix(&found_id, 16).map(CompactionId).unwrap_or(CompactionId(!0));
+        let digest = Digest::of_lines(records.as_deref().unwrap_or(b"\0not a batch"));
+        Ok(Some(Entry { id, digest: Some(digest) }))
+    }
+
+    fn refuse(&self, key: &str, stream: &str, seq: u64, id: CompactionId, verdict: Verdict) -> SinkOutcome {
+        if let Verdict::Conflict(c) = verdict {
+            error!(key, "s3 sink: {}", conflict_message(stream, seq, id, c));
+        }
+        verdict.outcome()
+    }
+
+    async fn progress_async(&mut self, streams: &[String]) -> Result<Vec<(String, u64)>, PluginError> {
         let mut out = Vec::new();
         for stream in streams {
-            let prefix = format!("{}{stream}/", t.prefix);
-            let mut highest = None;
-            let mut pages = t.client.list_objects_v2().bucket(&t.bucket).prefix(&prefix).into_paginator().send();
-            while let Some(page) = pages.next().await {
-                let page = page.map_err(|e| PluginError(format!("s3 sink: listing {prefix}: {}", describe(&e))))?;
-                for object in page.contents() {
-                    let name = object.key().unwrap_or_default().strip_prefix(&prefix).unwrap_or_default();
-                    let seq = name.split_once('.').and_then(|(n, _)| n.parse::<u64>().ok());
-                    highest = highest.max(seq);
-                }
-            }
-            if let Some(seq) = highest {
+            // Listed now, not as an apply found it.
+            self.surveys.remove(stream);
+            let survey = self.survey(stream).await?;
+            if let Some(seq) = survey.ours.max(survey.unscoped) {
                 out.push((stream.clone(), seq));
             }
         }
@@ -190,8 +314,9 @@ impl Sink for S3Sink {
         runtime.block_on(self.apply_async(stream, seq, id, &body)).inspect_err(|e| warn!(error = %e, "s3 sink"))
     }
 
-    /// The highest number under each stream's prefix: one listing of it,
-    /// at recovery.
+    /// The highest number of this scope under each stream's prefix (the
+    /// objects of before the upgrade included, where they are its): one
+    /// listing of it, at recovery.
     fn progress(&mut self, streams: &[String]) -> Result<Vec<(String, u64)>, PluginError> {
         let runtime = self.runtime.clone();
         runtime.block_on(self.progress_async(streams))
@@ -213,6 +338,22 @@ fn gunzip(bytes: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_carry_the_scope_and_old_keys_parse_without_one() {
+        assert_eq!(
+            parse_key("main-0123456789abcdef.00000000000000000007.jsonl"),
+            Some((Some("main-0123456789abcdef"), 7))
+        );
+        assert_eq!(
+            parse_key("main-0123456789abcdef.00000000000000000007.jsonl.gz"),
+            Some((Some("main-0123456789abcdef"), 7))
+        );
+        assert_eq!(parse_key("00000000000000000007.jsonl"), Some((None, 7)));
+        assert_eq!(parse_key("00000000000000000007.jsonl.gz"), Some((None, 7)));
+        assert_eq!(parse_key("notes.txt"), None);
+        assert_eq!(parse_key("7.jsonl"), None);
+    }
 
     #[test]
     fn gzip_round_trips_and_garbage_is_not_a_batch() {

@@ -16,6 +16,7 @@ mod model;
 
 use crate::checker::{invariant, Checker};
 use crate::device::SimWal;
+use crate::plugin_effects::{self, Faults};
 use crate::plugins::{SimOffsets, SimSink, SimSource};
 use crate::rng::{Dice, Die, Rng, Stream};
 use crate::scenario::Scenario;
@@ -286,7 +287,7 @@ impl ClusterWorld {
     }
 
     fn fault(&mut self, die: Die, rate: f64) -> bool {
-        self.faulting && self.dice.roll(die).chance(rate)
+        Faults { dice: &mut self.dice, on: self.faulting }.strike(die, rate)
     }
 
     /// Crashes (kills, power cuts, freezes), partitions, the end of the
@@ -939,65 +940,36 @@ impl ClusterWorld {
     }
 
     fn complete_plugin(&mut self, node: usize, op: PluginOp) -> Result<IoReply, IoError> {
-        let fails = !matches!(op, PluginOp::SourceOpen { .. } | PluginOp::SinkProgress { .. })
-            && self.fault(Die::SourceFail, self.scenario.faults.source_fail);
-        if fails {
-            self.stats.source_failures += 1;
+        let mut faults = Faults { dice: &mut self.dice, on: self.faulting };
+        if plugin_effects::fails(&mut faults, &self.scenario, &mut self.stats, &op) {
             return Err(IoError::Failed);
         }
-        match op {
-            PluginOp::SourceOpen { source, resume, .. } => {
-                // Only the newest leader's resume is judged: a deposed one
-                // that has not noticed yet resumes stale, and harmlessly.
-                let newest = self.nodes.iter().map(|n| n.term).max().unwrap_or(0);
-                if self.nodes[node].leader && self.nodes[node].term == newest {
-                    let offsets = &self.nodes[self.store(node)].offsets;
-                    self.checker.on_resume(source, &resume, |key| offsets.position(key));
-                }
-                self.nodes[node].sources[source.0 as usize].open(&resume);
-                Ok(IoReply::Done)
+        // Only the newest leader's resume is judged: a deposed one that has
+        // not noticed yet resumes stale, and harmlessly.
+        if let PluginOp::SourceOpen { source, resume, .. } = &op {
+            let newest = self.nodes.iter().map(|n| n.term).max().unwrap_or(0);
+            if self.nodes[node].leader && self.nodes[node].term == newest {
+                let offsets = &self.nodes[self.store(node)].offsets;
+                self.checker.on_resume(*source, resume, |key| offsets.position(key));
             }
-            PluginOp::SourceRead { source, records_max } => {
-                let now = self.now;
-                let (batches, exhausted) = self.nodes[node].sources[source.0 as usize].read(records_max, now);
-                Ok(IoReply::Batches { batches, exhausted })
-            }
-            PluginOp::SourceAck { source, acks } => {
-                let src = &self.nodes[node].sources[source.0 as usize];
-                self.checker.on_ack(source, &acks, |p| src.sent(p));
-                self.nodes[node].sources[source.0 as usize].ack(&acks);
-                Ok(IoReply::Done)
-            }
-            PluginOp::SchemaDecide { .. } => {
-                self.stats.schema_decisions += 1;
-                Ok(IoReply::Schema { accept: true, reason: String::new() })
-            }
-            PluginOp::SinkApply(_) => unreachable!("sink applies go through SinkEffect"),
-            PluginOp::SinkProgress { sink } => Ok(IoReply::SinkProgress(self.sinks[sink.0 as usize].progress())),
         }
+        let sources = &mut self.nodes[node].sources;
+        plugin_effects::perform(op, sources, &self.sinks, &mut self.checker, &mut self.stats, self.now)
     }
 
     /// A sink applies a batch (whether or not its sender still runs: the
     /// request has left it); the reply reaches the sender if it does.
     fn sink_effect(&mut self, node: usize, gen: u64, id: IoId, apply: SinkApply) {
-        let f = &self.scenario.faults;
-        let (retryable, lost_reply) = (f.sink_retryable, f.sink_lost_reply);
-        let lat = self.scenario.latencies.sink;
-        if self.fault(Die::SinkRetryable, retryable) {
-            self.stats.sink_retryable += 1;
-            let result = Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, rows: 0 });
-            return self.after(Die::SinkLatency, (lat.0 / 2, lat.0), Event::Reply { node, gen, id, result });
-        }
-        let took_effect = self.sinks[apply.sink.0 as usize].apply(apply.id, apply.stream, apply.seq);
-        self.checker.on_apply(&apply, took_effect);
-        let outcome = if took_effect { SinkOutcome::Applied } else { SinkOutcome::AlreadyApplied };
-        let result = if self.fault(Die::SinkLostReply, lost_reply) {
-            self.stats.sink_lost_replies += 1;
-            Err(IoError::Ambiguous)
-        } else {
-            Ok(IoReply::Sink { outcome, rows: apply.records.len() as u64 })
-        };
-        self.after(Die::SinkLatency, (lat.0 / 2, lat.0), Event::Reply { node, gen, id, result });
+        let mut faults = Faults { dice: &mut self.dice, on: self.faulting };
+        let (delay, result) = plugin_effects::sink_effect(
+            &mut faults,
+            &self.scenario,
+            &mut self.stats,
+            &mut self.sinks,
+            &mut self.checker,
+            &apply,
+        );
+        self.at(self.now + Duration::from_micros(delay), Event::Reply { node, gen, id, result });
     }
 }
 

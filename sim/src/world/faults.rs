@@ -9,16 +9,18 @@ use super::frozen::Who;
 use super::schedule::Event;
 use super::World;
 use crate::checker::invariant;
+use crate::plugin_effects::{self, Faults};
 use crate::rng::Die;
 use crate::scenario::WalMode;
 use skippr_core::io::{LeaseOp, OffsetsOp, WalOp};
-use skippr_core::{IoError, IoId, IoOp, IoReply, LeaseRow, OffsetEntry, SinkApply, SinkOutcome};
+use skippr_core::Duration;
+use skippr_core::{IoError, IoId, IoOp, IoReply, LeaseRow, OffsetEntry, SinkApply};
 use std::sync::Arc;
 
 impl World {
     /// A fault of kind `die` at `rate` strikes this request.
     pub(super) fn fault(&mut self, die: Die, rate: f64) -> bool {
-        self.faulting && self.dice.roll(die).chance(rate)
+        Faults { dice: &mut self.dice, on: self.faulting }.strike(die, rate)
     }
 
     /// A WAL put against S3 at completion: refused, unknown (the effect now,
@@ -135,23 +137,15 @@ impl World {
             );
             return self.checker.fail(invariant::LOST_SEGMENT_UNNOTICED, detail);
         }
-        let f = &self.scenario.faults;
-        let (retryable, lost_reply) = (f.sink_retryable, f.sink_lost_reply);
-        let lat = self.scenario.latencies.sink;
-        if self.fault(Die::SinkRetryable, retryable) {
-            self.stats.sink_retryable += 1;
-            let result = Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, rows: 0 });
-            return self.after(Die::SinkLatency, (lat.0 / 2, lat.0), Event::Reply { gen, id, result });
-        }
-        let took_effect = self.sinks[apply.sink.0 as usize].apply(apply.id, apply.stream, apply.seq);
-        self.checker.on_apply(&apply, took_effect);
-        let outcome = if took_effect { SinkOutcome::Applied } else { SinkOutcome::AlreadyApplied };
-        let result = if self.fault(Die::SinkLostReply, lost_reply) {
-            self.stats.sink_lost_replies += 1;
-            Err(IoError::Ambiguous)
-        } else {
-            Ok(IoReply::Sink { outcome, rows: apply.records.len() as u64 })
-        };
-        self.after(Die::SinkLatency, (lat.0 / 2, lat.0), Event::Reply { gen, id, result });
+        let mut faults = Faults { dice: &mut self.dice, on: self.faulting };
+        let (delay, result) = plugin_effects::sink_effect(
+            &mut faults,
+            &self.scenario,
+            &mut self.stats,
+            &mut self.sinks,
+            &mut self.checker,
+            &apply,
+        );
+        self.at(self.now() + Duration::from_micros(delay), Event::Reply { gen, id, result });
     }
 }

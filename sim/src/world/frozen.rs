@@ -86,13 +86,6 @@ impl World {
         self.after(Die::Restart, self.scenario.latencies.restart, Event::Restart);
     }
 
-    pub(super) fn sources_of(&mut self, who: Who) -> &mut Vec<SimSource> {
-        match who {
-            Who::Live => &mut self.sources,
-            Who::Zombie => &mut self.zombie.as_mut().expect("alive").sources,
-        }
-    }
-
     /// A woken writer must find itself fenced out (or lose the lease) before
     /// it does any harm; any other stop is as unexpected as for the live one.
     pub(super) fn on_zombie_stopped(&mut self, reason: StopReason) {

@@ -6,6 +6,7 @@
 use super::frozen::Who;
 use super::schedule::Event;
 use super::World;
+use crate::plugin_effects::{self, Faults};
 use crate::rng::Die;
 use crate::scenario::WalMode;
 use skippr_core::io::{LeaseOp, OffsetsOp, PluginOp, WalOp};
@@ -116,44 +117,22 @@ impl World {
     }
 
     fn complete_plugin(&mut self, who: Who, op: PluginOp) -> Result<IoReply, IoError> {
-        let fails = !matches!(op, PluginOp::SourceOpen { .. } | PluginOp::SinkProgress { .. })
-            && self.fault(Die::SourceFail, self.scenario.faults.source_fail);
-        if fails {
-            self.stats.source_failures += 1;
+        let mut faults = Faults { dice: &mut self.dice, on: self.faulting };
+        if plugin_effects::fails(&mut faults, &self.scenario, &mut self.stats, &op) {
             return Err(IoError::Failed);
         }
-        match op {
-            PluginOp::SourceOpen { source, resume, .. } => {
-                // A woken writer resumes from what it recovered before it
-                // froze: stale, and harmless while it cannot commit.
-                if who == Who::Live {
-                    let offsets = &self.offsets;
-                    self.checker.on_resume(source, &resume, |key| offsets.position(key));
-                }
-                self.sources_of(who)[source.0 as usize].open(&resume);
-                Ok(IoReply::Done)
-            }
-            PluginOp::SourceRead { source, records_max } => {
-                let now = self.now();
-                let (batches, exhausted) = self.sources_of(who)[source.0 as usize].read(records_max, now);
-                Ok(IoReply::Batches { batches, exhausted })
-            }
-            PluginOp::SourceAck { source, acks } => {
-                let src = match who {
-                    Who::Live => &self.sources[source.0 as usize],
-                    Who::Zombie => &self.zombie.as_ref().expect("alive").sources[source.0 as usize],
-                };
-                self.checker.on_ack(source, &acks, |p| src.sent(p));
-                self.sources_of(who)[source.0 as usize].ack(&acks);
-                Ok(IoReply::Done)
-            }
-            PluginOp::SchemaDecide { .. } => {
-                self.stats.schema_decisions += 1;
-                Ok(IoReply::Schema { accept: true, reason: String::new() })
-            }
-            PluginOp::SinkApply(_) => unreachable!("sink applies go through SinkEffect"),
-            PluginOp::SinkProgress { sink } => Ok(IoReply::SinkProgress(self.sinks[sink.0 as usize].progress())),
+        // A woken writer resumes from what it recovered before it froze:
+        // stale, and harmless while it cannot commit.
+        if let (PluginOp::SourceOpen { source, resume, .. }, Who::Live) = (&op, who) {
+            let offsets = &self.offsets;
+            self.checker.on_resume(*source, resume, |key| offsets.position(key));
         }
+        let now = self.now();
+        let sources = match who {
+            Who::Live => &mut self.sources,
+            Who::Zombie => &mut self.zombie.as_mut().expect("alive").sources,
+        };
+        plugin_effects::perform(op, sources, &self.sinks, &mut self.checker, &mut self.stats, now)
     }
 
     /// The offsets store applies a write; the checker hears of each change.

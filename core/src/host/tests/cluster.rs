@@ -68,7 +68,7 @@ struct Cluster {
     /// (host, true) for every `Stalled`, (host, false) for every `Unstalled`.
     stalls: Vec<(usize, bool)>,
     /// What each `Stalled` named, by host.
-    stall_whats: Vec<(usize, &'static str)>,
+    stall_whats: Vec<(usize, crate::io::Stall)>,
     /// Every message is lost.
     cut: bool,
     /// Every message to this host is lost.
@@ -527,7 +527,7 @@ fn hosts_that_reach_no_majority_report_a_stall_and_its_end() {
     let ended: BTreeSet<usize> = c.stalls.iter().filter(|s| !s.1).map(|s| s.0).collect();
     assert_eq!(ended.len(), HOSTS as usize, "every host reports its end once a leader is known: {:?}", c.stalls);
     // Nothing arrived at any of them: they say so, not that a majority is missing.
-    assert!(c.stall_whats.iter().all(|w| w.1 == crate::io::STALL_RAFT_NO_PEER), "{:?}", c.stall_whats);
+    assert!(c.stall_whats.iter().all(|w| w.1 == crate::io::Stall::RaftNoPeer), "{:?}", c.stall_whats);
 }
 
 #[test]
@@ -543,8 +543,8 @@ fn a_stalled_host_that_hears_peers_reports_a_missing_majority_and_one_that_hears
     }
     assert_eq!(c.failure, None);
     let what = |i: usize| c.stall_whats.iter().find(|w| w.0 == i).map(|w| w.1);
-    assert_eq!(what(0), Some(crate::io::STALL_RAFT_QUORUM), "{:?}", c.stall_whats);
-    assert_eq!(what(1), Some(crate::io::STALL_RAFT_NO_PEER), "{:?}", c.stall_whats);
+    assert_eq!(what(0), Some(crate::io::Stall::RaftQuorum), "{:?}", c.stall_whats);
+    assert_eq!(what(1), Some(crate::io::Stall::RaftNoPeer), "{:?}", c.stall_whats);
 }
 
 #[test]
