@@ -19,6 +19,7 @@ mod sim;
 mod tools;
 
 use clap::{Parser, Subcommand};
+use config::WalStorage;
 use std::path::PathBuf;
 
 // glibc's allocator for the daemon, mimalloc for the simulator (alloc.rs).
@@ -150,17 +151,18 @@ fn main() {
     let code = match cli.command {
         Command::Run(args) => run::main(*args),
         Command::Sim(args) => sim::main(args),
-        Command::Wal(WalCommand::Verify { data_dir, wal, aws, from, through }) => match (wal.storage(), &wal.s3_bucket)
-        {
-            ("disk", _) => tools::wal_verify(&data_dir),
-            ("clustered", _) => tools::wal_verify_clustered(&data_dir, from, through),
-            ("s3", Some(bucket)) => tools::wal_verify_s3(bucket, &wal.prefix(), &aws.settings()),
-            ("s3", None) => {
-                eprintln!("skipprd wal verify: WAL_STORAGE=s3 needs the bucket: set SKIPPR_WAL_S3_BUCKET");
-                exit::CONFIG
-            }
-            (other, _) => {
-                eprintln!("skipprd wal verify: unknown WAL_STORAGE '{other}': use disk, s3 or clustered");
+        Command::Wal(WalCommand::Verify { data_dir, wal, aws, from, through }) => match wal.storage() {
+            Ok(WalStorage::Disk) => tools::wal_verify(&data_dir),
+            Ok(WalStorage::Clustered) => tools::wal_verify_clustered(&data_dir, from, through),
+            Ok(WalStorage::S3) => match &wal.s3_bucket {
+                Some(bucket) => tools::wal_verify_s3(bucket, &wal.prefix(), &aws.settings()),
+                None => {
+                    eprintln!("skipprd wal verify: WAL_STORAGE=s3 needs the bucket: set SKIPPR_WAL_S3_BUCKET");
+                    exit::CONFIG
+                }
+            },
+            Err(e) => {
+                eprintln!("skipprd wal verify: {e}");
                 exit::CONFIG
             }
         },

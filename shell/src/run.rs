@@ -139,27 +139,25 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
     // `key_properties`): what an upserting sink dedupes by.
     let mut keys: Vec<(String, Vec<String>)> = Vec::new();
     let source: Box<dyn Source> = match &cfg.source {
-        SourceConfig::Generator { streams, partitions, records, seed, rate } => {
-            Box::new(Generator::new(streams.clone(), *partitions, *records, *seed).with_rate(*rate))
-        }
-        SourceConfig::File { dir, stream, follow } => {
-            if !dir.is_dir() {
-                return Err((exit::CONFIG, format!("the file source's directory {} does not exist", dir.display())));
+        SourceConfig::Generator(g) => Box::new(Generator::from_config(g)),
+        SourceConfig::File(f) => {
+            if !f.dir.is_dir() {
+                return Err((exit::CONFIG, format!("the file source's directory {} does not exist", f.dir.display())));
             }
-            Box::new(FileSource::new(dir, stream, *follow).with_record_bytes_max(cfg.record_bytes_max))
+            Box::new(FileSource::new(&f.dir, &f.stream, f.follow).with_record_bytes_max(cfg.record_bytes_max))
         }
         SourceConfig::Command { command } => Box::new(
             ExternalSource::start("source", command, timeout, cfg.record_bytes_max)
                 .map_err(|e| (exit::PLUGIN, e.to_string()))?,
         ),
-        SourceConfig::Singer { command, catalog, properties, interval, buffer_bytes } => {
+        SourceConfig::Singer(singer) => {
             let settings = SingerSettings {
-                command: command.clone(),
-                catalog: catalog.clone(),
-                properties: properties.clone(),
+                command: singer.command.clone(),
+                catalog: singer.catalog.clone(),
+                properties: singer.properties.clone(),
                 // --once: one sync, then the daemon drains and exits.
-                interval: if cfg.once { None } else { interval.map(std::time::Duration::from_secs_f64) },
-                buffer_bytes: *buffer_bytes,
+                interval: if cfg.once { None } else { singer.interval.map(std::time::Duration::from_secs_f64) },
+                buffer_bytes: singer.buffer_bytes,
                 timeout,
                 // Half a commit group: the host never splits a batch.
                 batch_bytes: limits(cfg).group_bytes_max / 2,
@@ -171,9 +169,9 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
         }
     };
     let sink: Box<dyn Sink> = match &cfg.sink {
-        SinkConfig::Dir { dir, mode } => {
+        SinkConfig::Dir(d) => {
             let scope = Scope::new(&cfg.pipeline, wal_identity);
-            Box::new(DirSink::open(dir, &scope).map_err(|e| (exit::DATA_DIR, e.to_string()))?.with_mode(*mode))
+            Box::new(DirSink::open(&d.dir, &scope).map_err(|e| (exit::DATA_DIR, e.to_string()))?.with_mode(d.mode))
         }
         SinkConfig::Stdout => Box::new(StdoutSink),
         SinkConfig::Command { command } => {
@@ -190,7 +188,7 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
                 opened.expect("opening the postgres sink panicked").map_err(|Refused(why)| (exit::CONFIG, why))?;
             Box::new(sink)
         }
-        SinkConfig::S3 { .. } => Box::new(S3Sink::new(
+        SinkConfig::S3(_) => Box::new(S3Sink::new(
             s3_sink.expect("connected before the engine starts").clone(),
             &Scope::new(&cfg.pipeline, wal_identity),
             tokio::runtime::Handle::current(),
@@ -361,7 +359,7 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
     let remote = |e: String| (exit::REMOTE, e);
     let needs_aws = matches!(cfg.wal, WalConfig::S3 { .. })
         || cfg.offsets != OffsetsConfig::Disk
-        || matches!(cfg.sink, SinkConfig::S3 { .. });
+        || matches!(cfg.sink, SinkConfig::S3(_));
     let sdk = match needs_aws {
         true => Some(cfg.aws.load().await.map_err(remote)?),
         false => None,
@@ -413,9 +411,11 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
         OffsetsConfig::Dynamodb { table } => OffsetsBackend::Dynamo(dynamo(table.clone()).await.map_err(remote)?),
     };
     let s3_sink = match &cfg.sink {
-        SinkConfig::S3 { bucket, prefix, gzip } => {
-            Some(S3SinkTarget::connect(sdk.as_ref().expect("loaded"), bucket, prefix, *gzip).await.map_err(remote)?)
-        }
+        SinkConfig::S3(s3) => Some(
+            S3SinkTarget::connect(sdk.as_ref().expect("loaded"), &s3.bucket, &s3.prefix, s3.gzip)
+                .await
+                .map_err(remote)?,
+        ),
         _ => None,
     };
     Ok((wal, offsets, lease, place, endpoints, s3_sink))

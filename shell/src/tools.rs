@@ -1,6 +1,6 @@
 //! Operator tools: `skipprd wal verify` and `skipprd offsets show|reset|init-table`.
 
-use crate::config::{AwsArgs, OffsetsArgs, TableArgs, WalArgs};
+use crate::config::{AwsArgs, OffsetsArgs, TableArgs, WalArgs, WalStorage};
 use crate::exit;
 use skippr_core::recovery::{recover, WalDamage};
 use skippr_core::wal::{scan, Frame};
@@ -312,7 +312,7 @@ pub struct StoreArgs {
 impl StoreArgs {
     /// The DynamoDB table, when that is where the offsets are.
     pub fn table(&self) -> Option<String> {
-        let s3 = self.wal.storage() == "s3";
+        let s3 = self.wal.storage() == Ok(WalStorage::S3);
         match self.offsets.offset_store.as_deref() {
             Some("dynamodb") => self.table.dynamodb_table.clone(),
             None if s3 => self.table.dynamodb_table.clone(),
@@ -325,7 +325,7 @@ impl StoreArgs {
 /// the daemon's one source, of `--of-pipeline` (or of the `--pipeline` given
 /// to reset).
 pub fn dynamo_offsets(table: &str, store: &StoreArgs, data_dir: &Path, reset: Option<(Option<&str>, bool)>) -> i32 {
-    let s3 = store.wal.storage() == "s3";
+    let s3 = store.wal.storage() == Ok(WalStorage::S3);
     let identity = match (s3, &store.wal.s3_bucket) {
         (true, Some(bucket)) => skippr_io::dynamo::wal_identity(Some((bucket, &store.wal.prefix())), data_dir),
         (true, None) => {

@@ -1,7 +1,11 @@
 //! Sources, sinks and schema plugins as the driver sees them (the traits),
-//! and every implementation: the built-in `generator` and `file` sources,
-//! the `dir` and `stdout` sinks, and external plugins run as child
-//! processes over the runtime protocol (`process`, started by `spawner`).
+//! and every implementation. Each built-in plugin is a folder: its logic and
+//! I/O in `mod.rs`, its settings in `settings.rs` (flags and file keys,
+//! declared once, with their defaults and checks): the `generator`, `file`
+//! and `singer` sources, the `dir`, `s3` and `postgres` sinks, and external
+//! plugins run as child processes over the runtime protocol (`process`,
+//! started by `spawner`). `registry` lists the kinds and resolves the one a
+//! run asks for; `stdout` has no settings.
 //!
 //! The traits are blocking; the driver runs each call on a blocking thread.
 //! The engine issues at most one read per source at a time.
@@ -15,6 +19,7 @@ pub mod generator;
 pub mod lines;
 pub mod postgres_sink;
 pub mod process;
+pub mod registry;
 pub mod s3_sink;
 pub mod singer;
 pub(crate) mod spawner;
@@ -26,6 +31,10 @@ pub use generator::Generator;
 pub use process::{ExternalSchema, ExternalSink, ExternalSource};
 pub use singer::SingerSource;
 pub use stdout::StdoutSink;
+
+/// The longest duration any setting takes: a year, in seconds. Longer ones
+/// are refused (they would overflow the clock's arithmetic).
+pub const SECONDS_MAX: f64 = 365.0 * 24.0 * 3600.0;
 
 /// A source or sink failed in a way that a retry may fix.
 #[derive(Debug)]

@@ -17,6 +17,8 @@
 //! at intake to be exactly one JSON value without a line break
 //! (`skippr_core::admit`), and is checked again here.
 
+pub mod settings;
+
 use super::lines::{log_stderr, stdout_lines, Line, Lines};
 use super::{Batch, PluginError, SchemaPlugin, Sink, Source};
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,7 @@
 //! The built-in `dir` sink.
 
+pub mod settings;
+
 use super::{PluginError, Sink};
 use skippr_core::sink_ledger::{conflict_message, judge, Digest, Entry, Scope, Verdict};
 use skippr_core::{CompactionId, Records, SinkOutcome};

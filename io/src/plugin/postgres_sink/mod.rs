@@ -36,6 +36,8 @@
 //! (rustls), verifying the server's chain and host name; a handshake that
 //! refuses the server is `fatal` when connecting, never retried.
 
+pub mod settings;
+
 use super::{PluginError, Sink};
 use postgres::error::SqlState;
 use postgres::{Client, Config, NoTls};

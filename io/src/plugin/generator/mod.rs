@@ -1,5 +1,7 @@
 //! The built-in `generator` source.
 
+pub mod settings;
+
 use super::{Batch, PluginError, Source};
 use skippr_core::wal::Record;
 use skippr_core::{Position, ResumePoint};

@@ -32,6 +32,8 @@
 //! last one ended, from the last state handed to the host (after a restart,
 //! from the committed one), written to a file passed as `--state`.
 
+pub mod settings;
+
 use super::lines::{log_stderr, stdout_lines, Line, Lines};
 use super::process::clip;
 use super::{Batch, PluginError, Source};

@@ -30,6 +30,8 @@
 //! are plain byte offsets) is taken over as generation 0 of the file now
 //! behind the name.
 
+pub mod settings;
+
 use super::{Batch, PluginError, Source};
 use skippr_core::wal::Record;
 use skippr_core::{Position, ResumePoint};

@@ -21,6 +21,8 @@
 //! them in `<prefix>.skippr/legacy-owner` (created with `If-None-Match`),
 //! and a batch of its whose number one of them holds is judged against it.
 
+pub mod settings;
+
 use super::{PluginError, Sink};
 use crate::aws::describe;
 use crate::s3_wal::{definite_refusal, error_code, normalize_prefix, status};

@@ -1,0 +1,63 @@
+//! `--skip-input`: input an operator gives up, as a refusal names it.
+
+use skippr_core::admit::check_stream_name;
+
+/// Input an operator gives up (`--skip-input`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputSkip {
+    pub stream: String,
+    pub partition: u32,
+    pub at: u64,
+    pub next: u64,
+}
+
+fn input_skip(text: &str) -> Result<InputSkip, String> {
+    let bad = |why: &str| {
+        format!(
+            "--skip-input {text:?}: {why}; give STREAM:PARTITION:AT..NEXT exactly as the refusal message prints it \
+             (for example events:3:1024..5120)"
+        )
+    };
+    let mut parts = text.splitn(3, ':');
+    let (Some(stream), Some(partition), Some(range)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(bad("it has fewer than three parts"));
+    };
+    check_stream_name(stream).map_err(|e| bad(&format!("the stream name is not one a source may use ({e})")))?;
+    let partition = partition.parse().map_err(|_| bad("the partition is not a number"))?;
+    let (at, next) = range.split_once("..").ok_or_else(|| bad("the positions are not AT..NEXT"))?;
+    let (Ok(at), Ok(next)) = (at.parse::<u64>(), next.parse::<u64>()) else {
+        return Err(bad("the positions are not numbers"));
+    };
+    if at >= next {
+        return Err(bad("NEXT must be past AT"));
+    }
+    Ok(InputSkip { stream: stream.into(), partition, at, next })
+}
+
+/// Every `--skip-input`, each once, none overlapping another.
+pub(super) fn input_skips(texts: &[String]) -> Result<Vec<InputSkip>, String> {
+    let mut skips = texts.iter().map(|s| input_skip(s)).collect::<Result<Vec<_>, _>>()?;
+    skips.sort_by_key(|k| (k.stream.clone(), k.partition, k.at, k.next));
+    skips.dedup();
+    for pair in skips.windows(2) {
+        if (&pair[0].stream, pair[0].partition) == (&pair[1].stream, pair[1].partition) && pair[1].at < pair[0].next {
+            return Err(format!(
+                "--skip-input gives {}:{}:{}..{} and {}..{}, which overlap; give each refused input once",
+                pair[0].stream, pair[0].partition, pair[0].at, pair[0].next, pair[1].at, pair[1].next
+            ));
+        }
+    }
+    Ok(skips)
+}
+
+pub(super) fn skip_reason(reason: Option<&str>) -> Result<String, String> {
+    let reason = reason.unwrap_or("given up by the operator (run --skip-input)");
+    if reason.len() > skippr_core::config::SKIP_REASON_BYTES_MAX {
+        return Err(format!(
+            "--skip-reason is {} bytes; keep it under {}",
+            reason.len(),
+            skippr_core::config::SKIP_REASON_BYTES_MAX
+        ));
+    }
+    Ok(reason.into())
+}
