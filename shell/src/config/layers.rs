@@ -3,24 +3,31 @@
 //! one rule over the settings as data rather than a line per setting.
 
 use super::Settings;
-use serde_json::Value;
 use std::path::Path;
+use toml::Value;
 
 /// The file's settings with each one `flags` sets put over it.
 pub(super) fn over_file(flags: &Settings, path: &Path) -> Result<Settings, String> {
     let file = load(path)?;
-    let mut merged = serde_json::to_value(&file).expect("settings are plain data");
-    overlay(&mut merged, serde_json::to_value(flags).expect("settings are plain data"));
-    Ok(serde_json::from_value(merged).expect("both layers were settings"))
+    // TOML's values, not JSON's: a float that is not finite (a flag given
+    // `nan`) stays itself and is refused by the checks, never made absent.
+    let mut merged = Value::try_from(&file).expect("settings are plain data");
+    overlay(&mut merged, Value::try_from(flags).expect("settings are plain data"));
+    Ok(merged.try_into().expect("both layers were settings"))
 }
 
-/// Puts every value of `top` that is set over `base`, table by table.
+/// Puts every value of `top` (its unset ones are absent) over `base`,
+/// table by table.
 fn overlay(base: &mut Value, top: Value) {
     match (base, top) {
-        (_, Value::Null) => {}
-        (Value::Object(base), Value::Object(top)) => {
+        (Value::Table(base), Value::Table(top)) => {
             for (key, value) in top {
-                overlay(base.entry(key).or_insert(Value::Null), value);
+                match base.get_mut(&key) {
+                    Some(b) => overlay(b, value),
+                    None => {
+                        base.insert(key, value);
+                    }
+                }
             }
         }
         (base, top) => *base = top,
@@ -49,12 +56,20 @@ fn load(path: &Path) -> Result<Settings, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn what_the_top_sets_wins_and_the_rest_stays() {
-        let mut base = json!({"a": 1, "b": {"c": 2, "d": 3}, "e": [1, 2]});
-        overlay(&mut base, json!({"a": null, "b": {"c": 5, "d": null}, "e": [3], "f": "new"}));
-        assert_eq!(base, json!({"a": 1, "b": {"c": 5, "d": 3}, "e": [3], "f": "new"}));
+        let table = |text: &str| text.parse::<toml::Table>().map(Value::Table).unwrap();
+        let mut base = table("a = 1\ne = [1, 2]\n[b]\nc = 2\nd = 3\n");
+        overlay(&mut base, table("e = [3]\nf = \"new\"\n[b]\nc = 5\n"));
+        assert_eq!(base, table("a = 1\ne = [3]\nf = \"new\"\n[b]\nc = 5\nd = 3\n"));
+    }
+
+    #[test]
+    fn a_flag_that_is_not_a_finite_number_stays_set() {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(tmp.path(), "lease_seconds = 3.0\n").unwrap();
+        let flags = Settings { lease_seconds: Some(f64::NAN), ..Settings::default() };
+        assert!(over_file(&flags, tmp.path()).unwrap().lease_seconds.unwrap().is_nan());
     }
 }
