@@ -8,39 +8,47 @@
 //! crate's own integer [`Instant`], passed in. Collections iterate in a fixed
 //! order (`BTreeMap`, `Vec`), so the same inputs give the same outputs on
 //! every machine; the simulator depends on it.
+//!
+//! Every module is private. What a driver may use is named below, once:
+//! the engine at the crate's root, and four rooms for the rules a driver
+//! shares with the engine: [`format`] (the WAL's bytes), [`cluster`] (the
+//! hard-state file, snapshots, membership), [`rules`] (what is admitted) and
+//! [`ledger`] (the rule every sink applies). The simulator also reads
+//! [`testing`], which no production driver needs.
 
 /// What the engine admits from outside: the record and stream-name rules.
-pub mod admit;
+mod admit;
 /// Compaction ids: stable across replays, derived from what a batch holds.
-pub mod compaction;
+mod compaction;
 /// `HostConfig`, `Limits`, `LeaseConfig`: validated once, policy derived once.
-pub mod config;
+mod config;
 /// The engine: `Host`, a coordinator over parts that own their state.
-pub mod host;
+mod host;
 /// Typed ids and positions.
-pub mod ids;
+mod ids;
 /// The vocabulary: inputs, outputs, I/O requests and replies, stop reasons.
-pub mod io;
+mod io;
 /// Planted bugs, off by default, for the simulator's checker to catch.
-pub mod mutation;
+mod mutation;
 /// The 24-byte value the offsets store keeps per partition.
-pub mod offsets;
+mod offsets;
 /// The records sinks still need: in a bounded cache, or read back from the WAL.
-pub mod records;
+mod records;
 /// Reading a WAL back: the scan, the proof that it is whole, the rebuild.
-pub mod recovery;
+mod recovery;
 /// Consensus for the clustered WAL: raft-rs configured and driven by the
 /// engine's ticks and seed (issue #12, in progress).
-pub mod replication;
+mod replication;
 /// The rule every sink applies to a batch: new, the same again, or a conflict.
-pub mod sink_ledger;
+mod sink_ledger;
 /// What the committed WAL says, folded into maps.
-pub mod state;
+mod state;
 /// The engine's own integer time.
-pub mod time;
+mod time;
 /// The WAL's byte formats and the object-store layout rules.
-pub mod wal;
+mod wal;
 
+pub use config::{ClusterConfig, SkipRequest, SKIP_REASON_BYTES_MAX};
 pub use config::{ConfigError, HostConfig, LeaseConfig, Limits};
 pub use host::{Host, RarePaths};
 pub use ids::{
@@ -49,9 +57,53 @@ pub use ids::{
 pub use io::{
     Input, Install, IoError, IoOp, IoReply, LeaseOp, LeaseRow, OffsetEntry, OffsetRow, OffsetsOp, Output, PeerMessage,
     PeerMessageType, PluginOp, Records, RecoverySummary, Replicate, ResumePoint, SinkApply, SinkOutcome, SourceBatchIn,
-    StopReason, Timer, WalListing, WalOp,
+    Stall, StopReason, Timer, WalListing, WalOp,
 };
 pub use mutation::{Mutation, Mutations};
 pub use offsets::OffsetValue;
 pub use replication::replica::{PeerProgress, RaftStatus};
 pub use time::{Duration, Instant};
+
+/// The WAL's bytes as drivers store, read and lay them out: frames, commit
+/// groups, segments, the object layout in S3, reading a WAL back.
+pub mod format {
+    pub use crate::recovery::{recover, Missing, WalDamage};
+    pub use crate::wal::{
+        encode_group, encode_header, first_overlap, lay_out, scan, split_leftovers, taken_key, unreadable_tail, Frame,
+        GroupPlace, Record, ScannedSegment, SourceBatch, SEGMENT_HEADER_BYTES, UNREADABLE_TAIL,
+    };
+}
+
+/// What a clustered host keeps and exchanges besides its segments: the
+/// hard-state file, snapshot manifests, membership, the settings every host
+/// must share, and what `wal verify` compares across hosts.
+pub mod cluster {
+    pub use crate::replication::hard_state::{
+        decode_file, encode_slot, first_file, slot_offset, Members, Saved, FILE_BYTES, SLOT_BYTES,
+    };
+    pub use crate::replication::membership::JoinRefusal;
+    pub use crate::replication::snapshot::{check_install, Manifest, ManifestSegment};
+    pub use crate::replication::{prefix_digest, settings_fingerprint, ConfState, HardState};
+}
+
+/// What the engine admits from outside, for plugins that check early.
+pub mod rules {
+    pub use crate::admit::{
+        check_record, check_stream_name, record_bytes_max_for, segment_record_bytes_max, RECORD_BYTES_MAX_DEFAULT,
+        RECORD_BYTES_MAX_LIMIT,
+    };
+}
+
+/// The rule every sink applies to a batch: new, the same again, or a conflict.
+pub mod ledger {
+    pub use crate::sink_ledger::{conflict_message, judge, Digest, Entry, Scope, Verdict};
+}
+
+/// What the simulator and tests read besides the drivers' surface: the
+/// committed state compared across recoveries, the shape of a clustered
+/// log's entries and of a commit group. No production driver uses these.
+pub mod testing {
+    pub use crate::replication::entry::{EntryGroup, Opening};
+    pub use crate::state::CommittedState;
+    pub use crate::wal::{group_batch_ends, group_shape};
+}

@@ -9,7 +9,7 @@
 //! and an `fdatasync` where the kernel or file system refuses the flag.
 //! Files that are not segments are left alone and reported.
 
-use skippr_core::wal::GroupPlace;
+use skippr_core::format::GroupPlace;
 use skippr_core::{IoError, IoReply, SegmentId, WalListing, WalOp};
 use std::fs::{File, OpenOptions};
 use std::io;

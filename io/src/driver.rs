@@ -12,11 +12,11 @@ use crate::offsets_db::OffsetsDb;
 use crate::peer::{Incoming, Peers};
 use crate::plugin::{Batch, SchemaPlugin, Sink, Source};
 use crate::s3_wal::S3Wal;
-use skippr_core::io::{
+use skippr_core::cluster::JoinRefusal;
+use skippr_core::{Host, IoError, IoId, Position, SinkOutcome, StreamId};
+use skippr_core::{
     Input, IoOp, IoReply, LeaseOp, OffsetsOp, Output, PluginOp, SourceBatchIn, Stall, StopReason, WalOp,
 };
-use skippr_core::replication::membership::JoinRefusal;
-use skippr_core::{Host, IoError, IoId, Position, SinkOutcome, StreamId};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -529,7 +529,7 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                 .into_iter()
                 .zip(streams)
                 .map(|(batch, stream)| {
-                    let skipped = |r: &skippr_core::wal::Record| {
+                    let skipped = |r: &skippr_core::format::Record| {
                         skips
                             .iter()
                             .flatten()
@@ -625,7 +625,7 @@ fn refused_record(
             if skips.iter().any(skipped) {
                 continue;
             }
-            if let Err(fault) = skippr_core::admit::check_record(&record.bytes, bytes_max) {
+            if let Err(fault) = skippr_core::rules::check_record(&record.bytes, bytes_max) {
                 let place = source.describe(batch.partition, record.position);
                 let next = batch.records.get(i + 1).map_or(batch.end, |r| r.position);
                 let skip = skip_input_arg(&batch.stream, batch.partition, record.position, next);

@@ -1,5 +1,5 @@
 //! The raft hard-state file on disk (`DATA_DIR/raft-state`, mode 0600): the
-//! two slots of `skippr_core::replication::hard_state`, each save a
+//! two slots of `skippr_core::cluster::hard_state`, each save a
 //! positioned write into the slot that does not hold the current state,
 //! then `fdatasync`. A crash mid-write leaves the other slot, so opening
 //! always finds the last state that was saved in full. Clustered mode only
@@ -10,8 +10,8 @@
 //! host without the file has no cluster identity and takes no part.
 
 use crate::disk_wal::sync_dir;
-use skippr_core::replication::hard_state::{decode_file, encode_slot, slot_offset, Members, Saved, FILE_BYTES};
-use skippr_core::replication::{ConfState, HardState};
+use skippr_core::cluster::{decode_file, encode_slot, slot_offset, Members, Saved, FILE_BYTES};
+use skippr_core::cluster::{ConfState, HardState};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -72,7 +72,7 @@ impl HardStateFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use skippr_core::replication::hard_state::SLOT_BYTES;
+    use skippr_core::cluster::SLOT_BYTES;
     use std::os::unix::fs::PermissionsExt;
 
     fn hard(term: u64, vote: u64, commit: u64) -> HardState {
@@ -92,7 +92,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let e = HardStateFile::open(tmp.path()).err().expect("no file, no identity");
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
-        let first = skippr_core::replication::hard_state::first_file(&members(), &[1, 2, 3]).unwrap();
+        let first = skippr_core::cluster::first_file(&members(), &[1, 2, 3]).unwrap();
         HardStateFile::init(tmp.path(), &first).unwrap();
         let e = HardStateFile::init(tmp.path(), &first).unwrap_err().to_string();
         assert!(e.contains("already belongs to a cluster node"), "{e}");

@@ -24,7 +24,7 @@ pub mod wire;
 
 use bytes::Bytes;
 use protobuf::Message as _;
-use skippr_core::io::PeerMessage;
+use skippr_core::PeerMessage;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;

@@ -21,14 +21,14 @@
 //! the engine decides what below the WAL is a leftover (the groups of a
 //! delete a crash interrupted, a header that a late copy of a creation put
 //! brought back) and deletes it under its writer-authority check. The
-//! layout rules (`skippr_core::wal::objects`) are shared with the simulator.
+//! layout rules (`skippr_core::format::objects`) are shared with the simulator.
 
 use crate::aws::{describe, start_up_check, Check};
 use aws_sdk_s3::error::SdkError;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use aws_sdk_s3::Client;
-use skippr_core::wal::{first_overlap, lay_out, split_leftovers, taken_key, GroupPlace};
+use skippr_core::format::{first_overlap, lay_out, split_leftovers, taken_key, GroupPlace};
 use skippr_core::{IoError, IoReply, SegmentId, WalListing, WalOp};
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //!
 //! The test binary runs itself as the two children (`SKIPPR_DIR_SINK_CHILD`).
 
-use skippr_core::sink_ledger::Scope;
+use skippr_core::ledger::Scope;
 use skippr_core::{CompactionId, Records, SinkOutcome};
 use skippr_io::plugin::{DirSink, Sink};
 use std::path::Path;

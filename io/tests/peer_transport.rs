@@ -5,10 +5,10 @@
 
 use bytes::Bytes;
 use protobuf::Message as _;
-use skippr_core::io::{PeerMessage, PeerMessageType};
-use skippr_core::replication::hard_state::Members;
-use skippr_core::replication::snapshot::{Manifest, ManifestSegment};
+use skippr_core::cluster::Members;
+use skippr_core::cluster::{Manifest, ManifestSegment};
 use skippr_core::SegmentId;
+use skippr_core::{PeerMessage, PeerMessageType};
 use skippr_io::peer::tls::{generate, server_name, Tls};
 use skippr_io::peer::wire::{read_frame, write_frame, Frame, VERSION};
 use skippr_io::peer::{transfer, Incoming, Net, PeerConfig, Peers, SegmentReader};

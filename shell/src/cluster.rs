@@ -7,8 +7,8 @@
 
 use crate::config::{ClusterSettings, OffsetsConfig, RunConfig};
 use crate::exit;
-use skippr_core::config::ClusterConfig;
-use skippr_core::replication::hard_state::{first_file, Members};
+use skippr_core::cluster::{first_file, Members};
+use skippr_core::ClusterConfig;
 use skippr_core::Limits;
 use skippr_io::hard_state_file::HardStateFile;
 use skippr_io::peer::tls::Tls;
@@ -83,7 +83,7 @@ pub async fn start_peers(
         ));
     }
     let tls = Tls::load(&c.tls, c.node).map_err(|e| (exit::CONFIG, e))?;
-    let fingerprint = skippr_core::replication::settings_fingerprint(members.segment_bytes, TICK);
+    let fingerprint = skippr_core::cluster::settings_fingerprint(members.segment_bytes, TICK);
     let peer_config = PeerConfig::new(c.node, members.cluster, c.peers.clone(), fingerprint);
     let reader = Arc::clone(wal) as Arc<dyn skippr_io::peer::SegmentReader>;
     let (peers, incoming) = Peers::start(TokioNet, peer_config, tls, reader)

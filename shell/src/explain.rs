@@ -30,8 +30,8 @@ impl WalPlace {
 
 /// One sentence on committed WAL that is not there, for the daemon's stop
 /// and for `skipprd wal verify`; `name` says where a segment lives.
-pub fn missing_message(m: &skippr_core::recovery::Missing, name: impl Fn(skippr_core::SegmentId) -> String) -> String {
-    use skippr_core::recovery::Missing;
+pub fn missing_message(m: &skippr_core::format::Missing, name: impl Fn(skippr_core::SegmentId) -> String) -> String {
+    use skippr_core::format::Missing;
     match m {
         Missing::Gap { after, before, lsns } => {
             let range = lsns.map(|(a, b)| format!(", which held LSNs {} to {},", a.0, b.0)).unwrap_or_default();

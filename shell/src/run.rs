@@ -7,8 +7,8 @@
 use crate::config::{resolve, InputSkip, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig, WalConfig};
 use crate::exit;
 use crate::explain::{explain, WalPlace};
-use skippr_core::config::SkipRequest;
-use skippr_core::sink_ledger::Scope;
+use skippr_core::ledger::Scope;
+use skippr_core::SkipRequest;
 use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations, StopReason};
 use skippr_core::{PartitionKey, Position, SourceId, StreamId};
 use skippr_io::driver::{SharedSchema, SharedSink, SharedSource};

@@ -2,8 +2,8 @@
 
 use crate::config::{AwsArgs, OffsetsArgs, TableArgs, WalArgs, WalStorage};
 use crate::exit;
-use skippr_core::recovery::{recover, WalDamage};
-use skippr_core::wal::{scan, Frame};
+use skippr_core::format::{recover, WalDamage};
+use skippr_core::format::{scan, Frame};
 use skippr_io::disk_wal::{list_dir, WAL_DIR};
 use skippr_io::offsets_db::{read_all, reset, OFFSETS_FILE};
 use std::path::Path;
@@ -75,13 +75,13 @@ pub fn disk_wal_tail(data_dir: &Path) -> Option<String> {
         .ok()?;
     let view: Vec<_> = files.iter().map(|(id, b)| (*id, b.as_slice())).collect();
     let scanned = scan(&view, false).ok()?;
-    let tail = skippr_core::wal::unreadable_tail(&view, &scanned)?;
+    let tail = skippr_core::format::unreadable_tail(&view, &scanned)?;
     Some(format!(
         "The WAL's segment {} ends at byte {} with {}; as more was acknowledged than the WAL holds before them, \
          damage is the likelier: check the disk before resetting anything",
         dir.join(format!("{:020}.seg", tail.segment.0)).display(),
         tail.offset,
-        skippr_core::wal::UNREADABLE_TAIL
+        skippr_core::format::UNREADABLE_TAIL
     ))
 }
 
@@ -121,7 +121,7 @@ pub fn wal_verify_clustered(data_dir: &Path, from: Option<u64>, through: Option<
     };
     let lsn = |v: Option<u64>| v.map(skippr_core::Lsn);
     let commit = saved.hard.commit;
-    match skippr_core::replication::prefix_digest(&view, &scanned, commit, lsn(from), lsn(through)) {
+    match skippr_core::cluster::prefix_digest(&view, &scanned, commit, lsn(from), lsn(through)) {
         Ok(d) => {
             println!(
                 "node {} of cluster {:016x}: term {}, {} segments, committed groups {}..={} held",
@@ -206,13 +206,13 @@ fn verify(
                     }
                 }
             }
-            if let Some(tail) = skippr_core::wal::unreadable_tail(&view, &segments) {
+            if let Some(tail) = skippr_core::format::unreadable_tail(&view, &segments) {
                 println!(
                     "note: {} ends at byte {} with {}; the daemon stops if its offsets store or a sink holds \
                      more than the WAL before them",
                     name(tail.segment),
                     tail.offset,
-                    skippr_core::wal::UNREADABLE_TAIL
+                    skippr_core::format::UNREADABLE_TAIL
                 );
             }
             exit::OK

@@ -5,9 +5,9 @@
 
 use crate::plugins::{checkpoint_bytes, record_bytes_into};
 use crate::scenario::Scenario;
-use skippr_core::io::{ResumePoint, SinkApply};
-use skippr_core::sink_ledger::Verdict;
+use skippr_core::ledger::Verdict;
 use skippr_core::{CompactionId, OffsetValue, PartitionKey, Position, SinkId, SourceId, StreamId};
+use skippr_core::{ResumePoint, SinkApply};
 use std::collections::BTreeMap;
 use std::fmt;
 

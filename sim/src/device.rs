@@ -10,7 +10,7 @@
 
 use crate::disk::{DiskStats, SimDisk};
 use crate::s3::SimS3;
-use skippr_core::io::WalOp;
+use skippr_core::WalOp;
 use skippr_core::{IoError, IoReply, SegmentId, WalListing};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -47,7 +47,7 @@ impl SimWal {
     pub fn disk(seed: u64) -> SimWal {
         SimWal::Disk(Box::new(DiskWal {
             disk: SimDisk::new(seed),
-            hard_state: vec![0; skippr_core::replication::hard_state::FILE_BYTES],
+            hard_state: vec![0; skippr_core::cluster::FILE_BYTES],
             durable_ends: BTreeMap::new(),
             newest_append: None,
         }))
@@ -199,7 +199,7 @@ impl SimWal {
 impl DiskWal {
     /// A segment written and synced before the run (`cluster init`).
     pub fn init(&mut self, segment: SegmentId, bytes: &[u8], size: usize) {
-        self.disk.create(segment, &bytes[..skippr_core::wal::SEGMENT_HEADER_BYTES], size);
+        self.disk.create(segment, &bytes[..skippr_core::format::SEGMENT_HEADER_BYTES], size);
         self.disk.write(segment, 0, bytes);
         self.disk.sync(segment, true, false);
     }
@@ -249,7 +249,7 @@ impl DiskWal {
         }
         self.durable_ends.clear();
         for (id, bytes) in segments {
-            self.disk.create_zeroed(*id, &bytes[..skippr_core::wal::SEGMENT_HEADER_BYTES], bytes.len());
+            self.disk.create_zeroed(*id, &bytes[..skippr_core::format::SEGMENT_HEADER_BYTES], bytes.len());
             let written = self.disk.write(*id, 0, bytes) && self.disk.sync(*id, true, false);
             assert!(written, "a fresh file takes its bytes");
         }
@@ -270,7 +270,7 @@ impl DiskWal {
                 // Zeroed, as the disk driver creates every segment (it writes
                 // zeros through the file): a segment a truncation removed and
                 // a later group opens again holds nothing of its old self.
-                let header = skippr_core::wal::encode_header(g.place.segment, o.epoch);
+                let header = skippr_core::format::encode_header(g.place.segment, o.epoch);
                 self.disk.create_zeroed(g.place.segment, &header, o.segment_bytes as usize);
             }
             if !self.disk.write(g.place.segment, g.place.offset as usize, &g.bytes) {

@@ -5,7 +5,7 @@
 //! in which case the run may also go on and must then pass as usual.
 
 use crate::checker::Checker;
-use skippr_core::wal::{scan, Frame};
+use skippr_core::format::{scan, Frame};
 use skippr_core::SegmentId;
 
 /// A segment the operator deleted, and whether a sink still needed it.

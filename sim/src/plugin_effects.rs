@@ -10,7 +10,7 @@ use crate::plugins::{SimSink, SimSource};
 use crate::rng::{Dice, Die};
 use crate::scenario::Scenario;
 use crate::world::RunStats;
-use skippr_core::io::PluginOp;
+use skippr_core::PluginOp;
 use skippr_core::{Instant, IoError, IoReply, SinkApply, SinkOutcome};
 
 /// The fault dice of a run, and whether faults strike now (the fault

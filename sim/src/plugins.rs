@@ -8,12 +8,12 @@
 //! higher, as the real stores do.
 
 use crate::scenario::SourceSpec;
-use skippr_core::io::{ResumePoint, SourceBatchIn};
-use skippr_core::sink_ledger::{judge, Digest, Entry, Verdict};
-use skippr_core::wal::Record;
+use skippr_core::format::Record;
+use skippr_core::ledger::{judge, Digest, Entry, Verdict};
 use skippr_core::{
     CompactionId, CompactionSeq, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, Records, StreamId,
 };
+use skippr_core::{ResumePoint, SourceBatchIn};
 use std::collections::BTreeMap;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 

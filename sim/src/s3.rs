@@ -11,10 +11,10 @@
 //!
 //! Deleting a segment removes its header first (the one atomic step), then
 //! its groups. A listing only lists; the engine finishes deletions a crash
-//! interrupted. The layout rules are core's (`skippr_core::wal::objects`),
+//! interrupted. The layout rules are core's (`skippr_core::format::objects`),
 //! the same the real driver uses.
 
-use skippr_core::wal::{lay_out, split_leftovers, taken_key};
+use skippr_core::format::{lay_out, split_leftovers, taken_key};
 use skippr_core::{IoError, LeaseRow, SegmentId, WalListing};
 use std::collections::BTreeMap;
 use std::sync::Arc;

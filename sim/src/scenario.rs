@@ -3,7 +3,7 @@
 //! its own mix of faults).
 
 use crate::rng::{Rng, Stream};
-use skippr_core::config::ClusterConfig;
+use skippr_core::ClusterConfig;
 use skippr_core::{Duration, HostConfig, Instant, LeaseConfig, Limits, Mutations};
 
 #[derive(Clone, Debug)]

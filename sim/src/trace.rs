@@ -2,9 +2,9 @@
 //! simulated time, folded into one hash (and printed with `--trace`). Two runs
 //! of the same seed must give the same hash.
 
-use skippr_core::io::{Input, IoOp, IoReply, Output, WalListing};
-use skippr_core::io::{LeaseOp, OffsetsOp, PluginOp, WalOp};
 use skippr_core::Instant;
+use skippr_core::{Input, IoOp, IoReply, Output, WalListing};
+use skippr_core::{LeaseOp, OffsetsOp, PluginOp, WalOp};
 use std::fmt::Write as _;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 

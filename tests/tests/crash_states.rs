@@ -181,14 +181,14 @@ fn each_fault_planted_in_a_driver_is_caught_by_the_crash_states() {
 /// A leader's segment 3 and the manifest of a snapshot through it: a
 /// snapshot group at LSN 11 (term 2), a fence at 12 (term 3), and a group
 /// past the snapshot at 13.
-fn leader_segment() -> (Vec<u8>, skippr_core::replication::snapshot::Manifest) {
-    use skippr_core::replication::hard_state::Members;
-    use skippr_core::replication::snapshot::{Manifest, ManifestSegment};
-    use skippr_core::wal::{encode_group, encode_header, Frame};
+fn leader_segment() -> (Vec<u8>, skippr_core::cluster::Manifest) {
+    use skippr_core::cluster::Members;
+    use skippr_core::cluster::{Manifest, ManifestSegment};
+    use skippr_core::format::{encode_group, encode_header, Frame};
     use skippr_core::{Epoch, Lsn, SegmentId};
     let id = SegmentId(3);
     let mut bytes = encode_header(id, Epoch(2));
-    let snap = Frame::Snapshot(skippr_core::state::CommittedState::default().snapshot(false, &Default::default()));
+    let snap = Frame::Snapshot(skippr_core::testing::CommittedState::default().snapshot(false, &Default::default()));
     bytes.extend(encode_group(id, Epoch(2), Lsn(11), &[&snap]));
     bytes.extend(encode_group(id, Epoch(3), Lsn(12), &[&Frame::Fence]));
     let end = bytes.len() as u64;
@@ -206,7 +206,7 @@ fn leader_segment() -> (Vec<u8>, skippr_core::replication::snapshot::Manifest) {
 /// state, or to the new ones, whole; never a mix, never an error.
 #[test]
 fn every_crash_state_of_a_snapshot_install_opens_to_the_old_wal_or_the_new_one_whole() {
-    use skippr_core::replication::hard_state::{FILE_BYTES, SLOT_BYTES};
+    use skippr_core::cluster::{FILE_BYTES, SLOT_BYTES};
     use skippr_core::SegmentId;
     use skippr_io::disk_wal::{create_dir_durably, sync_dir, DiskWal};
     use skippr_io::hard_state_file::FILE_NAME;

@@ -457,7 +457,7 @@ fn records_larger_than_a_commit_group_land_whole_up_to_the_limit_and_the_limit_f
 /// end and say it in the same words; neither delivers anything.
 #[test]
 fn a_damaged_last_group_is_reported_alike_by_wal_verify_and_run() {
-    use skippr_core::wal::{scan, Frame, UNREADABLE_TAIL};
+    use skippr_core::format::{scan, Frame, UNREADABLE_TAIL};
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     let out = daemon(&data, &["--once", "--generator-records", "500"]).output().unwrap();

@@ -41,7 +41,7 @@ impl Draw {
 /// DATA_DIR `data`, as a reader sees it now.
 fn saves(data: &Path) -> u64 {
     let file = std::fs::read(data.join(skippr_io::hard_state_file::FILE_NAME)).unwrap_or_default();
-    match skippr_core::replication::hard_state::decode_file(&file) {
+    match skippr_core::cluster::decode_file(&file) {
         Ok(Some(saved)) => saved.seq,
         _ => 0,
     }

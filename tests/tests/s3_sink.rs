@@ -4,7 +4,7 @@
 //! taken number is `fatal`; chaos runs with real SIGKILLs end with every
 //! record in the bucket exactly once, plain and gzipped.
 
-use skippr_core::sink_ledger::Scope;
+use skippr_core::ledger::Scope;
 use skippr_core::{CompactionId, Records, SinkOutcome};
 use skippr_io::plugin::s3_sink::{S3Sink, S3SinkTarget, ID_METADATA};
 use skippr_io::plugin::Sink;

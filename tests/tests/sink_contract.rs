@@ -14,7 +14,7 @@
 //! - another pipeline: its own numbers in a shared directory or prefix; a
 //!   PostgreSQL table of another pipeline's refused.
 
-use skippr_core::sink_ledger::Scope;
+use skippr_core::ledger::Scope;
 use skippr_core::{CompactionId, CompactionSeq, Records, SinkOutcome, StreamId};
 use skippr_io::plugin::postgres_sink::{connection_config, PostgresSettings, PostgresSink};
 use skippr_io::plugin::s3_sink::{S3Sink, S3SinkTarget};

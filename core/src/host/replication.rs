@@ -650,7 +650,7 @@ impl Replication {
                     }
                 }
                 ReplicaOutput::Failed(e) => news.push(RaftNews::Stop(cluster_log(e))),
-                ReplicaOutput::LeaderConfirmed(_) => news.push(RaftNews::LeaderConfirmed),
+                ReplicaOutput::LeaderConfirmed => news.push(RaftNews::LeaderConfirmed),
                 ReplicaOutput::FromRemoved(to) => fx.emit(Output::TellRemoved { to }),
                 ReplicaOutput::Removed => news.push(RaftNews::Stop(StopReason::NotMember {
                     what: format!(

@@ -138,7 +138,7 @@ impl World {
                     }
                 }
                 ReplicaOutput::Failed(e) => return Err(format!("host {}: {e}", i + 1)),
-                ReplicaOutput::LeaderConfirmed(_) => {}
+                ReplicaOutput::LeaderConfirmed => {}
                 ReplicaOutput::Removed => return Err(format!("host {} was removed", i + 1)),
                 ReplicaOutput::FromRemoved(id) => return Err(format!("host {} heard from removed node {id}", i + 1)),
             }

@@ -229,6 +229,7 @@ impl Log {
 
     /// The first index raft-rs may ask for, less one: the first group on
     /// disk.
+    #[cfg(test)]
     pub fn base(&self) -> (u64, u64) {
         self.base
     }

@@ -76,7 +76,7 @@ pub enum ReplicaOutput {
     /// An entry is not a group this host may write: it stops.
     Failed(EntryError),
     /// A quorum confirmed this host's leadership after `read_index(ctx)`.
-    LeaderConfirmed(Vec<u8>),
+    LeaderConfirmed,
     /// A committed membership change removed this host's own id.
     Removed,
     /// A message came from `from`, an id removed for good: it is dropped,
@@ -353,10 +353,6 @@ impl Replica {
         !self.pinned() && self.fetching.is_none() && self.raw.mut_store().compact_to(first_kept)
     }
 
-    pub fn members(&self) -> &Members {
-        self.membership.members()
-    }
-
     /// Whether `id` is in this host's configuration (a voter or learner,
     /// incoming or outgoing).
     pub fn knows(&self, id: u64) -> bool {
@@ -430,7 +426,7 @@ impl Replica {
     }
 
     /// Asks a quorum to confirm this host still leads (raft's read index);
-    /// the answer comes as `LeaderConfirmed(ctx)`, or never if it does not.
+    /// the answer comes as `LeaderConfirmed`, or never if it does not.
     pub fn confirm_leadership(&mut self, ctx: Vec<u8>) {
         self.raw.read_index(ctx);
         self.pump();
@@ -483,8 +479,8 @@ impl Replica {
                 continue;
             }
             self.out.extend(rd.take_messages().into_iter().map(ReplicaOutput::Send));
-            for rs in rd.take_read_states() {
-                self.out.push_back(ReplicaOutput::LeaderConfirmed(rs.request_ctx));
+            for _ in rd.take_read_states() {
+                self.out.push_back(ReplicaOutput::LeaderConfirmed);
             }
             let committed = rd.take_committed_entries();
             let mut conf_changed = false;
@@ -599,8 +595,8 @@ impl Replica {
         store.set_conf_state(conf.clone());
         store.set_members(index, members.clone());
         self.out.extend(rd.take_messages().into_iter().map(ReplicaOutput::Send));
-        for rs in rd.take_read_states() {
-            self.out.push_back(ReplicaOutput::LeaderConfirmed(rs.request_ctx));
+        for _ in rd.take_read_states() {
+            self.out.push_back(ReplicaOutput::LeaderConfirmed);
         }
         let persisted = rd.take_persisted_messages();
         let number = rd.number();

@@ -23,6 +23,7 @@ impl TermRuns {
     }
 
     /// The first index held, and one past the last.
+    #[cfg(test)]
     pub fn bounds(&self) -> (u64, u64) {
         (self.first, self.end)
     }

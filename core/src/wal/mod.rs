@@ -7,7 +7,6 @@ pub mod objects;
 mod payload;
 pub mod segment;
 
-pub use codec::DecodeError;
 pub use frame::*;
-pub use objects::{first_overlap, lay_out, oldest_to_keep, split_leftovers, taken_key};
+pub use objects::{first_overlap, lay_out, split_leftovers, taken_key};
 pub use segment::*;

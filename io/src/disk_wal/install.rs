@@ -12,7 +12,7 @@
 
 use super::{list_dir, sync_dir, DiskWal, WAL_DIR};
 use crate::hard_state_file::FILE_NAME as HARD_STATE_FILE;
-use skippr_core::replication::snapshot::{check_install, Manifest};
+use skippr_core::cluster::{check_install, Manifest};
 use skippr_core::SegmentId;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -284,9 +284,9 @@ fn write_zeros(file: &File, from: u64, to: u64) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use skippr_core::replication::hard_state::{Members, FILE_BYTES, SLOT_BYTES};
-    use skippr_core::replication::snapshot::ManifestSegment;
-    use skippr_core::wal::{encode_group, encode_header, Frame};
+    use skippr_core::cluster::ManifestSegment;
+    use skippr_core::cluster::{Members, FILE_BYTES, SLOT_BYTES};
+    use skippr_core::format::{encode_group, encode_header, Frame};
     use skippr_core::{Epoch, Lsn};
 
     /// A leader's segment 3: a snapshot group at LSN 11 (term 2), a fence
@@ -294,7 +294,7 @@ mod tests {
     fn leader_segment() -> (Vec<u8>, Manifest) {
         let id = SegmentId(3);
         let mut bytes = encode_header(id, Epoch(2));
-        let state = skippr_core::state::CommittedState::default();
+        let state = skippr_core::testing::CommittedState::default();
         let snap = Frame::Snapshot(state.snapshot(false, &Default::default()));
         bytes.extend(encode_group(id, Epoch(2), Lsn(11), &[&snap]));
         bytes.extend(encode_group(id, Epoch(3), Lsn(12), &[&Frame::Fence]));

@@ -6,8 +6,8 @@
 
 use super::DiskWal;
 use crate::hard_state_file::FILE_NAME as HARD_STATE_FILE;
-use skippr_core::replication::hard_state::FILE_BYTES;
-use skippr_core::wal::encode_header;
+use skippr_core::cluster::FILE_BYTES;
+use skippr_core::format::encode_header;
 use skippr_core::Replicate;
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -100,8 +100,8 @@ impl DiskWal {
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use skippr_core::replication::entry::{EntryGroup, Opening};
-    use skippr_core::wal::GroupPlace;
+    use skippr_core::format::GroupPlace;
+    use skippr_core::testing::{EntryGroup, Opening};
     use skippr_core::{Epoch, Lsn, SegmentId};
 
     fn group(segment: u64, offset: u64, bytes: &'static [u8], opens: bool) -> EntryGroup {

@@ -10,7 +10,7 @@
 //! The traits are blocking; the driver runs each call on a blocking thread.
 //! The engine issues at most one read per source at a time.
 
-use skippr_core::wal::Record;
+use skippr_core::format::Record;
 use skippr_core::{CompactionId, Position, Records, ResumePoint, SinkOutcome};
 
 pub mod dir_sink;

@@ -6,7 +6,7 @@
 use super::{median, prepare_dir};
 use crate::exit;
 use clap::Args;
-use skippr_core::wal::{encode_group, encode_header, Frame, Record, SourceBatch, SEGMENT_HEADER_BYTES};
+use skippr_core::format::{encode_group, encode_header, Frame, Record, SourceBatch, SEGMENT_HEADER_BYTES};
 use skippr_core::{Epoch, Lsn, PartitionKey, Position, SegmentId, SourceId, StreamId};
 use skippr_io::DiskWal;
 use std::io::Write;

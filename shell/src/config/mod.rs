@@ -22,7 +22,7 @@ pub use stores::{
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use skippr_core::admit::{record_bytes_max_for, segment_record_bytes_max, RECORD_BYTES_MAX_LIMIT};
+use skippr_core::rules::{record_bytes_max_for, segment_record_bytes_max, RECORD_BYTES_MAX_LIMIT};
 use skippr_core::Limits;
 use skippr_io::aws::AwsSettings;
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! `--skip-input`: input an operator gives up, as a refusal names it.
 
-use skippr_core::admit::check_stream_name;
+use skippr_core::rules::check_stream_name;
 
 /// Input an operator gives up (`--skip-input`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,11 +52,11 @@ pub(super) fn input_skips(texts: &[String]) -> Result<Vec<InputSkip>, String> {
 
 pub(super) fn skip_reason(reason: Option<&str>) -> Result<String, String> {
     let reason = reason.unwrap_or("given up by the operator (run --skip-input)");
-    if reason.len() > skippr_core::config::SKIP_REASON_BYTES_MAX {
+    if reason.len() > skippr_core::SKIP_REASON_BYTES_MAX {
         return Err(format!(
             "--skip-reason is {} bytes; keep it under {}",
             reason.len(),
-            skippr_core::config::SKIP_REASON_BYTES_MAX
+            skippr_core::SKIP_REASON_BYTES_MAX
         ));
     }
     Ok(reason.into())

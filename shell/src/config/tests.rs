@@ -73,7 +73,7 @@ fn the_help_states_the_defaults_core_gives() {
         ("wal_max_delay_seconds", secs(limits.segment_age_max).to_string()),
         ("wal_max_bytes", limits.wal_bytes_max.to_string()),
         ("record_cache_bytes", limits.record_cache_bytes.to_string()),
-        ("record_bytes_max", skippr_core::admit::RECORD_BYTES_MAX_DEFAULT.to_string()),
+        ("record_bytes_max", skippr_core::rules::RECORD_BYTES_MAX_DEFAULT.to_string()),
         ("drain_timeout", secs(limits.drain_timeout).to_string()),
         ("stall_seconds", secs(limits.stall_report_after.unwrap()).to_string()),
         ("lease_seconds", secs(LeaseConfig::default().steal_after).to_string()),

@@ -23,11 +23,11 @@ use crate::scenario::Scenario;
 use crate::trace::Trace;
 use crate::world::{Outcome, RunOptions, RunReport, RunStats};
 use model::Model;
-use skippr_core::io::{OffsetsOp, PluginOp, WalOp};
-use skippr_core::replication::hard_state::{decode_file, first_file, Members};
-use skippr_core::replication::snapshot::check_install;
-use skippr_core::wal::scan;
+use skippr_core::cluster::check_install;
+use skippr_core::cluster::{decode_file, first_file, Members};
+use skippr_core::format::scan;
 use skippr_core::*;
+use skippr_core::{OffsetsOp, PluginOp, WalOp};
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 

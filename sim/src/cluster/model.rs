@@ -17,8 +17,9 @@
 
 use crate::checker::Violation;
 use bytes::Bytes;
-use skippr_core::replication::entry::EntryGroup;
-use skippr_core::wal::{group_batch_ends, group_shape, Frame, GroupPlace, ScannedSegment};
+use skippr_core::format::{Frame, GroupPlace, ScannedSegment};
+use skippr_core::testing::EntryGroup;
+use skippr_core::testing::{group_batch_ends, group_shape};
 use skippr_core::{Lsn, PartitionKey, Position, SegmentId, SourceId};
 use std::collections::BTreeMap;
 

@@ -12,9 +12,9 @@ use crate::checker::invariant;
 use crate::plugin_effects::{self, Faults};
 use crate::rng::Die;
 use crate::scenario::WalMode;
-use skippr_core::io::{LeaseOp, OffsetsOp, WalOp};
 use skippr_core::Duration;
 use skippr_core::{IoError, IoId, IoOp, IoReply, LeaseRow, OffsetEntry, SinkApply};
+use skippr_core::{LeaseOp, OffsetsOp, WalOp};
 use std::sync::Arc;
 
 impl World {

@@ -9,8 +9,8 @@ use super::World;
 use crate::checker::invariant;
 use crate::plugins::SimSource;
 use crate::rng::Die;
-use skippr_core::io::{IoOp, WalOp};
 use skippr_core::{Duration, Host, Instant, StopReason};
+use skippr_core::{IoOp, WalOp};
 
 /// Which engine an event belongs to: the live one, or a frozen process that
 /// woke up next to its replacement.

@@ -7,9 +7,9 @@ use super::World;
 use crate::checker::invariant;
 use crate::device::SimWal;
 use crate::plugins::SimOffsets;
-use skippr_core::io::{OffsetsOp, PluginOp, WalOp};
-use skippr_core::state::CommittedState;
+use skippr_core::testing::CommittedState;
 use skippr_core::{Host, HostConfig, Input, Instant, IoOp, IoReply, Lsn, Output, StopReason};
+use skippr_core::{OffsetsOp, PluginOp, WalOp};
 use std::collections::VecDeque;
 
 /// What a recovery found: committed state, the WAL head, and the records

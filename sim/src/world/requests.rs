@@ -9,8 +9,8 @@ use super::World;
 use crate::plugin_effects::{self, Faults};
 use crate::rng::Die;
 use crate::scenario::WalMode;
-use skippr_core::io::{LeaseOp, OffsetsOp, PluginOp, WalOp};
 use skippr_core::{IoError, IoId, IoOp, IoReply, OffsetEntry};
+use skippr_core::{LeaseOp, OffsetsOp, PluginOp, WalOp};
 
 impl World {
     /// What happens when a request is issued: writes reach the page cache,

@@ -1,7 +1,7 @@
 //! Simulated time and the events waiting in it, in the order they happen:
 //! by time, then by the order they were scheduled.
 
-use skippr_core::io::IoOp;
+use skippr_core::IoOp;
 use skippr_core::{Instant, IoError, IoId, IoReply, LeaseRow, OffsetEntry, SegmentId, SinkApply};
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 pub mod settings;
 
 use super::{PluginError, Sink};
-use skippr_core::sink_ledger::{conflict_message, judge, Digest, Entry, Scope, Verdict};
+use skippr_core::ledger::{conflict_message, judge, Digest, Entry, Scope, Verdict};
 use skippr_core::{CompactionId, Records, SinkOutcome};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};

@@ -33,7 +33,7 @@
 pub mod settings;
 
 use super::{Batch, PluginError, Source};
-use skippr_core::wal::Record;
+use skippr_core::format::Record;
 use skippr_core::{Position, ResumePoint};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom};
@@ -114,7 +114,7 @@ impl FileSource {
             stream: stream.to_string(),
             follow,
             tracked: BTreeMap::new(),
-            record_bytes_max: skippr_core::admit::RECORD_BYTES_MAX_DEFAULT,
+            record_bytes_max: skippr_core::rules::RECORD_BYTES_MAX_DEFAULT,
             colliding: BTreeSet::new(),
             unfinished: BTreeSet::new(),
             refused: None,
@@ -304,7 +304,7 @@ impl FileSource {
                 found.path.display(),
                 self.record_bytes_max,
                 from,
-                skippr_core::admit::RECORD_BYTES_MAX_LIMIT,
+                skippr_core::rules::RECORD_BYTES_MAX_LIMIT,
                 self.dir.display()
             );
             self.refused = Some(why.clone());

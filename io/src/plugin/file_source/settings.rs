@@ -2,7 +2,7 @@
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use skippr_core::admit::check_stream_name;
+use skippr_core::rules::check_stream_name;
 use std::path::PathBuf;
 
 #[derive(Args, Serialize, Deserialize, Debug, Default, Clone, PartialEq)]

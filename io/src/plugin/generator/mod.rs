@@ -3,7 +3,7 @@
 pub mod settings;
 
 use super::{Batch, PluginError, Source};
-use skippr_core::wal::Record;
+use skippr_core::format::Record;
 use skippr_core::{Position, ResumePoint};
 
 /// The built-in generator: `partitions` partitions per stream, each a run of

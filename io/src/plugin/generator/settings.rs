@@ -2,7 +2,7 @@
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use skippr_core::admit::check_stream_name;
+use skippr_core::rules::check_stream_name;
 
 /// It keeps a position per partition in memory: these bound it.
 const STREAMS_MAX: usize = 1024;

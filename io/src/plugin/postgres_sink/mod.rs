@@ -42,7 +42,7 @@ use super::{PluginError, Sink};
 use postgres::error::SqlState;
 use postgres::{Client, Config, NoTls};
 use rustls::ClientConfig;
-use skippr_core::sink_ledger::{conflict_message, judge, Digest, Entry, Verdict};
+use skippr_core::ledger::{conflict_message, judge, Digest, Entry, Verdict};
 use skippr_core::{CompactionId, Records, SinkOutcome};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;

@@ -23,7 +23,7 @@ use super::lines::{log_stderr, stdout_lines, Line, Lines};
 use super::{Batch, PluginError, SchemaPlugin, Sink, Source};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use skippr_core::wal::Record;
+use skippr_core::format::Record;
 use skippr_core::{CompactionId, Position, Records, ResumePoint, SinkOutcome};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -359,7 +359,7 @@ impl ExternalSource {
             return Err(process.err("declared no streams in its hello"));
         }
         for stream in &streams {
-            skippr_core::admit::check_stream_name(stream).map_err(|why| process.err(format!("in its hello: {why}")))?;
+            skippr_core::rules::check_stream_name(stream).map_err(|why| process.err(format!("in its hello: {why}")))?;
         }
         Ok(ExternalSource { process, streams, resume: BTreeMap::new(), checkpoints: BTreeMap::new(), opened: false })
     }

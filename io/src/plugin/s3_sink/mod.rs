@@ -28,7 +28,7 @@ use crate::aws::describe;
 use crate::s3_wal::{definite_refusal, error_code, normalize_prefix, status};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::Client;
-use skippr_core::sink_ledger::{conflict_message, judge, Digest, Entry, Scope, Verdict};
+use skippr_core::ledger::{conflict_message, judge, Digest, Entry, Scope, Verdict};
 use skippr_core::{CompactionId, Records, SinkOutcome};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

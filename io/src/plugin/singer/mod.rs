@@ -40,7 +40,7 @@ use super::{Batch, PluginError, Source};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
-use skippr_core::wal::Record;
+use skippr_core::format::Record;
 use skippr_core::{Position, ResumePoint};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -717,7 +717,7 @@ pub fn parse_catalog(text: &str) -> Result<Vec<SingerStream>, PluginError> {
             .unwrap_or_default();
         let name: String =
             tap_name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
-        skippr_core::admit::check_stream_name(&name)
+        skippr_core::rules::check_stream_name(&name)
             .map_err(|why| bad(format!("selects the stream {:?}, refused: {why}", super::process::clip(&tap_name))))?;
         streams.push(SingerStream { tap_name, name, key_properties: keys });
     }
