@@ -46,7 +46,7 @@ pub struct SkipRequest {
 pub const SKIP_REASON_BYTES_MAX: usize = 1024;
 
 /// Clustered mode: which raft node this host is, the voters, and how often
-/// raft ticks (an election after `replication::ELECTION_TICKS` ticks
+/// raft ticks (an election after `consensus::ELECTION_TICKS` ticks
 /// without a leader).
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {

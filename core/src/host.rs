@@ -292,7 +292,7 @@ impl Host {
 
     /// Clustered mode: term, leader, commit index and, leading, each other
     /// member's match index (`None` until the raft log is restored).
-    pub fn raft_status(&self) -> Option<crate::replication::replica::RaftStatus> {
+    pub fn raft_status(&self) -> Option<crate::consensus::replica::RaftStatus> {
         self.authority.raft_ref()?.status()
     }
 

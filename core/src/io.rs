@@ -112,7 +112,7 @@ pub enum Output {
     /// taken or removed, another change is under way).
     JoinRefused {
         node: u64,
-        why: crate::replication::membership::JoinRefusal,
+        why: crate::consensus::membership::JoinRefusal,
     },
     /// An operator's skip at the start of a run: `recorded` when it is
     /// committed to the WAL now; otherwise the partition's committed
@@ -179,7 +179,7 @@ pub enum WalOp {
 
 /// A snapshot to install: copy the manifest's segments from peer `from`
 /// (the bytes it names, zeros after them, each file at its size) into a
-/// staging area, check them (`replication::snapshot::check_install`),
+/// staging area, check them (`consensus::snapshot::check_install`),
 /// then replace every segment of the WAL with them and write the hard
 /// state's slot, atomically: a crash leaves the old WAL and hard state or
 /// the new ones, never a mix. `from` serves the transfer and reports its
@@ -187,7 +187,7 @@ pub enum WalOp {
 #[derive(Debug)]
 pub struct Install {
     pub from: u64,
-    pub manifest: crate::replication::snapshot::Manifest,
+    pub manifest: crate::consensus::snapshot::Manifest,
     /// (offset in the hard-state file, slot bytes).
     pub hard_state: (u64, Vec<u8>),
 }
@@ -203,7 +203,7 @@ pub struct Install {
 pub struct Replicate {
     pub remove: Vec<SegmentId>,
     pub zero: Vec<GroupPlace>,
-    pub groups: Vec<crate::replication::entry::EntryGroup>,
+    pub groups: Vec<crate::consensus::entry::EntryGroup>,
     /// (offset in the hard-state file, slot bytes).
     pub hard_state: Option<(u64, Vec<u8>)>,
 }

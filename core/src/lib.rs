@@ -22,6 +22,11 @@ mod admit;
 mod compaction;
 /// `HostConfig`, `Limits`, `LeaseConfig`: validated once, policy derived once.
 mod config;
+/// Consensus for the clustered WAL: raft-rs configured and driven by the
+/// engine's ticks and seed, its log over the WAL, the hard-state file's
+/// format, snapshots and membership. The engine's part that uses it is
+/// `host::replication`.
+mod consensus;
 /// The engine: `Host`, a coordinator over parts that own their state.
 mod host;
 /// Typed ids and positions.
@@ -36,9 +41,6 @@ mod offsets;
 mod records;
 /// Reading a WAL back: the scan, the proof that it is whole, the rebuild.
 mod recovery;
-/// Consensus for the clustered WAL: raft-rs configured and driven by the
-/// engine's ticks and seed (issue #12, in progress).
-mod replication;
 /// The rule every sink applies to a batch: new, the same again, or a conflict.
 mod sink_ledger;
 /// What the committed WAL says, folded into maps.
@@ -50,6 +52,7 @@ mod wal;
 
 pub use config::{ClusterConfig, SkipRequest, SKIP_REASON_BYTES_MAX};
 pub use config::{ConfigError, HostConfig, LeaseConfig, Limits};
+pub use consensus::replica::{PeerProgress, RaftStatus};
 pub use host::{Host, RarePaths};
 pub use ids::{
     CompactionId, CompactionSeq, Epoch, IoId, Lsn, PartitionKey, Position, SegmentId, SinkId, SourceId, StreamId,
@@ -61,7 +64,6 @@ pub use io::{
 };
 pub use mutation::{Mutation, Mutations};
 pub use offsets::OffsetValue;
-pub use replication::replica::{PeerProgress, RaftStatus};
 pub use time::{Duration, Instant};
 
 /// The WAL's bytes as drivers store, read and lay them out: frames, commit
@@ -78,12 +80,12 @@ pub mod format {
 /// hard-state file, snapshot manifests, membership, the settings every host
 /// must share, and what `wal verify` compares across hosts.
 pub mod cluster {
-    pub use crate::replication::hard_state::{
+    pub use crate::consensus::hard_state::{
         decode_file, encode_slot, first_file, slot_offset, Members, Saved, FILE_BYTES, SLOT_BYTES,
     };
-    pub use crate::replication::membership::JoinRefusal;
-    pub use crate::replication::snapshot::{check_install, Manifest, ManifestSegment};
-    pub use crate::replication::{prefix_digest, settings_fingerprint, ConfState, HardState};
+    pub use crate::consensus::membership::JoinRefusal;
+    pub use crate::consensus::snapshot::{check_install, Manifest, ManifestSegment};
+    pub use crate::consensus::{prefix_digest, settings_fingerprint, ConfState, HardState};
 }
 
 /// What the engine admits from outside, for plugins that check early.
@@ -103,7 +105,7 @@ pub mod ledger {
 /// committed state compared across recoveries, the shape of a clustered
 /// log's entries and of a commit group. No production driver uses these.
 pub mod testing {
-    pub use crate::replication::entry::{EntryGroup, Opening};
+    pub use crate::consensus::entry::{EntryGroup, Opening};
     pub use crate::state::CommittedState;
     pub use crate::wal::{group_batch_ends, group_shape};
 }

@@ -12,9 +12,9 @@
 
 use super::replication::RaftNews;
 use super::*;
+use crate::consensus::entry::EntryGroup;
+use crate::consensus::membership::Join;
 use crate::recovery::{rebuild, WalDamage};
-use crate::replication::entry::EntryGroup;
-use crate::replication::membership::Join;
 use crate::wal::{check_group, Frame};
 
 impl Host {
@@ -191,9 +191,9 @@ impl Host {
     pub(super) fn on_join(&mut self, node: u64, replaces: u64) {
         match self.authority.raft() {
             Some(r) => r.ask_join(&mut self.fx, Join { node, replaces }),
-            None => self
-                .fx
-                .emit(Output::JoinRefused { node, why: crate::replication::membership::JoinRefusal::NotClustered }),
+            None => {
+                self.fx.emit(Output::JoinRefused { node, why: crate::consensus::membership::JoinRefusal::NotClustered })
+            }
         }
     }
 }

@@ -11,15 +11,15 @@
 
 use super::effects::{Effects, Pending, Retry};
 use crate::config::{ClusterConfig, Limits};
+use crate::consensus::entry::{encode_entry, genesis, EntryGroup, Opening, Placement};
+use crate::consensus::hard_state::{decode_file, encode_slot, slot_offset, Members};
+use crate::consensus::log::Log;
+use crate::consensus::membership::Join;
+use crate::consensus::replica::{CommittedGroup, Persist, Replica, ReplicaOutput};
+use crate::consensus::{ConfState, HardState};
 use crate::ids::*;
 use crate::io::{Install, IoOp, Output, PeerMessage, Replicate, StopReason, WalOp};
 use crate::mutation::{Mutation, Mutations};
-use crate::replication::entry::{encode_entry, genesis, EntryGroup, Opening, Placement};
-use crate::replication::hard_state::{decode_file, encode_slot, slot_offset, Members};
-use crate::replication::log::Log;
-use crate::replication::membership::Join;
-use crate::replication::replica::{CommittedGroup, Persist, Replica, ReplicaOutput};
-use crate::replication::{ConfState, HardState};
 use crate::time::Instant;
 use crate::wal::{GroupPlace, ScannedSegment, SEGMENT_HEADER_BYTES};
 use std::collections::VecDeque;
@@ -58,7 +58,7 @@ pub(super) struct Replication {
     saving_commit: Option<u64>,
     /// The planted bug `commit-before-quorum`: the groups of the request in
     /// flight, and the LSNs already taken as committed.
-    in_flight_groups: Vec<crate::replication::entry::EntryGroup>,
+    in_flight_groups: Vec<crate::consensus::entry::EntryGroup>,
     landed_early: std::collections::BTreeSet<Lsn>,
     /// The LSN of the group this leader proposed last.
     proposed: Option<Lsn>,
@@ -411,7 +411,7 @@ impl Replication {
         false
     }
 
-    pub(super) fn status(&self) -> Option<crate::replication::replica::RaftStatus> {
+    pub(super) fn status(&self) -> Option<crate::consensus::replica::RaftStatus> {
         self.replica.as_ref().map(|r| r.status())
     }
 
@@ -427,7 +427,7 @@ impl Replication {
 
     /// Two election timeouts: how long a handover may take.
     pub(super) fn hand_over_patience(&self) -> crate::time::Duration {
-        self.config.tick.saturating_mul(2 * crate::replication::ELECTION_TICKS as u64)
+        self.config.tick.saturating_mul(2 * crate::consensus::ELECTION_TICKS as u64)
     }
 
     /// Whether this host leads, or follows a leader it knows of.
@@ -458,7 +458,7 @@ impl Replication {
     fn slot(
         &mut self,
         (hs, cs, members): (HardState, ConfState, Members),
-    ) -> Result<(u64, Vec<u8>), crate::replication::hard_state::HardStateError> {
+    ) -> Result<(u64, Vec<u8>), crate::consensus::hard_state::HardStateError> {
         let slot = encode_slot(self.next_seq, &hs, &cs, &members)?;
         let at = slot_offset(self.next_seq);
         self.next_seq += 1;
@@ -534,7 +534,7 @@ impl Replication {
 
     /// The next group goes here: (LSN, segment, offset) from where the log
     /// ends, and the epoch (the term) it carries.
-    pub(super) fn log_end(&self) -> crate::replication::entry::LogEnd {
+    pub(super) fn log_end(&self) -> crate::consensus::entry::LogEnd {
         self.replica.as_ref().expect("serving implies a replica").log().end()
     }
 
@@ -542,7 +542,7 @@ impl Replication {
     pub(super) fn ask_join(&mut self, fx: &mut Effects, join: Join) {
         let result = match self.replica.as_mut() {
             Some(r) if self.serving => r.ask_join(join),
-            _ => Err(crate::replication::membership::JoinRefusal::NotLeader),
+            _ => Err(crate::consensus::membership::JoinRefusal::NotLeader),
         };
         if let Err(why) = result {
             fx.emit(Output::JoinRefused { node: join.node, why });

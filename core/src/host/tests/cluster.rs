@@ -7,9 +7,9 @@
 
 use super::*;
 use crate::config::ClusterConfig;
+use crate::consensus::hard_state::{first_file, Members};
+use crate::consensus::snapshot::check_install;
 use crate::mutation::Mutations;
-use crate::replication::hard_state::{first_file, Members};
-use crate::replication::snapshot::check_install;
 use crate::time::Duration;
 use std::collections::BTreeSet;
 

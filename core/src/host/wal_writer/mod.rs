@@ -119,7 +119,7 @@ impl WalWriter {
     /// Clustered mode: the next group goes where raft's log ends (a
     /// segment the last group sealed is followed by the next id, which the
     /// group opens). Nothing changes while a group is in flight.
-    pub(super) fn follow_log(&mut self, end: &crate::replication::entry::LogEnd, now: Instant) {
+    pub(super) fn follow_log(&mut self, end: &crate::consensus::entry::LogEnd, now: Instant) {
         if self.commit.is_some() {
             return;
         }
