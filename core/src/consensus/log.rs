@@ -14,14 +14,16 @@
 //! conflicting append truncates. What is durable is raft-rs's business
 //! (told by `on_persist_ready`) and the WAL's.
 
+mod storage;
+
 use super::entry::{decode_entry, encode_entry, membership_change, EntryError, EntryGroup, LogEnd, Opening, Placement};
 use super::hard_state::Members;
 use super::snapshot::{Manifest, ManifestSegment};
 use super::terms::TermRuns;
 use crate::ids::*;
 use crate::wal::{encode_group, Frame, GroupPlace};
-use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot};
-use raft::{GetEntriesContext, RaftState, StorageError};
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState};
+use raft::GetEntriesContext;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -449,85 +451,5 @@ impl Log {
         };
         let sealed = self.end_after(entry.index).sealed;
         EntryGroup { place, opens: self.opening(entry.index), sealed, bytes }
-    }
-}
-
-fn store_err(e: StorageError) -> raft::Error {
-    raft::Error::Store(e)
-}
-
-impl raft::Storage for Log {
-    fn initial_state(&self) -> raft::Result<RaftState> {
-        Ok(RaftState::new(self.hard.clone(), self.conf.clone()))
-    }
-
-    fn entries(
-        &self,
-        low: u64,
-        high: u64,
-        max_size: impl Into<Option<u64>>,
-        context: GetEntriesContext,
-    ) -> raft::Result<Vec<Entry>> {
-        let max_size = max_size.into();
-        if low <= self.base.0 {
-            return Err(store_err(StorageError::Compacted));
-        }
-        assert!(high <= self.last_index() + 1, "raft-rs asks within the log");
-        let mut out = Vec::new();
-        let mut next = low;
-        if low < self.held_from {
-            let mut fetch = self.fetch.borrow_mut();
-            match &fetch.got {
-                Some((from, got)) if *from <= low && from + got.len() as u64 > low => {
-                    let skip = (low - from) as usize;
-                    out.extend(got.iter().skip(skip).take((high - low) as usize).cloned());
-                    next = low + out.len() as u64;
-                }
-                _ if context.can_async() => {
-                    fetch.wanted.push((low, high.min(self.held_from), context));
-                    return Err(store_err(StorageError::LogTemporarilyUnavailable));
-                }
-                _ => return Err(store_err(StorageError::Unavailable)),
-            }
-        }
-        if next < high && next >= self.held_from {
-            let at = (next - self.held_from) as usize;
-            out.extend(self.held.range(at..(high - self.held_from) as usize).cloned());
-        }
-        raft::util::limit_size(&mut out, max_size);
-        Ok(out)
-    }
-
-    fn term(&self, idx: u64) -> raft::Result<u64> {
-        if idx < self.base.0 {
-            return Err(store_err(StorageError::Compacted));
-        }
-        self.terms.term(idx).ok_or(store_err(StorageError::Unavailable))
-    }
-
-    fn first_index(&self) -> raft::Result<u64> {
-        Ok(self.base.0 + 1)
-    }
-
-    fn last_index(&self) -> raft::Result<u64> {
-        Ok(Log::last_index(self))
-    }
-
-    /// A snapshot at the last index applied and durable here, as a
-    /// manifest. Not while a membership change past that index is applied
-    /// (the configuration sent must be the one at the index): raft-rs asks
-    /// again later.
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        let index = self.durable;
-        if index < request_index || index < self.base.0 || self.conf_changed_at > index {
-            return Err(store_err(StorageError::SnapshotTemporarilyUnavailable));
-        }
-        let manifest = self.manifest(index);
-        let mut snap = Snapshot { data: manifest.encode().into(), ..Snapshot::default() };
-        let meta = snap.mut_metadata();
-        meta.index = index;
-        meta.term = manifest.term;
-        meta.set_conf_state(self.conf.clone());
-        Ok(snap)
     }
 }

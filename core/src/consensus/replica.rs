@@ -14,18 +14,21 @@
 //! only carry entries, and an entry counts toward a commit on a host only
 //! when that host's acknowledgement, which waits for its fsync, says so.
 
+mod ready;
+mod ticks;
+
 use super::entry::{EntryError, EntryGroup};
 use super::hard_state::Members;
 use super::log::{Appended, Log};
 use super::membership::{sorted, Join, Membership};
 use super::snapshot::Manifest;
-use super::{raft_config, TickJitter, SNAPSHOT_TICKS};
+use super::{raft_config, TickJitter};
 use crate::config::Limits;
 use crate::ids::SegmentId;
 use crate::wal::GroupPlace;
 use protobuf::Message as _;
-use raft::eraftpb::{ConfChangeV2, ConfState, EntryType, HardState, Message, MessageType};
-use raft::{ProgressState, RawNode, SnapshotStatus, StateRole};
+use raft::eraftpb::{ConfChangeV2, ConfState, HardState, Message};
+use raft::{RawNode, SnapshotStatus, StateRole};
 use std::collections::{BTreeMap, VecDeque};
 
 pub struct Replica {
@@ -107,13 +110,17 @@ pub struct PeerProgress {
     pub committed: u64,
 }
 
+/// A hard state to save, with the configuration and membership record as
+/// of its commit index.
+type Saved = (HardState, ConfState, Members);
+
 #[derive(Debug)]
 pub struct Persist {
     pub number: u64,
     pub appended: Appended,
     /// The hard state to save once the groups are durable, with the
     /// configuration and membership record as of its commit index.
-    pub hard: Option<(HardState, ConfState, Members)>,
+    pub hard: Option<Saved>,
     /// A snapshot to install (then `appended` is empty): copy the
     /// manifest's segments from node `from` and swap them in for the whole
     /// WAL, together with `hard`.
@@ -252,66 +259,6 @@ impl Replica {
             .collect();
         peers.sort_by_key(|p| p.node);
         peers
-    }
-
-    /// How many ticks from now the first one that does anything falls
-    /// (1: the next; `None`: none ever does while nothing else happens).
-    /// A leader acts on most ticks (heartbeats, quorum checks, membership
-    /// changes), so it is always 1. A follower's ticks before its election
-    /// timeout only count: withheld ticks, then raft-rs's elapsed count.
-    pub fn ticks_to_effect(&self) -> Option<u64> {
-        let raft = &self.raw.raft;
-        if raft.state == StateRole::Leader {
-            return Some(1);
-        }
-        let transfer = self.transfers.values().min().copied();
-        let election = (raft.promotable() && self.installing.is_none()).then(|| {
-            let (elapsed, timeout) = (raft.election_elapsed, raft.randomized_election_timeout());
-            self.withheld + timeout.saturating_sub(elapsed).max(1) as u64
-        });
-        [transfer, election].into_iter().flatten().min()
-    }
-
-    /// `n` ticks that `ticks_to_effect` says only count, without the work
-    /// of a tick that may act. The same state as `n` calls of `tick`.
-    pub fn tick_quietly(&mut self, n: u64) {
-        debug_assert!(self.ticks_to_effect().is_none_or(|k| n < k), "{n} ticks are not all quiet");
-        let withheld = n.min(self.withheld);
-        self.withheld -= withheld;
-        if self.installing.is_none() {
-            for _ in withheld..n {
-                let acted = self.raw.tick();
-                debug_assert!(!acted, "a quiet tick acted");
-            }
-        }
-        for left in self.transfers.values_mut() {
-            *left -= n;
-        }
-    }
-
-    /// One tick. While a snapshot is being installed raft-rs hears none:
-    /// a follower that campaigned with the snapshot not yet durable would
-    /// make raft-rs read entries its log does not hold (it panics), and the
-    /// host restarts from the installed snapshot once it is durable anyway.
-    pub fn tick(&mut self) {
-        if self.withheld > 0 {
-            self.withheld -= 1;
-        } else if self.installing.is_none() {
-            self.raw.tick();
-        }
-        let expired: Vec<u64> = self
-            .transfers
-            .iter_mut()
-            .filter_map(|(&to, left)| {
-                *left = left.saturating_sub(1);
-                (*left == 0).then_some(to)
-            })
-            .collect();
-        for to in expired {
-            self.transfers.remove(&to);
-            self.raw.report_snapshot(to, SnapshotStatus::Failure);
-        }
-        self.pump();
     }
 
     /// Leading: the transfer of a snapshot's segments to `to` ended (it
@@ -456,217 +403,5 @@ impl Replica {
         }
         self.pump();
         self.raw.mut_store().set_fetched(None);
-    }
-
-    /// Handles every `Ready` raft-rs has, then asks for entries it wanted.
-    fn pump(&mut self) {
-        loop {
-            self.observe();
-            if !self.raw.has_ready() {
-                break;
-            }
-            let mut rd = self.raw.ready();
-            for m in rd.messages().iter().filter(|m| m.get_msg_type() == MessageType::MsgSnapshot) {
-                // The transfer starts when the follower asks for the
-                // segments; it must end within this many ticks.
-                self.transfers.insert(m.to, SNAPSHOT_TICKS);
-            }
-            if !rd.snapshot().is_empty() {
-                if let Err(e) = self.install(rd) {
-                    self.out.push_back(ReplicaOutput::Failed(e));
-                    return;
-                }
-                continue;
-            }
-            self.out.extend(rd.take_messages().into_iter().map(ReplicaOutput::Send));
-            for _ in rd.take_read_states() {
-                self.out.push_back(ReplicaOutput::LeaderConfirmed);
-            }
-            let committed = rd.take_committed_entries();
-            let mut conf_changed = false;
-            for e in committed.iter().filter(|e| e.get_entry_type() == EntryType::EntryConfChangeV2) {
-                conf_changed = true;
-                if let Err(what) = self.apply_change(e.index, &e.data) {
-                    self.out.push_back(ReplicaOutput::Failed(EntryError { index: e.index, what }));
-                    return;
-                }
-            }
-            let entries = rd.take_entries();
-            let appended = match self.raw.mut_store().append(&entries) {
-                Ok(a) => a,
-                Err(e) => {
-                    self.out.push_back(ReplicaOutput::Failed(e));
-                    return;
-                }
-            };
-            let persisted = rd.take_persisted_messages();
-            // The configuration saved goes with the commit index saved: never
-            // past what this host applied (a restart applies from there, and
-            // so applies again any change not yet in the saved configuration).
-            let applied = committed.last().map_or(self.raw.raft.raft_log.applied, |e| e.index);
-            if let Some(hs) = rd.hs() {
-                self.raw.mut_store().set_hard_state(hs.clone());
-            }
-            let mut hard =
-                rd.hs().cloned().or_else(|| conf_changed.then(|| self.log().hard_state().clone())).map(|hs| {
-                    let commit = hs.commit.min(applied);
-                    let saved = self.as_saved(HardState { commit, ..hs });
-                    (saved, self.log().conf_state().clone(), self.membership.members().clone())
-                });
-            // A new commit index alone need not be durable at once (raft
-            // recovers it from its leader): it rides the next save, and a
-            // restart before that rebuilds state through the older index.
-            let commit_only = |h: &HardState| h.term == self.saved_hard.term && h.vote == self.saved_hard.vote;
-            if entries.is_empty()
-                && persisted.is_empty()
-                && !conf_changed
-                && hard.as_ref().is_some_and(|(h, _, _)| commit_only(h))
-            {
-                hard = None;
-            }
-            if let Some((h, _, _)) = &hard {
-                self.saved_hard = h.clone();
-            }
-            let number = rd.number();
-            if !committed.is_empty() {
-                let log = self.raw.store();
-                let groups = committed.iter().map(|e| CommittedGroup { term: e.term, group: log.group_of(e) });
-                self.out.push_back(ReplicaOutput::Committed(groups.collect()));
-            }
-            let last_committed = committed.last().map(|e| e.index);
-            self.raw.advance_append_async(rd);
-            if let Some(index) = last_committed {
-                self.raw.advance_apply_to(index);
-            }
-            if appended == Appended::default() && hard.is_none() {
-                // Nothing to write (a follower's heartbeat answer, a
-                // rejection): its messages wait only for the requests before
-                // it, and leave at once when there are none.
-                match self.persisting.back_mut() {
-                    Some((_, waiting, upto)) => {
-                        waiting.extend(persisted);
-                        *upto = number;
-                    }
-                    None => {
-                        self.out.extend(persisted.into_iter().map(ReplicaOutput::Send));
-                        self.raw.on_persist_ready(number);
-                    }
-                }
-            } else {
-                if self.ack_early {
-                    self.out.extend(persisted.into_iter().map(ReplicaOutput::Send));
-                    self.persisting.push_back((number, Vec::new(), number));
-                } else {
-                    self.persisting.push_back((number, persisted, number));
-                }
-                self.out.push_back(ReplicaOutput::Persist(Persist { number, appended, hard, install: None }));
-            }
-            let durable = self.raw.raft.raft_log.persisted.min(self.raw.raft.raft_log.applied);
-            self.raw.mut_store().release_through(durable);
-            self.raw.mut_store().set_durable(durable);
-        }
-        let prs = self.raw.raft.prs();
-        self.transfers.retain(|id, _| prs.get(*id).is_some_and(|p| p.state == ProgressState::Snapshot));
-        self.want_reads();
-    }
-
-    /// A `Ready` with a snapshot from the leader (raft-rs has dropped this
-    /// host's log past its commit index for it): one request copies the
-    /// manifest's segments and swaps them in, with the hard state that
-    /// makes them committed; raft-rs hears of it when that is durable.
-    fn install(&mut self, mut rd: raft::Ready) -> Result<(), EntryError> {
-        let snap = rd.snapshot().clone();
-        let meta = snap.get_metadata();
-        let index = meta.index;
-        let manifest = Manifest::decode(&snap.data)
-            .filter(|m| m.index == index && m.term == meta.term && !m.segments.is_empty())
-            .ok_or(EntryError { index, what: "a snapshot's manifest does not decode" })?;
-        assert!(rd.entries().is_empty() && rd.committed_entries().is_empty(), "raft-rs sends a snapshot alone");
-        let conf = sorted(meta.get_conf_state().clone());
-        let hs = rd.hs().cloned().unwrap_or_else(|| self.log().hard_state().clone());
-        let hs = HardState { commit: index, ..hs };
-        let saved = self.as_saved(hs.clone());
-        self.saved_hard = saved.clone();
-        let mut members = self.membership.members().clone();
-        members.removed = manifest.members.removed.clone();
-        members.replacing = manifest.members.replacing.clone();
-        let store = self.raw.mut_store();
-        store.set_hard_state(hs);
-        store.set_conf_state(conf.clone());
-        store.set_members(index, members.clone());
-        self.out.extend(rd.take_messages().into_iter().map(ReplicaOutput::Send));
-        for _ in rd.take_read_states() {
-            self.out.push_back(ReplicaOutput::LeaderConfirmed);
-        }
-        let persisted = rd.take_persisted_messages();
-        let number = rd.number();
-        let from = self.raw.raft.leader_id;
-        self.raw.advance_append_async(rd);
-        self.persisting.push_back((number, persisted, number));
-        self.installing = Some((number, manifest.clone()));
-        let hard = Some((saved, conf, members));
-        self.out.push_back(ReplicaOutput::Persist(Persist {
-            number,
-            appended: Appended::default(),
-            hard,
-            install: Some(Box::new((from, manifest))),
-        }));
-        Ok(())
-    }
-
-    /// Applies a committed membership change (raft-rs's `ConfChangeV2`
-    /// bytes) to raft, the log's saved configuration and the membership
-    /// record; this host's own removal is reported.
-    fn apply_change(&mut self, index: u64, data: &[u8]) -> Result<(), &'static str> {
-        let cc = ConfChangeV2::parse_from_bytes(data).map_err(|_| "a committed membership change does not decode")?;
-        let before = self.conf();
-        let after = self.raw.apply_conf_change(&cc).map_err(|_| "raft-rs refused a committed membership change")?;
-        let after = sorted(after);
-        self.membership.applied(&cc, &before, &after);
-        let members = self.membership.members().clone();
-        let store = self.raw.mut_store();
-        store.set_conf_state(after);
-        store.set_members(index, members);
-        if self.membership.self_removed() {
-            self.out.push_back(ReplicaOutput::Removed);
-        }
-        Ok(())
-    }
-
-    /// Entries raft-rs wanted that memory no longer holds: one read at a
-    /// time, of the range the earliest waiting send starts at.
-    fn want_reads(&mut self) {
-        let wanted = self.raw.mut_store().take_wanted();
-        if wanted.is_empty() {
-            return;
-        }
-        if let Some((_, contexts)) = &mut self.fetching {
-            contexts.extend(wanted.into_iter().map(|w| w.2));
-            return;
-        }
-        let low = wanted.iter().map(|w| w.0).min().expect("not empty");
-        let high = wanted.iter().map(|w| w.1).max().expect("not empty");
-        let places = (low..high).map(|i| self.log().place(i)).collect();
-        self.fetching = Some((low, wanted.into_iter().map(|w| w.2).collect()));
-        self.out.push_back(ReplicaOutput::Fetch(places));
-    }
-
-    /// After a term or role change the next ticks are withheld (the jitter
-    /// that keeps split votes from repeating), and the engine hears of it.
-    fn observe(&mut self) {
-        let now = (self.raw.raft.term, self.raw.raft.state);
-        let leader = self.raw.raft.leader_id;
-        if now != self.seen {
-            self.seen = now;
-            self.seen_leader = leader;
-            self.withheld = self.jitter.draw();
-            let (term, is_leader) = (now.0, now.1 == StateRole::Leader);
-            self.out.push_back(ReplicaOutput::Role { term, leader, is_leader });
-        } else if leader != self.seen_leader {
-            // A follower learned its leader within the term (no jitter: the
-            // election is over).
-            self.seen_leader = leader;
-            self.out.push_back(ReplicaOutput::Role { term: now.0, leader, is_leader: false });
-        }
     }
 }

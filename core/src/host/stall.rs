@@ -3,7 +3,8 @@
 //! tells it about each WAL or lease completion and asks it for its deadline.
 //! Retrying stays safe and goes on; the watch only makes a stall visible
 //! (`Output::Stalled` once, `Output::Unstalled` when it ends) and, where the
-//! configuration asks (`--once`), ends the run after a limit.
+//! configuration asks (`--once`), ends the run after a limit. In clustered
+//! mode, `QuorumWatch` does the same for a missing majority.
 
 use crate::io::Stall;
 use crate::time::{Duration, Instant};
@@ -83,6 +84,76 @@ impl StallWatch {
             (Some(w), _) => Some((Stall::Wal, w)),
             (None, Some(l)) => Some((Stall::Lease, l)),
             (None, None) => None,
+        }
+    }
+}
+
+/// Clustered mode's stall: no leader known, or, leading, no commit of a
+/// proposed group (without a majority nothing more is acknowledged; the
+/// pipeline waits, it never runs on fewer copies). Part `Replication` tells
+/// it what raft does; it is checked at every raft tick, and a stall that
+/// ends is reported at the next one.
+#[derive(Debug)]
+pub(super) struct QuorumWatch {
+    /// Since when this host has known no leader, or, leading, has waited
+    /// for its proposal to commit.
+    since: Option<Instant>,
+    reported: bool,
+    /// When a peer's message last arrived: a stall with none since it
+    /// began is reported as silence, not as a missing majority.
+    heard_at: Option<Instant>,
+}
+
+impl QuorumWatch {
+    /// A host starts knowing no leader.
+    pub(super) fn new(now: Instant) -> QuorumWatch {
+        QuorumWatch { since: Some(now), reported: false, heard_at: None }
+    }
+
+    pub(super) fn heard(&mut self, now: Instant) {
+        self.heard_at = Some(now);
+    }
+
+    /// No leader is known, or this leader proposed: waiting starts, unless
+    /// it already had.
+    pub(super) fn waiting(&mut self, now: Instant) {
+        self.since.get_or_insert(now);
+    }
+
+    /// A leader is known (following), or a proposal committed.
+    pub(super) fn quorum(&mut self) {
+        self.since = None;
+    }
+
+    /// A stall was reported and is over: its end is reported at the next
+    /// tick, so every tick fires until then.
+    pub(super) fn lifting(&self) -> bool {
+        self.reported && self.since.is_none()
+    }
+
+    pub(super) fn deadline(&self, report_after: Option<Duration>) -> Option<Instant> {
+        match (self.since, report_after, self.reported) {
+            (Some(since), Some(after), false) => Some(since + after),
+            _ => None,
+        }
+    }
+
+    /// At a tick: what to report, if anything.
+    pub(super) fn check(&mut self, now: Instant, report_after: Option<Duration>) -> Option<crate::io::Output> {
+        match (self.since, report_after) {
+            (Some(since), Some(after)) if !self.reported && now >= since + after => {
+                self.reported = true;
+                let what = match self.heard_at {
+                    Some(heard) if heard >= since => Stall::RaftQuorum,
+                    _ => Stall::RaftNoPeer,
+                };
+                Some(crate::io::Output::Stalled { what, for_: now - since })
+            }
+            (None, _) if self.reported => {
+                self.reported = false;
+                Some(crate::io::Output::Unstalled)
+            }
+            _ => None,
         }
     }
 }

@@ -5,8 +5,10 @@ pub(crate) mod codec;
 pub mod frame;
 pub mod objects;
 mod payload;
+pub mod scan;
 pub mod segment;
 
 pub use frame::*;
 pub use objects::{first_overlap, lay_out, split_leftovers, taken_key};
+pub use scan::*;
 pub use segment::*;

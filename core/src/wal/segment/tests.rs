@@ -2,6 +2,7 @@
 //! stale bytes from an earlier use of the same file.
 
 use super::*;
+use crate::wal::scan::*;
 
 const SEG: SegmentId = SegmentId(7);
 const EPOCH: Epoch = Epoch(3);
