@@ -11,7 +11,6 @@ pub mod cluster;
 pub mod device;
 pub mod disk;
 pub mod operator;
-pub mod plugin_effects;
 pub mod plugins;
 pub mod rng;
 pub mod s3;
@@ -20,6 +19,7 @@ pub mod shrink;
 pub mod sweep;
 pub mod trace;
 pub mod world;
+pub mod writer;
 
 pub use checker::{invariant, Violation};
 pub use world::{run, Outcome, RunOptions, RunReport, RunStats};

@@ -1,43 +1,35 @@
-//! One simulated run: a seeded world of a WAL device, offsets store, sources
-//! and sinks around one engine, a scheduler that orders every event in
-//! simulated time, a fault phase with crashes, and a quiet phase that must
-//! converge. Everything runs on one thread and draws from the seed only.
+//! One simulated run, whatever the topology: a seeded world of WAL devices,
+//! offsets stores, sources and sinks around the engines, one scheduler that
+//! orders every event in simulated time, a fault phase, and a quiet phase
+//! that must converge. Everything runs on one thread and draws from the
+//! seed only.
 //!
-//! The parts: `schedule` (the event queue and simulated time), this module
-//! (the main loop, feeding the engine and draining its outputs),
-//! `requests` (what each request does at the device, the stores and the
-//! plugins), `faults` (the fault models: what goes wrong with a request,
-//! and what a dead process's requests still do), `frozen` (a writer that
-//! freezes and wakes next to its replacement), `lifecycle` (crashes,
-//! restarts, how each stop is judged) and `idempotence` (recovering twice on
-//! a copy gives what recovering once gives). The WAL device is
-//! `crate::device`, one per backend.
+//! The harness owns what every topology shares: the schedule
+//! (`schedule`), the process slots and how an engine is fed and drained
+//! (`process`), the run loop and the report (here), and what a plugin
+//! request does (`plugins`). A topology (`Topology`) says how many
+//! processes run against which devices and what happens between them: one
+//! writer with an optional frozen twin sharing its device
+//! (`crate::writer`: disk and S3), or raft hosts with their own devices
+//! and a network (`crate::cluster`).
 
-mod faults;
-mod frozen;
-mod idempotence;
-mod lifecycle;
-mod requests;
+mod plugins;
+mod process;
 mod schedule;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use plugins::Faults;
+pub(crate) use process::Proc;
+pub(crate) use schedule::Schedule;
+
 use crate::checker::{invariant, Checker, Violation};
 use crate::device::SimWal;
-use crate::operator::LostSegment;
-use crate::plugins::{SimOffsets, SimSink, SimSource};
+use crate::plugins::{SimOffsets, SimSink};
 use crate::rng::{Dice, Die, Rng, Stream};
-use crate::s3::SimLease;
 use crate::scenario::{Overrides, Scenario, WalMode};
 use crate::trace::Trace;
-use frozen::{Who, Zombie};
-use schedule::{Event, Schedule};
-use skippr_core::*;
-
-/// How long the quiet phase may take to converge, in simulated time.
-const QUIET_BUDGET: Duration = Duration::from_secs(600);
-/// A run that takes more steps than this has stalled.
-const STEPS_MAX: u64 = 2_000_000;
+use skippr_core::{Duration, Input, Instant, IoId, IoOp, Mutations, Output, RarePaths};
 
 #[derive(Clone, Debug, Default)]
 pub struct RunOptions {
@@ -149,110 +141,138 @@ pub struct RunReport {
     pub trace: Vec<String>,
 }
 
-pub struct World {
-    scenario: Scenario,
-    opts: RunOptions,
-    schedule: Schedule,
-    dice: Dice,
-    faults_rng: Rng,
-    operator_rng: Rng,
-    lost: Option<LostSegment>,
-    host: Option<Host>,
-    gen: u64,
-    incarnation: u64,
-    faulting: bool,
-    final_shutdown: bool,
-    /// The live engine was asked to shut down (so a clean stop is not its
-    /// own, by exhausted sources).
-    shutdown_fed: bool,
-    done: bool,
-    fail_closed: Option<String>,
-    wal: SimWal,
-    lease: SimLease,
-    zombie: Option<Zombie>,
-    offsets: SimOffsets,
-    sources: Vec<SimSource>,
-    sinks: Vec<SimSink>,
-    checker: Checker,
-    trace: Trace,
-    stats: RunStats,
-    append_in_flight: bool,
-}
-
+/// Runs one seed in the topology its WAL mode names.
 pub fn run(seed: u64, opts: &RunOptions) -> RunReport {
-    if opts.wal == WalMode::Clustered {
-        return crate::cluster::run(seed, opts);
+    match opts.wal {
+        WalMode::Clustered => crate::cluster::world(seed, opts.clone()).run(),
+        WalMode::Disk | WalMode::S3 => crate::writer::world(seed, opts.clone()).run(),
     }
-    World::new(seed, opts.clone()).run()
 }
 
-impl World {
-    pub fn new(seed: u64, opts: RunOptions) -> World {
-        let scenario = Scenario::from_seed(seed).with_wal(opts.wal).with_overrides(&opts.overrides);
-        let switch = Instant::from_micros(scenario.fault_phase_end.as_micros() / 2);
-        let sources = scenario
-            .sources
-            .iter()
-            .enumerate()
-            .map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone(), scenario.streams, switch))
-            .collect();
-        let wal = match scenario.wal {
-            WalMode::Disk | WalMode::Clustered => SimWal::disk(seed),
-            WalMode::S3 => SimWal::s3(opts.mutations.has(Mutation::S3OverwriteOnAmbiguous)),
-        };
+/// What differs between topologies: how the run is planned, what their own
+/// events do, what a request does at their devices, which outputs beyond
+/// requests their engines give and how a stop is judged, and when the run
+/// has converged. Each is a function of the whole world, so a topology's
+/// state lives in `World::topo` and the shared parts stay in the world.
+pub(crate) trait Topology: Sized {
+    type Event;
+    /// How long the quiet phase may take to converge, in simulated time.
+    const QUIET_BUDGET: Duration;
+    /// A run that takes more steps than this has stalled.
+    const STEPS_MAX: u64;
+
+    /// The fault phase's schedule and the first starts.
+    fn plan(w: &mut World<Self>);
+    /// The quiet phase's deadline.
+    fn quiet_deadline(w: &World<Self>) -> Instant {
+        w.scenario.fault_phase_end + Self::QUIET_BUDGET
+    }
+    /// Whether slot `slot`'s timer goes before an event due at the same time.
+    fn timer_first(slot: usize) -> bool;
+    fn fire(w: &mut World<Self>, event: Self::Event);
+    /// Marks in the trace which process the next input goes to.
+    fn note_feed(w: &mut World<Self>, slot: usize);
+    /// A request leaves slot `slot`'s engine.
+    fn submit(w: &mut World<Self>, slot: usize, id: IoId, op: IoOp);
+    /// An output other than a request or a count; false stops the drain.
+    fn on_output(w: &mut World<Self>, slot: usize, output: Output) -> bool;
+    /// After every step: whether the run has converged.
+    fn after_step(w: &mut World<Self>);
+    /// Nothing is left to happen, or the quiet phase ran out.
+    fn stalled(w: &mut World<Self>, why: &str);
+    /// A violation found by a checker of the topology's own.
+    fn violation(w: &World<Self>) -> Option<&Violation>;
+    /// The run ended without a panic: the topology's final checks.
+    fn judge_end(w: &mut World<Self>);
+    /// The run is over: its processes retire and its statistics are summed.
+    fn wrap_up(w: &mut World<Self>);
+}
+
+pub(crate) struct World<T: Topology> {
+    pub scenario: Scenario,
+    pub opts: RunOptions,
+    pub schedule: Schedule<T::Event>,
+    pub dice: Dice,
+    pub faults_rng: Rng,
+    /// The engines' process slots (the topology says what each is for).
+    pub procs: Vec<Proc>,
+    /// The WAL devices and the offsets stores.
+    pub wals: Vec<SimWal>,
+    pub stores: Vec<SimOffsets>,
+    pub sinks: Vec<SimSink>,
+    pub checker: Checker,
+    pub trace: Trace,
+    pub stats: RunStats,
+    pub faulting: bool,
+    pub done: bool,
+    /// The run ended in a correct refusal (committed data lost or rotten,
+    /// and named).
+    pub fail_closed: Option<String>,
+    pub topo: T,
+}
+
+impl<T: Topology> World<T> {
+    /// A world of `procs` over `wals` and `stores`, with one sink per
+    /// scenario sink.
+    pub fn new(
+        scenario: Scenario,
+        opts: RunOptions,
+        procs: Vec<Proc>,
+        wals: Vec<SimWal>,
+        stores: Vec<SimOffsets>,
+        topo: T,
+    ) -> World<T> {
+        let seed = scenario.seed;
         World {
             sinks: (0..scenario.sinks).map(|_| SimSink::default()).collect(),
             checker: Checker::new(&scenario),
             trace: Trace::new(opts.trace),
             dice: Dice::new(seed),
             faults_rng: Rng::new(seed, Stream::Crashes),
-            // The scenario draws whether the fault is on from this stream's
-            // first value; the world's draws come from a sibling seed so the
-            // two never repeat each other.
-            operator_rng: Rng::new(seed ^ 0x6f70_6572_6174_6f72, Stream::Operator),
-            lost: None,
-            wal,
-            lease: SimLease::default(),
-            zombie: None,
-            offsets: SimOffsets::new(opts.mutations.has(Mutation::OffsetsRegress)),
-            sources,
-            scenario,
-            opts,
             schedule: Schedule::default(),
-            host: None,
-            gen: 0,
-            incarnation: 0,
+            procs,
+            wals,
+            stores,
             faulting: true,
-            final_shutdown: false,
-            shutdown_fed: false,
             done: false,
             fail_closed: None,
             stats: RunStats::default(),
-            append_in_flight: false,
+            scenario,
+            opts,
+            topo,
         }
     }
 
     pub fn run(mut self) -> RunReport {
         self.stats.source_records = self.scenario.total_records();
-        self.plan_faults();
+        T::plan(&mut self);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.main_loop()));
         let outcome = match result {
             Err(panic) => Outcome::panicked(panic),
-            Ok(()) => match (&self.checker.violation, &self.fail_closed) {
-                (Some(v), _) => Outcome::Fail(v.clone()),
-                (None, Some(why)) => Outcome::FailClosed(why.clone()),
-                (None, None) => Outcome::Pass,
-            },
+            Ok(()) => {
+                if self.checker.violation.is_none() && T::violation(&self).is_none() {
+                    T::judge_end(&mut self);
+                }
+                match (&self.checker.violation, T::violation(&self), &self.fail_closed) {
+                    (Some(v), _, _) | (None, Some(v), _) => Outcome::Fail(v.clone()),
+                    (None, None, Some(why)) => Outcome::FailClosed(why.clone()),
+                    (None, None, None) => Outcome::Pass,
+                }
+            }
         };
-        self.retire_live();
-        self.retire_zombie();
-        let d = self.wal.disk_stats();
-        self.stats.torn_writes = d.torn_writes;
-        self.stats.lost_writes = d.lost_writes;
-        self.stats.lost_dir_entries = d.lost_dir_entries;
-        self.stats.fsync_failures = d.fsync_failures;
-        self.stats.rot = d.rot;
-        self.stats.s3_conflicts = self.wal.s3_mut().map_or(0, |s| s.conflicts());
+        T::wrap_up(&mut self);
+        for slot in 0..self.procs.len() {
+            self.retire(slot);
+        }
+        for wal in &mut self.wals {
+            let d = wal.disk_stats();
+            self.stats.torn_writes += d.torn_writes;
+            self.stats.lost_writes += d.lost_writes;
+            self.stats.lost_dir_entries += d.lost_dir_entries;
+            self.stats.fsync_failures += d.fsync_failures;
+            self.stats.rot += d.rot;
+            self.stats.s3_conflicts += wal.s3_mut().map_or(0, |s| s.conflicts());
+        }
         self.stats.compactions = self.checker.compactions() as u64;
         self.stats.sim_micros = self.schedule.now.as_micros();
         RunReport {
@@ -264,100 +284,119 @@ impl World {
         }
     }
 
-    /// The fault phase's schedule: crashes, bit rot, a shutdown mid-run, its
-    /// end, and the first start.
-    fn plan_faults(&mut self) {
-        let end = self.scenario.fault_phase_end;
-        let f = self.scenario.faults.clone();
-        for i in 0..f.crashes {
-            let at = Instant::from_micros(self.faults_rng.range(0, end.as_micros()));
-            if i < self.scenario.crashes_kept {
-                self.at(at, Event::Crash);
-            }
-        }
-        if f.rot {
-            let at = Instant::from_micros(self.faults_rng.range(end.as_micros() / 2, end.as_micros()));
-            self.at(at, Event::Rot);
-        }
-        if f.shutdown_mid_run {
-            let at = Instant::from_micros(self.faults_rng.range(0, end.as_micros()));
-            self.at(at, Event::Shutdown);
-        }
-        self.at(end, Event::EndFaultPhase);
-        self.at(Instant::ZERO, Event::Restart);
-    }
-
     fn main_loop(&mut self) {
-        let quiet_deadline = self.scenario.fault_phase_end + QUIET_BUDGET;
+        let quiet_deadline = T::quiet_deadline(self);
         loop {
-            if self.done || self.checker.violation.is_some() || self.fail_closed.is_some() {
+            let failed = self.checker.violation.is_some() || T::violation(self).is_some();
+            if self.done || failed || self.fail_closed.is_some() {
                 return;
             }
             self.stats.steps += 1;
             let next_event = self.schedule.next_at();
-            let timer = self.host.as_ref().and_then(|h| h.poll_timeout()).map(|(t, _)| t);
-            let zombie_timer = self.zombie.as_ref().and_then(|z| z.host.poll_timeout().map(|(t, _)| t.max(z.wake)));
-            let Some(next) = [next_event, timer, zombie_timer].into_iter().flatten().min() else {
-                return self.stalled("nothing left to happen");
+            let timer = self.next_timer();
+            let Some(next) = [next_event, timer.map(|t| t.0)].into_iter().flatten().min() else {
+                return T::stalled(self, "nothing left to happen");
             };
-            if next > quiet_deadline || self.stats.steps > STEPS_MAX {
-                return self.stalled("the quiet phase did not converge");
+            if next > quiet_deadline || self.stats.steps > T::STEPS_MAX {
+                return T::stalled(self, "the quiet phase did not converge");
             }
             self.schedule.now = self.schedule.now.max(next);
-            if next_event.is_some_and(|e| e == next) && timer.is_none_or(|t| t > next) {
-                let event = self.schedule.pop().expect("an event is due");
-                self.fire(event);
-            } else if timer.is_some_and(|t| t <= next) {
-                self.feed(Input::Timeout);
-            } else {
-                self.feed_to(Who::Zombie, Input::Timeout);
+            match timer {
+                Some((t, slot)) if t == next && (next_event != Some(t) || T::timer_first(slot)) => {
+                    self.procs[slot].frozen_until = None;
+                    self.feed(slot, Input::Timeout);
+                }
+                _ => {
+                    let event = self.schedule.pop().expect("an event is due");
+                    T::fire(self, event);
+                }
             }
-            self.check_converged();
+            T::after_step(self);
         }
     }
 
-    fn stalled(&mut self, why: &str) {
-        if self.checker.complete() && !self.final_shutdown {
-            self.done = true;
+    /// The earliest engine deadline, and whose: a frozen process's waits
+    /// until it wakes.
+    fn next_timer(&self) -> Option<(Instant, usize)> {
+        self.procs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let t = p.timer?;
+                Some((p.frozen_until.map_or(t, |w| t.max(w)), i))
+            })
+            .min()
+    }
+
+    pub fn now(&self) -> Instant {
+        self.schedule.now
+    }
+
+    pub fn at(&mut self, at: Instant, event: T::Event) {
+        self.schedule.at(at, event);
+    }
+
+    /// Schedules `event` after a delay in `lo..=hi` microseconds drawn from `die`.
+    pub fn after(&mut self, die: Die, (lo, hi): (u64, u64), event: T::Event) {
+        let delay = self.dice.roll(die).range(lo, hi.max(lo));
+        self.schedule.at(self.now() + Duration::from_micros(delay), event);
+    }
+
+    /// A fault of kind `die` at `rate` strikes this request.
+    pub fn fault(&mut self, die: Die, rate: f64) -> bool {
+        Faults { dice: &mut self.dice, on: self.faulting }.strike(die, rate)
+    }
+
+    /// Hands `input` to slot `slot`'s engine, if it runs, and drains it.
+    pub fn feed(&mut self, slot: usize, input: Input) {
+        if self.procs[slot].host.is_none() {
             return;
         }
-        let missing = self.checker.missing().unwrap_or_else(|| "all records delivered".into());
-        let detail = format!("{why}: {missing} (delivered {})", self.checker.delivered());
-        if let Some(lost) = self.lost.filter(|l| l.needed) {
-            let detail = format!("segment {} was deleted while a sink still needed it: {detail}", lost.segment.0);
-            return self.checker.fail(invariant::LOST_SEGMENT_UNNOTICED, detail);
-        }
-        self.checker.fail(invariant::STALLED, detail);
+        let now = self.now();
+        T::note_feed(self, slot);
+        self.trace.input(now, &input);
+        self.procs[slot].host.as_mut().expect("checked").handle(now, input);
+        self.drain(slot);
     }
 
-    fn check_converged(&mut self) {
-        if self.faulting || self.final_shutdown || !self.checker.complete() {
-            return;
+    /// Drains slot `slot`'s engine's outputs completely (the drain
+    /// contract), then notes its next deadline.
+    pub fn drain(&mut self, slot: usize) {
+        while let Some(output) = self.procs[slot].host.as_mut().and_then(|h| h.poll_output()) {
+            self.trace.output(self.now(), &output);
+            let more = match output {
+                Output::Io { id, op } => {
+                    T::submit(self, slot, id, op);
+                    true
+                }
+                Output::Recovered(_) => {
+                    self.stats.recoveries += 1;
+                    true
+                }
+                Output::WalFull { .. } => {
+                    self.stats.wal_full += 1;
+                    true
+                }
+                Output::WalRoom { .. } => true,
+                Output::Skip { .. } => unreachable!("the simulator's runs skip nothing"),
+                Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
+                output => T::on_output(self, slot, output),
+            };
+            if !more {
+                break;
+            }
         }
-        match &self.host {
-            Some(h) if !h.is_recovering() => {}
-            _ => return,
-        }
-        if self.scenario.clean_shutdown {
-            self.final_shutdown = true;
-            self.stats.shutdowns += 1;
-            self.feed(Input::Shutdown);
-        } else {
-            self.done = true;
-        }
+        let p = &mut self.procs[slot];
+        p.timer = p.host.as_ref().and_then(|h| h.poll_timeout()).map(|t| t.0);
     }
 
-    /// The live engine is gone (a crash, an exit, a final stop): its rare
-    /// paths join the run's statistics.
-    fn retire_live(&mut self) {
-        if let Some(host) = self.host.take() {
+    /// Slot `slot`'s engine is gone (a crash, an exit, the end of the run):
+    /// its rare paths join the run's statistics.
+    pub fn retire(&mut self, slot: usize) {
+        let p = &mut self.procs[slot];
+        p.timer = None;
+        if let Some(host) = p.host.take() {
             self.count_paths(host.rare_paths());
-        }
-    }
-
-    fn retire_zombie(&mut self) {
-        if let Some(zombie) = self.zombie.take() {
-            self.count_paths(zombie.host.rare_paths());
         }
     }
 
@@ -365,148 +404,5 @@ impl World {
         self.stats.late_commits_verified += p.late_commits_verified;
         self.stats.seals_ahead += p.seals_ahead;
         self.stats.seals_no_room += p.seals_no_room;
-    }
-
-    fn now(&self) -> Instant {
-        self.schedule.now
-    }
-
-    fn at(&mut self, at: Instant, event: Event) {
-        self.schedule.at(at, event);
-    }
-
-    /// Schedules `event` after a delay in `lo..=hi` microseconds drawn from `die`.
-    fn after(&mut self, die: Die, (lo, hi): (u64, u64), event: Event) {
-        let delay = self.dice.roll(die).range(lo, hi.max(lo));
-        self.schedule.at(self.now() + Duration::from_micros(delay), event);
-    }
-
-    fn fire(&mut self, event: Event) {
-        let owner = match &event {
-            Event::Complete { gen, .. } | Event::Reply { gen, .. } | Event::S3DeleteRest { gen, .. } => {
-                self.owner(*gen)
-            }
-            _ => None,
-        };
-        let event = match owner.and_then(|who| self.frozen_until(who).map(|wake| (who, wake))) {
-            Some((who, wake)) => match self.hold_for_frozen(who, wake, event) {
-                Some(event) => event,
-                None => return,
-            },
-            None => event,
-        };
-        match event {
-            Event::Complete { gen, id, op } => self.on_complete(owner, gen, id, op),
-            Event::S3DeleteRest { gen, id, segment } => {
-                if let Some(who) = owner {
-                    let result = self.wal.perform(gen, WalOp::Delete { segment }, false);
-                    self.stats.segments_deleted += 1;
-                    self.feed_to(who, Input::IoDone { id, result });
-                }
-            }
-            Event::SinkEffect { gen, id, apply } => self.sink_effect(gen, id, apply),
-            Event::Reply { id, result, .. } => {
-                if let Some(who) = owner {
-                    self.feed_to(who, Input::IoDone { id, result });
-                }
-            }
-            Event::S3Land { conditional, segment, offset, bytes } => {
-                self.stats.s3_landed_late += 1;
-                let _ = self.wal.s3_mut().expect("S3 mode").put(conditional, segment, offset, &bytes);
-            }
-            Event::LeaseLand { expected, row } => {
-                let _ = self.lease.write(expected, row);
-            }
-            Event::OffsetsLand { entries } => self.write_offsets(&entries),
-            Event::Crash => self.crash(false),
-            Event::Freeze => self.crash(true),
-            Event::Restart => self.restart(),
-            Event::Shutdown => self.shutdown(),
-            Event::Rot => self.rot(),
-            Event::EndFaultPhase => self.end_fault_phase(),
-        }
-    }
-
-    /// A request's completion: performed for the engine that sent it, or,
-    /// if that engine is gone, whatever the request still does on its way.
-    fn on_complete(&mut self, owner: Option<Who>, gen: u64, id: IoId, op: IoOp) {
-        match (op, owner) {
-            (IoOp::Wal(WalOp::Delete { segment }), owner) if self.scenario.wal == WalMode::S3 => {
-                if owner.is_some() {
-                    self.wal.s3_mut().expect("S3 mode").begin_delete(segment);
-                    self.after(Die::S3Latency, self.scenario.latencies.s3, Event::S3DeleteRest { gen, id, segment });
-                }
-            }
-            (op, Some(who)) => {
-                let result = self.complete(who, gen, op);
-                self.feed_to(who, Input::IoDone { id, result });
-            }
-            (op, None) => self.in_flight_effect(gen, op),
-        }
-    }
-
-    fn shutdown(&mut self) {
-        if self.host.is_some() {
-            self.stats.shutdowns += 1;
-            self.shutdown_fed = true;
-            self.feed(Input::Shutdown);
-        }
-    }
-
-    fn end_fault_phase(&mut self) {
-        self.faulting = false;
-        // A frozen writer that never woke is killed for good, so the quiet
-        // phase has one writer to converge with.
-        if self.zombie.is_some() {
-            self.retire_zombie();
-            self.trace.note(self.now(), "zombie killed");
-        }
-    }
-
-    // ---- driving the engine ----
-
-    fn feed(&mut self, input: Input) {
-        self.feed_to(Who::Live, input);
-    }
-
-    fn feed_to(&mut self, who: Who, input: Input) {
-        let now = self.now();
-        let host = match who {
-            Who::Live => self.host.as_mut(),
-            Who::Zombie => self.zombie.as_mut().map(|z| &mut z.host),
-        };
-        let Some(host) = host else { return };
-        if who == Who::Zombie {
-            self.trace.note(now, "zombie:");
-        }
-        self.trace.input(now, &input);
-        host.handle(now, input);
-        self.feed_outputs_of(who);
-    }
-
-    /// Drains the engine's outputs completely (the drain contract).
-    fn feed_outputs_of(&mut self, who: Who) {
-        loop {
-            let output = match who {
-                Who::Live => self.host.as_mut().and_then(|h| h.poll_output()),
-                Who::Zombie => self.zombie.as_mut().and_then(|z| z.host.poll_output()),
-            };
-            let Some(output) = output else { break };
-            self.trace.output(self.now(), &output);
-            match output {
-                Output::Io { id, op } => self.submit(who, id, op),
-                Output::Recovered(_) => self.stats.recoveries += 1,
-                Output::LeaseWait { .. } => self.stats.lease_waits += 1,
-                Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
-                Output::WalFull { .. } => self.stats.wal_full += 1,
-                Output::WalRoom { .. } => {}
-                Output::Skip { .. } => unreachable!("the simulator's runs skip nothing"),
-                Output::Send(_) | Output::TellRemoved { .. } | Output::Role { .. } | Output::JoinRefused { .. } => {
-                    unreachable!("this world runs one host, not a cluster")
-                }
-                Output::Stopped(reason) if who == Who::Zombie => self.on_zombie_stopped(reason),
-                Output::Stopped(reason) => self.on_stopped(reason),
-            }
-        }
     }
 }

@@ -1,69 +1,25 @@
 //! Simulated time and the events waiting in it, in the order they happen:
-//! by time, then by the order they were scheduled.
+//! by time, then by the order they were scheduled. One queue for every
+//! topology; the events are the topology's.
 
-use skippr_core::IoOp;
-use skippr_core::{Instant, IoError, IoId, IoReply, LeaseRow, OffsetEntry, SegmentId, SinkApply};
+use skippr_core::Instant;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-pub(super) enum Event {
-    /// An I/O finishes and is performed now (reads, syncs, stores, sources).
-    Complete {
-        gen: u64,
-        id: IoId,
-        op: IoOp,
-    },
-    /// A sink applies a batch; its reply follows.
-    SinkEffect {
-        gen: u64,
-        id: IoId,
-        apply: SinkApply,
-    },
-    Reply {
-        gen: u64,
-        id: IoId,
-        result: Result<IoReply, IoError>,
-    },
-    Crash,
-    /// The live writer is cut off (a network partition) and freezes.
-    Freeze,
-    Restart,
-    Shutdown,
-    Rot,
-    EndFaultPhase,
-    /// A put whose outcome was reported unknown reaches S3 now.
-    S3Land {
-        conditional: bool,
-        segment: SegmentId,
-        offset: u64,
-        bytes: Arc<Vec<u8>>,
-    },
-    /// The second half of an S3 segment delete: the groups after the header.
-    S3DeleteRest {
-        gen: u64,
-        id: IoId,
-        segment: SegmentId,
-    },
-    /// A conditional write whose outcome was reported unknown lands now.
-    LeaseLand {
-        expected: Option<u64>,
-        row: LeaseRow,
-    },
-    OffsetsLand {
-        entries: Vec<OffsetEntry>,
-    },
-}
-
-#[derive(Default)]
-pub(super) struct Schedule {
+pub(crate) struct Schedule<E> {
     /// Simulated time: the time of the event or timer being handled.
     pub now: Instant,
     seq: u64,
-    events: BTreeMap<(Instant, u64), Event>,
+    events: BTreeMap<(Instant, u64), E>,
 }
 
-impl Schedule {
-    pub fn at(&mut self, at: Instant, event: Event) {
+impl<E> Default for Schedule<E> {
+    fn default() -> Schedule<E> {
+        Schedule { now: Instant::ZERO, seq: 0, events: BTreeMap::new() }
+    }
+}
+
+impl<E> Schedule<E> {
+    pub fn at(&mut self, at: Instant, event: E) {
         self.seq += 1;
         self.events.insert((at, self.seq), event);
     }
@@ -73,7 +29,7 @@ impl Schedule {
         self.events.keys().next().map(|k| k.0)
     }
 
-    pub fn pop(&mut self) -> Option<Event> {
+    pub fn pop(&mut self) -> Option<E> {
         self.events.pop_first().map(|(_, event)| event)
     }
 }

@@ -11,7 +11,7 @@ fn opts(wal: WalMode) -> RunOptions {
 /// The trace hash of `seed`, with `die` rolled `extra` more times before
 /// the run starts (as a draw added to that component's code would).
 fn hash_with_extra_draws(seed: u64, wal: WalMode, die: Die, extra: u32) -> u64 {
-    let mut world = World::new(seed, opts(wal));
+    let mut world = crate::writer::world(seed, opts(wal));
     for _ in 0..extra {
         world.dice.roll(die).u64();
     }

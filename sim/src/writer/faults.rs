@@ -5,24 +5,16 @@
 //! do on their way. Each fault kind draws from its own die; faults happen
 //! only in the fault phase.
 
-use super::frozen::Who;
-use super::schedule::Event;
-use super::World;
+use super::{Event, Writer, LIVE};
 use crate::checker::invariant;
-use crate::plugin_effects::{self, Faults};
 use crate::rng::Die;
 use crate::scenario::WalMode;
-use skippr_core::Duration;
+use crate::world::World;
 use skippr_core::{IoError, IoId, IoOp, IoReply, LeaseRow, OffsetEntry, SinkApply};
 use skippr_core::{LeaseOp, OffsetsOp, WalOp};
 use std::sync::Arc;
 
-impl World {
-    /// A fault of kind `die` at `rate` strikes this request.
-    pub(super) fn fault(&mut self, die: Die, rate: f64) -> bool {
-        Faults { dice: &mut self.dice, on: self.faulting }.strike(die, rate)
-    }
-
+impl World<Writer> {
     /// A WAL put against S3 at completion: refused, unknown (the effect now,
     /// later or never), or performed.
     pub(super) fn put_to_s3(&mut self, gen: u64, op: WalOp) -> Result<IoReply, IoError> {
@@ -30,12 +22,12 @@ impl World {
         let (throttle, unknown) = (f.s3_throttle, f.s3_ambiguous);
         if self.fault(Die::S3Throttle, throttle) {
             self.stats.s3_throttled += 1;
-            return self.wal.perform(gen, op, true);
+            return self.wals[0].perform(gen, op, true);
         }
         if self.fault(Die::S3Ambiguous, unknown) {
             return self.put_outcome_unknown(gen, op);
         }
-        self.wal.perform(gen, op, false)
+        self.wals[0].perform(gen, op, false)
     }
 
     /// The put's reply is lost: it took effect, will take effect later (no
@@ -46,18 +38,18 @@ impl World {
             WalOp::Append { segment, offset, bytes, .. } => (segment, offset, bytes),
             _ => unreachable!("only creates and appends put"),
         };
-        let s3 = self.wal.s3_mut().expect("S3 mode");
+        let s3 = self.wals[0].s3_mut().expect("S3 mode");
         let conditional = s3.conditional(gen, segment, offset);
         s3.outcome_unknown(gen, segment, offset);
         self.stats.s3_ambiguous += 1;
-        if self.owner(gen) == Some(Who::Live) && self.dice.roll(Die::Pause).chance(self.scenario.faults.pause / 2.0) {
+        if self.owner(gen) == Some(LIVE) && self.dice.roll(Die::Pause).chance(self.scenario.faults.pause / 2.0) {
             // The reply was lost because the writer's network went down: it
             // is cut off, and a replacement takes over.
             self.at(self.now(), Event::Freeze);
         }
         let roll = self.dice.roll(Die::S3Ambiguous).range(0, 99);
         if roll < 40 {
-            let _ = self.wal.s3_mut().expect("S3 mode").put(conditional, segment, offset, &bytes);
+            let _ = self.wals[0].s3_mut().expect("S3 mode").put(conditional, segment, offset, &bytes);
         } else if roll < 70 {
             let late = self.scenario.lease.requests_within.as_micros();
             self.after(Die::S3Ambiguous, (1_000, late), Event::S3Land { conditional, segment, offset, bytes });
@@ -70,14 +62,14 @@ impl World {
         if self.fault(Die::LeaseAmbiguous, self.scenario.faults.lease_ambiguous) {
             let roll = self.dice.roll(Die::LeaseAmbiguous).range(0, 99);
             if roll < 40 {
-                let _ = self.lease.write(expected, row);
+                let _ = self.topo.lease.write(expected, row);
             } else if roll < 70 {
                 let late = self.scenario.lease.steal_after.as_micros() * 2;
                 self.after(Die::LeaseAmbiguous, (1_000, late), Event::LeaseLand { expected, row });
             }
             return Err(IoError::Ambiguous);
         }
-        self.lease.write(expected, row).map(|()| IoReply::Done)
+        self.topo.lease.write(expected, row).map(|()| IoReply::Done)
     }
 
     /// An offsets write; its outcome may be unknown, and DynamoDB may apply
@@ -110,7 +102,7 @@ impl World {
             }
             IoOp::Lease(LeaseOp::Write { expected, row }) => {
                 if self.dice.roll(Die::InFlight).chance(0.5) {
-                    let _ = self.lease.write(expected, row);
+                    let _ = self.topo.lease.write(expected, row);
                 }
                 return;
             }
@@ -120,7 +112,7 @@ impl World {
         };
         if self.dice.roll(Die::InFlight).chance(0.5) {
             let (segment, offset, bytes) = put;
-            let s3 = self.wal.s3_mut().expect("S3 mode");
+            let s3 = self.wals[0].s3_mut().expect("S3 mode");
             let conditional = s3.conditional(gen, segment, offset);
             let _ = s3.put(conditional, segment, offset, &bytes);
         }
@@ -128,8 +120,8 @@ impl World {
 
     /// The sink process applies the batch, whether or not the host that sent
     /// it is still alive; the reply reaches only the host that sent it.
-    pub(super) fn sink_effect(&mut self, gen: u64, id: IoId, apply: SinkApply) {
-        if let Some(lost) = self.lost.filter(|l| l.needed && gen >= l.gen) {
+    pub(super) fn sink_effect_of(&mut self, gen: u64, id: IoId, apply: SinkApply) {
+        if let Some(lost) = self.topo.lost.filter(|l| l.needed && gen >= l.gen) {
             let detail = format!(
                 "segment {} was deleted while a sink still needed it, and an engine started after that \
                  delivered {} to sink {}",
@@ -137,15 +129,7 @@ impl World {
             );
             return self.checker.fail(invariant::LOST_SEGMENT_UNNOTICED, detail);
         }
-        let mut faults = Faults { dice: &mut self.dice, on: self.faulting };
-        let (delay, result) = plugin_effects::sink_effect(
-            &mut faults,
-            &self.scenario,
-            &mut self.stats,
-            &mut self.sinks,
-            &mut self.checker,
-            &apply,
-        );
-        self.at(self.now() + Duration::from_micros(delay), Event::Reply { gen, id, result });
+        let (delay, result) = self.sink_effect(&apply);
+        self.at(self.now() + delay, Event::Reply { gen, id, result });
     }
 }

@@ -3,24 +3,22 @@
 //! device, the lease row, the offsets store, or a plugin. The fault models
 //! (`faults`) decide what goes wrong on the way.
 
-use super::frozen::Who;
-use super::schedule::Event;
-use super::World;
-use crate::plugin_effects::{self, Faults};
+use super::{Event, Writer, LIVE};
 use crate::rng::Die;
 use crate::scenario::WalMode;
+use crate::world::World;
 use skippr_core::{IoError, IoId, IoOp, IoReply, OffsetEntry};
 use skippr_core::{LeaseOp, OffsetsOp, PluginOp, WalOp};
 
-impl World {
+impl World<Writer> {
     /// What happens when a request is issued: writes reach the page cache,
     /// and the completion is scheduled.
-    pub(super) fn submit(&mut self, who: Who, id: IoId, op: IoOp) {
-        let gen = self.gen_of(who);
+    pub(super) fn submit(&mut self, slot: usize, id: IoId, op: IoOp) {
+        let gen = self.procs[slot].gen;
         let lat = &self.scenario.latencies;
         let (offsets, sink, source) = (lat.offsets, lat.sink, lat.source);
         match op {
-            IoOp::Wal(op) => self.submit_wal(who, gen, id, op),
+            IoOp::Wal(op) => self.submit_wal(slot, gen, id, op),
             op @ (IoOp::Lease(_) | IoOp::Offsets(_)) => {
                 self.after(Die::OffsetsLatency, offsets, Event::Complete { gen, id, op })
             }
@@ -33,7 +31,7 @@ impl World {
         }
     }
 
-    fn submit_wal(&mut self, who: Who, gen: u64, id: IoId, op: WalOp) {
+    fn submit_wal(&mut self, slot: usize, gen: u64, id: IoId, op: WalOp) {
         let lat = &self.scenario.latencies;
         let (s3_lat, disk_write, disk_other) = (lat.s3, lat.disk_write, lat.disk_other);
         let appending = matches!(op, WalOp::Append { .. });
@@ -41,8 +39,8 @@ impl World {
             if let WalOp::Sync = op {
                 return self.after(Die::S3Latency, (10, 20), Event::Complete { gen, id, op: IoOp::Wal(op) });
             }
-            if appending && who == Who::Live {
-                self.append_in_flight = true;
+            if appending && slot == LIVE {
+                self.topo.append_in_flight = true;
             }
             let slow = self.fault(Die::S3Slow, self.scenario.faults.s3_slow);
             let (lo, hi) = s3_lat;
@@ -54,7 +52,7 @@ impl World {
         }
         let latency = match op {
             WalOp::Append { .. } => {
-                self.append_in_flight = true;
+                self.topo.append_in_flight = true;
                 disk_write
             }
             WalOp::Create { .. } if self.fault(Die::NoSpace, self.scenario.faults.no_space) => {
@@ -64,34 +62,36 @@ impl World {
             }
             _ => disk_other,
         };
-        self.wal.issue(&op);
+        self.wals[0].issue(&op);
         self.after(Die::DiskLatency, latency, Event::Complete { gen, id, op: IoOp::Wal(op) });
     }
 
     /// Performs a request at its completion time and returns its result.
-    pub(super) fn complete(&mut self, who: Who, gen: u64, op: IoOp) -> Result<IoReply, IoError> {
+    pub(super) fn complete(&mut self, slot: usize, gen: u64, op: IoOp) -> Result<IoReply, IoError> {
         match op {
-            IoOp::Wal(op) => self.complete_wal(who, gen, op),
+            IoOp::Wal(op) => self.complete_wal(slot, gen, op),
             IoOp::Lease(LeaseOp::Read) => {
                 if self.scenario.wal == WalMode::S3 && self.fault(Die::S3Throttle, self.scenario.faults.s3_throttle) {
                     self.stats.s3_throttled += 1;
                     return Err(IoError::Failed);
                 }
-                Ok(IoReply::Lease(self.lease.row))
+                Ok(IoReply::Lease(self.topo.lease.row))
             }
             IoOp::Lease(LeaseOp::Write { expected, row }) => self.write_lease(expected, row),
-            IoOp::Offsets(OffsetsOp::Read) => Ok(IoReply::Offsets(self.offsets.read())),
+            IoOp::Offsets(OffsetsOp::Read) => Ok(IoReply::Offsets(self.stores[0].read())),
             IoOp::Offsets(OffsetsOp::Write { entries }) => self.write_offsets_request(entries),
-            IoOp::Plugin(op) => self.complete_plugin(who, op),
+            // A woken writer resumes from what it recovered before it froze:
+            // stale, and harmless while it cannot commit.
+            IoOp::Plugin(op) => self.complete_plugin(slot, op, (slot == LIVE).then_some(0)),
         }
     }
 
-    fn complete_wal(&mut self, who: Who, gen: u64, op: WalOp) -> Result<IoReply, IoError> {
+    fn complete_wal(&mut self, slot: usize, gen: u64, op: WalOp) -> Result<IoReply, IoError> {
         let s3 = self.scenario.wal == WalMode::S3;
         let f = &self.scenario.faults;
         let (fsync_fail, s3_throttle) = (f.fsync_fail, f.s3_throttle);
-        if matches!(op, WalOp::Append { .. }) && (who == Who::Live || !s3) {
-            self.append_in_flight = false;
+        if matches!(op, WalOp::Append { .. }) && (slot == LIVE || !s3) {
+            self.topo.append_in_flight = false;
         }
         let fails = match op {
             WalOp::Sync | WalOp::Create { .. } | WalOp::Append { .. } if !s3 => self.fault(Die::FsyncFail, fsync_fail),
@@ -113,31 +113,12 @@ impl World {
             }
             _ => false,
         };
-        self.wal.perform(gen, op, fails)
-    }
-
-    fn complete_plugin(&mut self, who: Who, op: PluginOp) -> Result<IoReply, IoError> {
-        let mut faults = Faults { dice: &mut self.dice, on: self.faulting };
-        if plugin_effects::fails(&mut faults, &self.scenario, &mut self.stats, &op) {
-            return Err(IoError::Failed);
-        }
-        // A woken writer resumes from what it recovered before it froze:
-        // stale, and harmless while it cannot commit.
-        if let (PluginOp::SourceOpen { source, resume, .. }, Who::Live) = (&op, who) {
-            let offsets = &self.offsets;
-            self.checker.on_resume(*source, resume, |key| offsets.position(key));
-        }
-        let now = self.now();
-        let sources = match who {
-            Who::Live => &mut self.sources,
-            Who::Zombie => &mut self.zombie.as_mut().expect("alive").sources,
-        };
-        plugin_effects::perform(op, sources, &self.sinks, &mut self.checker, &mut self.stats, now)
+        self.wals[0].perform(gen, op, fails)
     }
 
     /// The offsets store applies a write; the checker hears of each change.
     pub(super) fn write_offsets(&mut self, entries: &[OffsetEntry]) {
-        for (key, old, new) in self.offsets.write(entries) {
+        for (key, old, new) in self.stores[0].write(entries) {
             self.checker.on_offsets_changed(key, old, new);
         }
     }

@@ -4,63 +4,31 @@
 //! carry on as if nothing happened. It must find itself fenced out, or its
 //! lease lost, before it does any harm.
 
-use super::schedule::Event;
-use super::World;
+use super::{Event, Writer, LIVE, TWIN};
 use crate::checker::invariant;
-use crate::plugins::SimSource;
 use crate::rng::Die;
-use skippr_core::{Duration, Host, Instant, StopReason};
+use crate::world::World;
+use skippr_core::{Duration, Instant, StopReason};
 use skippr_core::{IoOp, WalOp};
 
-/// Which engine an event belongs to: the live one, or a frozen process that
-/// woke up next to its replacement.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Who {
-    Live,
-    Zombie,
-}
-
-pub(super) struct Zombie {
-    pub host: Host,
-    pub gen: u64,
-    pub wake: Instant,
-    pub sources: Vec<SimSource>,
-}
-
-impl World {
-    pub(super) fn gen_of(&self, who: Who) -> u64 {
-        match who {
-            Who::Live => self.gen,
-            Who::Zombie => self.zombie.as_ref().map_or(u64::MAX, |z| z.gen),
-        }
-    }
-
+impl World<Writer> {
     /// The engine a request of generation `gen` belongs to, if it is alive.
-    pub(super) fn owner(&self, gen: u64) -> Option<Who> {
-        if gen == self.gen && self.host.is_some() {
-            Some(Who::Live)
-        } else if self.zombie.as_ref().is_some_and(|z| z.gen == gen) {
-            Some(Who::Zombie)
-        } else {
-            None
-        }
+    pub(super) fn owner(&self, gen: u64) -> Option<usize> {
+        [LIVE, TWIN].into_iter().find(|&slot| self.procs[slot].gen == gen && self.procs[slot].host.is_some())
     }
 
     /// A frozen engine notices nothing until it wakes: its events wait.
-    pub(super) fn frozen_until(&self, who: Who) -> Option<Instant> {
-        match who {
-            Who::Zombie => self.zombie.as_ref().map(|z| z.wake).filter(|w| *w > self.now()),
-            Who::Live => None,
-        }
+    pub(super) fn frozen_until(&self, slot: usize) -> Option<Instant> {
+        self.procs[slot].frozen_until.filter(|w| *w > self.now())
     }
 
     /// The services act on what a frozen process sent; only what comes back
     /// waits for it to wake. Returns the event if it is to be handled now.
-    pub(super) fn hold_for_frozen(&mut self, who: Who, wake: Instant, event: Event) -> Option<Event> {
+    pub(super) fn hold_for_frozen(&mut self, slot: usize, wake: Instant, event: Event) -> Option<Event> {
         let delay = Duration::from_micros(self.dice.roll(Die::Frozen).range(0, 1_000));
         match event {
             Event::Complete { gen, id, op } if !matches!(op, IoOp::Wal(WalOp::Delete { .. })) => {
-                let result = self.complete(who, gen, op);
+                let result = self.complete(slot, gen, op);
                 self.at(wake + delay, Event::Reply { gen, id, result });
                 None
             }
@@ -79,33 +47,37 @@ impl World {
         let steal = self.scenario.lease.steal_after.as_micros();
         let wake = self.now() + Duration::from_micros(self.faults_rng.range(steal / 2, steal * 4));
         self.trace.note(self.now(), "crash: process frozen");
-        let host = self.host.take().expect("a live writer to freeze");
-        self.zombie = Some(Zombie { host, gen: self.gen, wake, sources: self.sources.clone() });
-        self.gen += 1;
-        self.append_in_flight = false;
+        let live = &mut self.procs[LIVE];
+        let host = live.host.take().expect("a live writer to freeze");
+        let (gen, timer, sources) = (live.gen, live.timer.take(), live.sources.clone());
+        let twin = &mut self.procs[TWIN];
+        (twin.host, twin.gen, twin.timer, twin.sources, twin.frozen_until) =
+            (Some(host), gen, timer, sources, Some(wake));
+        self.procs[LIVE].gen += 1;
+        self.topo.append_in_flight = false;
         self.after(Die::Restart, self.scenario.latencies.restart, Event::Restart);
     }
 
     /// A woken writer must find itself fenced out (or lose the lease) before
     /// it does any harm; any other stop is as unexpected as for the live one.
-    pub(super) fn on_zombie_stopped(&mut self, reason: StopReason) {
+    pub(super) fn on_twin_stopped(&mut self, reason: StopReason) {
         match reason {
             StopReason::Fenced { .. } | StopReason::LeaseLost { .. } => {
                 self.stats.fenced += 1;
                 self.trace.note(self.now(), "zombie stopped");
-                self.retire_zombie();
+                self.retire(TWIN);
             }
             // It was draining when it froze, and had nothing left to commit.
             StopReason::Clean | StopReason::DrainTimedOut => {
                 self.trace.note(self.now(), "zombie stopped");
-                self.retire_zombie();
+                self.retire(TWIN);
             }
             // Reading records back for its sinks, it found a segment its
             // successor had deleted once they were delivered: nothing it
             // could still send was needed.
             StopReason::WalReadFailed { .. } => {
                 self.trace.note(self.now(), "zombie stopped");
-                self.retire_zombie();
+                self.retire(TWIN);
             }
             // A writer frozen before an operator deleted a segment wakes to
             // a WAL that is not whole: stopping there is right.
@@ -113,10 +85,10 @@ impl World {
             | StopReason::Corrupt(_)
             | StopReason::OffsetsAheadOfWal { .. }
             | StopReason::SinkAheadOfWal { .. }
-                if self.lost.is_some() =>
+                if self.topo.lost.is_some() =>
             {
                 self.trace.note(self.now(), "zombie stopped");
-                self.retire_zombie();
+                self.retire(TWIN);
                 self.fail_closed = Some(format!("a woken writer stopped after a segment was lost: {reason:?}"));
             }
             other => self.checker.fail(invariant::UNEXPECTED_STOP, format!("woken writer: {other:?}")),

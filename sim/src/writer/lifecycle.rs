@@ -1,47 +1,47 @@
 //! Crashes and restarts, what an operator does while no daemon runs, bit
 //! rot, and how each way an engine stops is judged.
 
-use super::schedule::Event;
-use super::World;
+use super::{Event, Writer, LIVE, TWIN};
 use crate::checker::invariant;
 use crate::operator::{self, LostSegment};
 use crate::rng::Die;
 use crate::scenario::WalMode;
+use crate::world::World;
 use skippr_core::{Host, StopReason};
 
-impl World {
+impl World<Writer> {
     pub(super) fn crash(&mut self, freeze: bool) {
-        if self.host.is_none() || !self.faulting || (freeze && self.zombie.is_some()) {
+        if self.procs[LIVE].host.is_none() || !self.faulting || (freeze && self.procs[TWIN].host.is_some()) {
             return;
         }
         self.stats.crashes += 1;
-        let host = self.host.as_ref().expect("checked above");
+        let host = self.procs[LIVE].host.as_ref().expect("checked above");
         self.stats.crashes_in_recovery += host.is_recovering() as u64;
         self.stats.crashes_in_drain += host.is_draining() as u64;
-        self.stats.crashes_in_commit += self.append_in_flight as u64;
+        self.stats.crashes_in_commit += self.topo.append_in_flight as u64;
         // Half the crashes are a SIGKILL, which leaves the page cache to the
         // next process; the other half cut the power, which does not.
         let power_cut = self.faults_rng.chance(0.5);
         let s3 = self.scenario.wal == WalMode::S3;
-        if freeze || (s3 && self.zombie.is_none() && self.faults_rng.chance(self.scenario.faults.pause)) {
+        if freeze || (s3 && self.procs[TWIN].host.is_none() && self.faults_rng.chance(self.scenario.faults.pause)) {
             // Frozen, not dead: a replacement starts while it sleeps.
             return self.freeze();
         }
         self.stats.power_cuts += power_cut as u64;
         self.trace.note(self.now(), if power_cut { "crash: power cut" } else { "crash: process killed" });
-        if s3 && self.scenario.faults.lease_wipe && self.zombie.is_none() && self.lease.row.is_some() {
+        if s3 && self.scenario.faults.lease_wipe && self.procs[TWIN].host.is_none() && self.topo.lease.row.is_some() {
             // With no daemon running, the lease table is recreated: the next
             // writer's generation starts below the WAL's.
             self.trace.note(self.now(), "lease row deleted");
-            self.lease.row = None;
+            self.topo.lease.row = None;
         }
-        self.retire_live();
-        self.gen += 1;
-        self.append_in_flight = false;
+        self.retire(LIVE);
+        self.procs[LIVE].gen += 1;
+        self.topo.append_in_flight = false;
         if power_cut {
-            self.wal.power_cut(self.scenario.faults.lost_dir_entry);
+            self.wals[0].power_cut(self.scenario.faults.lost_dir_entry);
         }
-        if self.scenario.faults.lost_segment && self.lost.is_none() && self.zombie.is_none() {
+        if self.scenario.faults.lost_segment && self.topo.lost.is_none() && self.procs[TWIN].host.is_none() {
             self.lose_segment();
         }
         self.after(Die::Restart, self.scenario.latencies.restart, Event::Restart);
@@ -50,21 +50,21 @@ impl World {
     /// With no daemon running, the operator deletes a segment (at half the
     /// crashes, until one is gone).
     fn lose_segment(&mut self) {
-        if !self.operator_rng.chance(0.5) {
+        if !self.topo.operator_rng.chance(0.5) {
             return;
         }
-        let segments = self.wal.segments_on_device();
-        let draw = self.operator_rng.u64();
+        let segments = self.wals[0].segments_on_device();
+        let draw = self.topo.operator_rng.u64();
         let Some((segment, needed)) = operator::pick(&segments, draw, &self.checker) else { return };
-        self.wal.remove(segment);
+        self.wals[0].remove(segment);
         self.trace.note(self.now(), &format!("operator deleted segment {} (needed: {needed})", segment.0));
         self.stats.lost_segments += 1;
-        self.lost = Some(LostSegment { segment, gen: self.gen, needed });
+        self.topo.lost = Some(LostSegment { segment, gen: self.procs[LIVE].gen, needed });
     }
 
     /// Flips a bit in a segment that a later durable commit follows.
     pub(super) fn rot(&mut self) {
-        let Some(disk) = self.wal.disk_mut() else { return };
+        let Some(disk) = self.wals[0].disk_mut() else { return };
         let rng = &mut self.faults_rng;
         if disk.rot(|hi| rng.range(0, hi)) {
             self.trace.note(self.schedule.now, "rot");
@@ -74,26 +74,26 @@ impl World {
     /// The process exits by itself (a fatal stop); the machine keeps its page
     /// cache, and a supervisor starts it again.
     fn exit_and_restart(&mut self) {
-        self.append_in_flight = false;
-        self.retire_live();
-        self.gen += 1;
+        self.topo.append_in_flight = false;
+        self.retire(LIVE);
+        self.procs[LIVE].gen += 1;
         self.after(Die::Restart, self.scenario.latencies.restart, Event::Restart);
     }
 
     pub(super) fn restart(&mut self) {
-        if self.host.is_some() {
+        if self.procs[LIVE].host.is_some() {
             return;
         }
-        if self.incarnation > 0 {
+        if self.topo.incarnation > 0 {
             self.check_recovery_idempotent();
         }
         self.stats.restarts += 1;
-        let config = self.scenario.host_config(self.opts.mutations, self.incarnation);
-        self.incarnation += 1;
+        let config = self.scenario.host_config(self.opts.mutations, self.topo.incarnation);
+        self.topo.incarnation += 1;
         self.trace.note(self.now(), "start");
-        self.shutdown_fed = false;
-        self.host = Some(Host::new(config, self.now()).expect("scenario configs are valid"));
-        self.feed_outputs_of(super::Who::Live);
+        self.topo.shutdown_fed = false;
+        self.procs[LIVE].host = Some(Host::new(config, self.now()).expect("scenario configs are valid"));
+        self.drain(LIVE);
     }
 
     pub(super) fn on_stopped(&mut self, reason: StopReason) {
@@ -102,18 +102,18 @@ impl World {
                 // Raced by a frozen writer's late request: start again, and
                 // ask the next engine for the final shutdown too.
                 self.stats.fenced += 1;
-                self.final_shutdown = false;
+                self.topo.final_shutdown = false;
                 self.exit_and_restart();
             }
             // Stopped by itself once the sources were exhausted and all was
             // delivered (`--once`): as final as the shutdown at the end.
             StopReason::Clean
-                if self.final_shutdown
-                    || (self.scenario.stop_when_exhausted && !self.shutdown_fed && self.checker.complete()) =>
+                if self.topo.final_shutdown
+                    || (self.scenario.stop_when_exhausted && !self.topo.shutdown_fed && self.checker.complete()) =>
             {
                 self.stopped_for_good();
             }
-            StopReason::Clean | StopReason::DrainTimedOut if !self.final_shutdown => {
+            StopReason::Clean | StopReason::DrainTimedOut if !self.topo.final_shutdown => {
                 self.stats.clean_stops += (reason == StopReason::Clean) as u64;
                 self.exit_and_restart();
             }
@@ -127,15 +127,15 @@ impl World {
             | StopReason::Corrupt(_)
             | StopReason::SinkAheadOfWal { .. }
             | StopReason::OffsetsAheadOfWal { .. })
-                if self.lost.is_some() =>
+                if self.topo.lost.is_some() =>
             {
                 self.fail_closed = Some(format!("stopped after a segment was lost: {reason:?}"));
-                self.retire_live();
+                self.retire(LIVE);
             }
-            StopReason::Corrupt(c) if self.wal.disk_stats().rot > 0 => {
+            StopReason::Corrupt(c) if self.wals[0].disk_stats().rot > 0 => {
                 self.fail_closed =
                     Some(format!("stopped on corrupt segment {} at byte {}: {}", c.segment.0, c.offset, c.what));
-                self.retire_live();
+                self.retire(LIVE);
             }
             StopReason::OffsetsAheadOfWal { key, store, wal } => {
                 let detail = format!("{key}: the engine found offsets at {} ahead of the WAL at {}", store.0, wal.0);
@@ -152,13 +152,13 @@ impl World {
     /// a clean stop releases the lease.
     fn stopped_for_good(&mut self) {
         self.stats.clean_stops += 1;
-        let offsets = &self.offsets;
+        let offsets = &self.stores[0];
         self.checker.check_materialized(|key| offsets.position(key));
-        if self.scenario.wal == WalMode::S3 && self.lease.row.is_some_and(|r| r.holder != 0) {
-            let detail = format!("a clean stop left the lease held: {:?}", self.lease.row);
+        if self.scenario.wal == WalMode::S3 && self.topo.lease.row.is_some_and(|r| r.holder != 0) {
+            let detail = format!("a clean stop left the lease held: {:?}", self.topo.lease.row);
             self.checker.fail(invariant::CLEAN_SHUTDOWN, detail);
         }
-        self.retire_live();
+        self.retire(LIVE);
         self.done = true;
     }
 }

@@ -3,10 +3,11 @@
 //! copies are driven by a second, small driver: every request is performed
 //! at once, without faults, through the same device `perform` as the world's.
 
-use super::World;
+use super::Writer;
 use crate::checker::invariant;
 use crate::device::SimWal;
 use crate::plugins::SimOffsets;
+use crate::world::World;
 use skippr_core::testing::CommittedState;
 use skippr_core::{Host, HostConfig, Input, Instant, IoOp, IoReply, Lsn, Output, StopReason};
 use skippr_core::{OffsetsOp, PluginOp, WalOp};
@@ -23,15 +24,15 @@ type Recovered = Result<(CommittedState, (Lsn, Option<u64>), (usize, u64)), Stop
 /// The generation the copies' requests carry: no engine of the run has it.
 const ALONE: u64 = u64::MAX;
 
-impl World {
+impl World<Writer> {
     pub(super) fn check_recovery_idempotent(&mut self) {
         // Alone: no lease to wait for, and no writes of its own (the fence
         // is answered but not kept), so the second recovery reads what the
         // first one read, less what the first one deleted.
         let mut config = self.scenario.host_config(self.opts.mutations, u64::MAX);
         config.lease = None;
-        let mut wal = self.wal.clone();
-        let mut offsets = self.offsets.clone();
+        let mut wal = self.wals[0].clone();
+        let mut offsets = self.stores[0].clone();
         let before = (wal.changes(), offsets.read());
         let first = recover_alone(config.clone(), &mut wal, &mut offsets);
         if (wal.changes(), offsets.read()) == before {

@@ -1,0 +1,100 @@
+//! What a plugin request does when it completes, in every topology: a
+//! source's open, read or ack, the schema plugin's answer, a sink's
+//! progress, and a sink's apply with the faults a sink answers with. The
+//! topologies differ only in whose resume the checker judges and how a
+//! reply is scheduled.
+
+use super::{Topology, World};
+use crate::rng::{Dice, Die};
+use skippr_core::PluginOp;
+use skippr_core::{Duration, IoError, IoReply, SinkApply, SinkOutcome};
+
+/// The fault dice of a run, and whether faults strike now (the fault
+/// phase).
+pub(crate) struct Faults<'a> {
+    pub dice: &'a mut Dice,
+    pub on: bool,
+}
+
+impl Faults<'_> {
+    /// A fault of kind `die` at `rate` strikes this request.
+    pub fn strike(&mut self, die: Die, rate: f64) -> bool {
+        self.on && self.dice.roll(die).chance(rate)
+    }
+}
+
+impl<T: Topology> World<T> {
+    /// A plugin request other than a sink's apply, performed at its
+    /// completion by slot `slot`'s sources. `judged`: the offsets store
+    /// against which this process's resume is judged, if it counts.
+    pub fn complete_plugin(&mut self, slot: usize, op: PluginOp, judged: Option<usize>) -> Result<IoReply, IoError> {
+        // Whether it fails as a source failing does is drawn before
+        // anything else; opening a source and asking a sink's progress
+        // never fail.
+        let fails = !matches!(op, PluginOp::SourceOpen { .. } | PluginOp::SinkProgress { .. })
+            && self.fault(Die::SourceFail, self.scenario.faults.source_fail);
+        if fails {
+            self.stats.source_failures += 1;
+            return Err(IoError::Failed);
+        }
+        if let (PluginOp::SourceOpen { source, resume, .. }, Some(store)) = (&op, judged) {
+            let offsets = &self.stores[store];
+            self.checker.on_resume(*source, resume, |key| offsets.position(key));
+        }
+        let now = self.now();
+        let sources = &mut self.procs[slot].sources;
+        match op {
+            PluginOp::SourceOpen { source, resume, .. } => {
+                sources[source.0 as usize].open(&resume);
+                Ok(IoReply::Done)
+            }
+            PluginOp::SourceRead { source, records_max } => {
+                let (batches, exhausted) = sources[source.0 as usize].read(records_max, now);
+                Ok(IoReply::Batches { batches, exhausted })
+            }
+            PluginOp::SourceAck { source, acks } => {
+                let src = &sources[source.0 as usize];
+                self.checker.on_ack(source, &acks, |p| src.sent(p));
+                sources[source.0 as usize].ack(&acks);
+                Ok(IoReply::Done)
+            }
+            PluginOp::SchemaDecide { .. } => {
+                self.stats.schema_decisions += 1;
+                Ok(IoReply::Schema { accept: true, reason: String::new() })
+            }
+            PluginOp::SinkApply(_) => unreachable!("sink applies go through sink_effect"),
+            PluginOp::SinkProgress { sink } => Ok(IoReply::SinkProgress(self.sinks[sink.0 as usize].progress())),
+        }
+    }
+
+    /// A sink applies a batch at its completion time, whether or not its
+    /// sender still runs (the request has left it): the sink may ask for a
+    /// retry, or apply (its ledger's verdict, seen by the checker) and lose
+    /// its reply. Returns the reply and the delay after which it reaches
+    /// the sender.
+    pub fn sink_effect(&mut self, apply: &SinkApply) -> (Duration, Result<IoReply, IoError>) {
+        let f = &self.scenario.faults;
+        let (retryable, lost_reply) = (f.sink_retryable, f.sink_lost_reply);
+        let latency = self.scenario.latencies.sink;
+        let reply_latency = (latency.0 / 2, latency.0);
+        if self.fault(Die::SinkRetryable, retryable) {
+            self.stats.sink_retryable += 1;
+            let result = Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, rows: 0 });
+            return (self.delay(Die::SinkLatency, reply_latency), result);
+        }
+        let verdict = self.sinks[apply.sink.0 as usize].apply(apply.id, apply.stream, apply.seq, &apply.records);
+        self.checker.on_apply(apply, verdict);
+        let result = if self.fault(Die::SinkLostReply, lost_reply) {
+            self.stats.sink_lost_replies += 1;
+            Err(IoError::Ambiguous)
+        } else {
+            Ok(IoReply::Sink { outcome: verdict.outcome(), rows: apply.records.len() as u64 })
+        };
+        (self.delay(Die::SinkLatency, reply_latency), result)
+    }
+
+    /// A delay in `lo..=hi` microseconds drawn from `die`.
+    pub fn delay(&mut self, die: Die, (lo, hi): (u64, u64)) -> Duration {
+        Duration::from_micros(self.dice.roll(die).range(lo, hi.max(lo)))
+    }
+}

@@ -1,0 +1,313 @@
+//! The single-writer topology (disk and S3 mode): one writer process over
+//! one WAL device, one offsets store and, in S3 mode, one lease row; when
+//! the writer freezes instead of dying, it moves to a second slot, its
+//! frozen twin, which shares the device and wakes next to its replacement.
+//!
+//! The parts: this module (the topology's events and state, the outputs
+//! its engines give), `requests` (what each request does at the device,
+//! the lease and the offsets store), `faults` (what goes wrong with a
+//! request, and what a dead process's requests still do), `frozen` (the
+//! twin), `lifecycle` (crashes, restarts, an operator's deletion, bit rot,
+//! how each stop is judged) and `idempotence` (recovering twice on a copy
+//! gives what recovering once gives).
+
+mod faults;
+mod frozen;
+mod idempotence;
+mod lifecycle;
+mod requests;
+
+use crate::checker::{invariant, Violation};
+use crate::device::SimWal;
+use crate::operator::LostSegment;
+use crate::plugins::{SimOffsets, SimSource};
+use crate::rng::{Rng, Stream};
+use crate::s3::SimLease;
+use crate::scenario::{Scenario, WalMode};
+use crate::world::{Proc, RunOptions, Topology, World};
+use skippr_core::*;
+use std::sync::Arc;
+
+/// The writer's slot, and its frozen twin's.
+pub(crate) const LIVE: usize = 0;
+pub(crate) const TWIN: usize = 1;
+
+pub(crate) enum Event {
+    /// An I/O finishes and is performed now (reads, syncs, stores, sources).
+    Complete {
+        gen: u64,
+        id: IoId,
+        op: IoOp,
+    },
+    /// A sink applies a batch; its reply follows.
+    SinkEffect {
+        gen: u64,
+        id: IoId,
+        apply: SinkApply,
+    },
+    Reply {
+        gen: u64,
+        id: IoId,
+        result: Result<IoReply, IoError>,
+    },
+    Crash,
+    /// The live writer is cut off (a network partition) and freezes.
+    Freeze,
+    Restart,
+    Shutdown,
+    Rot,
+    EndFaultPhase,
+    /// A put whose outcome was reported unknown reaches S3 now.
+    S3Land {
+        conditional: bool,
+        segment: SegmentId,
+        offset: u64,
+        bytes: Arc<Vec<u8>>,
+    },
+    /// The second half of an S3 segment delete: the groups after the header.
+    S3DeleteRest {
+        gen: u64,
+        id: IoId,
+        segment: SegmentId,
+    },
+    /// A conditional write whose outcome was reported unknown lands now.
+    LeaseLand {
+        expected: Option<u64>,
+        row: LeaseRow,
+    },
+    OffsetsLand {
+        entries: Vec<OffsetEntry>,
+    },
+}
+
+pub(crate) struct Writer {
+    operator_rng: Rng,
+    /// The segment an operator deleted, if one was.
+    lost: Option<LostSegment>,
+    lease: SimLease,
+    /// Engines started so far.
+    incarnation: u64,
+    final_shutdown: bool,
+    /// The live engine was asked to shut down (so a clean stop is not its
+    /// own, by exhausted sources).
+    shutdown_fed: bool,
+    append_in_flight: bool,
+}
+
+pub(crate) fn world(seed: u64, opts: RunOptions) -> World<Writer> {
+    let scenario = Scenario::from_seed(seed).with_wal(opts.wal).with_overrides(&opts.overrides);
+    let switch = Instant::from_micros(scenario.fault_phase_end.as_micros() / 2);
+    let sources: Vec<SimSource> = scenario
+        .sources
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone(), scenario.streams, switch))
+        .collect();
+    let wal = match scenario.wal {
+        WalMode::Disk | WalMode::Clustered => SimWal::disk(seed),
+        WalMode::S3 => SimWal::s3(opts.mutations.has(Mutation::S3OverwriteOnAmbiguous)),
+    };
+    let offsets = SimOffsets::new(opts.mutations.has(Mutation::OffsetsRegress));
+    let writer = Writer {
+        // The scenario draws whether the fault is on from this stream's
+        // first value; the world's draws come from a sibling seed so the
+        // two never repeat each other.
+        operator_rng: Rng::new(seed ^ 0x6f70_6572_6174_6f72, Stream::Operator),
+        lost: None,
+        lease: SimLease::default(),
+        incarnation: 0,
+        final_shutdown: false,
+        shutdown_fed: false,
+        append_in_flight: false,
+    };
+    let procs = vec![Proc::new(0, sources), Proc::new(u64::MAX, Vec::new())];
+    World::new(scenario, opts, procs, vec![wal], vec![offsets], writer)
+}
+
+impl Topology for Writer {
+    type Event = Event;
+    const QUIET_BUDGET: Duration = Duration::from_secs(600);
+    const STEPS_MAX: u64 = 2_000_000;
+
+    /// The fault phase's schedule: crashes, bit rot, a shutdown mid-run, its
+    /// end, and the first start.
+    fn plan(w: &mut World<Writer>) {
+        let end = w.scenario.fault_phase_end;
+        let f = w.scenario.faults.clone();
+        for i in 0..f.crashes {
+            let at = Instant::from_micros(w.faults_rng.range(0, end.as_micros()));
+            if i < w.scenario.crashes_kept {
+                w.at(at, Event::Crash);
+            }
+        }
+        if f.rot {
+            let at = Instant::from_micros(w.faults_rng.range(end.as_micros() / 2, end.as_micros()));
+            w.at(at, Event::Rot);
+        }
+        if f.shutdown_mid_run {
+            let at = Instant::from_micros(w.faults_rng.range(0, end.as_micros()));
+            w.at(at, Event::Shutdown);
+        }
+        w.at(end, Event::EndFaultPhase);
+        w.at(Instant::ZERO, Event::Restart);
+    }
+
+    /// The live writer's timer goes before an event at the same time; the
+    /// twin's after it.
+    fn timer_first(slot: usize) -> bool {
+        slot == LIVE
+    }
+
+    fn fire(w: &mut World<Writer>, event: Event) {
+        w.fire(event)
+    }
+
+    fn note_feed(w: &mut World<Writer>, slot: usize) {
+        if slot == TWIN {
+            let now = w.now();
+            w.trace.note(now, "zombie:");
+        }
+    }
+
+    fn submit(w: &mut World<Writer>, slot: usize, id: IoId, op: IoOp) {
+        w.submit(slot, id, op)
+    }
+
+    fn on_output(w: &mut World<Writer>, slot: usize, output: Output) -> bool {
+        match output {
+            Output::LeaseWait { .. } => w.stats.lease_waits += 1,
+            Output::Stopped(reason) if slot == TWIN => w.on_twin_stopped(reason),
+            Output::Stopped(reason) => w.on_stopped(reason),
+            _ => unreachable!("one writer runs, not a cluster"),
+        }
+        true
+    }
+
+    fn after_step(w: &mut World<Writer>) {
+        w.check_converged()
+    }
+
+    fn stalled(w: &mut World<Writer>, why: &str) {
+        if w.checker.complete() && !w.topo.final_shutdown {
+            w.done = true;
+            return;
+        }
+        let missing = w.checker.missing().unwrap_or_else(|| "all records delivered".into());
+        let detail = format!("{why}: {missing} (delivered {})", w.checker.delivered());
+        if let Some(lost) = w.topo.lost.filter(|l| l.needed) {
+            let detail = format!("segment {} was deleted while a sink still needed it: {detail}", lost.segment.0);
+            return w.checker.fail(invariant::LOST_SEGMENT_UNNOTICED, detail);
+        }
+        w.checker.fail(invariant::STALLED, detail);
+    }
+
+    fn violation(_: &World<Writer>) -> Option<&Violation> {
+        None
+    }
+
+    fn judge_end(_: &mut World<Writer>) {}
+
+    fn wrap_up(_: &mut World<Writer>) {}
+}
+
+impl World<Writer> {
+    fn check_converged(&mut self) {
+        if self.faulting || self.topo.final_shutdown || !self.checker.complete() {
+            return;
+        }
+        match &self.procs[LIVE].host {
+            Some(h) if !h.is_recovering() => {}
+            _ => return,
+        }
+        if self.scenario.clean_shutdown {
+            self.topo.final_shutdown = true;
+            self.stats.shutdowns += 1;
+            self.feed(LIVE, Input::Shutdown);
+        } else {
+            self.done = true;
+        }
+    }
+
+    fn fire(&mut self, event: Event) {
+        let owner = match &event {
+            Event::Complete { gen, .. } | Event::Reply { gen, .. } | Event::S3DeleteRest { gen, .. } => {
+                self.owner(*gen)
+            }
+            _ => None,
+        };
+        let event = match owner.and_then(|slot| self.frozen_until(slot).map(|wake| (slot, wake))) {
+            Some((slot, wake)) => match self.hold_for_frozen(slot, wake, event) {
+                Some(event) => event,
+                None => return,
+            },
+            None => event,
+        };
+        match event {
+            Event::Complete { gen, id, op } => self.on_complete(owner, gen, id, op),
+            Event::S3DeleteRest { gen, id, segment } => {
+                if let Some(slot) = owner {
+                    let result = self.wals[0].perform(gen, WalOp::Delete { segment }, false);
+                    self.stats.segments_deleted += 1;
+                    self.feed(slot, Input::IoDone { id, result });
+                }
+            }
+            Event::SinkEffect { gen, id, apply } => self.sink_effect_of(gen, id, apply),
+            Event::Reply { id, result, .. } => {
+                if let Some(slot) = owner {
+                    self.feed(slot, Input::IoDone { id, result });
+                }
+            }
+            Event::S3Land { conditional, segment, offset, bytes } => {
+                self.stats.s3_landed_late += 1;
+                let _ = self.wals[0].s3_mut().expect("S3 mode").put(conditional, segment, offset, &bytes);
+            }
+            Event::LeaseLand { expected, row } => {
+                let _ = self.topo.lease.write(expected, row);
+            }
+            Event::OffsetsLand { entries } => self.write_offsets(&entries),
+            Event::Crash => self.crash(false),
+            Event::Freeze => self.crash(true),
+            Event::Restart => self.restart(),
+            Event::Shutdown => self.shutdown(),
+            Event::Rot => self.rot(),
+            Event::EndFaultPhase => self.end_fault_phase(),
+        }
+    }
+
+    /// A request's completion: performed for the engine that sent it, or,
+    /// if that engine is gone, whatever the request still does on its way.
+    fn on_complete(&mut self, owner: Option<usize>, gen: u64, id: IoId, op: IoOp) {
+        match (op, owner) {
+            (IoOp::Wal(WalOp::Delete { segment }), owner) if self.scenario.wal == WalMode::S3 => {
+                if owner.is_some() {
+                    self.wals[0].s3_mut().expect("S3 mode").begin_delete(segment);
+                    let s3 = self.scenario.latencies.s3;
+                    self.after(crate::rng::Die::S3Latency, s3, Event::S3DeleteRest { gen, id, segment });
+                }
+            }
+            (op, Some(slot)) => {
+                let result = self.complete(slot, gen, op);
+                self.feed(slot, Input::IoDone { id, result });
+            }
+            (op, None) => self.in_flight_effect(gen, op),
+        }
+    }
+
+    fn shutdown(&mut self) {
+        if self.procs[LIVE].host.is_some() {
+            self.stats.shutdowns += 1;
+            self.topo.shutdown_fed = true;
+            self.feed(LIVE, Input::Shutdown);
+        }
+    }
+
+    fn end_fault_phase(&mut self) {
+        self.faulting = false;
+        // A frozen writer that never woke is killed for good, so the quiet
+        // phase has one writer to converge with.
+        if self.procs[TWIN].host.is_some() {
+            self.retire(TWIN);
+            self.trace.note(self.now(), "zombie killed");
+        }
+    }
+}
