@@ -24,7 +24,8 @@ pub enum Mutation {
     SnapshotDropsFrontier,
     /// Keeps re-sent records below the partition's position (already held).
     AcceptResentRecords,
-    /// Deletes the oldest sealed segment during recovery, compacted or not.
+    /// Deletes the oldest sealed segment during recovery, compacted or not
+    /// (in clustered mode, without raft's log moving past it).
     DeleteDuringRecovery,
     /// Materializes the first batch a commit held for a partition instead of
     /// the last (a value captured too early).

@@ -1,10 +1,19 @@
 //! The deterministic simulator for the skipprd engine.
 //!
 //! One `u64` seed drives a whole run: the scenario (pipeline shape, limits,
-//! fault rates), a simulated disk or S3 bucket with its lease row, offsets
-//! store, sources and sinks, and the schedule of crashes. The run has a fault phase and a quiet phase that must
-//! converge, and an exactly-once checker judges it. A run is single-threaded;
-//! sweeps put whole runs on separate threads. Same seed, same trace hash.
+//! fault rates), simulated WAL devices (disks or an S3 bucket with its lease
+//! row), offsets stores, sources and sinks, and the schedule of crashes. A
+//! run has a fault phase and a quiet phase that must converge, and an
+//! exactly-once checker judges it. A run is single-threaded; sweeps put
+//! whole runs on separate threads. Same seed, same trace hash.
+//!
+//! Where things live: `world` is the harness every mode shares (one
+//! scheduler, process slots, the run loop, the report, the
+//! recovery-idempotence check); `writer` (disk and S3) and `cluster` (raft
+//! hosts, a network, a durability model) are its topologies; `device`,
+//! `disk`, `s3` and `plugins` are the simulated services; `checker` the
+//! exactly-once reference model; `scenario` and `rng` what a seed draws;
+//! `sweep`, `shrink` and `trace` run many seeds, shrink one, and hash a run.
 
 pub mod checker;
 pub mod cluster;
@@ -26,4 +35,4 @@ pub use world::{run, Outcome, RunOptions, RunReport, RunStats};
 
 /// Bumped whenever a change alters what a seed does, so saved failures say
 /// which simulator found them.
-pub const SIM_VERSION: u32 = 18;
+pub const SIM_VERSION: u32 = 19;

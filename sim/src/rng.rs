@@ -25,6 +25,8 @@ pub enum Stream {
     Memory = 11,
     /// Clustered mode: hosts, ticks, the network and its faults.
     Cluster = 12,
+    /// How a frozen process's requests fare.
+    Frozen = 13,
 }
 
 #[derive(Clone)]

@@ -181,6 +181,11 @@ pub struct Faults {
     /// A group read back from the WAL for a sink fails (a disk read error,
     /// a 5xx): drawn from its own stream, with the record cache's size.
     pub read_fail: f64,
+    /// How often a frozen process's request is stuck in the paused machine
+    /// until it wakes, rather than performed on time: none, half or all of
+    /// them (swarm-drawn per seed on its own stream; the single writer's
+    /// twin used to have none stuck, a frozen raft host all).
+    pub stuck_when_frozen: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -287,6 +292,7 @@ impl Scenario {
         scenario.draw_s3(&mut r);
         scenario.lean_on_rare_paths(seed);
         scenario.draw_memory(seed);
+        scenario.faults.stuck_when_frozen = [0.0, 0.5, 1.0][Rng::new(seed, Stream::Frozen).range(0, 2) as usize];
         scenario
     }
 
@@ -376,7 +382,6 @@ impl Scenario {
         self.fault_phase_end = self.fault_phase_end.max(elections);
         self.cluster.wipe = c.chance(0.4);
         self.cluster.shared_offsets = c.chance(0.3);
-        self.faults.rot = false;
         self.faults.no_space = 0.0;
         self.faults.lost_segment = false;
         self.faults.offsets_ambiguous = 0.0;
@@ -530,6 +535,7 @@ fn draw_faults(r: &mut Rng, seed: u64) -> Faults {
         lease_wipe: false,
         lost_segment: Rng::new(seed, Stream::Operator).chance(0.03),
         read_fail: 0.0,
+        stuck_when_frozen: 0.0,
     }
 }
 

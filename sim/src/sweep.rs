@@ -108,7 +108,7 @@ const FAULT_KINDS: usize = 25;
 
 /// The faults of a run and the rare engine paths it took, by the names
 /// `--stats` prints them under.
-fn faults(s: &RunStats) -> [(&'static str, u64); 40] {
+fn faults(s: &RunStats) -> [(&'static str, u64); 41] {
     [
         ("crashes", s.crashes),
         ("crashes that cut the power", s.power_cuts),
@@ -146,6 +146,7 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 40] {
         ("clustered: a leader stopped on losing leadership", s.deposed),
         ("clustered: a conflicting uncommitted tail truncated", s.truncations),
         ("clustered: a wiped host joined under a new id", s.joins),
+        ("clustered: a rotten disk found and replaced", s.disks_replaced),
         ("clustered: a joined host promoted to voter", s.promotions),
         ("clustered: two truncations", s.truncations.saturating_sub(1)),
         ("clustered: a snapshot installed", s.snapshots),
@@ -214,6 +215,7 @@ impl Totals {
         t.freezes += s.freezes;
         t.truncations += s.truncations;
         t.wipes += s.wipes;
+        t.disks_replaced += s.disks_replaced;
         t.joins += s.joins;
         t.promotions += s.promotions;
         t.joins_refused += s.joins_refused;

@@ -64,6 +64,12 @@ impl Host {
         }
         self.records = wal.records;
         self.records.set_cache_max(self.cfg.limits.record_cache_bytes);
+        if self.cfg.mutations.has(Mutation::DeleteDuringRecovery) {
+            // The planted bug: the oldest sealed segment goes at once,
+            // without raft's log moving past it.
+            self.wal.delete_oldest_now();
+            self.wal.delete_next(&mut self.fx, true);
+        }
     }
 
     /// Routes what raft decided, in order.

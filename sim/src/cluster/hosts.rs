@@ -6,7 +6,7 @@ use super::{identity, Event, Raft};
 use crate::checker::invariant;
 use crate::plugins::SimOffsets;
 use crate::rng::Die;
-use crate::world::World;
+use crate::world::{self, World};
 use skippr_core::cluster::decode_file;
 use skippr_core::format::scan;
 use skippr_core::*;
@@ -20,20 +20,25 @@ impl World<Raft> {
             let at = Instant::from_micros(self.faults_rng.range(0, end));
             if i < self.scenario.crashes_kept * 2 {
                 let power = self.faults_rng.chance(0.5);
-                self.at(at, Event::Crash { power });
+                self.at(at, world::Event::Topo(Event::Crash { power }));
             }
         }
         for _ in 0..self.scenario.cluster.partitions {
             let at = Instant::from_micros(self.faults_rng.range(0, end));
-            self.at(at, Event::Partition);
+            self.at(at, world::Event::Topo(Event::Partition));
         }
         if self.scenario.cluster.wipe {
             let at = Instant::from_micros(self.faults_rng.range(end / 10, end * 6 / 10));
-            self.at(at, Event::Wipe);
+            self.at(at, world::Event::Topo(Event::Wipe));
+        } else if self.scenario.faults.rot {
+            // One host's disk at a time: a wiped host and a rotten one
+            // together could be two of three copies.
+            let at = Instant::from_micros(self.faults_rng.range(end / 2, end));
+            self.at(at, world::Event::Topo(Event::Rot));
         }
-        self.at(Instant::from_micros(end), Event::EndFaultPhase);
+        self.at(Instant::from_micros(end), world::Event::EndFaultPhase);
         for node in 0..self.procs.len() {
-            self.at(Instant::ZERO, Event::Restart { node });
+            self.at(Instant::ZERO, world::Event::Start { slot: node });
         }
     }
 
@@ -41,18 +46,20 @@ impl World<Raft> {
         if self.procs[node].host.is_some() || self.topo.members[node].left_out {
             return;
         }
+        if self.topo.members[node].starts > 0 && self.topo.members[node].wiped_from.is_none() {
+            let id = self.topo.members[node].id;
+            let alone = self.scenario.cluster_host_config(self.opts.mutations, node + 1, id, u64::MAX);
+            self.check_recovery_idempotent(alone, node, self.store(node));
+        }
         self.stats.restarts += 1;
-        self.topo.next_gen += 1;
-        self.procs[node].gen = self.topo.next_gen;
         let m = &mut self.topo.members[node];
         m.starts += 1;
         m.leader = false;
         m.finished = false;
         let cfg = self.scenario.cluster_host_config(self.opts.mutations, node + 1, m.id, m.starts);
         let host = Host::new(cfg, self.now()).expect("the scenario's configuration is valid");
-        self.procs[node].host = Some(host);
         self.trace.note(self.now(), &format!("h{} starts", node + 1));
-        self.drain(node);
+        self.begin(node, host);
     }
 
     /// A crash hits a host drawn at random (a leader more often): it is
@@ -80,7 +87,7 @@ impl World<Raft> {
         }
         self.rescan(node);
         let restart = self.scenario.latencies.restart;
-        self.after(Die::Restart, restart, Event::Restart { node });
+        self.after(Die::Restart, restart, world::Event::Start { slot: node });
     }
 
     /// A host's disk is lost for good (the checker still counts what it
@@ -99,17 +106,7 @@ impl World<Raft> {
             },
         };
         self.stats.wipes += 1;
-        self.kill(node);
-        self.trace.note(self.now(), &format!("h{} wiped", node + 1));
-        self.wals[node].wipe();
-        if !self.scenario.cluster.shared_offsets {
-            self.stores[node] = SimOffsets::new(false);
-        }
-        let m = &mut self.topo.members[node];
-        m.wiped_from = Some(m.id);
-        self.topo.model.wipe(node);
-        let restart = self.scenario.latencies.restart;
-        self.after(Die::Restart, restart, Event::Restart { node });
+        self.lose_disk(node);
         // Sometimes the leader goes down too, for a few election timeouts:
         // the lost disk was one of the majority that holds the newest
         // commits, and the hosts left must not elect a log without them.
@@ -118,7 +115,36 @@ impl World<Raft> {
             self.stats.crashes += 1;
             self.kill(leader);
             let span = 30 * self.scenario.cluster.ticks[leader].as_micros();
-            self.after(Die::Restart, (span, span * 2), Event::Restart { node: leader });
+            self.after(Die::Restart, (span, span * 2), world::Event::Start { slot: leader });
+        }
+    }
+
+    /// Host `node`'s data is gone (a disk lost, or replaced after it
+    /// rotted): it restarts on an empty disk, and must refuse to take part
+    /// until it has joined again.
+    fn lose_disk(&mut self, node: usize) {
+        self.kill(node);
+        self.trace.note(self.now(), &format!("h{} wiped", node + 1));
+        self.wals[node].wipe();
+        if !self.scenario.cluster.shared_offsets {
+            self.stores[node] = SimOffsets::new(false);
+        }
+        let m = &mut self.topo.members[node];
+        (m.wiped_from, m.rotten) = (Some(m.id), false);
+        self.topo.model.wipe(node);
+        let restart = self.scenario.latencies.restart;
+        self.after(Die::Restart, restart, world::Event::Start { slot: node });
+    }
+
+    /// Flips a bit in one host's segment that a later durable group
+    /// follows. The host finds it when it next reads the segment (at its
+    /// next start, or reading groups back), stops naming it, and the
+    /// operator replaces the disk: the host joins again under a new id.
+    pub(super) fn rot(&mut self, node: usize) {
+        let rng = &mut self.faults_rng;
+        if self.wals[node].disk_mut().is_some_and(|d| d.rot(|hi| rng.range(0, hi))) {
+            self.topo.members[node].rotten = true;
+            self.trace.note(self.now(), &format!("h{} rot", node + 1));
         }
     }
 
@@ -140,8 +166,8 @@ impl World<Raft> {
         self.stats.joins += 1;
         self.trace.note(self.now(), &format!("h{} joins as node {id} in place of {old}", node + 1));
         let restart = self.scenario.latencies.restart;
-        self.after(Die::Restart, restart, Event::Restart { node });
-        self.after(Die::ClusterFault, restart, Event::AskJoin { node });
+        self.after(Die::Restart, restart, world::Event::Start { slot: node });
+        self.after_topo(Die::ClusterFault, restart, Event::AskJoin { node });
     }
 
     /// Asks the host that leads (as far as the operator can tell) to let
@@ -166,7 +192,7 @@ impl World<Raft> {
             self.feed(leader, Input::Join { node: id, replaces: old });
         }
         let span = 10 * self.scenario.cluster.ticks[0].as_micros();
-        self.after(Die::ClusterFault, (span / 2, span), Event::AskJoin { node });
+        self.after_topo(Die::ClusterFault, (span / 2, span), Event::AskJoin { node });
     }
 
     /// `--once`: the run finished, so a join the leader never let in (the
@@ -191,7 +217,6 @@ impl World<Raft> {
 
     pub(super) fn kill(&mut self, node: usize) {
         self.retire(node);
-        self.procs[node].gen = 0;
         self.procs[node].frozen_until = None;
         self.topo.members[node].leader = false;
         self.trace.note(self.now(), &format!("h{} killed", node + 1));
@@ -203,6 +228,8 @@ impl World<Raft> {
         let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(s, b)| (*s, b.as_slice())).collect();
         match scan(&refs, false) {
             Ok(scanned) => self.topo.model.rescanned(node, &scanned),
+            // The host's own start will find the flipped bit.
+            Err(_) if self.topo.members[node].rotten => {}
             Err(c) => self.checker.fail(invariant::CORE_ASSERTION, format!("host {} disk: {c:?}", node + 1)),
         }
     }
@@ -223,7 +250,7 @@ impl World<Raft> {
                 }
                 self.stats.clean_stops += 1;
                 self.retire(node);
-                (self.procs[node].gen, self.procs[node].frozen_until) = (0, None);
+                self.procs[node].frozen_until = None;
                 (self.topo.members[node].leader, self.topo.members[node].finished) = (false, true);
                 self.trace.note(self.now(), &format!("h{} finished", node + 1));
                 return self.abandon_joins();
@@ -231,6 +258,12 @@ impl World<Raft> {
             StopReason::Deposed { .. } => self.stats.deposed += 1,
             StopReason::WalWriteFailed { .. } | StopReason::WalReadFailed { .. } => {}
             StopReason::SnapshotInstalled { .. } => {}
+            // Its disk rotted, and it stopped naming what it found: the
+            // operator replaces the disk.
+            StopReason::Corrupt(_) | StopReason::ClusterLog { .. } if self.topo.members[node].rotten => {
+                self.stats.disks_replaced += 1;
+                return self.lose_disk(node);
+            }
             StopReason::NotMember { .. }
                 if self.topo.members[node].wiped_from.is_some() && self.topo.members.iter().any(|m| m.finished) =>
             {
@@ -256,6 +289,6 @@ impl World<Raft> {
         }
         self.kill(node);
         let restart = self.scenario.latencies.restart;
-        self.after(Die::Restart, restart, Event::Restart { node });
+        self.after(Die::Restart, restart, world::Event::Start { slot: node });
     }
 }

@@ -27,6 +27,7 @@ mod requests;
 use crate::checker::{invariant, Violation};
 use crate::device::SimWal;
 use crate::plugins::{SimOffsets, SimSource};
+use crate::rng::Die;
 use crate::scenario::Scenario;
 use crate::world::{Proc, RunOptions, Topology, World};
 use model::Model;
@@ -35,24 +36,6 @@ use skippr_core::*;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub(crate) enum Event {
-    Complete {
-        node: usize,
-        gen: u64,
-        id: IoId,
-        op: IoOp,
-    },
-    SinkEffect {
-        node: usize,
-        gen: u64,
-        id: IoId,
-        apply: SinkApply,
-    },
-    Reply {
-        node: usize,
-        gen: u64,
-        id: IoId,
-        result: Result<IoReply, IoError>,
-    },
     Deliver(Box<PeerMessage>),
     /// Node `by`'s word that node `to` was removed (`Output::TellRemoved`).
     TellRemoved {
@@ -62,24 +45,15 @@ pub(crate) enum Event {
     Crash {
         power: bool,
     },
-    Restart {
-        node: usize,
-    },
     Partition,
     Heal,
-    EndFaultPhase,
     /// One host's data is lost for good.
     Wipe,
+    /// A bit flips on one host's disk.
+    Rot,
     /// The operator asks the leader again to let the joining host in.
     AskJoin {
         node: usize,
-    },
-    /// A host's transfer of a snapshot to node `to` ended.
-    Served {
-        node: usize,
-        gen: u64,
-        to: u64,
-        ok: bool,
     },
 }
 
@@ -100,6 +74,8 @@ struct Member {
     finished: bool,
     /// Its disk was lost after the run finished: it is not brought back.
     left_out: bool,
+    /// A bit flipped on its disk since it was last replaced.
+    rotten: bool,
 }
 
 pub(crate) struct Raft {
@@ -110,8 +86,6 @@ pub(crate) struct Raft {
     /// Raft node id → the slot running it.
     slot_of: BTreeMap<u64, usize>,
     next_id: u64,
-    /// The last generation given to an engine (a slot's is 0 while down).
-    next_gen: u64,
 }
 
 pub(crate) fn world(seed: u64, opts: RunOptions) -> World<Raft> {
@@ -151,6 +125,7 @@ pub(crate) fn world(seed: u64, opts: RunOptions) -> World<Raft> {
             leader: false,
             finished: false,
             left_out: false,
+            rotten: false,
         })
         .collect();
     let raft = Raft {
@@ -159,7 +134,6 @@ pub(crate) fn world(seed: u64, opts: RunOptions) -> World<Raft> {
         blocked: BTreeSet::new(),
         slot_of: (0..hosts).map(|h| (h as u64 + 1, h)).collect(),
         next_id: hosts as u64 + 1,
-        next_gen: 0,
     };
     World::new(scenario, opts, procs, wals, stores, raft)
 }
@@ -184,12 +158,58 @@ impl Topology for Raft {
         s.fault_phase_end + Self::QUIET_BUDGET + once
     }
 
-    fn timer_first(_: usize) -> bool {
-        true
+    fn addressee(w: &World<Raft>, event: &Event) -> Option<usize> {
+        match event {
+            Event::Deliver(m) => w.topo.slot_of.get(&m.to).copied(),
+            Event::TellRemoved { to, .. } => w.topo.slot_of.get(to).copied(),
+            _ => None,
+        }
     }
 
     fn fire(w: &mut World<Raft>, event: Event) {
-        w.fire(event)
+        match event {
+            Event::Deliver(m) => w.deliver(m),
+            Event::TellRemoved { by, to } => w.deliver_removed(by, to),
+            Event::Wipe => w.wipe(),
+            Event::Rot => {
+                let node = w.faults_rng.range(0, w.procs.len() as u64 - 1) as usize;
+                w.rot(node)
+            }
+            Event::AskJoin { node } => w.ask_join(node),
+            Event::Crash { power } => w.crash(power),
+            Event::Partition => w.partition(),
+            Event::Heal => w.topo.blocked.clear(),
+        }
+    }
+
+    fn start(w: &mut World<Raft>, node: usize) {
+        w.start(node)
+    }
+
+    /// Everything heals: the network, frozen hosts, and every host is up.
+    fn end_fault_phase(w: &mut World<Raft>) {
+        w.faulting = false;
+        w.topo.blocked.clear();
+        for node in 0..w.procs.len() {
+            w.procs[node].frozen_until = None;
+            if w.procs[node].host.is_none() {
+                w.start(node);
+            }
+        }
+    }
+
+    fn complete(w: &mut World<Raft>, node: usize, _: u64, _: IoId, op: IoOp) -> Option<Result<IoReply, IoError>> {
+        Some(w.complete(node, op))
+    }
+
+    /// A dead host's offsets write may still land (half of the time); its
+    /// disk requests died with it.
+    fn in_flight(w: &mut World<Raft>, node: usize, _: u64, op: IoOp) {
+        if let IoOp::Offsets(OffsetsOp::Write { entries }) = op {
+            if w.dice.roll(Die::InFlight).chance(0.5) {
+                w.write_offsets(node, &entries);
+            }
+        }
     }
 
     fn note_feed(w: &mut World<Raft>, slot: usize) {
@@ -247,10 +267,19 @@ impl Topology for Raft {
         w.topo.model.violation.as_ref()
     }
 
-    /// The hosts' committed prefixes agree.
+    /// The hosts' committed prefixes agree; under `--once`, where every
+    /// host stopped by itself having applied everything, each host's
+    /// offsets store holds every record (as a single writer's does after
+    /// its clean stop).
     fn judge_end(w: &mut World<Raft>) {
         let commits: Vec<u64> = w.wals.iter().map(saved_commit).collect();
         w.topo.model.check_prefixes(&commits);
+        if w.scenario.stop_when_exhausted && w.all_finished() {
+            for node in (0..w.procs.len()).filter(|&n| !w.topo.members[n].left_out) {
+                let store = &w.stores[w.store(node)];
+                w.checker.check_materialized(|key| store.position(key));
+            }
+        }
     }
 
     fn wrap_up(w: &mut World<Raft>) {
@@ -262,82 +291,6 @@ impl World<Raft> {
     /// Under `--once`, every host must stop by itself in the end.
     fn all_finished(&self) -> bool {
         !self.scenario.stop_when_exhausted || self.topo.members.iter().all(|m| m.finished)
-    }
-
-    /// An event that reaches a frozen host waits until it wakes.
-    fn frozen(&mut self, node: usize, event: Event) -> Option<Event> {
-        match self.procs[node].frozen_until {
-            Some(wake) if wake > self.now() => {
-                self.at(wake, event);
-                None
-            }
-            _ => Some(event),
-        }
-    }
-
-    fn fire(&mut self, event: Event) {
-        let node = match &event {
-            Event::Complete { node, .. }
-            | Event::SinkEffect { node, .. }
-            | Event::Reply { node, .. }
-            | Event::Served { node, .. } => Some(*node),
-            Event::Deliver(m) => match self.topo.slot_of.get(&m.to) {
-                Some(&slot) => Some(slot),
-                None => return, // an id that no host runs (any longer)
-            },
-            Event::TellRemoved { to, .. } => match self.topo.slot_of.get(to) {
-                Some(&slot) => Some(slot),
-                None => return,
-            },
-            _ => None,
-        };
-        let event = match node {
-            Some(n) => match self.frozen(n, event) {
-                Some(e) => e,
-                None => return,
-            },
-            None => event,
-        };
-        match event {
-            Event::Complete { node, gen, id, op } => {
-                if self.procs[node].gen == gen {
-                    let result = self.complete(node, op);
-                    self.feed(node, Input::IoDone { id, result });
-                }
-            }
-            Event::SinkEffect { node, gen, id, apply } => {
-                let (delay, result) = self.sink_effect(&apply);
-                self.at(self.now() + delay, Event::Reply { node, gen, id, result });
-            }
-            Event::Reply { node, gen, id, result } => {
-                if self.procs[node].gen == gen {
-                    self.feed(node, Input::IoDone { id, result });
-                }
-            }
-            Event::Deliver(m) => self.deliver(m),
-            Event::TellRemoved { by, to } => self.deliver_removed(by, to),
-            Event::Served { node, gen, to, ok } => {
-                if self.procs[node].gen == gen {
-                    self.feed(node, Input::SnapshotServed { to, ok });
-                }
-            }
-            Event::Wipe => self.wipe(),
-            Event::AskJoin { node } => self.ask_join(node),
-            Event::Crash { power } => self.crash(power),
-            Event::Restart { node } => self.start(node),
-            Event::Partition => self.partition(),
-            Event::Heal => self.topo.blocked.clear(),
-            Event::EndFaultPhase => {
-                self.faulting = false;
-                self.topo.blocked.clear();
-                for node in 0..self.procs.len() {
-                    self.procs[node].frozen_until = None;
-                    if self.procs[node].host.is_none() {
-                        self.start(node);
-                    }
-                }
-            }
-        }
     }
 }
 

@@ -19,9 +19,9 @@ impl World<Raft> {
         }
         if self.fault(Die::Network, dup) {
             self.stats.messages_duplicated += 1;
-            self.after(Die::Network, net, Event::Deliver(m.clone()));
+            self.after_topo(Die::Network, net, Event::Deliver(m.clone()));
         }
-        self.after(Die::Network, net, Event::Deliver(m));
+        self.after_topo(Die::Network, net, Event::Deliver(m));
     }
 
     /// A partition for a while: one host cut off from the others, or able
@@ -48,7 +48,7 @@ impl World<Raft> {
         self.stats.partitions += 1;
         self.trace.note(self.now(), &format!("partition {side:?} kind {kind}"));
         let span = 30 * self.scenario.cluster.ticks[0].as_micros();
-        self.after(Die::ClusterFault, (span / 2, span * 3), Event::Heal);
+        self.after_topo(Die::ClusterFault, (span / 2, span * 3), Event::Heal);
     }
 
     /// Node `node` says a removed node's messages are no longer heard.
@@ -56,12 +56,13 @@ impl World<Raft> {
         self.stats.removed_told += 1;
         let by = self.topo.members[node].id;
         let net = self.scenario.cluster.net;
-        self.after(Die::Network, net, Event::TellRemoved { by, to });
+        self.after_topo(Die::Network, net, Event::TellRemoved { by, to });
     }
 
     /// A message reaches its node, unless the link is cut or nobody runs there.
     pub(super) fn deliver(&mut self, m: Box<PeerMessage>) {
-        let to = self.topo.slot_of[&m.to];
+        // An id that no host runs (any longer): nobody hears it.
+        let Some(&to) = self.topo.slot_of.get(&m.to) else { return };
         let from = self.topo.slot_of.get(&m.from).map_or(0, |&s| s as u64 + 1);
         if !self.topo.blocked.contains(&(from, to as u64 + 1)) && self.procs[to].host.is_some() {
             self.feed(to, Input::Peer(m));
@@ -69,7 +70,7 @@ impl World<Raft> {
     }
 
     pub(super) fn deliver_removed(&mut self, by: u64, to: u64) {
-        let slot = self.topo.slot_of[&to];
+        let Some(&slot) = self.topo.slot_of.get(&to) else { return };
         let from = self.topo.slot_of.get(&by).map_or(0, |&s| s as u64 + 1);
         if !self.topo.blocked.contains(&(from, slot as u64 + 1)) && self.procs[slot].host.is_some() {
             self.feed(slot, Input::Removed { by, node: to });

@@ -3,10 +3,10 @@
 //! may die in the middle of, a snapshot's install from another host's
 //! disk), its offsets store, or a plugin.
 
-use super::{saved_commit, Event, Raft};
+use super::{saved_commit, Raft};
 use crate::checker::invariant;
 use crate::rng::Die;
-use crate::world::World;
+use crate::world::{self, World};
 use skippr_core::cluster::check_install;
 use skippr_core::format::scan;
 use skippr_core::*;
@@ -22,21 +22,35 @@ impl World<Raft> {
         match op {
             IoOp::Wal(op) => {
                 let latency = if matches!(op, WalOp::Replicate(_)) { lat.disk_write } else { lat.disk_other };
-                self.after(Die::DiskLatency, latency, Event::Complete { node, gen, id, op: IoOp::Wal(op) });
+                self.after(
+                    Die::DiskLatency,
+                    latency,
+                    world::Event::Complete { slot: node, gen, id, op: IoOp::Wal(op) },
+                );
+            }
+            IoOp::Offsets(OffsetsOp::Write { entries }) => {
+                // The host acts on the positions as it sends the write.
+                for e in &entries {
+                    self.topo.model.on_offsets(node, e.key, e.value.position);
+                }
+                let op = IoOp::Offsets(OffsetsOp::Write { entries });
+                self.after(Die::OffsetsLatency, lat.offsets, world::Event::Complete { slot: node, gen, id, op })
             }
             op @ IoOp::Offsets(_) => {
-                self.after(Die::OffsetsLatency, lat.offsets, Event::Complete { node, gen, id, op })
+                self.after(Die::OffsetsLatency, lat.offsets, world::Event::Complete { slot: node, gen, id, op })
             }
             IoOp::Plugin(PluginOp::SinkApply(apply)) => {
                 self.topo.model.on_dispatch(node, &apply.records);
-                self.after(Die::SinkLatency, lat.sink, Event::SinkEffect { node, gen, id, apply });
+                self.after(Die::SinkLatency, lat.sink, world::Event::SinkEffect { gen, id, apply });
             }
             IoOp::Plugin(PluginOp::SourceAck { source, acks }) => {
                 self.topo.model.on_ack(node, source, &acks);
                 let op = IoOp::Plugin(PluginOp::SourceAck { source, acks });
-                self.after(Die::PluginLatency, lat.source, Event::Complete { node, gen, id, op });
+                self.after(Die::PluginLatency, lat.source, world::Event::Complete { slot: node, gen, id, op });
             }
-            op @ IoOp::Plugin(_) => self.after(Die::PluginLatency, lat.source, Event::Complete { node, gen, id, op }),
+            op @ IoOp::Plugin(_) => {
+                self.after(Die::PluginLatency, lat.source, world::Event::Complete { slot: node, gen, id, op })
+            }
             IoOp::Lease(_) => unreachable!("clustered engines take no lease"),
         }
     }
@@ -46,13 +60,7 @@ impl World<Raft> {
             IoOp::Wal(op) => self.complete_wal(node, op),
             IoOp::Offsets(OffsetsOp::Read) => Ok(IoReply::Offsets(self.stores[self.store(node)].read())),
             IoOp::Offsets(OffsetsOp::Write { entries }) => {
-                for e in &entries {
-                    self.topo.model.on_offsets(node, e.key, e.value.position);
-                }
-                let store = self.store(node);
-                for (key, old, new) in self.stores[store].write(&entries) {
-                    self.checker.on_offsets_changed(key, old, new);
-                }
+                self.write_offsets(node, &entries);
                 Ok(IoReply::Done)
             }
             IoOp::Plugin(op) => self.complete_plugin_of(node, op),
@@ -72,7 +80,7 @@ impl World<Raft> {
         self.kill(node);
         self.rescan(node);
         let restart = self.scenario.latencies.restart;
-        self.after(Die::Restart, restart, Event::Restart { node });
+        self.after(Die::Restart, restart, world::Event::Start { slot: node });
         Err(IoError::Failed)
     }
 
@@ -95,7 +103,7 @@ impl World<Raft> {
         });
         if let Some(s) = sender {
             let (gen, to, ok) = (self.procs[s].gen, self.topo.members[node].id, checked.is_some());
-            self.at(self.now(), Event::Served { node: s, gen, to, ok });
+            self.at(self.now(), world::Event::Reply { gen, input: Input::SnapshotServed { to, ok } });
         }
         let Some(segments) = checked else {
             self.stats.snapshot_failures += 1;
@@ -167,6 +175,9 @@ impl World<Raft> {
             }
             if truncated {
                 self.stats.truncations += 1;
+            }
+            // A rotten disk no longer scans, whatever the truncation did.
+            if truncated && !self.topo.members[node].rotten {
                 let segments = self.wals[node].segments_durable();
                 let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(s, b)| (*s, b.as_slice())).collect();
                 self.topo.model.check_truncated(node, &refs, scan(&refs, false).map_err(|c| format!("{c:?}")));
@@ -182,5 +193,14 @@ impl World<Raft> {
         let member = &self.topo.members[node];
         let judged = (member.leader && member.term == newest).then(|| self.store(node));
         self.complete_plugin(node, op, judged)
+    }
+
+    /// Host `node`'s offsets store applies a write; the checker hears of
+    /// each change.
+    pub(super) fn write_offsets(&mut self, node: usize, entries: &[OffsetEntry]) {
+        let store = self.store(node);
+        for (key, old, new) in self.stores[store].write(entries) {
+            self.checker.on_offsets_changed(key, old, new);
+        }
     }
 }

@@ -13,6 +13,7 @@
 //! (`crate::writer`: disk and S3), or raft hosts with their own devices
 //! and a network (`crate::cluster`).
 
+mod idempotence;
 mod plugins;
 mod process;
 mod schedule;
@@ -21,7 +22,7 @@ mod tests;
 
 pub(crate) use plugins::Faults;
 pub(crate) use process::Proc;
-pub(crate) use schedule::Schedule;
+pub(crate) use schedule::{Event, Schedule};
 
 use crate::checker::{invariant, Checker, Violation};
 use crate::device::SimWal;
@@ -29,7 +30,8 @@ use crate::plugins::{SimOffsets, SimSink};
 use crate::rng::{Dice, Die, Rng, Stream};
 use crate::scenario::{Overrides, Scenario, WalMode};
 use crate::trace::Trace;
-use skippr_core::{Duration, Input, Instant, IoId, IoOp, Mutations, Output, RarePaths};
+use skippr_core::SinkApply;
+use skippr_core::{Duration, Host, Input, Instant, IoError, IoId, IoOp, IoReply, Mutations, Output, RarePaths};
 
 #[derive(Clone, Debug, Default)]
 pub struct RunOptions {
@@ -113,9 +115,11 @@ pub struct RunStats {
     pub partitions: u64,
     pub freezes: u64,
     pub truncations: u64,
-    /// Clustered mode: hosts wiped, rejoined under a new id, promoted to
-    /// voter, and joins a host refused (not the leader, a change under way).
+    /// Clustered mode: hosts wiped, disks replaced after they rotted,
+    /// hosts rejoined under a new id, promoted to voter, and joins a host
+    /// refused (not the leader, a change under way).
     pub wipes: u64,
+    pub disks_replaced: u64,
     pub joins: u64,
     pub promotions: u64,
     pub joins_refused: u64,
@@ -167,13 +171,28 @@ pub(crate) trait Topology: Sized {
     fn quiet_deadline(w: &World<Self>) -> Instant {
         w.scenario.fault_phase_end + Self::QUIET_BUDGET
     }
-    /// Whether slot `slot`'s timer goes before an event due at the same time.
-    fn timer_first(slot: usize) -> bool;
+    /// The slot a topology event reaches, if it reaches one: it waits
+    /// while that process is frozen.
+    fn addressee(w: &World<Self>, event: &Self::Event) -> Option<usize>;
     fn fire(w: &mut World<Self>, event: Self::Event);
     /// Marks in the trace which process the next input goes to.
     fn note_feed(w: &mut World<Self>, slot: usize);
+    /// Starts an engine in slot `slot` (with `World::begin`), if one is to run.
+    fn start(w: &mut World<Self>, slot: usize);
+    fn end_fault_phase(w: &mut World<Self>);
     /// A request leaves slot `slot`'s engine.
     fn submit(w: &mut World<Self>, slot: usize, id: IoId, op: IoOp);
+    /// A request of the engine in `slot` is performed at its completion:
+    /// its answer, or `None` if the answer comes later.
+    fn complete(w: &mut World<Self>, slot: usize, gen: u64, id: IoId, op: IoOp) -> Option<Result<IoReply, IoError>>;
+    /// A request whose engine no longer runs completes: what the service
+    /// still does with it (nobody hears the answer).
+    fn in_flight(w: &mut World<Self>, slot: usize, gen: u64, op: IoOp);
+    /// Whether a sink applies a batch an engine of generation `gen` sent
+    /// (false: the topology found the run failed).
+    fn may_apply(_: &mut World<Self>, _gen: u64, _apply: &SinkApply) -> bool {
+        true
+    }
     /// An output other than a request or a count; false stops the drain.
     fn on_output(w: &mut World<Self>, slot: usize, output: Output) -> bool;
     /// After every step: whether the run has converged.
@@ -184,14 +203,14 @@ pub(crate) trait Topology: Sized {
     fn violation(w: &World<Self>) -> Option<&Violation>;
     /// The run ended without a panic: the topology's final checks.
     fn judge_end(w: &mut World<Self>);
-    /// The run is over: its processes retire and its statistics are summed.
+    /// The run is over: the topology's statistics.
     fn wrap_up(w: &mut World<Self>);
 }
 
 pub(crate) struct World<T: Topology> {
     pub scenario: Scenario,
     pub opts: RunOptions,
-    pub schedule: Schedule<T::Event>,
+    pub schedule: Schedule<Event<T::Event>>,
     pub dice: Dice,
     pub faults_rng: Rng,
     /// The engines' process slots (the topology says what each is for).
@@ -203,6 +222,8 @@ pub(crate) struct World<T: Topology> {
     pub checker: Checker,
     pub trace: Trace,
     pub stats: RunStats,
+    /// The last generation given to an engine.
+    pub next_gen: u64,
     pub faulting: bool,
     pub done: bool,
     /// The run ended in a correct refusal (committed data lost or rotten,
@@ -233,6 +254,7 @@ impl<T: Topology> World<T> {
             procs,
             wals,
             stores,
+            next_gen: 0,
             faulting: true,
             done: false,
             fail_closed: None,
@@ -301,14 +323,15 @@ impl<T: Topology> World<T> {
                 return T::stalled(self, "the quiet phase did not converge");
             }
             self.schedule.now = self.schedule.now.max(next);
+            // An engine's deadline goes before an event due at the same time.
             match timer {
-                Some((t, slot)) if t == next && (next_event != Some(t) || T::timer_first(slot)) => {
+                Some((t, slot)) if t == next => {
                     self.procs[slot].frozen_until = None;
                     self.feed(slot, Input::Timeout);
                 }
                 _ => {
                     let event = self.schedule.pop().expect("an event is due");
-                    T::fire(self, event);
+                    self.fire(event);
                 }
             }
             T::after_step(self);
@@ -332,14 +355,96 @@ impl<T: Topology> World<T> {
         self.schedule.now
     }
 
-    pub fn at(&mut self, at: Instant, event: T::Event) {
+    pub fn at(&mut self, at: Instant, event: Event<T::Event>) {
         self.schedule.at(at, event);
     }
 
     /// Schedules `event` after a delay in `lo..=hi` microseconds drawn from `die`.
-    pub fn after(&mut self, die: Die, (lo, hi): (u64, u64), event: T::Event) {
+    pub fn after(&mut self, die: Die, (lo, hi): (u64, u64), event: Event<T::Event>) {
         let delay = self.dice.roll(die).range(lo, hi.max(lo));
         self.schedule.at(self.now() + Duration::from_micros(delay), event);
+    }
+
+    /// Schedules a topology event after a delay drawn from `die`.
+    pub fn after_topo(&mut self, die: Die, range: (u64, u64), event: T::Event) {
+        self.after(die, range, Event::Topo(event));
+    }
+
+    fn fire(&mut self, event: Event<T::Event>) {
+        match event {
+            Event::Complete { slot, gen, id, op } => match self.owner(gen) {
+                Some(owner) => {
+                    if let Some(wake) = self.stuck(owner) {
+                        return self.hold(wake, Event::Complete { slot, gen, id, op });
+                    }
+                    if let Some(result) = T::complete(self, owner, gen, id, op) {
+                        self.reply(gen, Input::IoDone { id, result });
+                    }
+                }
+                None => T::in_flight(self, slot, gen, op),
+            },
+            Event::SinkEffect { gen, id, apply } => {
+                if let Some(wake) = self.owner(gen).and_then(|owner| self.stuck(owner)) {
+                    return self.hold(wake, Event::SinkEffect { gen, id, apply });
+                }
+                if T::may_apply(self, gen, &apply) {
+                    let (delay, result) = self.sink_effect(&apply);
+                    let input = Input::IoDone { id, result };
+                    self.at(self.now() + delay, Event::Reply { gen, input });
+                }
+            }
+            Event::Reply { gen, input } => self.reply(gen, input),
+            Event::Start { slot } => T::start(self, slot),
+            Event::EndFaultPhase => T::end_fault_phase(self),
+            Event::Topo(event) => match T::addressee(self, &event).and_then(|slot| self.wake_of(slot)) {
+                Some(wake) => self.hold(wake, Event::Topo(event)),
+                None => T::fire(self, event),
+            },
+        }
+    }
+
+    /// `input` reaches the engine of generation `gen`: now, when it wakes
+    /// if it is frozen, or never if it no longer runs.
+    pub fn reply(&mut self, gen: u64, input: Input) {
+        let Some(slot) = self.owner(gen) else { return };
+        match self.wake_of(slot) {
+            Some(wake) => self.hold(wake, Event::Reply { gen, input }),
+            None => self.feed(slot, input),
+        }
+    }
+
+    /// A request of a frozen process is due: it left before the freeze
+    /// and is performed on time, or it is stuck in the paused machine (a
+    /// VM's network and disk stop with it) and is performed when it wakes,
+    /// at the seed's rate. Returns the wake time if it is stuck.
+    fn stuck(&mut self, slot: usize) -> Option<Instant> {
+        let wake = self.wake_of(slot)?;
+        let rate = self.scenario.faults.stuck_when_frozen;
+        self.dice.roll(Die::Frozen).chance(rate).then_some(wake)
+    }
+
+    /// What reaches a frozen process waits until a little after it wakes.
+    fn hold(&mut self, wake: Instant, event: Event<T::Event>) {
+        let delay = Duration::from_micros(self.dice.roll(Die::Frozen).range(0, 1_000));
+        self.at(wake + delay, event);
+    }
+
+    /// The slot whose running engine has generation `gen`.
+    pub fn owner(&self, gen: u64) -> Option<usize> {
+        self.procs.iter().position(|p| p.gen == gen && p.host.is_some())
+    }
+
+    /// When slot `slot`'s process wakes, if it is frozen now.
+    pub fn wake_of(&self, slot: usize) -> Option<Instant> {
+        self.procs[slot].frozen_until.filter(|w| *w > self.now())
+    }
+
+    /// Starts `host` in slot `slot` under a new generation, and drains it.
+    pub fn begin(&mut self, slot: usize, host: Host) {
+        self.next_gen += 1;
+        let p = &mut self.procs[slot];
+        (p.host, p.gen, p.frozen_until) = (Some(host), self.next_gen, None);
+        self.drain(slot);
     }
 
     /// A fault of kind `die` at `rate` strikes this request.

@@ -6,11 +6,10 @@
 //! only in the fault phase.
 
 use super::{Event, Writer, LIVE};
-use crate::checker::invariant;
 use crate::rng::Die;
 use crate::scenario::WalMode;
-use crate::world::World;
-use skippr_core::{IoError, IoId, IoOp, IoReply, LeaseRow, OffsetEntry, SinkApply};
+use crate::world::{self, World};
+use skippr_core::{IoError, IoOp, IoReply, LeaseRow, OffsetEntry};
 use skippr_core::{LeaseOp, OffsetsOp, WalOp};
 use std::sync::Arc;
 
@@ -45,14 +44,14 @@ impl World<Writer> {
         if self.owner(gen) == Some(LIVE) && self.dice.roll(Die::Pause).chance(self.scenario.faults.pause / 2.0) {
             // The reply was lost because the writer's network went down: it
             // is cut off, and a replacement takes over.
-            self.at(self.now(), Event::Freeze);
+            self.at(self.now(), world::Event::Topo(Event::Freeze));
         }
         let roll = self.dice.roll(Die::S3Ambiguous).range(0, 99);
         if roll < 40 {
             let _ = self.wals[0].s3_mut().expect("S3 mode").put(conditional, segment, offset, &bytes);
         } else if roll < 70 {
             let late = self.scenario.lease.requests_within.as_micros();
-            self.after(Die::S3Ambiguous, (1_000, late), Event::S3Land { conditional, segment, offset, bytes });
+            self.after_topo(Die::S3Ambiguous, (1_000, late), Event::S3Land { conditional, segment, offset, bytes });
         }
         Err(IoError::Ambiguous)
     }
@@ -65,7 +64,7 @@ impl World<Writer> {
                 let _ = self.topo.lease.write(expected, row);
             } else if roll < 70 {
                 let late = self.scenario.lease.steal_after.as_micros() * 2;
-                self.after(Die::LeaseAmbiguous, (1_000, late), Event::LeaseLand { expected, row });
+                self.after_topo(Die::LeaseAmbiguous, (1_000, late), Event::LeaseLand { expected, row });
             }
             return Err(IoError::Ambiguous);
         }
@@ -81,7 +80,7 @@ impl World<Writer> {
                 self.write_offsets(&entries);
             } else if self.scenario.wal == WalMode::S3 && self.dice.roll(Die::InFlight).chance(0.5) {
                 let late = self.scenario.lease.steal_after.as_micros() * 2;
-                self.after(Die::OffsetsAmbiguous, (1_000, late), Event::OffsetsLand { entries });
+                self.after_topo(Die::OffsetsAmbiguous, (1_000, late), Event::OffsetsLand { entries });
             }
             return Err(IoError::Ambiguous);
         }
@@ -116,20 +115,5 @@ impl World<Writer> {
             let conditional = s3.conditional(gen, segment, offset);
             let _ = s3.put(conditional, segment, offset, &bytes);
         }
-    }
-
-    /// The sink process applies the batch, whether or not the host that sent
-    /// it is still alive; the reply reaches only the host that sent it.
-    pub(super) fn sink_effect_of(&mut self, gen: u64, id: IoId, apply: SinkApply) {
-        if let Some(lost) = self.topo.lost.filter(|l| l.needed && gen >= l.gen) {
-            let detail = format!(
-                "segment {} was deleted while a sink still needed it, and an engine started after that \
-                 delivered {} to sink {}",
-                lost.segment.0, apply.id, apply.sink
-            );
-            return self.checker.fail(invariant::LOST_SEGMENT_UNNOTICED, detail);
-        }
-        let (delay, result) = self.sink_effect(&apply);
-        self.at(self.now() + delay, Event::Reply { gen, id, result });
     }
 }

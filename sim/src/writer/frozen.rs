@@ -4,42 +4,13 @@
 //! carry on as if nothing happened. It must find itself fenced out, or its
 //! lease lost, before it does any harm.
 
-use super::{Event, Writer, LIVE, TWIN};
+use super::{Writer, LIVE, TWIN};
 use crate::checker::invariant;
 use crate::rng::Die;
-use crate::world::World;
-use skippr_core::{Duration, Instant, StopReason};
-use skippr_core::{IoOp, WalOp};
+use crate::world::{self, World};
+use skippr_core::{Duration, StopReason};
 
 impl World<Writer> {
-    /// The engine a request of generation `gen` belongs to, if it is alive.
-    pub(super) fn owner(&self, gen: u64) -> Option<usize> {
-        [LIVE, TWIN].into_iter().find(|&slot| self.procs[slot].gen == gen && self.procs[slot].host.is_some())
-    }
-
-    /// A frozen engine notices nothing until it wakes: its events wait.
-    pub(super) fn frozen_until(&self, slot: usize) -> Option<Instant> {
-        self.procs[slot].frozen_until.filter(|w| *w > self.now())
-    }
-
-    /// The services act on what a frozen process sent; only what comes back
-    /// waits for it to wake. Returns the event if it is to be handled now.
-    pub(super) fn hold_for_frozen(&mut self, slot: usize, wake: Instant, event: Event) -> Option<Event> {
-        let delay = Duration::from_micros(self.dice.roll(Die::Frozen).range(0, 1_000));
-        match event {
-            Event::Complete { gen, id, op } if !matches!(op, IoOp::Wal(WalOp::Delete { .. })) => {
-                let result = self.complete(slot, gen, op);
-                self.at(wake + delay, Event::Reply { gen, id, result });
-                None
-            }
-            event @ Event::Complete { .. } => Some(event),
-            event => {
-                self.at(wake + delay, event);
-                None
-            }
-        }
-    }
-
     /// The live writer freezes until a draw from the crash stream; a
     /// replacement starts after the usual restart delay.
     pub(super) fn freeze(&mut self) {
@@ -53,9 +24,8 @@ impl World<Writer> {
         let twin = &mut self.procs[TWIN];
         (twin.host, twin.gen, twin.timer, twin.sources, twin.frozen_until) =
             (Some(host), gen, timer, sources, Some(wake));
-        self.procs[LIVE].gen += 1;
         self.topo.append_in_flight = false;
-        self.after(Die::Restart, self.scenario.latencies.restart, Event::Restart);
+        self.after(Die::Restart, self.scenario.latencies.restart, world::Event::Start { slot: LIVE });
     }
 
     /// A woken writer must find itself fenced out (or lose the lease) before

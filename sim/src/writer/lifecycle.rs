@@ -1,12 +1,12 @@
 //! Crashes and restarts, what an operator does while no daemon runs, bit
 //! rot, and how each way an engine stops is judged.
 
-use super::{Event, Writer, LIVE, TWIN};
+use super::{Writer, LIVE, TWIN};
 use crate::checker::invariant;
 use crate::operator::{self, LostSegment};
 use crate::rng::Die;
 use crate::scenario::WalMode;
-use crate::world::World;
+use crate::world::{self, World};
 use skippr_core::{Host, StopReason};
 
 impl World<Writer> {
@@ -36,7 +36,6 @@ impl World<Writer> {
             self.topo.lease.row = None;
         }
         self.retire(LIVE);
-        self.procs[LIVE].gen += 1;
         self.topo.append_in_flight = false;
         if power_cut {
             self.wals[0].power_cut(self.scenario.faults.lost_dir_entry);
@@ -44,7 +43,7 @@ impl World<Writer> {
         if self.scenario.faults.lost_segment && self.topo.lost.is_none() && self.procs[TWIN].host.is_none() {
             self.lose_segment();
         }
-        self.after(Die::Restart, self.scenario.latencies.restart, Event::Restart);
+        self.after(Die::Restart, self.scenario.latencies.restart, world::Event::Start { slot: LIVE });
     }
 
     /// With no daemon running, the operator deletes a segment (at half the
@@ -59,7 +58,7 @@ impl World<Writer> {
         self.wals[0].remove(segment);
         self.trace.note(self.now(), &format!("operator deleted segment {} (needed: {needed})", segment.0));
         self.stats.lost_segments += 1;
-        self.topo.lost = Some(LostSegment { segment, gen: self.procs[LIVE].gen, needed });
+        self.topo.lost = Some(LostSegment { segment, gen: self.next_gen + 1, needed });
     }
 
     /// Flips a bit in a segment that a later durable commit follows.
@@ -76,8 +75,7 @@ impl World<Writer> {
     fn exit_and_restart(&mut self) {
         self.topo.append_in_flight = false;
         self.retire(LIVE);
-        self.procs[LIVE].gen += 1;
-        self.after(Die::Restart, self.scenario.latencies.restart, Event::Restart);
+        self.after(Die::Restart, self.scenario.latencies.restart, world::Event::Start { slot: LIVE });
     }
 
     pub(super) fn restart(&mut self) {
@@ -85,15 +83,17 @@ impl World<Writer> {
             return;
         }
         if self.topo.incarnation > 0 {
-            self.check_recovery_idempotent();
+            let mut alone = self.scenario.host_config(self.opts.mutations, u64::MAX);
+            alone.lease = None;
+            self.check_recovery_idempotent(alone, 0, 0);
         }
         self.stats.restarts += 1;
         let config = self.scenario.host_config(self.opts.mutations, self.topo.incarnation);
         self.topo.incarnation += 1;
         self.trace.note(self.now(), "start");
         self.topo.shutdown_fed = false;
-        self.procs[LIVE].host = Some(Host::new(config, self.now()).expect("scenario configs are valid"));
-        self.drain(LIVE);
+        let host = Host::new(config, self.now()).expect("scenario configs are valid");
+        self.begin(LIVE, host);
     }
 
     pub(super) fn on_stopped(&mut self, reason: StopReason) {

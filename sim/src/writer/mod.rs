@@ -13,7 +13,6 @@
 
 mod faults;
 mod frozen;
-mod idempotence;
 mod lifecycle;
 mod requests;
 
@@ -21,10 +20,11 @@ use crate::checker::{invariant, Violation};
 use crate::device::SimWal;
 use crate::operator::LostSegment;
 use crate::plugins::{SimOffsets, SimSource};
+use crate::rng::Die;
 use crate::rng::{Rng, Stream};
 use crate::s3::SimLease;
 use crate::scenario::{Scenario, WalMode};
-use crate::world::{Proc, RunOptions, Topology, World};
+use crate::world::{self, Proc, RunOptions, Topology, World};
 use skippr_core::*;
 use std::sync::Arc;
 
@@ -33,30 +33,11 @@ pub(crate) const LIVE: usize = 0;
 pub(crate) const TWIN: usize = 1;
 
 pub(crate) enum Event {
-    /// An I/O finishes and is performed now (reads, syncs, stores, sources).
-    Complete {
-        gen: u64,
-        id: IoId,
-        op: IoOp,
-    },
-    /// A sink applies a batch; its reply follows.
-    SinkEffect {
-        gen: u64,
-        id: IoId,
-        apply: SinkApply,
-    },
-    Reply {
-        gen: u64,
-        id: IoId,
-        result: Result<IoReply, IoError>,
-    },
     Crash,
     /// The live writer is cut off (a network partition) and freezes.
     Freeze,
-    Restart,
     Shutdown,
     Rot,
-    EndFaultPhase,
     /// A put whose outcome was reported unknown reaches S3 now.
     S3Land {
         conditional: bool,
@@ -137,29 +118,67 @@ impl Topology for Writer {
         for i in 0..f.crashes {
             let at = Instant::from_micros(w.faults_rng.range(0, end.as_micros()));
             if i < w.scenario.crashes_kept {
-                w.at(at, Event::Crash);
+                w.at(at, world::Event::Topo(Event::Crash));
             }
         }
         if f.rot {
             let at = Instant::from_micros(w.faults_rng.range(end.as_micros() / 2, end.as_micros()));
-            w.at(at, Event::Rot);
+            w.at(at, world::Event::Topo(Event::Rot));
         }
         if f.shutdown_mid_run {
             let at = Instant::from_micros(w.faults_rng.range(0, end.as_micros()));
-            w.at(at, Event::Shutdown);
+            w.at(at, world::Event::Topo(Event::Shutdown));
         }
-        w.at(end, Event::EndFaultPhase);
-        w.at(Instant::ZERO, Event::Restart);
+        w.at(end, world::Event::EndFaultPhase);
+        w.at(Instant::ZERO, world::Event::Start { slot: LIVE });
     }
 
-    /// The live writer's timer goes before an event at the same time; the
-    /// twin's after it.
-    fn timer_first(slot: usize) -> bool {
-        slot == LIVE
+    fn addressee(w: &World<Writer>, event: &Event) -> Option<usize> {
+        match event {
+            Event::S3DeleteRest { gen, .. } => w.owner(*gen),
+            _ => None,
+        }
     }
 
     fn fire(w: &mut World<Writer>, event: Event) {
-        w.fire(event)
+        w.fire_writer(event)
+    }
+
+    fn start(w: &mut World<Writer>, _: usize) {
+        w.restart()
+    }
+
+    fn end_fault_phase(w: &mut World<Writer>) {
+        w.end_fault_phase_writer()
+    }
+
+    /// A segment delete on S3 removes its header first and its groups after.
+    fn complete(w: &mut World<Writer>, slot: usize, gen: u64, id: IoId, op: IoOp) -> Option<Result<IoReply, IoError>> {
+        match op {
+            IoOp::Wal(WalOp::Delete { segment }) if w.scenario.wal == WalMode::S3 => {
+                w.wals[0].s3_mut().expect("S3 mode").begin_delete(segment);
+                let s3 = w.scenario.latencies.s3;
+                w.after_topo(Die::S3Latency, s3, Event::S3DeleteRest { gen, id, segment });
+                None
+            }
+            op => Some(w.complete(slot, gen, op)),
+        }
+    }
+
+    fn in_flight(w: &mut World<Writer>, _: usize, gen: u64, op: IoOp) {
+        w.in_flight_effect(gen, op)
+    }
+
+    /// No engine started after a needed segment was lost may deliver.
+    fn may_apply(w: &mut World<Writer>, gen: u64, apply: &SinkApply) -> bool {
+        let Some(lost) = w.topo.lost.filter(|l| l.needed && gen >= l.gen) else { return true };
+        let detail = format!(
+            "segment {} was deleted while a sink still needed it, and an engine started after that delivered {} \
+             to sink {}",
+            lost.segment.0, apply.id, apply.sink
+        );
+        w.checker.fail(invariant::LOST_SEGMENT_UNNOTICED, detail);
+        false
     }
 
     fn note_feed(w: &mut World<Writer>, slot: usize) {
@@ -228,32 +247,12 @@ impl World<Writer> {
         }
     }
 
-    fn fire(&mut self, event: Event) {
-        let owner = match &event {
-            Event::Complete { gen, .. } | Event::Reply { gen, .. } | Event::S3DeleteRest { gen, .. } => {
-                self.owner(*gen)
-            }
-            _ => None,
-        };
-        let event = match owner.and_then(|slot| self.frozen_until(slot).map(|wake| (slot, wake))) {
-            Some((slot, wake)) => match self.hold_for_frozen(slot, wake, event) {
-                Some(event) => event,
-                None => return,
-            },
-            None => event,
-        };
+    fn fire_writer(&mut self, event: Event) {
         match event {
-            Event::Complete { gen, id, op } => self.on_complete(owner, gen, id, op),
             Event::S3DeleteRest { gen, id, segment } => {
-                if let Some(slot) = owner {
+                if let Some(slot) = self.owner(gen) {
                     let result = self.wals[0].perform(gen, WalOp::Delete { segment }, false);
                     self.stats.segments_deleted += 1;
-                    self.feed(slot, Input::IoDone { id, result });
-                }
-            }
-            Event::SinkEffect { gen, id, apply } => self.sink_effect_of(gen, id, apply),
-            Event::Reply { id, result, .. } => {
-                if let Some(slot) = owner {
                     self.feed(slot, Input::IoDone { id, result });
                 }
             }
@@ -267,29 +266,8 @@ impl World<Writer> {
             Event::OffsetsLand { entries } => self.write_offsets(&entries),
             Event::Crash => self.crash(false),
             Event::Freeze => self.crash(true),
-            Event::Restart => self.restart(),
             Event::Shutdown => self.shutdown(),
             Event::Rot => self.rot(),
-            Event::EndFaultPhase => self.end_fault_phase(),
-        }
-    }
-
-    /// A request's completion: performed for the engine that sent it, or,
-    /// if that engine is gone, whatever the request still does on its way.
-    fn on_complete(&mut self, owner: Option<usize>, gen: u64, id: IoId, op: IoOp) {
-        match (op, owner) {
-            (IoOp::Wal(WalOp::Delete { segment }), owner) if self.scenario.wal == WalMode::S3 => {
-                if owner.is_some() {
-                    self.wals[0].s3_mut().expect("S3 mode").begin_delete(segment);
-                    let s3 = self.scenario.latencies.s3;
-                    self.after(crate::rng::Die::S3Latency, s3, Event::S3DeleteRest { gen, id, segment });
-                }
-            }
-            (op, Some(slot)) => {
-                let result = self.complete(slot, gen, op);
-                self.feed(slot, Input::IoDone { id, result });
-            }
-            (op, None) => self.in_flight_effect(gen, op),
         }
     }
 
@@ -301,7 +279,7 @@ impl World<Writer> {
         }
     }
 
-    fn end_fault_phase(&mut self) {
+    pub(super) fn end_fault_phase_writer(&mut self) {
         self.faulting = false;
         // A frozen writer that never woke is killed for good, so the quiet
         // phase has one writer to converge with.

@@ -3,11 +3,11 @@
 //! device, the lease row, the offsets store, or a plugin. The fault models
 //! (`faults`) decide what goes wrong on the way.
 
-use super::{Event, Writer, LIVE};
+use super::{Writer, LIVE};
 use crate::rng::Die;
 use crate::scenario::WalMode;
-use crate::world::World;
-use skippr_core::{IoError, IoId, IoOp, IoReply, OffsetEntry};
+use crate::world::{self, World};
+use skippr_core::{Input, IoError, IoId, IoOp, IoReply, OffsetEntry};
 use skippr_core::{LeaseOp, OffsetsOp, PluginOp, WalOp};
 
 impl World<Writer> {
@@ -20,14 +20,16 @@ impl World<Writer> {
         match op {
             IoOp::Wal(op) => self.submit_wal(slot, gen, id, op),
             op @ (IoOp::Lease(_) | IoOp::Offsets(_)) => {
-                self.after(Die::OffsetsLatency, offsets, Event::Complete { gen, id, op })
+                self.after(Die::OffsetsLatency, offsets, world::Event::Complete { slot, gen, id, op })
             }
             IoOp::Plugin(PluginOp::SinkApply(apply)) => {
-                self.after(Die::SinkLatency, sink, Event::SinkEffect { gen, id, apply })
+                self.after(Die::SinkLatency, sink, world::Event::SinkEffect { gen, id, apply })
             }
             // Sources, the schema plugin, and a look at a sink's progress (not
             // a write: as quick as a source request).
-            op @ IoOp::Plugin(_) => self.after(Die::PluginLatency, source, Event::Complete { gen, id, op }),
+            op @ IoOp::Plugin(_) => {
+                self.after(Die::PluginLatency, source, world::Event::Complete { slot, gen, id, op })
+            }
         }
     }
 
@@ -37,7 +39,11 @@ impl World<Writer> {
         let appending = matches!(op, WalOp::Append { .. });
         if self.scenario.wal == WalMode::S3 {
             if let WalOp::Sync = op {
-                return self.after(Die::S3Latency, (10, 20), Event::Complete { gen, id, op: IoOp::Wal(op) });
+                return self.after(
+                    Die::S3Latency,
+                    (10, 20),
+                    world::Event::Complete { slot, gen, id, op: IoOp::Wal(op) },
+                );
             }
             if appending && slot == LIVE {
                 self.topo.append_in_flight = true;
@@ -48,7 +54,7 @@ impl World<Writer> {
             // argument rests on.
             let bound = self.scenario.lease.requests_within.as_micros().max(hi);
             let range = if slow { (hi, (hi * 20).min(bound)) } else { (lo, hi) };
-            return self.after(Die::S3Latency, range, Event::Complete { gen, id, op: IoOp::Wal(op) });
+            return self.after(Die::S3Latency, range, world::Event::Complete { slot, gen, id, op: IoOp::Wal(op) });
         }
         let latency = match op {
             WalOp::Append { .. } => {
@@ -57,13 +63,13 @@ impl World<Writer> {
             }
             WalOp::Create { .. } if self.fault(Die::NoSpace, self.scenario.faults.no_space) => {
                 self.stats.no_space += 1;
-                let result = Err(IoError::NoSpace);
-                return self.after(Die::DiskLatency, disk_other, Event::Reply { gen, id, result });
+                let input = Input::IoDone { id, result: Err(IoError::NoSpace) };
+                return self.after(Die::DiskLatency, disk_other, world::Event::Reply { gen, input });
             }
             _ => disk_other,
         };
         self.wals[0].issue(&op);
-        self.after(Die::DiskLatency, latency, Event::Complete { gen, id, op: IoOp::Wal(op) });
+        self.after(Die::DiskLatency, latency, world::Event::Complete { slot, gen, id, op: IoOp::Wal(op) });
     }
 
     /// Performs a request at its completion time and returns its result.

@@ -28,7 +28,7 @@ use crate::ids::*;
 use crate::io::{IoOp, Output, PeerMessage, StopReason, WalOp};
 use crate::mutation::{Mutation, Mutations};
 use crate::time::Instant;
-use crate::wal::{GroupPlace, SEGMENT_HEADER_BYTES};
+use crate::wal::{check_group, Corruption, GroupPlace, SEGMENT_HEADER_BYTES};
 use role::Role;
 use saves::{Saved, Saves};
 
@@ -80,6 +80,10 @@ pub(super) enum RaftNews {
     LeaderConfirmed,
     Stop(StopReason),
 }
+
+/// What a group read back for a follower says when it is not the group
+/// committed there.
+const FETCH_INVALID: &str = "a group read back for a lagging follower fails validation";
 
 fn cluster_log(what: impl ToString) -> StopReason {
     StopReason::ClusterLog { what: what.to_string() }
@@ -308,9 +312,21 @@ impl Replication {
         }
     }
 
+    /// Groups read back for a lagging follower arrived: each is checked
+    /// as the group its place holds before raft sends it, so a flipped bit
+    /// on this host's disk stops this host, not the followers it reaches.
     pub(super) fn fetched(&mut self, fx: &mut Effects, groups: Vec<Vec<u8>>) -> Vec<RaftNews> {
         fx.succeeded(Retry::RaftFetch);
-        self.fetching = None;
+        let places = self.fetching.take().expect("an answer implies a fetch");
+        let damaged = places.iter().zip(&groups).find(|(p, bytes)| check_group(p.segment, p.lsn, bytes).is_none());
+        if let Some((p, _)) = damaged {
+            let what = FETCH_INVALID;
+            return vec![RaftNews::Stop(StopReason::Corrupt(Corruption {
+                segment: p.segment,
+                offset: p.offset,
+                what,
+            }))];
+        }
         self.replica_mut().expect("a fetch implies a replica").fetched(groups);
         self.drain(fx)
     }

@@ -690,3 +690,44 @@ fn a_leader_asked_to_shut_down_hands_leadership_over_first() {
         assert_eq!(c.successor_at_stop, vec![true], "seed {seed}: another host led when it stopped");
     }
 }
+
+#[test]
+fn a_leader_that_reads_back_a_rotten_group_for_a_lagging_follower_stops_naming_it() {
+    let mut c = Cluster::new(2, Mutations::NONE);
+    c.nodes[2].host = None;
+    for _ in 0..400_000 {
+        c.step(false);
+        if c.failure.is_some() || c.delivered().len() as u64 >= RECORDS / 10 {
+            break;
+        }
+    }
+    assert_eq!(c.failure, None);
+    let leader = (0..2).find(|&i| c.leading[i]).expect("a leader");
+    // A bit flips inside every group the third host lacks, on the leader's
+    // disk only.
+    let groups = |n: &Node| -> Vec<(SegmentId, Lsn, u64)> {
+        let segments: Vec<(SegmentId, &[u8])> = n.segments.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+        let scanned = crate::wal::scan(&segments, false).expect("a whole disk");
+        scanned.iter().flat_map(|s| s.groups.iter().map(|g| (s.id, g.lsn, g.offset))).collect()
+    };
+    let from = groups(&c.nodes[2]).iter().map(|g| g.1).max().unwrap_or(Lsn(0));
+    let rotten: Vec<(SegmentId, u64)> =
+        groups(&c.nodes[leader]).iter().filter(|g| g.1 > from).map(|g| (g.0, g.2)).collect();
+    assert!(!rotten.is_empty(), "the third host is behind");
+    for (segment, offset) in rotten {
+        c.nodes[leader].segments.get_mut(&segment).unwrap()[offset as usize + 20] ^= 0x10;
+    }
+    // The third host comes back behind: its entries are read back for it.
+    c.start(2);
+    for _ in 0..400_000 {
+        c.step(false);
+        if c.failure.is_some() {
+            break;
+        }
+    }
+    // The leader stops naming the segment; the follower never received the
+    // bytes (it would stop on a group it cannot decode).
+    let failure = c.failure.expect("the rot was found");
+    assert!(failure.starts_with(&format!("host {} stopped: Corrupt", leader + 1)), "{failure}");
+    assert!(failure.contains("lagging follower"), "{failure}");
+}

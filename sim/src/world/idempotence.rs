@@ -1,13 +1,13 @@
-//! Recovery is idempotent: on a copy of the WAL device and the offsets
-//! store, recovering twice gives the same state as recovering once. The
-//! copies are driven by a second, small driver: every request is performed
-//! at once, without faults, through the same device `perform` as the world's.
+//! Recovery is idempotent, in every topology: on a copy of a host's WAL
+//! device and offsets store, recovering twice gives the same state as
+//! recovering once. The copies are driven by a second, small driver: every
+//! request is performed at once, without faults, through the same device
+//! `perform` as the world's.
 
-use super::Writer;
+use super::{Topology, World};
 use crate::checker::invariant;
 use crate::device::SimWal;
 use crate::plugins::SimOffsets;
-use crate::world::World;
 use skippr_core::testing::CommittedState;
 use skippr_core::{Host, HostConfig, Input, Instant, IoOp, IoReply, Lsn, Output, StopReason};
 use skippr_core::{OffsetsOp, PluginOp, WalOp};
@@ -24,15 +24,16 @@ type Recovered = Result<(CommittedState, (Lsn, Option<u64>), (usize, u64)), Stop
 /// The generation the copies' requests carry: no engine of the run has it.
 const ALONE: u64 = u64::MAX;
 
-impl World<Writer> {
-    pub(super) fn check_recovery_idempotent(&mut self) {
-        // Alone: no lease to wait for, and no writes of its own (the fence
-        // is answered but not kept), so the second recovery reads what the
-        // first one read, less what the first one deleted.
-        let mut config = self.scenario.host_config(self.opts.mutations, u64::MAX);
-        config.lease = None;
-        let mut wal = self.wals[0].clone();
-        let mut offsets = self.stores[0].clone();
+impl<T: Topology> World<T> {
+    /// Before an engine starts on WAL device `wal` and offsets store
+    /// `store`: recovering alone from copies of them twice must give what
+    /// recovering once gives. `config` is the engine's, alone: no lease to
+    /// wait for, and no writes of its own kept (the fence is answered but
+    /// not kept), so the second recovery reads what the first one read,
+    /// less what the first one deleted.
+    pub fn check_recovery_idempotent(&mut self, config: HostConfig, wal: usize, store: usize) {
+        let mut wal = self.wals[wal].clone();
+        let mut offsets = self.stores[store].clone();
         let before = (wal.changes(), offsets.read());
         let first = recover_alone(config.clone(), &mut wal, &mut offsets);
         if (wal.changes(), offsets.read()) == before {
@@ -57,9 +58,11 @@ fn summary(r: &Recovered) -> String {
     }
 }
 
-/// Runs one recovery to the point where sources would resume, performing
-/// its WAL and offsets requests at once and without faults.
+/// Runs one recovery to the point where sources would resume (a clustered
+/// host: to where it waits for raft), performing its WAL and offsets
+/// requests at once and without faults.
 fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets) -> Recovered {
+    let clustered = config.cluster.is_some();
     let mut host = Host::new(config, Instant::ZERO).expect("valid config");
     let mut queue = VecDeque::new();
     let mut now = Instant::ZERO;
@@ -77,12 +80,17 @@ fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets)
                 Output::WalFull { .. } | Output::WalRoom { .. } => unreachable!("sources are read only after recovery"),
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
                 Output::Skip { .. } => unreachable!("the simulator's runs skip nothing"),
-                Output::Send(_) | Output::TellRemoved { .. } | Output::Role { .. } | Output::JoinRefused { .. } => {
-                    unreachable!("recovering alone is not clustered")
-                }
+                // A clustered host alone: nobody hears it, and no peer joins.
+                Output::Send(_) | Output::TellRemoved { .. } | Output::Role { .. } | Output::JoinRefused { .. } => {}
             }
         }
         let Some((id, op)) = queue.pop_front() else {
+            if clustered {
+                // A clustered host has restored its log and state from its
+                // disk, and waits for raft: as far as it recovers alone.
+                let (lsn, head) = host.wal_head();
+                return Ok((host.committed().clone(), (lsn, head.map(|h| h.1)), host.records_held()));
+            }
             // A retry after a failed read: its backoff passes at once.
             let Some((at, _)) = host.poll_timeout() else { panic!("recovery waits on nothing") };
             now = now.max(at);
@@ -92,8 +100,8 @@ fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets)
             continue;
         };
         let result = match op {
-            // The fence: answered, not kept.
-            IoOp::Wal(WalOp::Create { .. } | WalOp::Append { .. }) => Ok(IoReply::Done),
+            // The fence, or raft's saves: answered, not kept.
+            IoOp::Wal(WalOp::Create { .. } | WalOp::Append { .. } | WalOp::Replicate(_)) => Ok(IoReply::Done),
             IoOp::Wal(op) => wal.perform(ALONE, op, false),
             IoOp::Offsets(OffsetsOp::Read) => Ok(IoReply::Offsets(offsets.read())),
             IoOp::Offsets(OffsetsOp::Write { entries }) => {
