@@ -72,7 +72,8 @@ fn clustered_mode_checks_recovery_idempotence_and_materialized_offsets_and_meets
     let text = stdout(&out);
     let seeds_with = |name: &str| -> u64 {
         let line = text.lines().find(|l| l.trim_start().starts_with(&format!("{name}: "))).expect(name);
-        line.split(": ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap()
+        // "name: N (P%)", and a name may hold ": " itself.
+        line.rsplit(": ").next().unwrap().split(' ').next().unwrap().parse().unwrap()
     };
     assert!(seeds_with("bit rot") > 0, "{text}");
     assert!(seeds_with("clustered: a rotten disk found and replaced") > 0, "{text}");
