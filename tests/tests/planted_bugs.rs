@@ -49,9 +49,10 @@ fn every_planted_bug_is_caught_by_a_checker_invariant() {
 /// from copies of its disk gives what recovering once gives: the planted
 /// bug `delete-during-recovery` (a host deleting its oldest segment as it
 /// restores, without raft's log moving past it) fails that check in
-/// nearly all of the runs it breaks. Under `--once` every host's offsets store holds every record at
-/// the end: `offsets-stale-value` fails that check. Bit rot strikes a
-/// host's disk, which the host finds and names, and the operator replaces.
+/// nearly all of the runs it breaks. Under `--once` every host's offsets
+/// store holds every record at the end: `offsets-stale-value` fails that
+/// check. Bit rot strikes a host's disk, which the host finds and names,
+/// and the operator replaces.
 #[test]
 fn clustered_mode_checks_recovery_idempotence_and_materialized_offsets_and_meets_bit_rot() {
     let args =
