@@ -420,7 +420,7 @@ impl<T: Topology> World<T> {
     fn stuck(&mut self, slot: usize) -> Option<Instant> {
         let wake = self.wake_of(slot)?;
         let rate = self.scenario.faults.stuck_when_frozen;
-        self.dice.roll(Die::Frozen).chance(rate).then_some(wake)
+        (rate > 0.0 && self.dice.roll(Die::Frozen).chance(rate)).then_some(wake)
     }
 
     /// What reaches a frozen process waits until a little after it wakes.
