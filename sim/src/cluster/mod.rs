@@ -103,7 +103,7 @@ pub(crate) fn world(seed: u64, opts: RunOptions) -> World<Raft> {
                 .enumerate()
                 .map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone(), scenario.streams, switch))
                 .collect();
-            Proc::new(0, sources)
+            Proc::new(sources)
         })
         .collect();
     let wals = (0..hosts)
@@ -275,8 +275,10 @@ impl Topology for Raft {
         let commits: Vec<u64> = w.wals.iter().map(saved_commit).collect();
         w.topo.model.check_prefixes(&commits);
         if w.scenario.stop_when_exhausted && w.all_finished() {
-            for node in (0..w.procs.len()).filter(|&n| !w.topo.members[n].left_out) {
-                let store = &w.stores[w.store(node)];
+            let stores: BTreeSet<usize> =
+                (0..w.procs.len()).filter(|&n| !w.topo.members[n].left_out).map(|n| w.store(n)).collect();
+            for store in stores {
+                let store = &w.stores[store];
                 w.checker.check_materialized(|key| store.position(key));
             }
         }

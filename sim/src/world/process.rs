@@ -21,7 +21,8 @@ pub(crate) struct Proc {
 }
 
 impl Proc {
-    pub fn new(gen: u64, sources: Vec<SimSource>) -> Proc {
-        Proc { host: None, gen, sources, frozen_until: None, timer: None }
+    /// An empty slot: generation 0 is never given to an engine.
+    pub fn new(sources: Vec<SimSource>) -> Proc {
+        Proc { host: None, gen: 0, sources, frozen_until: None, timer: None }
     }
 }

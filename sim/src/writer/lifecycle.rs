@@ -82,14 +82,15 @@ impl World<Writer> {
         if self.procs[LIVE].host.is_some() {
             return;
         }
-        if self.topo.incarnation > 0 {
+        // One generation is given per start: the writer's starts so far.
+        let starts = self.next_gen;
+        if starts > 0 {
             let mut alone = self.scenario.host_config(self.opts.mutations, u64::MAX);
             alone.lease = None;
             self.check_recovery_idempotent(alone, 0, 0);
         }
         self.stats.restarts += 1;
-        let config = self.scenario.host_config(self.opts.mutations, self.topo.incarnation);
-        self.topo.incarnation += 1;
+        let config = self.scenario.host_config(self.opts.mutations, starts);
         self.trace.note(self.now(), "start");
         self.topo.shutdown_fed = false;
         let host = Host::new(config, self.now()).expect("scenario configs are valid");

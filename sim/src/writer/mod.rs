@@ -66,8 +66,6 @@ pub(crate) struct Writer {
     /// The segment an operator deleted, if one was.
     lost: Option<LostSegment>,
     lease: SimLease,
-    /// Engines started so far.
-    incarnation: u64,
     final_shutdown: bool,
     /// The live engine was asked to shut down (so a clean stop is not its
     /// own, by exhausted sources).
@@ -96,12 +94,11 @@ pub(crate) fn world(seed: u64, opts: RunOptions) -> World<Writer> {
         operator_rng: Rng::new(seed ^ 0x6f70_6572_6174_6f72, Stream::Operator),
         lost: None,
         lease: SimLease::default(),
-        incarnation: 0,
         final_shutdown: false,
         shutdown_fed: false,
         append_in_flight: false,
     };
-    let procs = vec![Proc::new(0, sources), Proc::new(u64::MAX, Vec::new())];
+    let procs = vec![Proc::new(sources), Proc::new(Vec::new())];
     World::new(scenario, opts, procs, vec![wal], vec![offsets], writer)
 }
 
@@ -141,7 +138,27 @@ impl Topology for Writer {
     }
 
     fn fire(w: &mut World<Writer>, event: Event) {
-        w.fire_writer(event)
+        match event {
+            Event::S3DeleteRest { gen, id, segment } => {
+                if let Some(slot) = w.owner(gen) {
+                    let result = w.wals[0].perform(gen, WalOp::Delete { segment }, false);
+                    w.stats.segments_deleted += 1;
+                    w.feed(slot, Input::IoDone { id, result });
+                }
+            }
+            Event::S3Land { conditional, segment, offset, bytes } => {
+                w.stats.s3_landed_late += 1;
+                let _ = w.wals[0].s3_mut().expect("S3 mode").put(conditional, segment, offset, &bytes);
+            }
+            Event::LeaseLand { expected, row } => {
+                let _ = w.topo.lease.write(expected, row);
+            }
+            Event::OffsetsLand { entries } => w.write_offsets(&entries),
+            Event::Crash => w.crash(false),
+            Event::Freeze => w.crash(true),
+            Event::Shutdown => w.shutdown(),
+            Event::Rot => w.rot(),
+        }
     }
 
     fn start(w: &mut World<Writer>, _: usize) {
@@ -149,7 +166,13 @@ impl Topology for Writer {
     }
 
     fn end_fault_phase(w: &mut World<Writer>) {
-        w.end_fault_phase_writer()
+        w.faulting = false;
+        // A frozen writer that never woke is killed for good, so the quiet
+        // phase has one writer to converge with.
+        if w.procs[TWIN].host.is_some() {
+            w.retire(TWIN);
+            w.trace.note(w.now(), "zombie killed");
+        }
     }
 
     /// A segment delete on S3 removes its header first and its groups after.
@@ -247,45 +270,11 @@ impl World<Writer> {
         }
     }
 
-    fn fire_writer(&mut self, event: Event) {
-        match event {
-            Event::S3DeleteRest { gen, id, segment } => {
-                if let Some(slot) = self.owner(gen) {
-                    let result = self.wals[0].perform(gen, WalOp::Delete { segment }, false);
-                    self.stats.segments_deleted += 1;
-                    self.feed(slot, Input::IoDone { id, result });
-                }
-            }
-            Event::S3Land { conditional, segment, offset, bytes } => {
-                self.stats.s3_landed_late += 1;
-                let _ = self.wals[0].s3_mut().expect("S3 mode").put(conditional, segment, offset, &bytes);
-            }
-            Event::LeaseLand { expected, row } => {
-                let _ = self.topo.lease.write(expected, row);
-            }
-            Event::OffsetsLand { entries } => self.write_offsets(&entries),
-            Event::Crash => self.crash(false),
-            Event::Freeze => self.crash(true),
-            Event::Shutdown => self.shutdown(),
-            Event::Rot => self.rot(),
-        }
-    }
-
     fn shutdown(&mut self) {
         if self.procs[LIVE].host.is_some() {
             self.stats.shutdowns += 1;
             self.topo.shutdown_fed = true;
             self.feed(LIVE, Input::Shutdown);
-        }
-    }
-
-    pub(super) fn end_fault_phase_writer(&mut self) {
-        self.faulting = false;
-        // A frozen writer that never woke is killed for good, so the quiet
-        // phase has one writer to converge with.
-        if self.procs[TWIN].host.is_some() {
-            self.retire(TWIN);
-            self.trace.note(self.now(), "zombie killed");
         }
     }
 }
