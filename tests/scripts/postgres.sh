@@ -1,8 +1,9 @@
 # Sourced by ./test.sh and the benchmark scripts: a local PostgreSQL server
 # for the PostgreSQL sink's tests. The machine's PostgreSQL (15 in this
 # image; installed with apt-get where it is missing) is initialised by
-# `initdb` in a new directory under target/, run by an unprivileged user
-# (`postgres` when this script runs as root, which PostgreSQL refuses),
+# `initdb` in a new directory under target/ (under the system's temporary
+# directory when run as root), run by an unprivileged user (`postgres` when
+# this script runs as root, which PostgreSQL refuses),
 # listening on a free port of 127.0.0.1 and on a socket in that directory
 # only, checked for readiness and stopped when the sourcing script exits.
 # Exports SKIPPR_TEST_POSTGRES_URL (user `skippr`, password `skippr-test`,
@@ -20,6 +21,11 @@ fi
 pg_dir=$(mktemp -d "$PWD/target/postgres.XXXXXX")
 pg_as=()
 if [ "$(id -u)" = 0 ]; then
+    # The server runs as `postgres`, which may not be able to reach a
+    # checkout under a private directory (`mktemp -d` makes it 0700): as
+    # root, its directory lives in the system's temporary directory.
+    rmdir "$pg_dir"
+    pg_dir=$(mktemp -d "${TMPDIR:-/tmp}/skippr-postgres.XXXXXX")
     chown postgres "$pg_dir"
     pg_as=(runuser -u postgres --)
 fi
