@@ -192,14 +192,42 @@ pub(crate) const SEAL_RESERVE: u64 = (FRAME_HEADER_BYTES + COMMIT_FRAME_BYTES) a
 
 impl HostConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let l = &self.limits;
-        let err = |s: String| Err(ConfigError(s));
         if self.sources.is_empty() || self.sinks.is_empty() || self.streams.is_empty() {
-            return err("at least one source, one sink and one stream are required".into());
+            return Err(ConfigError("at least one source, one sink and one stream are required".into()));
         }
         if self.sources.len() > u16::MAX as usize || self.sinks.len() > u16::MAX as usize {
-            return err("too many sources or sinks (at most 65535)".into());
+            return Err(ConfigError("too many sources or sinks (at most 65535)".into()));
         }
+        self.limits.validate()?;
+        if let Some(lease) = &self.lease {
+            lease.validate()?;
+        }
+        for skip in &self.skips {
+            if skip.at >= skip.next {
+                let what = format!("a skip must end after it starts ({}..{})", skip.at.0, skip.next.0);
+                return Err(ConfigError(what));
+            }
+            if skip.key.source.0 as usize >= self.sources.len() || skip.stream.0 as usize >= self.streams.len() {
+                return Err(ConfigError("a skip names a source or stream the configuration does not have".into()));
+            }
+            if skip.reason.len() > SKIP_REASON_BYTES_MAX {
+                return Err(ConfigError(format!("a skip's reason is longer than {SKIP_REASON_BYTES_MAX} bytes")));
+            }
+        }
+        match &self.cluster {
+            Some(_) if self.lease.is_some() => {
+                Err(ConfigError("clustered mode takes no writer lease: raft leadership is the writer authority".into()))
+            }
+            Some(c) => c.validate(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Limits {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let l = self;
+        let err = |s: String| Err(ConfigError(s));
         if l.group_bytes_max < 1024 || l.group_bytes_max > GROUP_BYTES_LIMIT as u64 {
             return err(format!(
                 "group_bytes_max is {}; it must be between 1024 and {GROUP_BYTES_LIMIT}",
@@ -228,51 +256,47 @@ impl HostConfig {
         if l.source_read_records_max == 0 || l.compaction_records_max == 0 || l.spare_segments == 0 {
             return err("source_read_records_max, compaction_records_max and spare_segments must be positive".into());
         }
-        if let Some(lease) = &self.lease {
-            if lease.renew_every.as_micros() == 0 || lease.poll.as_micros() == 0 {
-                return err("lease renewal and poll intervals must be positive".into());
-            }
-            if lease.requests_within.as_micros().saturating_mul(2) >= lease.steal_after.as_micros() {
-                return err("every request under the lease must end within less than half its steal span".into());
-            }
-            if lease.renew_every.as_micros().saturating_mul(3) > lease.steal_after.as_micros() {
-                return err(format!(
-                    "the lease steal span ({} ms) must be at least three renewal intervals ({} ms each)",
-                    lease.steal_after.as_micros() / 1000,
-                    lease.renew_every.as_micros() / 1000
-                ));
-            }
-        }
-        for skip in &self.skips {
-            if skip.at >= skip.next {
-                return err(format!("a skip must end after it starts ({}..{})", skip.at.0, skip.next.0));
-            }
-            if skip.key.source.0 as usize >= self.sources.len() || skip.stream.0 as usize >= self.streams.len() {
-                return err("a skip names a source or stream the configuration does not have".into());
-            }
-            if skip.reason.len() > SKIP_REASON_BYTES_MAX {
-                return err(format!("a skip's reason is longer than {SKIP_REASON_BYTES_MAX} bytes"));
-            }
-        }
         if l.retry_min.as_micros() == 0 || l.retry_max < l.retry_min {
             return err("retry_min must be positive and at most retry_max".into());
         }
-        if let Some(c) = &self.cluster {
-            let mut voters = c.voters.clone();
-            voters.sort_unstable();
-            voters.dedup();
-            if voters.len() != c.voters.len() || voters.contains(&0) {
-                return err("cluster node ids must be distinct and positive".into());
-            }
-            if c.node == 0 {
-                return err("this host's node id must be positive".into());
-            }
-            if self.lease.is_some() {
-                return err("clustered mode takes no writer lease: raft leadership is the writer authority".into());
-            }
-            if c.tick.as_micros() == 0 {
-                return err("the raft tick must be positive".into());
-            }
+        Ok(())
+    }
+}
+
+impl LeaseConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let err = |s: String| Err(ConfigError(s));
+        if self.renew_every.as_micros() == 0 || self.poll.as_micros() == 0 {
+            return err("lease renewal and poll intervals must be positive".into());
+        }
+        if self.requests_within.as_micros().saturating_mul(2) >= self.steal_after.as_micros() {
+            return err("every request under the lease must end within less than half its steal span".into());
+        }
+        if self.renew_every.as_micros().saturating_mul(3) > self.steal_after.as_micros() {
+            return err(format!(
+                "the lease steal span ({} ms) must be at least three renewal intervals ({} ms each)",
+                self.steal_after.as_micros() / 1000,
+                self.renew_every.as_micros() / 1000
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl ClusterConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let err = |s: &str| Err(ConfigError(s.into()));
+        let mut voters = self.voters.clone();
+        voters.sort_unstable();
+        voters.dedup();
+        if voters.len() != self.voters.len() || voters.contains(&0) {
+            return err("cluster node ids must be distinct and positive");
+        }
+        if self.node == 0 {
+            return err("this host's node id must be positive");
+        }
+        if self.tick.as_micros() == 0 {
+            return err("the raft tick must be positive");
         }
         Ok(())
     }

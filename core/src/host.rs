@@ -131,7 +131,8 @@ impl Host {
         let authority = match (&config.lease, &config.cluster) {
             (Some(lease), _) => Authority::Lease(Lease::new(lease.clone(), config.seed)),
             (None, Some(cluster)) => {
-                let r = replication::Replication::new(cluster.clone(), config.seed, config.mutations, now);
+                let r =
+                    replication::Replication::new(cluster.clone(), &config.limits, config.seed, config.mutations, now);
                 Authority::Raft(Box::new(r))
             }
             (None, None) => Authority::DirectoryLock,
@@ -238,10 +239,7 @@ impl Host {
             self.wal.segment_age_deadline(&self.cfg.limits).map(|at| (at, Timer::SegmentAge)),
             self.drain_deadline.map(|at| (at, Timer::Drain)),
             self.stall.deadline().map(|at| (at, Timer::Stall)),
-            self.authority
-                .raft_ref()
-                .and_then(|r| r.deadline(self.cfg.limits.stall_report_after))
-                .map(|at| (at, Timer::Raft)),
+            self.authority.raft_ref().and_then(|r| r.deadline()).map(|at| (at, Timer::Raft)),
         ])
     }
 

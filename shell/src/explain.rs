@@ -2,7 +2,7 @@
 //! (`exit.rs`) they map to: one line naming the cause and what to do, and
 //! where the WAL is, for those lines.
 
-use skippr_core::StopReason;
+use skippr_core::{Stall, StopReason};
 
 /// Where the WAL is, for messages.
 #[derive(Clone, Debug)]
@@ -167,6 +167,19 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
              committed; fix the source or the schema plugin and start again",
             stream.0
         ),
+        StopReason::Stalled { what: what @ (Stall::RaftNoPeer | Stall::RaftQuorum), for_ } => format!(
+            "no raft leader with a majority for {:.0} s ({}), and --once gives up after \
+             SKIPPR_STALL_EXIT_SECONDS. If the other hosts finished this --once run and exited, this host has \
+             nothing left to do: they hold every record committed. Otherwise start the other hosts, or check \
+             SKIPPR_CLUSTER_PEERS and the network between them; nothing committed is lost, and the next start \
+             recovers from the WAL ({})",
+            for_.as_micros() as f64 / 1e6,
+            match what {
+                Stall::RaftNoPeer => "no peer sent this host a single message",
+                _ => "peers answered, but no majority formed",
+            },
+            wal.root()
+        ),
         StopReason::Stalled { what, for_ } => format!(
             "the {what} made no progress for {:.0} s (every request failed; the last warning above names the \
              cause), and --once gives up after SKIPPR_STALL_EXIT_SECONDS. Nothing committed is lost: fix the \
@@ -178,7 +191,8 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
             format!("WAL_BYTES_PER_FILE is too small for the engine's snapshot: use at least {needed} bytes")
         }
         StopReason::Deposed { term } => format!(
-            "this host led raft term {term} and another host leads now; it acknowledged nothing that a majority              had not made durable, and the next start follows the new leader"
+            "this host led raft term {term} and another host leads now; it acknowledged nothing that a majority \
+             had not made durable, and the next start follows the new leader"
         ),
         StopReason::ClusterLog { what } => {
             format!(

@@ -219,6 +219,7 @@ impl Totals {
         t.joins += s.joins;
         t.promotions += s.promotions;
         t.joins_refused += s.joins_refused;
+        t.stalled_out += s.stalled_out;
         t.removed_told += s.removed_told;
         t.snapshots += s.snapshots;
         t.snapshot_failures += s.snapshot_failures;
@@ -278,6 +279,7 @@ impl Totals {
             ("clustered: wiped hosts joined again", t.joins as f64 / n),
             ("clustered: joined hosts promoted", t.promotions as f64 / n),
             ("clustered: joins refused", t.joins_refused as f64 / n),
+            ("clustered: hosts out on a stall after the run finished", t.stalled_out as f64 / n),
             ("clustered: removed hosts told", t.removed_told as f64 / n),
             ("clustered: snapshots installed", t.snapshots as f64 / n),
             ("clustered: snapshot transfers failed", t.snapshot_failures as f64 / n),

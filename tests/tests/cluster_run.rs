@@ -239,6 +239,42 @@ fn under_once_every_host_exits_0_by_itself_also_when_started_again() {
 }
 
 #[test]
+fn under_once_a_host_that_missed_the_end_and_finds_no_peer_exits_15_saying_so() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 2_000u64;
+    let n = records.to_string();
+    let args = [
+        "--once",
+        "--generator-records",
+        &n,
+        "--generator-partitions",
+        "1",
+        "--generator-rate",
+        "4000",
+        "--drain-timeout",
+        "2",
+    ];
+    let mut cluster = Cluster::new(tmp.path(), &args, &[]);
+    // Host 3 never runs while two hosts, a majority, finish the run.
+    for node in [1, 2] {
+        cluster.start(node);
+    }
+    for node in [1, 2] {
+        assert_eq!(cluster.wait(node, Duration::from_secs(90)), Some(0), "node {node}: {}", cluster.tail(node));
+    }
+    assert_exactly_once(&cluster.sink, &["events"], 1, records);
+    // Host 3 has never learnt of the end, and nobody is left to tell it.
+    cluster.set_env("SKIPPR_STALL_EXIT_SECONDS", Some("2"));
+    cluster.start(3);
+    assert_eq!(cluster.wait(3, Duration::from_secs(60)), Some(15), "{}", cluster.tail(3));
+    let log = std::fs::read_to_string(cluster.log(3)).unwrap();
+    assert!(log.contains("no peer sent this host a single message"), "{}", cluster.tail(3));
+    assert!(log.contains("If the other hosts finished this --once run"), "{}", cluster.tail(3));
+    assert_exactly_once(&cluster.sink, &["events"], 1, records);
+}
+
+#[test]
 fn a_follower_whose_data_is_lost_comes_back_under_a_new_id_with_cluster_join() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let tmp = tempfile::tempdir().unwrap();

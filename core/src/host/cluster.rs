@@ -100,6 +100,10 @@ impl Host {
                         self.stop(stop);
                     }
                 }
+                // Draining (asked to stop, or `--once` and the run's end
+                // learnt): the drain deadline ends the wait, with what it
+                // means; a stall stop would hide it.
+                RaftNews::Stop(StopReason::Stalled { .. }) if self.drain_deadline.is_some() => {}
                 RaftNews::Stop(stop) => self.stop(stop),
             }
         }

@@ -26,7 +26,7 @@ impl Host {
             StallAction::Stop { what, for_ } => self.stop(StopReason::Stalled { what, for_ }),
         }
         if let Some(r) = self.authority.raft() {
-            let news = r.on_timeout(&mut self.fx, self.cfg.limits.stall_report_after);
+            let news = r.on_timeout(&mut self.fx);
             self.on_raft_news(news);
             self.plan_membership();
         }
@@ -103,16 +103,7 @@ impl Host {
                 }
             }
             Pending::WalAppend => self.on_append(id, done(result)),
-            Pending::WalDelete(segment) => {
-                let deleted = self.wal.on_deleted(&mut self.fx, segment, result.is_ok());
-                if deleted && self.startup.deleting_junk() {
-                    self.delete_junk();
-                } else if deleted && self.phase == Phase::Running && !self.wal.deletes_queued() && self.wal.is_full() {
-                    // Reaching the size limit asked for no snapshot while
-                    // deletions were queued; none is left to ask later.
-                    self.wal.make_room(&self.committed.acked, self.cfg.sinks.len() as u16);
-                }
-            }
+            Pending::WalDelete(segment) => self.on_wal_deleted(segment, result.is_ok()),
             Pending::OffsetsWrite => self.offsets.on_written(&mut self.fx, id, result.is_ok(), &self.committed),
             Pending::OffsetsWriteEarly => {}
             Pending::SourceOpen(source) => self.sources.on_opened(&mut self.fx, source, result.is_ok()),
@@ -125,21 +116,10 @@ impl Host {
             }
             Pending::SourceAck(source) => self.sources.on_acked(&mut self.fx, id, source, result.is_ok()),
             Pending::SinkApply(sink, stream) => {
-                let outcome = answer!(IoReply::Sink { outcome, .. } => outcome);
-                match self.compaction.on_reply(&mut self.fx, id, sink, stream, outcome) {
-                    SinkNews::Quiet => {}
-                    SinkNews::Done(done) => self.wal.push(crate::wal::Frame::CompactionDone(done)),
-                    SinkNews::Fatal(stop) => self.stop(stop),
-                }
+                self.on_sink_applied(id, sink, stream, answer!(IoReply::Sink { outcome, .. } => outcome))
             }
             Pending::WalReadBack(sink, stream) => {
-                let bytes = answer!(IoReply::Groups(groups) => groups);
-                let by_source = self.cfg.mutations.has(Mutation::ReadBackWrongPartition);
-                match self.compaction.on_read_back(&mut self.fx, (id, sink, stream), bytes, by_source) {
-                    ReadNews::Quiet => {}
-                    ReadNews::Next => self.dispatch(sink, stream),
-                    ReadNews::Stop(stop) => self.stop(stop),
-                }
+                self.on_read_back(id, sink, stream, answer!(IoReply::Groups(groups) => groups))
             }
             Pending::SchemaDecide(stream) => {
                 self.on_schema_decided(stream, answer!(IoReply::Schema { accept, reason } => (accept, reason)))
@@ -150,26 +130,62 @@ impl Host {
                 self.on_lease_news(news);
             }
             Pending::HardStateRead => self.on_hard_state_read(answer!(IoReply::HardState(b) => b)),
-            Pending::WalReplicate(segment) => match done(result) {
-                Ok(()) => {
-                    let news = self.authority.held_raft().persisted(&mut self.fx);
-                    self.on_raft_news(news);
-                }
-                // What reached the disk is for the next start's scan to
-                // judge; raft must not hear of it as durable.
-                Err(error) => self.stop(StopReason::WalWriteFailed { segment, error }),
-            },
-            Pending::RaftFetch => match answer!(IoReply::Groups(groups) => groups) {
-                Ok(groups) => {
-                    let news = self.authority.held_raft().fetched(&mut self.fx, groups);
-                    self.on_raft_news(news);
-                }
-                Err(_) => self.authority.held_raft().fetch_failed(&mut self.fx),
-            },
+            Pending::WalReplicate(segment) => self.on_replicated(segment, done(result)),
+            Pending::RaftFetch => self.on_fetched(answer!(IoReply::Groups(groups) => groups)),
             Pending::LeaseWrite(intent, row, sent_at) => {
                 let news = self.authority.held_lease().on_written(&mut self.fx, intent, row, sent_at, done(result));
                 self.on_lease_news(news);
             }
+        }
+    }
+
+    fn on_wal_deleted(&mut self, segment: SegmentId, ok: bool) {
+        let deleted = self.wal.on_deleted(&mut self.fx, segment, ok);
+        if deleted && self.startup.deleting_junk() {
+            self.delete_junk();
+        } else if deleted && self.phase == Phase::Running && !self.wal.deletes_queued() && self.wal.is_full() {
+            // Reaching the size limit asked for no snapshot while
+            // deletions were queued; none is left to ask later.
+            self.wal.make_room(&self.committed.acked, self.cfg.sinks.len() as u16);
+        }
+    }
+
+    fn on_sink_applied(&mut self, id: IoId, sink: SinkId, stream: StreamId, outcome: Result<SinkOutcome, IoError>) {
+        match self.compaction.on_reply(&mut self.fx, id, sink, stream, outcome) {
+            SinkNews::Quiet => {}
+            SinkNews::Done(done) => self.wal.push(crate::wal::Frame::CompactionDone(done)),
+            SinkNews::Fatal(stop) => self.stop(stop),
+        }
+    }
+
+    fn on_read_back(&mut self, id: IoId, sink: SinkId, stream: StreamId, bytes: Result<Vec<Vec<u8>>, IoError>) {
+        let by_source = self.cfg.mutations.has(Mutation::ReadBackWrongPartition);
+        match self.compaction.on_read_back(&mut self.fx, (id, sink, stream), bytes, by_source) {
+            ReadNews::Quiet => {}
+            ReadNews::Next => self.dispatch(sink, stream),
+            ReadNews::Stop(stop) => self.stop(stop),
+        }
+    }
+
+    fn on_replicated(&mut self, segment: SegmentId, result: Result<(), IoError>) {
+        match result {
+            Ok(()) => {
+                let news = self.authority.held_raft().persisted(&mut self.fx);
+                self.on_raft_news(news);
+            }
+            // What reached the disk is for the next start's scan to judge;
+            // raft must not hear of it as durable.
+            Err(error) => self.stop(StopReason::WalWriteFailed { segment, error }),
+        }
+    }
+
+    fn on_fetched(&mut self, groups: Result<Vec<Vec<u8>>, IoError>) {
+        match groups {
+            Ok(groups) => {
+                let news = self.authority.held_raft().fetched(&mut self.fx, groups);
+                self.on_raft_news(news);
+            }
+            Err(_) => self.authority.held_raft().fetch_failed(&mut self.fx),
         }
     }
 

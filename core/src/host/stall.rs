@@ -92,9 +92,13 @@ impl StallWatch {
 /// proposed group (without a majority nothing more is acknowledged; the
 /// pipeline waits, it never runs on fewer copies). Part `Replication` tells
 /// it what raft does; it is checked at every raft tick, and a stall that
-/// ends is reported at the next one.
+/// ends is reported at the next one. Under `--once` it ends the run after
+/// the stop limit as the WAL's stall does: a host started after the others
+/// finished a `--once` run never hears a peer again.
 #[derive(Debug)]
 pub(super) struct QuorumWatch {
+    report_after: Option<Duration>,
+    stop_after: Option<Duration>,
     /// Since when this host has known no leader, or, leading, has waited
     /// for its proposal to commit.
     since: Option<Instant>,
@@ -106,8 +110,8 @@ pub(super) struct QuorumWatch {
 
 impl QuorumWatch {
     /// A host starts knowing no leader.
-    pub(super) fn new(now: Instant) -> QuorumWatch {
-        QuorumWatch { since: Some(now), reported: false, heard_at: None }
+    pub(super) fn new(now: Instant, report_after: Option<Duration>, stop_after: Option<Duration>) -> QuorumWatch {
+        QuorumWatch { report_after, stop_after, since: Some(now), reported: false, heard_at: None }
     }
 
     pub(super) fn heard(&mut self, now: Instant) {
@@ -131,30 +135,34 @@ impl QuorumWatch {
         self.reported && self.since.is_none()
     }
 
-    pub(super) fn deadline(&self, report_after: Option<Duration>) -> Option<Instant> {
-        match (self.since, report_after, self.reported) {
-            (Some(since), Some(after), false) => Some(since + after),
-            _ => None,
-        }
+    /// The next moment the watch has something to say.
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        let since = self.since?;
+        let report = self.report_after.filter(|_| !self.reported).map(|d| since + d);
+        let stop = self.stop_after.map(|d| since + d);
+        [report, stop].into_iter().flatten().min()
     }
 
-    /// At a tick: what to report, if anything.
-    pub(super) fn check(&mut self, now: Instant, report_after: Option<Duration>) -> Option<crate::io::Output> {
-        match (self.since, report_after) {
-            (Some(since), Some(after)) if !self.reported && now >= since + after => {
-                self.reported = true;
-                let what = match self.heard_at {
-                    Some(heard) if heard >= since => Stall::RaftQuorum,
-                    _ => Stall::RaftNoPeer,
-                };
-                Some(crate::io::Output::Stalled { what, for_: now - since })
-            }
-            (None, _) if self.reported => {
-                self.reported = false;
-                Some(crate::io::Output::Unstalled)
-            }
-            _ => None,
+    /// At a tick: what to say, if anything. A stall's end is reported as
+    /// `Unstalled` (`lifted` true).
+    pub(super) fn check(&mut self, now: Instant) -> (StallAction, bool) {
+        let Some(since) = self.since else {
+            let lifted = std::mem::take(&mut self.reported);
+            return (StallAction::None, lifted);
+        };
+        let for_ = now.saturating_since(since);
+        let what = match self.heard_at {
+            Some(heard) if heard >= since => Stall::RaftQuorum,
+            _ => Stall::RaftNoPeer,
+        };
+        if self.stop_after.is_some_and(|d| for_ >= d) {
+            return (StallAction::Stop { what, for_ }, false);
         }
+        if !self.reported && self.report_after.is_some_and(|d| for_ >= d) {
+            self.reported = true;
+            return (StallAction::Report { what, for_ }, false);
+        }
+        (StallAction::None, false)
     }
 }
 
@@ -190,5 +198,36 @@ mod tests {
         w.on_done(at(4), true, false);
         w.on_done(at(5), true, true);
         assert_eq!(w.deadline(), Some(at(10)), "a passing lease hiccup does not start a stall of its own");
+    }
+
+    #[test]
+    fn a_quorum_stall_names_silence_and_stops_at_the_limit_under_once() {
+        let mut q = QuorumWatch::new(at(0), None, Some(Duration::from_secs(20)));
+        assert_eq!(q.deadline(), Some(at(20)), "a host starts knowing no leader");
+        assert_eq!(q.check(at(19)), (StallAction::None, false));
+        let stop = StallAction::Stop { what: Stall::RaftNoPeer, for_: Duration::from_secs(20) };
+        assert_eq!(q.check(at(20)), (stop, false), "no peer was heard: silence");
+        q.heard(at(21));
+        let stop = StallAction::Stop { what: Stall::RaftQuorum, for_: Duration::from_secs(22) };
+        assert_eq!(q.check(at(22)), (stop, false), "heard, but no majority");
+        q.quorum();
+        assert_eq!(q.deadline(), None);
+    }
+
+    #[test]
+    fn a_quorum_stall_is_reported_once_and_its_end_at_the_next_tick() {
+        let mut q = QuorumWatch::new(at(0), Some(Duration::from_secs(10)), None);
+        q.heard(at(1));
+        q.quorum();
+        q.waiting(at(2));
+        assert_eq!(q.deadline(), Some(at(12)));
+        let report = StallAction::Report { what: Stall::RaftNoPeer, for_: Duration::from_secs(10) };
+        assert_eq!(q.check(at(12)), (report, false), "the peer was heard before this stall began");
+        assert_eq!(q.deadline(), None, "reported once, and never stopped without --once");
+        assert_eq!(q.check(at(40)), (StallAction::None, false));
+        q.quorum();
+        assert!(q.lifting());
+        assert_eq!(q.check(at(41)), (StallAction::None, true));
+        assert!(!q.lifting());
     }
 }

@@ -251,7 +251,8 @@ impl World<Raft> {
                 self.stats.clean_stops += 1;
                 self.retire(node);
                 self.procs[node].frozen_until = None;
-                (self.topo.members[node].leader, self.topo.members[node].finished) = (false, true);
+                let m = &mut self.topo.members[node];
+                (m.leader, m.finished, m.ended) = (false, true, true);
                 self.trace.note(self.now(), &format!("h{} finished", node + 1));
                 return self.abandon_joins();
             }
@@ -264,6 +265,19 @@ impl World<Raft> {
                 self.stats.disks_replaced += 1;
                 return self.lose_disk(node);
             }
+            // `--once`: a majority finished the run and stopped, so no
+            // peer will answer this host again; it gives up after the stall
+            // limit (exit 15), and the operator leaves it out. With a
+            // majority still running, the stall is the liveness check's
+            // to judge: the host starts again.
+            StopReason::Stalled { .. } if self.scenario.stop_when_exhausted && !self.majority_running() => {
+                self.stats.stalled_out += 1;
+                self.kill(node);
+                (self.topo.members[node].finished, self.topo.members[node].left_out) = (true, true);
+                self.trace.note(self.now(), &format!("h{} stays out: no majority is left to answer it", node + 1));
+                return;
+            }
+            StopReason::Stalled { .. } if self.scenario.stop_when_exhausted => {}
             StopReason::NotMember { .. }
                 if self.topo.members[node].wiped_from.is_some() && self.topo.members.iter().any(|m| m.finished) =>
             {

@@ -72,6 +72,9 @@ struct Member {
     /// Under `--once`: it stopped by itself, having applied the terminal
     /// entry (until it is started again).
     finished: bool,
+    /// Under `--once`: it has finished at least once, so whenever it starts
+    /// again it stops at once, answering no peer.
+    ended: bool,
     /// Its disk was lost after the run finished: it is not brought back.
     left_out: bool,
     /// A bit flipped on its disk since it was last replaced.
@@ -124,6 +127,7 @@ pub(crate) fn world(seed: u64, opts: RunOptions) -> World<Raft> {
             term: 0,
             leader: false,
             finished: false,
+            ended: false,
             left_out: false,
             rotten: false,
         })
@@ -291,6 +295,13 @@ impl Topology for Raft {
 
 impl World<Raft> {
     /// Under `--once`, every host must stop by itself in the end.
+    /// Under `--once`: whether the hosts that may still answer a peer
+    /// (never finished, disk not lost) are a majority of them all.
+    fn majority_running(&self) -> bool {
+        let running = self.topo.members.iter().filter(|m| !m.ended && !m.left_out).count();
+        2 * running > self.topo.members.len()
+    }
+
     fn all_finished(&self) -> bool {
         !self.scenario.stop_when_exhausted || self.topo.members.iter().all(|m| m.finished)
     }

@@ -123,6 +123,9 @@ pub struct RunStats {
     pub joins: u64,
     pub promotions: u64,
     pub joins_refused: u64,
+    /// Under `--once`: hosts that gave up on a stall once a majority had
+    /// finished the run (no peer would answer them again).
+    pub stalled_out: u64,
     /// Messages from removed ids answered with `TellRemoved`.
     pub removed_told: u64,
     /// Clustered mode: snapshots installed, and transfers that failed (the

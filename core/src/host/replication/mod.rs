@@ -7,20 +7,24 @@
 //! commit, acknowledge, write offsets or run plugins, `may_write`). Its
 //! sub-part `Saves` (`saves.rs`) makes what raft asks durable, in order,
 //! and numbers the hard-state file's saves; the stall room's `QuorumWatch`
-//! reports a missing majority.
+//! reports a missing majority (and, under `--once`, ends the run after the
+//! stall limit). Reads for a lagging follower are `fetch.rs`'s, membership
+//! changes `join.rs`'s.
 //!
 //! What raft asks of the disk leaves through `Effects` as WAL requests
 //! (`WalOp::Replicate`, `WalOp::ReadGroups` for a lagging follower); what
 //! raft decides comes back to the coordinator as `RaftNews`: a committed
 //! group to apply, the start of serving, the end of leading.
 
+mod fetch;
+mod join;
 mod role;
 mod saves;
 mod start;
 
 use super::effects::{Effects, Pending, Retry};
-use super::stall::QuorumWatch;
-use crate::config::ClusterConfig;
+use super::stall::{QuorumWatch, StallAction};
+use crate::config::{ClusterConfig, Limits};
 use crate::consensus::entry::{encode_entry, Opening, Placement};
 use crate::consensus::membership::Join;
 use crate::consensus::replica::{CommittedGroup, Replica, ReplicaOutput};
@@ -81,22 +85,24 @@ pub(super) enum RaftNews {
     Stop(StopReason),
 }
 
-/// What a group read back for a follower says when it is not the group
-/// committed there.
-const FETCH_INVALID: &str = "a group read back for a lagging follower fails validation";
-
 fn cluster_log(what: impl ToString) -> StopReason {
     StopReason::ClusterLog { what: what.to_string() }
 }
 
 impl Replication {
-    pub(super) fn new(config: ClusterConfig, seed: u64, mutations: Mutations, now: Instant) -> Replication {
+    pub(super) fn new(
+        config: ClusterConfig,
+        limits: &Limits,
+        seed: u64,
+        mutations: Mutations,
+        now: Instant,
+    ) -> Replication {
         Replication {
             config,
             seed,
             phase: Phase::Unread,
             saves: Saves::new(),
-            quorum: QuorumWatch::new(now),
+            quorum: QuorumWatch::new(now, limits.stall_report_after, limits.stall_stop_after),
             change_queued: false,
             fetching: None,
             proposed: None,
@@ -139,11 +145,11 @@ impl Replication {
     /// them when something else happens first), and an idle cluster wakes
     /// its followers rarely. A stall report that is to be lifted waits for
     /// the next tick, as it always did.
-    pub(super) fn deadline(&self, report_after: Option<crate::time::Duration>) -> Option<Instant> {
+    pub(super) fn deadline(&self) -> Option<Instant> {
         let node = self.node()?;
         let quiet = if self.quorum.lifting() { Some(0) } else { node.replica.ticks_to_effect().map(|k| k - 1) };
         let tick = quiet.map(|q| node.next_tick + self.config.tick.saturating_mul(q));
-        [self.quorum.deadline(report_after), tick].into_iter().flatten().min()
+        [self.quorum.deadline(), tick].into_iter().flatten().min()
     }
 
     /// Before any input at `now`: the ticks due by then that only count
@@ -167,20 +173,19 @@ impl Replication {
         }
     }
 
-    pub(super) fn on_timeout(
-        &mut self,
-        fx: &mut Effects,
-        report_after: Option<crate::time::Duration>,
-    ) -> Vec<RaftNews> {
+    pub(super) fn on_timeout(&mut self, fx: &mut Effects) -> Vec<RaftNews> {
         let tick = self.config.tick;
         let Phase::Running(node) = &mut self.phase else { return Vec::new() };
         if fx.now >= node.next_tick {
             node.replica.tick();
             node.next_tick = fx.now + tick;
         }
-        let news = self.drain(fx);
-        if let Some(out) = self.quorum.check(fx.now, report_after) {
-            fx.emit(out);
+        let mut news = self.drain(fx);
+        match self.quorum.check(fx.now) {
+            (StallAction::None, false) => {}
+            (StallAction::None, true) => fx.emit(Output::Unstalled),
+            (StallAction::Report { what, for_ }, _) => fx.emit(Output::Stalled { what, for_ }),
+            (StallAction::Stop { what, for_ }, _) => news.push(RaftNews::Stop(StopReason::Stalled { what, for_ })),
         }
         news
     }
@@ -312,35 +317,6 @@ impl Replication {
         }
     }
 
-    /// Groups read back for a lagging follower arrived: each is checked
-    /// as the group its place holds before raft sends it, so a flipped bit
-    /// on this host's disk stops this host, not the followers it reaches.
-    pub(super) fn fetched(&mut self, fx: &mut Effects, groups: Vec<Vec<u8>>) -> Vec<RaftNews> {
-        fx.succeeded(Retry::RaftFetch);
-        let places = self.fetching.take().expect("an answer implies a fetch");
-        let damaged = places.iter().zip(&groups).find(|(p, bytes)| check_group(p.segment, p.lsn, bytes).is_none());
-        if let Some((p, _)) = damaged {
-            let what = FETCH_INVALID;
-            return vec![RaftNews::Stop(StopReason::Corrupt(Corruption {
-                segment: p.segment,
-                offset: p.offset,
-                what,
-            }))];
-        }
-        self.replica_mut().expect("a fetch implies a replica").fetched(groups);
-        self.drain(fx)
-    }
-
-    /// A read for a lagging follower failed: it goes again after a backoff.
-    pub(super) fn fetch_failed(&mut self, fx: &mut Effects) {
-        fx.retry_later(Retry::RaftFetch);
-    }
-
-    pub(super) fn retry_fetch(&mut self, fx: &mut Effects) {
-        let places = self.fetching.clone().expect("a fetch retry implies a fetch");
-        fx.io(Pending::RaftFetch, IoOp::Wal(WalOp::ReadGroups { places }));
-    }
-
     /// A finding that may only mean another host leads now (a shared sink
     /// ahead of this host's WAL): a quorum is asked whether this host
     /// still leads before the finding is believed.
@@ -354,31 +330,6 @@ impl Replication {
     /// ends, and the epoch (the term) it carries.
     pub(super) fn log_end(&self) -> crate::consensus::entry::LogEnd {
         self.replica().expect("serving implies a replica").log().end()
-    }
-
-    /// A leader is asked to let a host join (`Input::Join`).
-    pub(super) fn ask_join(&mut self, fx: &mut Effects, join: Join) {
-        let serving = self.node().is_some_and(|n| n.role.serving());
-        let result = match self.replica_mut() {
-            Some(r) if serving => r.ask_join(join),
-            _ => Err(crate::consensus::membership::JoinRefusal::NotLeader),
-        };
-        if let Err(why) = result {
-            fx.emit(Output::JoinRefused { node: join.node, why });
-        }
-    }
-
-    /// The membership change a serving leader should make next, as the
-    /// bytes of the frame that carries it, if one is due and none is queued
-    /// or pending.
-    pub(super) fn next_change(&mut self) -> Option<Vec<u8>> {
-        if !self.serving() || self.change_queued {
-            return None;
-        }
-        use protobuf::Message as _;
-        let cc = self.replica_mut()?.next_change()?;
-        self.change_queued = true;
-        Some(cc.write_to_bytes().expect("a conf change encodes"))
     }
 
     /// Proposes the group the WAL writer built at (`segment`, `offset`); one

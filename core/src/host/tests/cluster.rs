@@ -80,6 +80,8 @@ struct Cluster {
     /// `--once`: sources say they are exhausted at the last record, and
     /// hosts that stop cleanly are marked instead of failing the run.
     once: bool,
+    /// `--once`'s stall limit for hosts started from now on.
+    stall_stop_after: Option<Duration>,
     finished: Vec<bool>,
     /// Clean stops with records not yet in the sink.
     early_stops: u64,
@@ -134,6 +136,7 @@ impl Cluster {
             drop_tells: false,
             leaders: BTreeMap::new(),
             once: false,
+            stall_stop_after: None,
             finished: vec![false; HOSTS as usize],
             early_stops: 0,
             successor_at_stop: Vec::new(),
@@ -159,6 +162,7 @@ impl Cluster {
         cfg.seed += node.starts * 1000;
         cfg.cluster.as_mut().expect("clustered").shared_offsets = self.shared_offsets;
         cfg.stop_when_exhausted = self.once;
+        cfg.limits.stall_stop_after = self.stall_stop_after;
         self.leading[i] = false;
         self.finished[i] = false;
         node.host = Some(Host::new(cfg, self.now).unwrap());
@@ -199,7 +203,7 @@ impl Cluster {
                     self.nodes[i].host = None;
                     return self.start(i);
                 }
-                Output::Stopped(StopReason::Clean) if self.once => {
+                Output::Stopped(StopReason::Clean | StopReason::FinishedUnconfirmed { .. }) if self.once => {
                     self.early_stops += (self.delivered().len() < RECORDS as usize) as u64;
                     let successor = self.leading.iter().enumerate().any(|(j, led)| j != i && *led);
                     self.successor_at_stop.push(successor);
@@ -659,6 +663,42 @@ fn under_once_every_host_stops_cleanly_after_the_terminal_entry_also_when_starte
             assert!(c.finished[i], "seed {seed}: host {} stopped again without peers", i + 1);
         }
     }
+}
+
+#[test]
+fn under_once_a_host_that_missed_the_end_and_hears_no_peer_stops_at_the_stall_limit() {
+    let mut c = Cluster::new(5, Mutations::NONE);
+    c.once = true;
+    c.stall_stop_after = Some(Duration::from_secs(60));
+    // Host 3 is away while hosts 1 and 2, a majority, finish the run.
+    c.nodes[2].host = None;
+    for i in 0..2 {
+        c.nodes[i].host = None;
+        c.start(i);
+    }
+    for _ in 0..460_000 {
+        c.step(false);
+        if c.failure.is_some() || (c.finished[0] && c.finished[1]) {
+            break;
+        }
+    }
+    assert_eq!(c.failure, None);
+    assert!(c.finished[0] && c.finished[1], "hosts 1 and 2 finished by themselves");
+    assert_eq!(c.delivered(), (0..RECORDS).collect::<Vec<_>>(), "each record once");
+    // Host 3 never learnt of the end, and nobody is left to tell it.
+    c.cut = true;
+    let started = c.now;
+    c.start(2);
+    for _ in 0..100_000 {
+        c.step(false);
+        if c.failure.is_some() {
+            break;
+        }
+    }
+    let failure = c.failure.take().expect("host 3 stops");
+    assert!(failure.starts_with("host 3 stopped: Stalled { what: \"raft peers\""), "{failure}");
+    assert!(c.now >= started + Duration::from_secs(60), "not before the limit");
+    assert!(c.now < started + Duration::from_secs(61), "at the limit's first tick");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The WAL writer: frames waiting for a commit, one commit group in flight,
 //! the active segment and its spares, the committed segments' summaries,
-//! and the deletion queue. It owns the WAL's write position (epoch, next
-//! LSN, next segment id) and talks only to [`Effects`]; the coordinator
+//! and the deletion queue (`deletion.rs`). It owns the WAL's write position
+//! (epoch, next LSN, next segment id) and talks only to [`Effects`]; the coordinator
 //! tells it whether the writer authority allows a write, hands it the
 //! committed state a snapshot is built from, and routes the frames of each
 //! group it lands to the parts that react to them.
@@ -95,6 +95,7 @@ pub(super) enum Appended {
     Failed(StopReason),
 }
 
+mod deletion;
 mod group;
 pub(super) use group::SnapshotSource;
 
@@ -377,107 +378,5 @@ impl WalWriter {
 
     pub(super) fn want_snapshot(&mut self) {
         self.snapshot_wanted = true;
-    }
-
-    /// The WAL just reached its size limit: with nothing else on its way to
-    /// free space and the oldest segment compacted, a snapshot lets it go.
-    /// (After a restart with everything acknowledged, no compaction is left
-    /// to ask for one; from here on, each acknowledgement that compacts the
-    /// oldest segment does.)
-    pub(super) fn make_room(&mut self, acked: &Acked, sinks: u16) {
-        let snapshot_on_its_way =
-            self.snapshot_wanted || self.commit.as_ref().is_some_and(|c| c.snapshot_acked.is_some());
-        if !snapshot_on_its_way && self.deletes.is_empty() && self.oldest_segment_compacted(acked, sinks) {
-            self.snapshot_wanted = true;
-        }
-    }
-
-    /// Every record of the oldest sealed segment is below every sink's
-    /// acknowledged position in `acked`.
-    pub(super) fn oldest_segment_compacted(&self, acked: &Acked, sinks: u16) -> bool {
-        self.segments.front().is_some_and(|seg| {
-            seg.sealed
-                && seg
-                    .ends
-                    .iter()
-                    .all(|(key, end)| (0..sinks).all(|s| acked.get(&(SinkId(s), *key)).is_some_and(|a| a >= end)))
-        })
-    }
-
-    /// The deletion rule, evaluated when a snapshot commits at `lsn`.
-    /// `ignore_acks` is the planted bug `delete-before-compaction-ack`.
-    pub(super) fn plan_deletions(&mut self, lsn: Lsn, acked: &Acked, sinks: u16, ignore_acks: bool) {
-        while let Some(seg) = self.segments.front() {
-            if !seg.sealed || seg.last_lsn >= lsn {
-                break;
-            }
-            if !self.oldest_segment_compacted(acked, sinks) && !ignore_acks {
-                break;
-            }
-            // Clustered mode: the segment left first must open with a
-            // snapshot, or recovery could not start from it.
-            let next_head = self.segments.get(1).map(|s| s.head);
-            if self.replicated && next_head != Some(crate::recovery::Head::Snapshot) {
-                break;
-            }
-            let seg = self.segments.pop_front().expect("front exists");
-            self.deletes.push_back(seg.id);
-            self.deletes_justified_at = lsn;
-        }
-    }
-
-    /// Queues segments recovery found past the WAL's end.
-    pub(super) fn delete_junk(&mut self, junk: Vec<SegmentId>) {
-        self.deletes.extend(junk);
-    }
-
-    /// The planted bug `delete-during-recovery`: the oldest sealed segment
-    /// goes first, compacted or not.
-    pub(super) fn delete_oldest_now(&mut self) {
-        if let Some(seg) = self.segments.front().filter(|s| s.sealed) {
-            self.deletes.push_front(seg.id);
-            self.segments.pop_front();
-        }
-    }
-
-    pub(super) fn deletes_queued(&self) -> bool {
-        !self.deletes.is_empty()
-    }
-
-    /// The segment the next deletion would delete, if one may start, and
-    /// the LSN the commit that queued it must be saved through.
-    pub(super) fn next_delete(&self) -> Option<(SegmentId, Lsn)> {
-        self.deletes.front().map(|&s| (s, self.deletes_justified_at)).filter(|_| !self.deleting)
-    }
-
-    /// Sends the oldest queued deletion, one at a time. A writer that may
-    /// have lost its authority deletes nothing: a newer writer may be
-    /// reading these segments.
-    /// (Clustered mode: `may_write` says raft's log starts after the
-    /// segment.)
-    pub(super) fn delete_next(&mut self, fx: &mut Effects, may_write: bool) {
-        if self.deleting || !may_write {
-            return;
-        }
-        if let Some(&segment) = self.deletes.front() {
-            self.deleting = true;
-            fx.io(Pending::WalDelete(segment), IoOp::Wal(WalOp::Delete { segment }));
-        }
-    }
-
-    /// A deletion finished. True when it succeeded.
-    pub(super) fn on_deleted(&mut self, fx: &mut Effects, segment: SegmentId, ok: bool) -> bool {
-        if !ok {
-            fx.retry_later(Retry::Delete);
-            return false;
-        }
-        fx.succeeded(Retry::Delete);
-        assert_eq!(self.deletes.pop_front(), Some(segment), "deletes go in order");
-        self.deleting = false;
-        true
-    }
-
-    pub(super) fn retry_delete(&mut self) {
-        self.deleting = false;
     }
 }
