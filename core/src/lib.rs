@@ -107,5 +107,5 @@ pub mod ledger {
 pub mod testing {
     pub use crate::consensus::entry::{EntryGroup, Opening};
     pub use crate::state::CommittedState;
-    pub use crate::wal::{group_batch_ends, group_shape};
+    pub use crate::wal::{group_facts, group_shape, GroupFacts, PlannedBatch};
 }

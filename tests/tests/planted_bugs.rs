@@ -79,3 +79,26 @@ fn clustered_mode_checks_recovery_idempotence_and_materialized_offsets_and_meets
     assert!(seeds_with("bit rot") > 0, "{text}");
     assert!(seeds_with("clustered: a rotten disk found and replaced") > 0, "{text}");
 }
+
+/// Clustered mode's model checks that a batch handed to a sink has its
+/// plan, not only its records, committed on a majority, and that a
+/// truncation zeroes or removes every byte it replaces (a remnant that no
+/// longer validates is still a remnant).
+#[test]
+fn clustered_mode_checks_dispatched_plans_and_truncation_remnants() {
+    let args =
+        ["sim", "--wal", "clustered", "--seeds", "0..50", "--jobs", "2", "--mutation", "dispatch-before-plan-commit"];
+    let out = skipprd(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let by = failures_by_invariant(&out);
+    assert!(by.iter().any(|(invariant, n)| invariant == "dispatch-before-majority" && *n > 25), "{by:?}");
+    assert!(stdout(&out).contains("whose plan no majority holds"), "{}", stdout(&out));
+
+    let args =
+        ["sim", "--wal", "clustered", "--seeds", "0..400", "--jobs", "2", "--mutation", "no-truncate-on-conflict"];
+    let out = skipprd(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let by = failures_by_invariant(&out);
+    assert!(by.iter().any(|(invariant, n)| invariant == "truncation-left-bytes" && *n > 10), "{by:?}");
+    assert!(stdout(&out).contains("a truncation zeroes or removes all it replaces"), "{}", stdout(&out));
+}

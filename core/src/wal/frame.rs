@@ -113,6 +113,16 @@ pub struct CompactionPlan {
     pub ranges: Vec<Range>,
 }
 
+/// A destination batch a compaction plan names (read from a group by
+/// `group_facts`, without the plan's ranges).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PlannedBatch {
+    pub sink: SinkId,
+    pub stream: StreamId,
+    pub id: CompactionId,
+    pub seq: CompactionSeq,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CompactionDone {
     pub sink: SinkId,

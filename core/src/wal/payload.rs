@@ -37,17 +37,7 @@ impl Frame {
 
     pub(super) fn encode_payload(&self, w: &mut Writer<'_>) {
         match self {
-            Frame::SourceBatch(b) => {
-                put_key(w, b.key);
-                w.u16(b.stream.0);
-                w.u64(b.end.0);
-                w.opt_bytes(b.checkpoint.as_deref());
-                w.u32(b.records.len() as u32);
-                for r in &b.records {
-                    w.u64(r.position.0);
-                    w.bytes(&r.bytes);
-                }
-            }
+            Frame::SourceBatch(b) => put_batch(w, b),
             Frame::SchemaDecision(d) => {
                 w.u16(d.stream.0);
                 w.u64(d.fingerprint);
@@ -59,48 +49,7 @@ impl Frame {
                 w.u64(d.id.0);
                 w.u64(d.seq.0);
             }
-            Frame::Snapshot(s) => {
-                w.u32(s.partitions.len() as u32);
-                for (key, p) in &s.partitions {
-                    put_key(w, *key);
-                    w.u16(p.stream.0);
-                    w.u64(p.position.0);
-                    w.u64(p.lsn.0);
-                    w.u64(p.records);
-                    w.opt_bytes(p.checkpoint.as_deref());
-                }
-                w.u32(s.acked.len() as u32);
-                for (sink, key, pos) in &s.acked {
-                    w.u16(sink.0);
-                    put_key(w, *key);
-                    w.u64(pos.0);
-                }
-                w.u32(s.next_seq.len() as u32);
-                for (sink, stream, seq) in &s.next_seq {
-                    w.u16(sink.0);
-                    w.u16(stream.0);
-                    w.u64(seq.0);
-                }
-                w.u32(s.schemas.len() as u32);
-                for d in &s.schemas {
-                    w.u16(d.stream.0);
-                    w.u64(d.fingerprint);
-                }
-                w.u32(s.open.len() as u32);
-                for p in &s.open {
-                    put_plan(w, p);
-                }
-                for list in [&s.names.sources, &s.names.sinks, &s.names.streams] {
-                    w.u32(list.len() as u32);
-                    for name in list {
-                        w.bytes(name.as_bytes());
-                    }
-                }
-                if let Some(lsn) = s.finished {
-                    w.u64(lsn.0);
-                    w.u64(s.all_finished.map_or(0, |l| l.0));
-                }
-            }
+            Frame::Snapshot(s) => put_snapshot(w, s),
             Frame::Seal | Frame::Fence | Frame::Finished | Frame::AllFinished => {}
             Frame::Skipped(k) => {
                 put_key(w, k.key);
@@ -129,6 +78,15 @@ pub(super) fn batch_end(payload: &[u8]) -> Option<(PartitionKey, Position)> {
     let key = get_key(&mut r).ok()?;
     let _stream = r.u16().ok()?;
     Some((key, Position(r.u64().ok()?)))
+}
+
+/// The sink, stream, id and number of a compaction-plan payload, read
+/// without its ranges.
+pub(super) fn plan_head(payload: &[u8]) -> Option<PlannedBatch> {
+    let mut r = Reader::new(payload);
+    let (sink, stream) = (SinkId(r.u16().ok()?), StreamId(r.u16().ok()?));
+    let id = CompactionId(r.u64().ok()?);
+    Some(PlannedBatch { sink, stream, id, seq: CompactionSeq(r.u64().ok()?) })
 }
 
 /// Visits the records of a source-batch payload in place, (position,
@@ -160,20 +118,7 @@ pub(super) fn visit_batch(payload: &[u8], mut each: impl FnMut(Position, &[u8]))
 pub(super) fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError> {
     let mut r = Reader::new(payload);
     let frame = match kind {
-        FrameKind::SourceBatch => {
-            let key = get_key(&mut r)?;
-            let stream = StreamId(r.u16()?);
-            let end = Position(r.u64()?);
-            let checkpoint = r.opt_bytes()?;
-            let n = r.count(12)?;
-            let mut records = Vec::with_capacity(n);
-            for _ in 0..n {
-                let position = Position(r.u64()?);
-                let bytes = r.bytes()?.to_vec();
-                records.push(Record { position, bytes });
-            }
-            Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records })
-        }
+        FrameKind::SourceBatch => Frame::SourceBatch(get_batch(&mut r)?),
         FrameKind::SchemaDecision => {
             Frame::SchemaDecision(SchemaDecision { stream: StreamId(r.u16()?), fingerprint: r.u64()? })
         }
@@ -184,42 +129,7 @@ pub(super) fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, D
             id: CompactionId(r.u64()?),
             seq: CompactionSeq(r.u64()?),
         }),
-        FrameKind::Snapshot => {
-            let mut s = Snapshot::default();
-            for _ in 0..r.count(33)? {
-                let key = get_key(&mut r)?;
-                let p = PartitionState {
-                    stream: StreamId(r.u16()?),
-                    position: Position(r.u64()?),
-                    lsn: Lsn(r.u64()?),
-                    records: r.u64()?,
-                    checkpoint: r.opt_bytes()?,
-                };
-                s.partitions.push((key, p));
-            }
-            for _ in 0..r.count(16)? {
-                s.acked.push((SinkId(r.u16()?), get_key(&mut r)?, Position(r.u64()?)));
-            }
-            for _ in 0..r.count(12)? {
-                s.next_seq.push((SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?)));
-            }
-            for _ in 0..r.count(10)? {
-                s.schemas.push(SchemaDecision { stream: StreamId(r.u16()?), fingerprint: r.u64()? });
-            }
-            for _ in 0..r.count(32)? {
-                s.open.push(get_plan(&mut r)?);
-            }
-            for list in [&mut s.names.sources, &mut s.names.sinks, &mut s.names.streams] {
-                for _ in 0..r.count(4)? {
-                    list.push(String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?);
-                }
-            }
-            if !r.is_empty() {
-                s.finished = Some(Lsn(r.u64()?));
-                s.all_finished = Some(Lsn(r.u64()?)).filter(|l| l.0 != 0);
-            }
-            Frame::Snapshot(s)
-        }
+        FrameKind::Snapshot => Frame::Snapshot(get_snapshot(&mut r)?),
         FrameKind::Seal => Frame::Seal,
         FrameKind::Fence => Frame::Fence,
         FrameKind::Finished => Frame::Finished,
@@ -238,6 +148,113 @@ pub(super) fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, D
         return Err(DecodeError);
     }
     Ok(frame)
+}
+
+fn put_batch(w: &mut Writer<'_>, b: &SourceBatch) {
+    put_key(w, b.key);
+    w.u16(b.stream.0);
+    w.u64(b.end.0);
+    w.opt_bytes(b.checkpoint.as_deref());
+    w.u32(b.records.len() as u32);
+    for r in &b.records {
+        w.u64(r.position.0);
+        w.bytes(&r.bytes);
+    }
+}
+
+fn get_batch(r: &mut Reader<'_>) -> Result<SourceBatch, DecodeError> {
+    let key = get_key(r)?;
+    let stream = StreamId(r.u16()?);
+    let end = Position(r.u64()?);
+    let checkpoint = r.opt_bytes()?;
+    let n = r.count(12)?;
+    let mut records = Vec::with_capacity(n);
+    for _ in 0..n {
+        let position = Position(r.u64()?);
+        let bytes = r.bytes()?.to_vec();
+        records.push(Record { position, bytes });
+    }
+    Ok(SourceBatch { key, stream, end, checkpoint, records })
+}
+
+fn put_snapshot(w: &mut Writer<'_>, s: &Snapshot) {
+    w.u32(s.partitions.len() as u32);
+    for (key, p) in &s.partitions {
+        put_key(w, *key);
+        w.u16(p.stream.0);
+        w.u64(p.position.0);
+        w.u64(p.lsn.0);
+        w.u64(p.records);
+        w.opt_bytes(p.checkpoint.as_deref());
+    }
+    w.u32(s.acked.len() as u32);
+    for (sink, key, pos) in &s.acked {
+        w.u16(sink.0);
+        put_key(w, *key);
+        w.u64(pos.0);
+    }
+    w.u32(s.next_seq.len() as u32);
+    for (sink, stream, seq) in &s.next_seq {
+        w.u16(sink.0);
+        w.u16(stream.0);
+        w.u64(seq.0);
+    }
+    w.u32(s.schemas.len() as u32);
+    for d in &s.schemas {
+        w.u16(d.stream.0);
+        w.u64(d.fingerprint);
+    }
+    w.u32(s.open.len() as u32);
+    for p in &s.open {
+        put_plan(w, p);
+    }
+    for list in [&s.names.sources, &s.names.sinks, &s.names.streams] {
+        w.u32(list.len() as u32);
+        for name in list {
+            w.bytes(name.as_bytes());
+        }
+    }
+    if let Some(lsn) = s.finished {
+        w.u64(lsn.0);
+        w.u64(s.all_finished.map_or(0, |l| l.0));
+    }
+}
+
+fn get_snapshot(r: &mut Reader<'_>) -> Result<Snapshot, DecodeError> {
+    let mut s = Snapshot::default();
+    for _ in 0..r.count(33)? {
+        let key = get_key(r)?;
+        let p = PartitionState {
+            stream: StreamId(r.u16()?),
+            position: Position(r.u64()?),
+            lsn: Lsn(r.u64()?),
+            records: r.u64()?,
+            checkpoint: r.opt_bytes()?,
+        };
+        s.partitions.push((key, p));
+    }
+    for _ in 0..r.count(16)? {
+        s.acked.push((SinkId(r.u16()?), get_key(r)?, Position(r.u64()?)));
+    }
+    for _ in 0..r.count(12)? {
+        s.next_seq.push((SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?)));
+    }
+    for _ in 0..r.count(10)? {
+        s.schemas.push(SchemaDecision { stream: StreamId(r.u16()?), fingerprint: r.u64()? });
+    }
+    for _ in 0..r.count(32)? {
+        s.open.push(get_plan(r)?);
+    }
+    for list in [&mut s.names.sources, &mut s.names.sinks, &mut s.names.streams] {
+        for _ in 0..r.count(4)? {
+            list.push(String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?);
+        }
+    }
+    if !r.is_empty() {
+        s.finished = Some(Lsn(r.u64()?));
+        s.all_finished = Some(Lsn(r.u64()?)).filter(|l| l.0 != 0);
+    }
+    Ok(s)
 }
 
 fn opt_len(v: &Option<Vec<u8>>) -> usize {

@@ -10,7 +10,7 @@
 //! rot there after an acknowledgement loses it; see docs/ARCHITECTURE.md).
 
 use super::frame::*;
-use super::payload::{batch_end, batch_key, decode_payload, visit_batch};
+use super::payload::{batch_end, batch_key, decode_payload, plan_head, visit_batch};
 use crate::ids::*;
 
 pub const SEGMENT_MAGIC: [u8; 8] = *b"SKPRWAL\0";
@@ -141,20 +141,30 @@ pub fn group_shape(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<GroupSh
     walk_group(segment, lsn, bytes, |_, _| {})
 }
 
-/// The partition and end of each source batch in a group `group_shape`
-/// accepts, read without decoding its records.
-pub fn group_batch_ends(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<Vec<(PartitionKey, Position)>> {
-    let mut ends = Vec::new();
+/// What a checker needs of a group `group_shape` accepts: the partition
+/// and end of each source batch, and the batches its compaction plans
+/// name, read without decoding records or ranges.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupFacts {
+    pub ends: Vec<(PartitionKey, Position)>,
+    pub plans: Vec<PlannedBatch>,
+}
+
+pub fn group_facts(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<GroupFacts> {
+    let mut facts = GroupFacts::default();
     let mut bad = false;
-    walk_group(segment, lsn, bytes, |kind, payload| {
-        if kind == FrameKind::SourceBatch {
-            match batch_end(payload) {
-                Some(end) => ends.push(end),
-                None => bad = true,
-            }
-        }
+    walk_group(segment, lsn, bytes, |kind, payload| match kind {
+        FrameKind::SourceBatch => match batch_end(payload) {
+            Some(end) => facts.ends.push(end),
+            None => bad = true,
+        },
+        FrameKind::CompactionPlanned => match plan_head(payload) {
+            Some(plan) => facts.plans.push(plan),
+            None => bad = true,
+        },
+        _ => {}
     })?;
-    (!bad).then_some(ends)
+    (!bad).then_some(facts)
 }
 
 /// Checks a group's frames as `group_shape` says, handing each frame

@@ -1,8 +1,9 @@
 //! The clustered checker's model of durability: what each host holds
 //! durably (LSN → term of every group its disk has synced), from which it
 //! derives what is *committed* (the same group durable on a majority of
-//! voters), and the positions committed groups carry. It asserts, at every
-//! ack, offsets write and dispatch, that what is acted on is committed; that
+//! voters), and the positions and compaction plans committed groups carry.
+//! It asserts, at every ack, offsets write and dispatch, that what is acted
+//! on is committed (a dispatched batch's plan as well as its records); that
 //! the committed prefix never shrinks (no majority ever loses a committed
 //! group); and, from the append messages it sees, that no term has two
 //! leaders. It reads only disks, requests and messages, never an engine's
@@ -19,9 +20,10 @@ use crate::checker::Violation;
 use bytes::Bytes;
 use skippr_core::format::{Frame, GroupPlace, ScannedSegment};
 use skippr_core::testing::EntryGroup;
-use skippr_core::testing::{group_batch_ends, group_shape};
+use skippr_core::testing::{group_facts, group_shape, GroupFacts, PlannedBatch};
+use skippr_core::SinkApply;
 use skippr_core::{Lsn, PartitionKey, Position, SegmentId, SourceId};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Groups below the committed end whose validation is remembered.
 const SHAPES_KEPT: usize = 256;
@@ -56,13 +58,18 @@ pub struct Model {
     /// the same group, without validating them again (a window near the
     /// committed end; a miss only costs a validation).
     shapes: BTreeMap<u64, (SegmentId, Bytes, u64)>,
-    /// (LSN, term) → the partition ends its source batches carry.
-    ends: BTreeMap<(u64, u64), Vec<(PartitionKey, u64)>>,
+    /// (LSN, term) → the partition ends its source batches carry and the
+    /// destination batches its compaction plans name.
+    facts: BTreeMap<(u64, u64), GroupFacts>,
     /// Every LSN up to this is committed (durable on a majority with the
     /// same term), and the term of each.
     committed: Vec<u64>,
     /// The highest end each partition reached in committed groups.
     committed_ends: BTreeMap<PartitionKey, u64>,
+    /// The destination batches committed groups plan.
+    committed_plans: BTreeSet<PlannedBatch>,
+    /// The destination batches handed to a sink.
+    dispatched: BTreeSet<PlannedBatch>,
     /// The highest position acted on per partition (acked, stored, or
     /// handed to a sink), and how.
     acted: BTreeMap<PartitionKey, (u64, &'static str)>,
@@ -134,10 +141,9 @@ impl Model {
             self.durable[h].insert(lsn, term);
             self.places[h].insert(lsn, g.place);
             // Read once per group, whichever host writes it first.
-            self.ends.entry((lsn, term)).or_insert_with(|| {
-                group_batch_ends(g.place.segment, g.place.lsn, &g.bytes)
-                    .map_or(Vec::new(), |ends| ends.into_iter().map(|(k, e)| (k, e.0)).collect())
-            });
+            self.facts
+                .entry((lsn, term))
+                .or_insert_with(|| group_facts(g.place.segment, g.place.lsn, &g.bytes).unwrap_or_default());
         }
         // A log that only grew lost nothing: only a replaced tail is
         // checked against the committed prefix again.
@@ -172,6 +178,15 @@ impl Model {
                     h + 1,
                     p.segment.0,
                     p.offset
+                );
+                return self.fail(invariant::TRUNCATION_LEFT_BYTES, detail);
+            }
+            if let Some(at) = remnant(segments, &self.places[h], p) {
+                let detail = format!(
+                    "host {} truncated its tail, and a byte of the replaced group at LSN {lsn} (term {term}) is left \
+                     in segment {} at byte {at}: a truncation zeroes or removes all it replaces",
+                    h + 1,
+                    p.segment.0,
                 );
                 return self.fail(invariant::TRUNCATION_LEFT_BYTES, detail);
             }
@@ -212,7 +227,7 @@ impl Model {
         });
         self.durable[h] = before.into_iter().chain(found).collect();
         for g in scanned.iter().flat_map(|s| &s.groups) {
-            self.ends.entry((g.lsn.0, g.epoch.0)).or_insert_with(|| batch_ends(&g.frames));
+            self.facts.entry((g.lsn.0, g.epoch.0)).or_insert_with(|| facts_of(&g.frames));
         }
         self.advance(0);
     }
@@ -227,7 +242,7 @@ impl Model {
         let committed = self.committed.iter().enumerate().take(first as usize).map(|(l, &t)| (l as u64, t));
         self.durable[h] = committed.chain(found).collect();
         for g in scanned.iter().flat_map(|s| &s.groups) {
-            self.ends.entry((g.lsn.0, g.epoch.0)).or_insert_with(|| batch_ends(&g.frames));
+            self.facts.entry((g.lsn.0, g.epoch.0)).or_insert_with(|| facts_of(&g.frames));
         }
         self.advance(0);
     }
@@ -247,11 +262,9 @@ impl Model {
         if let Some(lsn) = lost {
             self.committed.truncate(lsn);
             self.committed_ends.clear();
-            for (lsn, &term) in self.committed.iter().enumerate() {
-                for &(key, end) in self.ends.get(&(lsn as u64, term)).map(Vec::as_slice).unwrap_or(&[]) {
-                    let e = self.committed_ends.entry(key).or_insert(0);
-                    *e = (*e).max(end);
-                }
+            self.committed_plans.clear();
+            for lsn in 0..self.committed.len() {
+                self.count_committed(lsn as u64, self.committed[lsn]);
             }
         }
         loop {
@@ -265,10 +278,7 @@ impl Model {
             }
             let Some((&term, _)) = terms.iter().find(|(_, &n)| n >= majority) else { break };
             self.committed.push(term);
-            for &(key, end) in self.ends.get(&(next, term)).map(Vec::as_slice).unwrap_or(&[]) {
-                let e = self.committed_ends.entry(key).or_insert(0);
-                *e = (*e).max(end);
-            }
+            self.count_committed(next, term);
         }
         if lost.is_some() {
             let acted: Vec<_> = self.acted.iter().map(|(k, v)| (*k, *v)).collect();
@@ -281,7 +291,25 @@ impl Model {
                     return self.fail(invariant::COMMITTED_LOST, detail);
                 }
             }
+            if let Some(b) = self.dispatched.difference(&self.committed_plans).next() {
+                let detail = format!(
+                    "sink {} was handed batch {} ({:?}) of stream {}, and a majority no longer holds its plan",
+                    b.sink.0, b.seq.0, b.id, b.stream.0
+                );
+                self.fail(invariant::COMMITTED_LOST, detail);
+            }
         }
+    }
+
+    /// What the committed group at `lsn` adds to the committed ends and
+    /// plans.
+    fn count_committed(&mut self, lsn: u64, term: u64) {
+        let Some(facts) = self.facts.get(&(lsn, term)) else { return };
+        for &(key, end) in &facts.ends {
+            let e = self.committed_ends.entry(key).or_insert(0);
+            *e = (*e).max(end.0);
+        }
+        self.committed_plans.extend(facts.plans.iter().copied());
     }
 
     fn acted_on(&mut self, key: PartitionKey, pos: u64, how: &'static str) {
@@ -325,10 +353,11 @@ impl Model {
         self.acted_on(key, position.0, "stored as an offset");
     }
 
-    /// A sink is handed these records (bytes as the simulated sources make
-    /// them: source, partition, position first).
-    pub fn on_dispatch<'a>(&mut self, host: usize, records: impl IntoIterator<Item = &'a [u8]>) {
-        for r in records {
+    /// A sink is handed a batch (its records' bytes as the simulated
+    /// sources make them: source, partition, position first): its records
+    /// and its plan must be committed.
+    pub fn on_dispatch(&mut self, host: usize, apply: &SinkApply) {
+        for r in &apply.records {
             if r.len() < 6 {
                 continue; // the exactly-once checker names foreign bytes
             }
@@ -344,6 +373,19 @@ impl Model {
             }
             self.acted_on(key, pos + 1, "handed to a sink");
         }
+        let batch = PlannedBatch { sink: apply.sink, stream: apply.stream, id: apply.id, seq: apply.seq };
+        if !self.committed_plans.contains(&batch) {
+            let detail = format!(
+                "host {} handed sink {} batch {} ({:?}) of stream {}, whose plan no majority holds",
+                host + 1,
+                batch.sink.0,
+                batch.seq.0,
+                batch.id,
+                batch.stream.0
+            );
+            return self.fail(invariant::DISPATCH_BEFORE_MAJORITY, detail);
+        }
+        self.dispatched.insert(batch);
     }
 
     /// Host `h` saved `commit` as its commit index: a majority must hold
@@ -406,12 +448,30 @@ fn places_of(scanned: &[ScannedSegment]) -> BTreeMap<u64, GroupPlace> {
     places.collect()
 }
 
-fn batch_ends(frames: &[Frame]) -> Vec<(PartitionKey, u64)> {
-    frames
-        .iter()
-        .filter_map(|f| match f {
-            Frame::SourceBatch(b) => Some((b.key, b.end.0)),
-            _ => None,
-        })
-        .collect()
+fn facts_of(frames: &[Frame]) -> GroupFacts {
+    let mut facts = GroupFacts::default();
+    for f in frames {
+        match f {
+            Frame::SourceBatch(b) => facts.ends.push((b.key, b.end)),
+            Frame::CompactionPlanned(p) => {
+                facts.plans.push(PlannedBatch { sink: p.sink, stream: p.stream, id: p.id, seq: p.seq })
+            }
+            _ => {}
+        }
+    }
+    facts
+}
+
+/// The first non-zero byte of `replaced`'s place that no group the host
+/// holds now covers, if any: a segment that is gone holds nothing.
+fn remnant(segments: &[(SegmentId, &[u8])], places: &BTreeMap<u64, GroupPlace>, replaced: GroupPlace) -> Option<u64> {
+    let bytes = segments.iter().find(|s| s.0 == replaced.segment)?.1;
+    let (from, to) = (replaced.offset, replaced.offset + replaced.len);
+    let covered: Vec<(u64, u64)> = places
+        .values()
+        .filter(|g| g.segment == replaced.segment && g.offset < to && g.offset + g.len > from)
+        .map(|g| (g.offset, g.offset + g.len))
+        .collect();
+    (from..to.min(bytes.len() as u64))
+        .find(|&at| bytes[at as usize] != 0 && !covered.iter().any(|&(a, b)| (a..b).contains(&at)))
 }

@@ -40,7 +40,7 @@ impl World<Raft> {
                 self.after(Die::OffsetsLatency, lat.offsets, world::Event::Complete { slot: node, gen, id, op })
             }
             IoOp::Plugin(PluginOp::SinkApply(apply)) => {
-                self.topo.model.on_dispatch(node, &apply.records);
+                self.topo.model.on_dispatch(node, &apply);
                 self.after(Die::SinkLatency, lat.sink, world::Event::SinkEffect { gen, id, apply });
             }
             IoOp::Plugin(PluginOp::SourceAck { source, acks }) => {
