@@ -6,7 +6,8 @@
 use crate::ids::*;
 use crate::records::RecordStore;
 use crate::state::CommittedState;
-use crate::wal::{scan, Corruption, Frame, GroupPlace, ScannedSegment, Snapshot, SEGMENTS_MISSING};
+use crate::wal::stream::{ReadAt, Scanned, StreamScan};
+use crate::wal::{Corruption, Frame, GroupPlace, ScannedGroup, ScannedSegment, Snapshot, SEGMENTS_MISSING};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Why the segments found cannot be recovered: damaged bytes, or committed
@@ -49,10 +50,10 @@ pub enum Missing {
 }
 
 /// The checks recovery makes on the segments it read, sorted by id: every
-/// group valid and LSNs continuing from segment to segment (`scan`; a jump
-/// means whole segments are gone), and nothing missing before the oldest
-/// segment that a sink still needs (`rebuild`). Segment ids alone prove
-/// nothing: deleting a torn creation leaves a gap in them.
+/// group valid and LSNs continuing from segment to segment (the scan; a
+/// jump means whole segments are gone), and nothing missing before the
+/// oldest segment that a sink still needs (`Rebuild`). Segment ids alone
+/// prove nothing: deleting a torn creation leaves a gap in them.
 /// `lenient_tail` is the planted bug `admit-torn-segment`; `trust_missing`
 /// is `ignore-missing-segments`.
 pub fn recover(
@@ -60,32 +61,90 @@ pub fn recover(
     lenient_tail: bool,
     trust_missing: bool,
 ) -> Result<RecoveredWal, WalDamage> {
-    match scan(segments, lenient_tail) {
-        Ok(scanned) => rebuild(scanned, !trust_missing),
-        Err(c) if c.what == SEGMENTS_MISSING && trust_missing => {
-            // The planted bug: recover from the segments after the jump, as
-            // if whatever is missing had been deleted under the rule.
-            let from = segments.iter().position(|(id, _)| *id == c.segment).expect("the scan names a listed segment");
-            recover(&segments[from..], lenient_tail, true)
-        }
-        Err(c) if c.what == SEGMENTS_MISSING => Err(WalDamage::Missing(gap(segments, c.segment))),
-        Err(c) => Err(WalDamage::Corrupt(c)),
+    let listed = segments.iter().map(|(id, _)| *id).collect();
+    let mut recovery = Recovery::new(listed, lenient_tail, trust_missing, 1 << 20);
+    while let Some(read) = recovery.next_read() {
+        let bytes = segments.iter().find(|(id, _)| *id == read.segment).expect("a listed segment").1;
+        let from = (read.offset as usize).min(bytes.len());
+        recovery.feed(&bytes[from..(from + read.len).min(bytes.len())])?;
     }
+    recovery.finish()
 }
 
-/// The segments missing before `before`, whose first group the scan found
-/// past the end of the sealed segments ahead of it.
-fn gap(segments: &[(SegmentId, &[u8])], before: SegmentId) -> Missing {
-    let at = segments.iter().position(|(id, _)| *id == before).expect("the scan names a listed segment");
-    let prefix = scan(&segments[..at], false).expect("the scan admitted everything before the jump");
-    let last = prefix.iter().rev().find_map(|s| s.groups.last().map(|g| (s.id, g.lsn)));
-    let first = scan(&segments[at..=at], false).ok().and_then(|s| s[0].groups.first().map(|g| g.lsn));
-    let (after, lsns) = match (last, first) {
-        (Some((after, a)), Some(b)) => (after, Some((Lsn(a.0 + 1), Lsn(b.0 - 1)))),
-        (Some((after, _)), None) => (after, None),
-        (None, _) => (SegmentId(before.0.saturating_sub(1)), None),
-    };
-    Missing::Gap { after, before, lsns }
+/// Recovery's scan and rebuild over the listed segments, fed a window at a
+/// time: it holds the window, the group it is in and what it rebuilt, not
+/// the WAL.
+pub struct Recovery {
+    listed: Vec<SegmentId>,
+    scan: StreamScan,
+    rebuild: Rebuild,
+    lenient_tail: bool,
+    trust_missing: bool,
+    window: usize,
+    /// The last group the scan admitted: (segment, LSN).
+    last: Option<(SegmentId, Lsn)>,
+}
+
+impl Recovery {
+    pub fn new(listed: Vec<SegmentId>, lenient_tail: bool, trust_missing: bool, window: usize) -> Recovery {
+        Recovery {
+            scan: StreamScan::new(listed.clone(), lenient_tail, window),
+            listed,
+            rebuild: Rebuild::new(!trust_missing),
+            lenient_tail,
+            trust_missing,
+            window,
+            last: None,
+        }
+    }
+
+    /// The read recovery waits for; `None` once every segment is scanned.
+    pub fn next_read(&self) -> Option<ReadAt> {
+        self.scan.next_read()
+    }
+
+    /// The bytes `next_read` asked for.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<(), WalDamage> {
+        match self.scan.feed(bytes) {
+            Ok(scanned) => {
+                for item in scanned {
+                    match item {
+                        Scanned::Group(segment, group) => {
+                            self.last = Some((segment, group.lsn));
+                            self.rebuild.group(segment, group);
+                        }
+                        Scanned::Segment(seg) => self.rebuild.segment(seg),
+                    }
+                }
+                Ok(())
+            }
+            Err(c) if c.what == SEGMENTS_MISSING && self.trust_missing => {
+                // The planted bug: recover from the segments after the jump,
+                // as if whatever is missing had been deleted under the rule.
+                let from = self.listed.iter().position(|id| *id == c.segment).expect("the scan names a listed segment");
+                *self = Recovery::new(self.listed[from..].to_vec(), self.lenient_tail, true, self.window);
+                Ok(())
+            }
+            Err(c) if c.what == SEGMENTS_MISSING => Err(WalDamage::Missing(self.gap(c.segment))),
+            Err(c) => Err(WalDamage::Corrupt(c)),
+        }
+    }
+
+    pub fn finish(self) -> Result<RecoveredWal, WalDamage> {
+        assert!(self.scan.is_done(), "every listed segment is scanned first");
+        self.rebuild.finish()
+    }
+
+    /// The segments missing before `before`, whose first group the scan
+    /// found past the end of the sealed segments ahead of it.
+    fn gap(&self, before: SegmentId) -> Missing {
+        let (after, lsns) = match (self.last, self.scan.jumped_to()) {
+            (Some((after, a)), Some(b)) => (after, Some((Lsn(a.0 + 1), Lsn(b.0 - 1)))),
+            (Some((after, _)), None) => (after, None),
+            (None, _) => (SegmentId(before.0.saturating_sub(1)), None),
+        };
+        Missing::Gap { after, before, lsns }
+    }
 }
 
 /// What a sealed or active segment holds, for the deletion rule.
@@ -165,62 +224,105 @@ pub struct RecoveredWal {
 /// acknowledged everything below its positions; otherwise committed data is
 /// missing.
 pub fn rebuild(scanned: Vec<ScannedSegment>, check_head: bool) -> Result<RecoveredWal, WalDamage> {
-    let mut wal = RecoveredWal::default();
-    let mut first_group = true;
-    let mut head: Option<(SegmentId, Lsn, Snapshot)> = None;
-    for seg in scanned {
+    let mut r = Rebuild::new(check_head);
+    for mut seg in scanned {
+        for group in std::mem::take(&mut seg.groups) {
+            r.group(seg.id, group);
+        }
+        r.segment(seg);
+    }
+    r.finish()
+}
+
+/// `rebuild`, a group at a time, as a streaming scan hands them out: each
+/// group of a segment, then the segment itself. The first damage it finds
+/// is held until `finish`, so that the scan's own findings, which a whole
+/// scan makes before any rebuilding, go first.
+pub struct Rebuild {
+    wal: RecoveredWal,
+    check_head: bool,
+    first_group: bool,
+    head: Option<(SegmentId, Lsn, Snapshot)>,
+    /// The segment whose groups are arriving.
+    summary: Option<SegmentSummary>,
+    damage: Option<WalDamage>,
+}
+
+impl Rebuild {
+    pub fn new(check_head: bool) -> Rebuild {
+        Rebuild { wal: RecoveredWal::default(), check_head, first_group: true, head: None, summary: None, damage: None }
+    }
+
+    pub fn group(&mut self, segment: SegmentId, group: ScannedGroup) {
+        if self.damage.is_some() {
+            return;
+        }
+        let wal = &mut self.wal;
+        let summary = self.summary.get_or_insert_with(|| SegmentSummary::new(segment, group.lsn));
+        wal.epoch_max = wal.epoch_max.max(group.epoch);
+        // Raft's lone fences may come before a clustered WAL's snapshot.
+        let lone_fence = group.lsn != Lsn(0) && matches!(group.frames.as_slice(), [Frame::Fence]);
+        if self.first_group && !lone_fence {
+            self.first_group = false;
+            let starts_with_snapshot = matches!(group.frames.first(), Some(Frame::Snapshot(_)));
+            if group.lsn != Lsn(0) && !starts_with_snapshot {
+                self.damage = Some(WalDamage::Corrupt(Corruption {
+                    segment,
+                    offset: group.offset,
+                    what: "the WAL starts after LSN 0 without a snapshot: older segments are missing",
+                }));
+                return;
+            }
+            if let (true, Some(Frame::Snapshot(s))) = (self.check_head && group.lsn != Lsn(0), group.frames.first()) {
+                self.head = Some((segment, group.lsn, s.clone()));
+            }
+        }
+        let place = GroupPlace { lsn: group.lsn, segment, offset: group.offset, len: group.end - group.offset };
+        for frame in group.frames {
+            wal.state.apply(group.lsn, &frame);
+            summary.note(group.lsn, &frame);
+            if let Frame::SourceBatch(b) = frame {
+                wal.records.push(b.key, place, b.records);
+            }
+        }
+        wal.next_lsn = Lsn(group.lsn.0 + 1);
+    }
+
+    /// A segment is done; its groups came before.
+    pub fn segment(&mut self, seg: ScannedSegment) {
+        let wal = &mut self.wal;
         wal.next_segment = SegmentId(wal.next_segment.0.max(seg.id.0 + 1));
+        let summary = self.summary.take();
+        if self.damage.is_some() {
+            return;
+        }
         let Some(header_epoch) = seg.header_epoch else {
             wal.junk.push(seg.id);
-            continue;
+            return;
         };
         wal.epoch_max = wal.epoch_max.max(header_epoch);
-        if seg.groups.is_empty() {
+        let Some(summary) = summary else {
             wal.spares.push_back(seg.id);
-            continue;
-        }
+            return;
+        };
         assert!(wal.spares.is_empty(), "the scan admits no data after an empty segment");
-        let mut summary = SegmentSummary::new(seg.id, seg.groups[0].lsn);
-        for group in seg.groups {
-            wal.epoch_max = wal.epoch_max.max(group.epoch);
-            // Raft's lone fences may come before a clustered WAL's snapshot.
-            let lone_fence = group.lsn != Lsn(0) && matches!(group.frames.as_slice(), [Frame::Fence]);
-            if first_group && !lone_fence {
-                first_group = false;
-                let starts_with_snapshot = matches!(group.frames.first(), Some(Frame::Snapshot(_)));
-                if group.lsn != Lsn(0) && !starts_with_snapshot {
-                    return Err(WalDamage::Corrupt(Corruption {
-                        segment: seg.id,
-                        offset: group.offset,
-                        what: "the WAL starts after LSN 0 without a snapshot: older segments are missing",
-                    }));
-                }
-                if let (true, Some(Frame::Snapshot(s))) = (check_head && group.lsn != Lsn(0), group.frames.first()) {
-                    head = Some((seg.id, group.lsn, s.clone()));
-                }
-            }
-            let place =
-                GroupPlace { lsn: group.lsn, segment: seg.id, offset: group.offset, len: group.end - group.offset };
-            for frame in group.frames {
-                wal.state.apply(group.lsn, &frame);
-                summary.note(group.lsn, &frame);
-                if let Frame::SourceBatch(b) = frame {
-                    wal.records.push(b.key, place, b.records);
-                }
-            }
-            wal.next_lsn = Lsn(group.lsn.0 + 1);
-        }
         if !seg.sealed {
             wal.active = Some((seg.id, seg.end));
         }
         wal.segments.push_back(summary);
     }
-    if let Some((first, first_lsn, snapshot)) = head {
-        if let Some(missing) = head_missing(&wal.state, first, first_lsn, &snapshot) {
-            return Err(WalDamage::Missing(missing));
+
+    pub fn finish(self) -> Result<RecoveredWal, WalDamage> {
+        if let Some(damage) = self.damage {
+            return Err(damage);
         }
+        if let Some((first, first_lsn, snapshot)) = &self.head {
+            if let Some(missing) = head_missing(&self.wal.state, *first, *first_lsn, snapshot) {
+                return Err(WalDamage::Missing(missing));
+            }
+        }
+        Ok(self.wal)
     }
-    Ok(wal)
 }
 
 /// Everything below the oldest segment's opening snapshot is gone. That is

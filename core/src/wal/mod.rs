@@ -7,6 +7,7 @@ pub mod objects;
 mod payload;
 pub mod scan;
 pub mod segment;
+pub mod stream;
 
 pub use frame::*;
 pub use objects::{first_overlap, lay_out, split_leftovers, taken_key};

@@ -78,7 +78,7 @@ impl Scan<'_> {
                 }
             }
             let read = read.and_then(|(g, sealed)| match self.expected {
-                Some(e) if e != g.lsn => Err(()),
+                Some(e) if e != g.lsn => Err(GroupError::Invalid),
                 _ => Ok((g, sealed)),
             });
             let Ok((group, sealed)) = read else {
@@ -152,7 +152,12 @@ pub fn unreadable_tail(segments: &[(SegmentId, &[u8])], scanned: &[ScannedSegmen
 /// The planted bug `admit-torn-segment`: reads the torn group at `pos` the
 /// way a careless reader would, with no checksums and no commit record, and
 /// keeps whatever records a frame cut short still seems to hold.
-fn read_torn_group(segment: SegmentId, bytes: &[u8], pos: usize, expected: Option<Lsn>) -> Option<ScannedGroup> {
+pub(super) fn read_torn_group(
+    segment: SegmentId,
+    bytes: &[u8],
+    pos: usize,
+    expected: Option<Lsn>,
+) -> Option<ScannedGroup> {
     let mut frames = Vec::new();
     let mut at = pos;
     let mut header: Option<(Lsn, Epoch)> = None;

@@ -217,28 +217,45 @@ pub fn check_group(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<(Scanne
     (group.end as usize == bytes.len()).then_some((group, sealed))
 }
 
-/// Reads the group at `pos`; the bool is true when the group seals its segment.
+/// Why the group at a place was not read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GroupError {
+    /// Not a whole, valid commit group there.
+    Invalid,
+    /// The bytes given end inside a frame that would need the first `.0`
+    /// bytes: more of the segment may make it whole (the streaming scan).
+    Short(usize),
+}
+
+/// Reads the group at `pos`; the bool is true when the group seals its
+/// segment. `bytes` may end before the segment does: a frame cut short by
+/// their end is `Short`, which a caller holding the whole segment takes as
+/// `Invalid`.
 pub(super) fn read_group(
     segment: SegmentId,
     bytes: &[u8],
     pos: usize,
     expected: Option<Lsn>,
     verify: bool,
-) -> Result<(ScannedGroup, bool), ()> {
+) -> Result<(ScannedGroup, bool), GroupError> {
     let mut frames = Vec::new();
     let mut at = pos;
     let mut sealed = false;
     let mut header: Option<(Lsn, Epoch)> = None;
     loop {
-        let f = decode_frame(segment, bytes.get(at..).ok_or(())?, verify).map_err(|_| ())?;
+        let buf = bytes.get(at..).ok_or(GroupError::Invalid)?;
+        if let Some(needed) = frame_needs(buf) {
+            return Err(GroupError::Short(at + needed));
+        }
+        let f = decode_frame(segment, buf, verify).map_err(|_| GroupError::Invalid)?;
         match header {
             None => {
                 if expected.is_some_and(|e| e != f.lsn) {
-                    return Err(());
+                    return Err(GroupError::Invalid);
                 }
                 header = Some((f.lsn, f.epoch));
             }
-            Some((lsn, epoch)) if lsn != f.lsn || epoch != f.epoch => return Err(()),
+            Some((lsn, epoch)) if lsn != f.lsn || epoch != f.epoch => return Err(GroupError::Invalid),
             Some(_) => {}
         }
         let frame_at = at;
@@ -246,7 +263,7 @@ pub(super) fn read_group(
         match f.frame {
             Frame::Commit(c) => {
                 if c.frames as usize != frames.len() || c.bytes as usize != frame_at - pos {
-                    return Err(());
+                    return Err(GroupError::Invalid);
                 }
                 let (lsn, epoch) = header.expect("set by the first frame");
                 let group = ScannedGroup { lsn, epoch, offset: pos as u64, end: at as u64, frames };
@@ -258,15 +275,27 @@ pub(super) fn read_group(
             }
             frame => {
                 if sealed {
-                    return Err(()); // nothing but the commit record follows a seal
+                    return Err(GroupError::Invalid); // nothing but the commit record follows a seal
                 }
                 frames.push(frame);
             }
         }
         if frames.len() >= GROUP_FRAMES_MAX {
-            return Err(());
+            return Err(GroupError::Invalid);
         }
     }
+}
+
+/// How many bytes the frame at the start of `buf` needs when `buf` holds
+/// fewer: its header, then the payload its header names (a length past the
+/// group limit is no frame at all, whatever follows).
+fn frame_needs(buf: &[u8]) -> Option<usize> {
+    if buf.len() < FRAME_HEADER_BYTES {
+        return Some(FRAME_HEADER_BYTES);
+    }
+    let payload_len = u32::from_le_bytes(buf[0..4].try_into().unwrap()) as usize;
+    let len = FRAME_HEADER_BYTES + payload_len;
+    (payload_len <= GROUP_BYTES_LIMIT && buf.len() < len).then_some(len)
 }
 
 /// Where a committed group lies in the WAL: enough to read it back.

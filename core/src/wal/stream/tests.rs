@@ -1,0 +1,278 @@
+//! The streaming scan decides what `scan` decides over whole segments, at
+//! every window size: generated WALs (sealed segments, a preallocated
+//! active one, spares, a stale writer's group) damaged at random (bit
+//! flips, cut files, zeroed runs, lost segments, rotten headers), each
+//! scanned both ways and compared.
+
+use super::*;
+use crate::wal::scan::{scan, SEGMENTS_MISSING};
+
+/// A seeded xorshift: no OS randomness in core's tests either.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn batch(r: &mut Rng, p: u32, from: u64) -> Frame {
+    let n = 1 + r.below(6);
+    let records =
+        (from..from + n).map(|i| Record { position: Position(i), bytes: vec![b'x'; r.below(200) as usize] }).collect();
+    Frame::SourceBatch(SourceBatch {
+        key: PartitionKey { source: SourceId(0), partition: p },
+        stream: StreamId(0),
+        end: Position(from + n),
+        checkpoint: None,
+        records,
+    })
+}
+
+/// Sorted segment files: `sealed` full ones, an active one preallocated
+/// with zeros after its last group, then `spares` holding only a header.
+fn wal(r: &mut Rng) -> Vec<(SegmentId, Vec<u8>)> {
+    let size = 2048 + r.below(2048) as usize;
+    let epoch = Epoch(5);
+    let (mut lsn, mut pos) = (0u64, 0u64);
+    let first = r.below(3);
+    let mut segments = Vec::new();
+    let sealed = r.below(4);
+    for s in 0..=sealed {
+        let id = SegmentId(first + s);
+        let mut bytes = encode_header(id, epoch);
+        let groups = r.below(5);
+        for g in 0..=groups {
+            let seal = s < sealed && g == groups;
+            let mut frames = vec![batch(r, 0, pos)];
+            pos += 10;
+            if r.below(3) == 0 {
+                frames.push(Frame::Fence);
+            }
+            if seal {
+                frames.push(Frame::Seal);
+            }
+            let refs: Vec<&Frame> = frames.iter().collect();
+            // Now and then a stale writer's group lands first (an older epoch).
+            if r.below(8) == 0 {
+                bytes.extend(encode_group(id, Epoch(1), Lsn(lsn), &refs));
+            }
+            bytes.extend(encode_group(id, epoch, Lsn(lsn), &refs));
+            lsn += 1;
+        }
+        if s == sealed {
+            bytes.resize(bytes.len().max(size), 0);
+        }
+        segments.push((id, bytes));
+    }
+    for k in 0..r.below(3) {
+        let id = SegmentId(first + sealed + 1 + k);
+        let mut bytes = encode_header(id, epoch);
+        bytes.resize(size, 0);
+        segments.push((id, bytes));
+    }
+    segments
+}
+
+fn damage(r: &mut Rng, segments: &mut Vec<(SegmentId, Vec<u8>)>) {
+    for _ in 0..r.below(3) {
+        let s = r.below(segments.len() as u64) as usize;
+        let count = segments.len();
+        let bytes = &mut segments[s].1;
+        match r.below(6) {
+            0 | 1 if !bytes.is_empty() => {
+                let at = r.below(bytes.len() as u64) as usize;
+                bytes[at] ^= 1 << r.below(8);
+            }
+            2 => {
+                let len = r.below(bytes.len() as u64 + 1) as usize;
+                bytes.truncate(len);
+            }
+            3 if !bytes.is_empty() => {
+                let at = r.below(bytes.len() as u64) as usize;
+                let end = (at + r.below(300) as usize).min(bytes.len());
+                bytes[at..end].fill(0);
+            }
+            4 if count > 1 => {
+                segments.remove(s);
+            }
+            _ => {
+                if bytes.len() >= 16 {
+                    bytes[15] ^= 0x40; // the header's checksum
+                }
+            }
+        }
+    }
+}
+
+/// Runs the streaming scan over in-memory files, reassembling what it
+/// hands out into `scan`'s shape.
+fn stream(segments: &[(SegmentId, &[u8])], lenient: bool, window: usize) -> Result<Vec<ScannedSegment>, Corruption> {
+    let mut s = StreamScan::new(segments.iter().map(|(id, _)| *id).collect(), lenient, window);
+    let (mut out, mut groups) = (Vec::new(), Vec::new());
+    let mut reads = 0;
+    while let Some(read) = s.next_read() {
+        reads += 1;
+        assert!(reads < 1_000_000, "the scan moves on");
+        let bytes = segments.iter().find(|(id, _)| *id == read.segment).expect("listed").1;
+        let from = (read.offset as usize).min(bytes.len());
+        let to = (from + read.len).min(bytes.len());
+        for item in s.feed(&bytes[from..to])? {
+            match item {
+                Scanned::Group(_, g) => groups.push(g),
+                Scanned::Segment(mut seg) => {
+                    seg.groups = std::mem::take(&mut groups);
+                    out.push(seg);
+                }
+            }
+        }
+    }
+    assert!(groups.is_empty(), "every group belongs to a segment handed out after it");
+    Ok(out)
+}
+
+fn same(segments: &[(SegmentId, Vec<u8>)], lenient: bool, window: usize, case: &str) {
+    let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+    let whole = format!("{:?}", scan(&refs, lenient));
+    let streamed = format!("{:?}", stream(&refs, lenient, window));
+    assert_eq!(streamed, whole, "{case}, window {window}");
+}
+
+#[test]
+fn the_streaming_scan_decides_what_the_whole_scan_does_at_every_window() {
+    let mut outcomes = std::collections::BTreeSet::new();
+    for seed in 1..1500u64 {
+        let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut segments = wal(&mut r);
+        if seed % 5 != 0 {
+            damage(&mut r, &mut segments);
+        }
+        let lenient = seed % 7 == 0;
+        for window in [1, 33, 97, 500, 1 << 20] {
+            same(&segments, lenient, window, &format!("seed {seed}"));
+        }
+        let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+        outcomes.insert(match scan(&refs, lenient) {
+            Ok(_) => "admitted",
+            Err(c) => c.what,
+        });
+    }
+    // The generator reaches every way a scan ends.
+    assert!(outcomes.len() >= 4, "{outcomes:?}");
+}
+
+#[test]
+fn an_empty_listing_is_done_at_once() {
+    let s = StreamScan::new(Vec::new(), false, 64);
+    assert!(s.is_done());
+    assert_eq!(s.next_read(), None);
+}
+
+#[test]
+fn a_group_larger_than_the_window_is_read_whole() {
+    let mut r = Rng(3);
+    let id = SegmentId(0);
+    let mut bytes = encode_header(id, Epoch(1));
+    let frames: Vec<Frame> = (0..40).map(|i| batch(&mut r, 0, i * 10)).collect();
+    let refs: Vec<&Frame> = frames.iter().collect();
+    bytes.extend(encode_group(id, Epoch(1), Lsn(0), &refs));
+    let segments = vec![(id, bytes)];
+    same(&segments, false, 64, "one big group");
+    let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+    assert_eq!(stream(&refs, false, 64).unwrap()[0].groups.len(), 1);
+}
+
+#[test]
+fn with_nothing_admitted_only_a_higher_lsn_after_the_failure_is_corruption() {
+    let mut r = Rng(9);
+    let id = SegmentId(0);
+    let frames = [batch(&mut r, 0, 0)];
+    let refs: Vec<&Frame> = frames.iter().collect();
+    // A stale writer's copy of LSN 0, torn, then the live copy of LSN 0.
+    let mut bytes = encode_header(id, Epoch(5));
+    let stale = encode_group(id, Epoch(1), Lsn(0), &refs);
+    let torn_at = bytes.len() + 30;
+    bytes.extend(&stale);
+    bytes[torn_at] ^= 1;
+    bytes.extend(encode_group(id, Epoch(5), Lsn(0), &refs));
+    bytes.resize(2048, 0);
+    let mut segments = vec![(id, bytes.clone())];
+    same(&segments, false, 64, "the same LSN again");
+    let refs_: Vec<(SegmentId, &[u8])> = segments.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+    assert!(stream(&refs_, false, 64).is_ok(), "copies of one LSN are not a later group");
+    // LSN 1 after them proves the failure was not the WAL's end.
+    let frames = [batch(&mut r, 0, 10)];
+    let refs: Vec<&Frame> = frames.iter().collect();
+    let at = bytes.iter().rposition(|b| *b != 0).unwrap() + 1;
+    let next = encode_group(id, Epoch(5), Lsn(1), &refs);
+    bytes[at..at + next.len()].copy_from_slice(&next);
+    segments[0].1 = bytes;
+    same(&segments, false, 64, "a later LSN");
+    let refs_: Vec<(SegmentId, &[u8])> = segments.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+    assert!(stream(&refs_, false, 64).is_err());
+}
+
+/// Recovery as it was before it streamed: the whole scan, then the
+/// rebuild, and the gap found by scanning again around the jump.
+fn recover_whole(
+    segments: &[(SegmentId, &[u8])],
+    lenient: bool,
+    trust: bool,
+) -> Result<crate::recovery::RecoveredWal, crate::recovery::WalDamage> {
+    use crate::recovery::{rebuild, Missing, WalDamage};
+    match scan(segments, lenient) {
+        Ok(scanned) => rebuild(scanned, !trust),
+        Err(c) if c.what == SEGMENTS_MISSING && trust => {
+            let from = segments.iter().position(|(id, _)| *id == c.segment).unwrap();
+            recover_whole(&segments[from..], lenient, true)
+        }
+        Err(c) if c.what == SEGMENTS_MISSING => {
+            let at = segments.iter().position(|(id, _)| *id == c.segment).unwrap();
+            let prefix = scan(&segments[..at], false).unwrap();
+            let last = prefix.iter().rev().find_map(|s| s.groups.last().map(|g| (s.id, g.lsn)));
+            // The one change: the whole scan scanned that segment again
+            // alone and lost the LSN its first group carries when a later
+            // group of it was damaged; the streaming scan read that first
+            // group and names it.
+            let (id, bytes) = segments[at];
+            let first = read_group(id, bytes, SEGMENT_HEADER_BYTES, None, true).ok().map(|(g, _)| g.lsn);
+            let (after, lsns) = match (last, first) {
+                (Some((after, a)), Some(b)) => (after, Some((Lsn(a.0 + 1), Lsn(b.0 - 1)))),
+                (Some((after, _)), None) => (after, None),
+                (None, _) => (SegmentId(c.segment.0.saturating_sub(1)), None),
+            };
+            Err(WalDamage::Missing(Missing::Gap { after, before: c.segment, lsns }))
+        }
+        Err(c) => Err(WalDamage::Corrupt(c)),
+    }
+}
+
+#[test]
+fn streaming_recovery_rebuilds_what_whole_recovery_did() {
+    let mut outcomes = std::collections::BTreeMap::new();
+    for seed in 1..1500u64 {
+        let mut r = Rng(seed.wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
+        let mut segments = wal(&mut r);
+        if seed % 5 != 0 {
+            damage(&mut r, &mut segments);
+        }
+        let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+        let (lenient, trust) = (seed % 7 == 0, seed % 3 == 0);
+        let whole = recover_whole(&refs, lenient, trust);
+        let streamed = crate::recovery::recover(&refs, lenient, trust);
+        assert_eq!(format!("{streamed:?}"), format!("{whole:?}"), "seed {seed}");
+        let outcome = match &whole {
+            Ok(_) => "recovered".to_string(),
+            Err(e) => format!("{e:?}").chars().take(12).collect(),
+        };
+        *outcomes.entry(outcome).or_insert(0) += 1;
+    }
+    assert!(outcomes.len() >= 3, "{outcomes:?}");
+}
