@@ -84,6 +84,10 @@ enum BenchCommand {
     /// sink) against a plain program writing the same bytes with the same
     /// number of syncs.
     E2e(bench::BenchE2eArgs),
+    /// A restart after a sink lagged until the WAL filled up (after a crash
+    /// and after a clean stop): time to recovery and to the first delivery,
+    /// peak RSS, beside a plain read of the same segment files.
+    Recovery(bench::BenchRecoveryArgs),
 }
 
 #[derive(Subcommand)]
@@ -172,6 +176,7 @@ fn main() {
         Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args),
         Command::Bench(BenchCommand::Wal(args)) => bench::wal(args),
         Command::Bench(BenchCommand::E2e(args)) => bench::e2e(args),
+        Command::Bench(BenchCommand::Recovery(args)) => bench::recovery(args),
         Command::Offsets(OffsetsCommand::Show { data_dir, store }) => match store.table() {
             Some(table) => tools::dynamo_offsets(&table, &store, &data_dir, None),
             None => tools::offsets_show(&data_dir),

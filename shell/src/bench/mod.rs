@@ -1,16 +1,19 @@
 //! `skipprd bench`: measurements a user can repeat on their own disk
 //! (BENCHMARKS.md). `wal`: the disk WAL's commit path against a plain
 //! append + `fdatasync` loop; `e2e`: the daemon's whole pipeline against a
-//! plain program that writes the same bytes with the same syncs.
+//! plain program that writes the same bytes with the same syncs;
+//! `recovery`: a restart after a sink lagged until the WAL filled up.
 
 use crate::exit;
 use nix::sys::statfs::{statfs, FsType, EXT4_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC};
 use std::path::Path;
 
 mod e2e;
+mod recovery;
 mod wal;
 
 pub use e2e::{e2e, BenchE2eArgs};
+pub use recovery::{recovery, BenchRecoveryArgs};
 pub use wal::{wal, BenchWalArgs};
 
 /// Refuses a directory on tmpfs (fsync costs nothing there), creates it,

@@ -1,0 +1,279 @@
+//! `skipprd bench recovery`: a restart after a sink lagged until the WAL
+//! filled up. For each WAL size, the daemon runs with the built-in
+//! generator and a sink plugin that answers `retryable` until the WAL
+//! reaches its size limit; it is then SIGKILLed (a crash) or SIGTERMed (a
+//! clean stop whose drain times out), and started again with the built-in
+//! directory sink. Measured on each restart: the time to the `recovered`
+//! line and to the first batch file in the sink, and the peak RSS (the
+//! process's `VmHWM`, sampled every few milliseconds until the first
+//! delivery, when it is killed so that the next round finds the WAL still
+//! full). Beside them, a plain sequential read of the same segment files,
+//! warm and cold (`posix_fadvise(DONTNEED)` first).
+
+use super::{median, prepare_dir};
+use crate::exit;
+use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct BenchRecoveryArgs {
+    /// Where the WALs are built (never tmpfs; each size keeps its DATA_DIR
+    /// there, reused by later runs).
+    #[arg(long, value_name = "DIR", default_value = "./data/bench-recovery")]
+    dir: PathBuf,
+    /// WAL sizes, in MiB: `WAL_MAX_BYTES` of each run.
+    #[arg(long, value_delimiter = ',', default_value = "256,1024,4096")]
+    sizes: Vec<u64>,
+    /// Restarts of each kind (after a crash, after a clean stop) per size.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// How long one start may take to fill the WAL or to deliver, in seconds.
+    #[arg(long, default_value_t = 600)]
+    patience: u64,
+}
+
+/// What one restart took.
+struct Restart {
+    recovered: Option<f64>,
+    first_delivery: f64,
+    peak_rss_mib: f64,
+}
+
+/// Answers `hello`, then `retryable` to every batch.
+const LAGGING_SINK: &str = "#!/bin/sh\nread hello\necho '{\"type\":\"hello\",\"protocol\":1}'\nwhile read request; do \
+                            echo '{\"type\":\"result\",\"outcome\":\"retryable\",\"rows\":0}'; done\n";
+
+pub fn recovery(args: BenchRecoveryArgs) -> i32 {
+    if let Err(code) = prepare_dir("recovery", &args.dir) {
+        return code;
+    }
+    let me = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("skipprd bench recovery: cannot find this program's path: {e}");
+            return exit::FAILED;
+        }
+    };
+    let sink = args.dir.join("lagging-sink.sh");
+    if let Err(e) = write_script(&sink) {
+        eprintln!("skipprd bench recovery: cannot write {}: {e}", sink.display());
+        return exit::FAILED;
+    }
+    let patience = Duration::from_secs(args.patience);
+    for &mib in &args.sizes {
+        let bench =
+            Bench { me: &me, data: args.dir.join(format!("wal-{mib}MiB")), bytes: mib << 20, sink: &sink, patience };
+        if let Err(e) = bench.size(args.rounds) {
+            eprintln!("skipprd bench recovery: {mib} MiB: {e}");
+            return exit::FAILED;
+        }
+    }
+    exit::OK
+}
+
+struct Bench<'a> {
+    me: &'a Path,
+    data: PathBuf,
+    bytes: u64,
+    sink: &'a Path,
+    patience: Duration,
+}
+
+impl Bench<'_> {
+    fn size(&self, rounds: u32) -> Result<(), String> {
+        let mib = self.bytes >> 20;
+        for (kind, signal) in [("crash", Signal::SIGKILL), ("clean stop", Signal::SIGTERM)] {
+            let (mut recovered, mut first, mut rss) = (Vec::new(), Vec::new(), Vec::new());
+            for round in 0..rounds {
+                let filled = self.fill(signal)?;
+                let (warm, cold) = self.plain_read()?;
+                let r = self.restart()?;
+                println!(
+                    "{mib} MiB, after a {kind}, round {round}: WAL {:.0} MiB filled in {filled:.1} s; recovered after \
+                     {} s, first delivery after {:.2} s, peak RSS {:.0} MiB; a plain read of the segments {warm:.0} \
+                     MB/s warm, {cold:.0} MB/s cold",
+                    wal_bytes(&self.data) as f64 / (1 << 20) as f64,
+                    r.recovered.map_or("?".into(), |s| format!("{s:.2}")),
+                    r.first_delivery,
+                    r.peak_rss_mib
+                );
+                recovered.extend(r.recovered);
+                first.push(r.first_delivery);
+                rss.push(r.peak_rss_mib);
+            }
+            println!(
+                "{mib} MiB, after a {kind}, median: recovered after {} s, first delivery after {:.2} s, peak RSS {:.0} \
+                 MiB",
+                if recovered.is_empty() { "?".into() } else { format!("{:.2}", median(&mut recovered)) },
+                median(&mut first),
+                median(&mut rss)
+            );
+        }
+        Ok(())
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(self.me);
+        c.arg("run").arg("--data-dir").arg(&self.data);
+        c.args(["--wal-max-bytes", &self.bytes.to_string(), "--generator-records", "0", "--drain-timeout", "1"]);
+        c.env("RUST_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        c
+    }
+
+    /// Runs the daemon with the lagging sink until the WAL is full, then
+    /// stops it with `signal`. Returns how long the filling took.
+    fn fill(&self, signal: Signal) -> Result<f64, String> {
+        let started = Instant::now();
+        let mut command = self.command();
+        command.args(["--sink", "command", "--sink-command"]).arg(self.sink);
+        let mut child = command.spawn().map_err(|e| format!("cannot start {}: {e}", self.me.display()))?;
+        let lines = stderr_lines(&mut child);
+        let full = wait_for_line(&lines, "reached its size limit", self.patience);
+        let seconds = started.elapsed().as_secs_f64();
+        stop(&mut child, signal);
+        if !full {
+            return Err(format!("the WAL did not fill up within {:?}", self.patience));
+        }
+        Ok(seconds)
+    }
+
+    /// Starts the daemon with the directory sink and measures it until its
+    /// first batch file appears; then kills it.
+    fn restart(&self) -> Result<Restart, String> {
+        let sink = self.data.join("sink");
+        let _ = std::fs::remove_dir_all(&sink);
+        let started = Instant::now();
+        let mut child = self.command().spawn().map_err(|e| format!("cannot start {}: {e}", self.me.display()))?;
+        let pid = child.id();
+        let lines = stderr_lines(&mut child);
+        let (mut recovered, mut peak) = (None, 0u64);
+        loop {
+            peak = peak.max(vm_hwm_kib(pid).unwrap_or(0));
+            while let Ok(line) = lines.try_recv() {
+                if recovered.is_none() && line.contains("recovered") {
+                    recovered = Some(started.elapsed().as_secs_f64());
+                }
+            }
+            if any_file(&sink) {
+                let first_delivery = started.elapsed().as_secs_f64();
+                peak = peak.max(vm_hwm_kib(pid).unwrap_or(0));
+                stop(&mut child, Signal::SIGKILL);
+                return Ok(Restart { recovered, first_delivery, peak_rss_mib: peak as f64 / 1024.0 });
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("the restarted daemon exited ({status}) before delivering"));
+            }
+            if started.elapsed() > self.patience {
+                stop(&mut child, Signal::SIGKILL);
+                return Err(format!("nothing delivered within {:?} of a restart", self.patience));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// MB/s of reading every segment file once, warm (a second read) and
+    /// cold (the page cache dropped for each file first).
+    fn plain_read(&self) -> Result<(f64, f64), String> {
+        let files = segment_files(&self.data.join("wal")).map_err(|e| format!("cannot list the WAL: {e}"))?;
+        let read_all = |drop_cache: bool| -> std::io::Result<f64> {
+            let started = Instant::now();
+            let mut total = 0u64;
+            let mut buf = vec![0u8; 1 << 20];
+            for path in &files {
+                let mut f = std::fs::File::open(path)?;
+                if drop_cache {
+                    f.sync_all()?;
+                    posix_fadvise(&f, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED).map_err(std::io::Error::from)?;
+                }
+                loop {
+                    let n = f.read(&mut buf)?;
+                    if n == 0 {
+                        break;
+                    }
+                    total += n as u64;
+                }
+            }
+            Ok(total as f64 / 1e6 / started.elapsed().as_secs_f64())
+        };
+        let err = |e: std::io::Error| format!("a plain read of the WAL failed: {e}");
+        read_all(false).map_err(err)?;
+        let warm = read_all(false).map_err(err)?;
+        let cold = read_all(true).map_err(err)?;
+        Ok((warm, cold))
+    }
+}
+
+fn write_script(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, LAGGING_SINK)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+}
+
+/// The child's stderr, a line at a time, on a channel.
+fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let stderr = child.stderr.take().expect("stderr is piped");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+fn wait_for_line(lines: &mpsc::Receiver<String>, needle: &str, patience: Duration) -> bool {
+    let deadline = Instant::now() + patience;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// Sends `signal` and reaps the child.
+fn stop(child: &mut Child, signal: Signal) {
+    let _ = kill(Pid::from_raw(child.id() as i32), signal);
+    let _ = child.wait();
+}
+
+/// The peak resident set of process `pid` so far, in KiB.
+fn vm_hwm_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn any_file(dir: &Path) -> bool {
+    let Ok(streams) = std::fs::read_dir(dir) else { return false };
+    let hidden = |e: &std::fs::DirEntry| e.file_name().to_string_lossy().starts_with('.');
+    streams
+        .flatten()
+        .filter(|s| !hidden(s))
+        .any(|s| std::fs::read_dir(s.path()).map(|files| files.flatten().any(|f| !hidden(&f))).unwrap_or(false))
+}
+
+fn segment_files(wal: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(wal)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn wal_bytes(data: &Path) -> u64 {
+    segment_files(&data.join("wal"))
+        .map_or(0, |files| files.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum())
+}
