@@ -48,3 +48,22 @@ fn bench_e2e_runs_the_pipeline_the_plain_program_and_a_baseline_side_by_side() {
     let shm = skipprd(&["bench", "e2e", "--dir", "/dev/shm/skipprd-bench-refusal"]);
     assert_eq!(shm.status.code(), Some(3), "{}", stdout(&shm));
 }
+
+#[test]
+fn bench_recovery_restarts_a_full_wal_after_a_crash_and_after_a_clean_stop() {
+    let tmp = tempfile::tempdir_in(repo_root()).unwrap();
+    let out = skipprd(&["bench", "recovery", "--dir", tmp.path().to_str().unwrap(), "--sizes", "128", "--rounds", "1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let medians: Vec<&str> = text.lines().filter(|l| l.contains(", median: ")).collect();
+    assert_eq!(medians.len(), 2, "one per kind of stop: {text}");
+    for kind in ["after a crash", "after a clean stop"] {
+        let round = text.lines().find(|l| l.contains(kind) && l.contains("round 0")).expect(kind);
+        let rss: f64 = round.split("peak RSS ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+        assert!(rss > 1.0, "{round}");
+        assert!(!round.contains("recovered after ?"), "the recovered line is seen: {round}");
+        assert!(round.contains("MB/s cold"), "{round}");
+    }
+    let shm = skipprd(&["bench", "recovery", "--dir", "/dev/shm/skipprd-bench-refusal"]);
+    assert_eq!(shm.status.code(), Some(3), "{}", stdout(&shm));
+}
