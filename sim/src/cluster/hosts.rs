@@ -268,8 +268,9 @@ impl World<Raft> {
             // `--once`: a majority finished the run and stopped, so no
             // peer will answer this host again; it gives up after the stall
             // limit (exit 15), and the operator leaves it out. With a
-            // majority still running, the stall is the liveness check's
-            // to judge: the host starts again.
+            // majority of hosts still up that never finished, no leader
+            // for that long is a liveness failure (a restart would only
+            // hide it).
             StopReason::Stalled { .. } if self.scenario.stop_when_exhausted && !self.majority_running() => {
                 self.stats.stalled_out += 1;
                 self.kill(node);
@@ -277,7 +278,6 @@ impl World<Raft> {
                 self.trace.note(self.now(), &format!("h{} stays out: no majority is left to answer it", node + 1));
                 return;
             }
-            StopReason::Stalled { .. } if self.scenario.stop_when_exhausted => {}
             StopReason::NotMember { .. }
                 if self.topo.members[node].wiped_from.is_some() && self.topo.members.iter().any(|m| m.finished) =>
             {
@@ -295,6 +295,15 @@ impl World<Raft> {
                 let old = self.topo.members[node].wiped_from.expect("checked");
                 self.kill(node);
                 return self.join(node, old);
+            }
+            StopReason::Stalled { what, for_ } => {
+                let detail = format!(
+                    "host {} knew no leader with a majority for {} s ({what}) while a majority of the hosts that \
+                     never finished ran",
+                    node + 1,
+                    for_.as_micros() / 1_000_000
+                );
+                return self.checker.fail(invariant::STALLED, detail);
             }
             other => {
                 let detail = format!("host {} stopped: {other:?}", node + 1);
