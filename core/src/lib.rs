@@ -69,11 +69,13 @@ pub use time::{Duration, Instant};
 /// The WAL's bytes as drivers store, read and lay them out: frames, commit
 /// groups, segments, the object layout in S3, reading a WAL back.
 pub mod format {
-    pub use crate::recovery::{recover, Missing, WalDamage};
+    pub use crate::recovery::{recover, Missing, Recovery, WalDamage};
+    pub use crate::wal::stream::Scanned;
     pub use crate::wal::{
         encode_group, encode_header, first_overlap, lay_out, scan, split_leftovers, taken_key, unreadable_tail, Frame,
         GroupPlace, Record, ScannedSegment, SourceBatch, SEGMENT_HEADER_BYTES, UNREADABLE_TAIL,
     };
+    pub use crate::wal::{tail_segment, tail_unreadable, UnreadableTail, TAIL_PROBE_BYTES};
 }
 
 /// What a clustered host keeps and exchanges besides its segments: the

@@ -66,6 +66,11 @@ impl RecordStore {
         self.count == 0
     }
 
+    /// The bound on record bytes in memory.
+    pub fn cache_max(&self) -> u64 {
+        self.cache_max
+    }
+
     /// Record bytes in memory.
     pub fn cached_bytes(&self) -> u64 {
         self.cached

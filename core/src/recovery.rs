@@ -103,11 +103,25 @@ impl Recovery {
         self.scan.next_read()
     }
 
+    /// Keeps at most `bytes` of record bytes in memory while rebuilding
+    /// (`wal verify` keeps none); the engine bounds them once recovered.
+    pub fn with_record_cache(mut self, bytes: u64) -> Recovery {
+        self.rebuild.wal.records = RecordStore::new(bytes);
+        self
+    }
+
     /// The bytes `next_read` asked for.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<(), WalDamage> {
+        self.feed_seeing(bytes, |_| {})
+    }
+
+    /// `feed`, showing `see` each group and segment the scan admitted
+    /// before it is folded in (what `wal verify` lists).
+    pub fn feed_seeing(&mut self, bytes: &[u8], mut see: impl FnMut(&Scanned)) -> Result<(), WalDamage> {
         match self.scan.feed(bytes) {
             Ok(scanned) => {
                 for item in scanned {
+                    see(&item);
                     match item {
                         Scanned::Group(segment, group) => {
                             self.last = Some((segment, group.lsn));
@@ -122,7 +136,9 @@ impl Recovery {
                 // The planted bug: recover from the segments after the jump,
                 // as if whatever is missing had been deleted under the rule.
                 let from = self.listed.iter().position(|id| *id == c.segment).expect("the scan names a listed segment");
+                let cache = std::mem::take(&mut self.rebuild.wal.records);
                 *self = Recovery::new(self.listed[from..].to_vec(), self.lenient_tail, true, self.window);
+                self.rebuild.wal.records = RecordStore::new(cache.cache_max());
                 Ok(())
             }
             Err(c) if c.what == SEGMENTS_MISSING => Err(WalDamage::Missing(self.gap(c.segment))),

@@ -2,8 +2,8 @@
 
 use crate::config::{AwsArgs, OffsetsArgs, TableArgs, WalArgs, WalStorage};
 use crate::exit;
-use skippr_core::format::{recover, WalDamage};
-use skippr_core::format::{scan, Frame};
+use skippr_core::format::{scan, Frame, Recovery, Scanned, ScannedSegment, WalDamage};
+use skippr_core::SegmentId;
 use skippr_io::disk_wal::{list_dir, WAL_DIR};
 use skippr_io::offsets_db::{read_all, reset, OFFSETS_FILE};
 use std::path::Path;
@@ -13,19 +13,33 @@ use std::path::Path;
 /// sweep leftovers here, the daemon's does.
 pub fn wal_verify_s3(bucket: &str, prefix: &str, aws: &skippr_io::aws::AwsSettings) -> i32 {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime starts");
-    let read = runtime.block_on(async {
+    let listed = runtime.block_on(async {
         let sdk = aws.load().await?;
         let wal = skippr_io::s3_wal::S3Wal::connect(&sdk, bucket, prefix).await?;
         let ids = wal.list_segments().await.map_err(|e| format!("cannot list {}: {e:?}", wal.location()))?;
-        let mut files = Vec::new();
-        for id in ids {
-            let bytes = wal.read(id).await.map_err(|e| format!("cannot read segment {}: {e:?}", id.0))?;
-            files.push((id, bytes));
-        }
-        Ok::<_, String>((wal.location(), files))
+        Ok::<_, String>((wal, ids))
     });
-    match read {
-        Ok((location, files)) => verify(&files, true, |id| format!("{location}{:020}/", id.0)),
+    let (wal, ids) = match listed {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("skipprd wal verify: {e}");
+            return exit::REMOTE;
+        }
+    };
+    // One segment's objects at a time, laid out as the daemon reads them.
+    let mut held: Option<(SegmentId, Vec<u8>)> = None;
+    let walked = walk(ids, |id, offset, len| {
+        if held.as_ref().is_none_or(|(h, _)| *h != id) {
+            let bytes = runtime.block_on(wal.read(id)).map_err(|e| format!("cannot read segment {}: {e:?}", id.0))?;
+            held = Some((id, bytes));
+        }
+        let bytes = &held.as_ref().expect("just read").1;
+        let from = (offset as usize).min(bytes.len());
+        Ok(bytes[from..(from + len).min(bytes.len())].to_vec())
+    });
+    let location = wal.location();
+    match walked {
+        Ok(walked) => report(walked, true, |id| format!("{location}{:020}/", id.0)),
         Err(e) => {
             eprintln!("skipprd wal verify: {e}");
             exit::REMOTE
@@ -35,7 +49,8 @@ pub fn wal_verify_s3(bucket: &str, prefix: &str, aws: &skippr_io::aws::AwsSettin
 
 /// Checks every segment under `DATA_DIR/wal`, lists what it found, and exits
 /// non-zero on corruption. Safe to run beside a live daemon (it only reads),
-/// though the newest group may then look torn.
+/// though the newest group may then look torn. It reads each segment once,
+/// a window at a time, holding what recovery holds and a line per segment.
 pub fn wal_verify(data_dir: &Path) -> i32 {
     let dir = data_dir.join(WAL_DIR);
     let (ids, strays) = match list_dir(&dir) {
@@ -48,18 +63,32 @@ pub fn wal_verify(data_dir: &Path) -> i32 {
     for path in &strays {
         println!("{}: not a segment, ignored", path.display());
     }
-    let mut files = Vec::new();
-    for id in &ids {
-        let path = dir.join(format!("{:020}.seg", id.0));
-        match std::fs::read(&path) {
-            Ok(bytes) => files.push((*id, bytes)),
-            Err(e) => {
-                eprintln!("skipprd wal verify: cannot read {}: {e}", path.display());
-                return exit::FAILED;
-            }
+    match walk(ids, |id, offset, len| read_file_at(&dir, id, offset, len)) {
+        Ok(walked) => report(walked, false, |id| dir.join(format!("{:020}.seg", id.0)).display().to_string()),
+        Err(e) => {
+            eprintln!("skipprd wal verify: {e}");
+            exit::FAILED
         }
     }
-    verify(&files, false, |id| dir.join(format!("{:020}.seg", id.0)).display().to_string())
+}
+
+/// `len` bytes of segment `id` under `dir` from `offset`, fewer at its end.
+fn read_file_at(dir: &Path, id: SegmentId, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join(format!("{:020}.seg", id.0));
+    let file = std::fs::File::open(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        }
+    }
+    buf.truncate(got);
+    Ok(buf)
 }
 
 /// For a daemon that stopped because its offsets store or a sink holds more
@@ -68,14 +97,7 @@ pub fn wal_verify(data_dir: &Path) -> i32 {
 pub fn disk_wal_tail(data_dir: &Path) -> Option<String> {
     let dir = data_dir.join(WAL_DIR);
     let (ids, _) = list_dir(&dir).ok()?;
-    let files: Vec<_> = ids
-        .iter()
-        .map(|id| std::fs::read(dir.join(format!("{:020}.seg", id.0))).map(|b| (*id, b)))
-        .collect::<Result<_, _>>()
-        .ok()?;
-    let view: Vec<_> = files.iter().map(|(id, b)| (*id, b.as_slice())).collect();
-    let scanned = scan(&view, false).ok()?;
-    let tail = skippr_core::format::unreadable_tail(&view, &scanned)?;
+    let tail = walk(ids, |id, offset, len| read_file_at(&dir, id, offset, len)).ok()?.tail?;
     Some(format!(
         "The WAL's segment {} ends at byte {} with {}; as more was acknowledged than the WAL holds before them, \
          damage is the likelier: check the disk before resetting anything",
@@ -139,85 +161,131 @@ pub fn wal_verify_clustered(data_dir: &Path, from: Option<u64>, through: Option<
     }
 }
 
-/// The checks recovery makes, on segments already read; `name` says where a
-/// segment lives.
-fn verify(
-    files: &[(skippr_core::SegmentId, Vec<u8>)],
-    s3: bool,
-    name: impl Fn(skippr_core::SegmentId) -> String,
-) -> i32 {
-    let view: Vec<_> = files.iter().map(|(id, b)| (*id, b.as_slice())).collect();
-    // The same checks recovery makes: no segment missing, every group
-    // valid, nothing missing before the oldest segment that a sink needs.
-    match recover(&view, false, false).and_then(|_| scan(&view, false).map_err(WalDamage::from)) {
-        Err(WalDamage::Corrupt(c)) => {
-            println!("CORRUPT: {} at byte {}: {}", name(c.segment), c.offset, c.what);
-            exit::WAL_CORRUPT
-        }
-        Err(WalDamage::Missing(m)) => {
-            println!("MISSING: {}", crate::explain::missing_message(&m, &name));
-            exit::WAL_CORRUPT
-        }
-        Ok(segments) => {
-            let mut records = 0usize;
-            for seg in &segments {
-                // The segment's file name, or its objects' key prefix.
-                let name = match s3 {
-                    true => name(seg.id),
-                    false => format!("{:020}.seg", seg.id.0),
-                };
-                let batch_records: usize = seg
-                    .groups
-                    .iter()
-                    .flat_map(|g| &g.frames)
-                    .map(|f| if let Frame::SourceBatch(b) = f { b.records.len() } else { 0 })
-                    .sum();
-                records += batch_records;
-                match (seg.header_epoch, seg.groups.first(), seg.groups.last()) {
-                    (None, ..) => println!("{name}: header never completed (creation interrupted), no data"),
-                    (Some(_), Some(first), Some(last)) => println!(
-                        "{name}: {} groups, lsn {}..={}, {batch_records} records, {} bytes used{}",
-                        seg.groups.len(),
-                        first.lsn.0,
-                        last.lsn.0,
-                        seg.end,
-                        if seg.sealed { ", sealed" } else { "" }
-                    ),
-                    (Some(_), ..) => println!("{name}: empty (ready for use)"),
-                }
-            }
-            println!("ok: {} segments, {records} records", segments.len());
-            // The operator's skips the WAL still holds, each with its place.
-            let mut streams: Vec<String> = Vec::new();
-            for group in segments.iter().flat_map(|s| &s.groups) {
-                for frame in &group.frames {
+/// What one segment holds, for `wal verify`'s list.
+struct SegmentLine {
+    seg: ScannedSegment,
+    groups: usize,
+    lsns: Option<(u64, u64)>,
+    records: usize,
+}
+
+/// What a streaming pass over the WAL found: recovery's verdict, a line per
+/// segment, the operator's skips it still holds, and where it ends on bytes
+/// that are not a whole commit group.
+struct Walked {
+    verdict: Result<(), WalDamage>,
+    segments: Vec<SegmentLine>,
+    skips: Vec<String>,
+    tail: Option<skippr_core::format::UnreadableTail>,
+}
+
+/// Reads the listed segments once, in order, a window at a time
+/// (`read_at(segment, offset, len)`, fewer bytes at a segment's end),
+/// making recovery's checks: no segment missing, every group valid,
+/// nothing missing before the oldest segment that a sink needs.
+fn walk(
+    ids: Vec<SegmentId>,
+    mut read_at: impl FnMut(SegmentId, u64, usize) -> Result<Vec<u8>, String>,
+) -> Result<Walked, String> {
+    let mut recovery = Recovery::new(ids, false, false, 1 << 20).with_record_cache(0);
+    let (mut segments, mut skips, mut streams) = (Vec::new(), Vec::new(), Vec::<String>::new());
+    let (mut groups, mut lsns, mut records) = (0usize, None::<(u64, u64)>, 0usize);
+    let mut verdict = Ok(());
+    while let Some(read) = recovery.next_read() {
+        let bytes = read_at(read.segment, read.offset, read.len)?;
+        verdict = recovery.feed_seeing(&bytes, |item| match item {
+            Scanned::Group(_, g) => {
+                groups += 1;
+                lsns = Some((lsns.map_or(g.lsn.0, |l| l.0), g.lsn.0));
+                for frame in &g.frames {
                     match frame {
+                        Frame::SourceBatch(b) => records += b.records.len(),
                         Frame::Snapshot(s) => streams.clone_from(&s.names.streams),
-                        Frame::Skipped(k) => println!(
+                        Frame::Skipped(k) => skips.push(format!(
                             "skipped at lsn {}: stream {}, partition {}, positions {}..{}: {}",
-                            group.lsn.0,
+                            g.lsn.0,
                             streams.get(k.stream.0 as usize).map_or_else(|| format!("#{}", k.stream.0), Clone::clone),
                             k.key.partition,
                             k.at.0,
                             k.next.0,
                             k.reason.escape_debug()
-                        ),
+                        )),
                         _ => {}
                     }
                 }
             }
-            if let Some(tail) = skippr_core::format::unreadable_tail(&view, &segments) {
-                println!(
-                    "note: {} ends at byte {} with {}; the daemon stops if its offsets store or a sink holds \
-                     more than the WAL before them",
-                    name(tail.segment),
-                    tail.offset,
-                    skippr_core::format::UNREADABLE_TAIL
-                );
+            Scanned::Segment(seg) => {
+                let seg = ScannedSegment { groups: Vec::new(), ..*seg };
+                segments.push(SegmentLine { seg, groups, lsns, records });
+                (groups, lsns, records) = (0, None, 0);
             }
-            exit::OK
+        });
+        if verdict.is_err() {
+            break;
         }
     }
+    // Where the WAL ends is known once every segment was scanned.
+    let scanned = recovery.next_read().is_none();
+    if verdict.is_ok() {
+        verdict = recovery.finish().map(drop);
+    }
+    let mut tail = None;
+    if let Some(last) = skippr_core::format::tail_segment(segments.iter().map(|l| &l.seg)).filter(|_| scanned) {
+        let probe = read_at(last.id, last.end, skippr_core::format::TAIL_PROBE_BYTES)?;
+        tail = skippr_core::format::tail_unreadable(last, &probe);
+    }
+    Ok(Walked { verdict, segments, skips, tail })
+}
+
+/// `wal verify`'s report of a walk; `name` says where a segment lives.
+fn report(walked: Walked, s3: bool, name: impl Fn(SegmentId) -> String) -> i32 {
+    match walked.verdict {
+        Err(WalDamage::Corrupt(c)) => {
+            println!("CORRUPT: {} at byte {}: {}", name(c.segment), c.offset, c.what);
+            return exit::WAL_CORRUPT;
+        }
+        Err(WalDamage::Missing(m)) => {
+            println!("MISSING: {}", crate::explain::missing_message(&m, &name));
+            return exit::WAL_CORRUPT;
+        }
+        Ok(()) => {}
+    }
+    let mut records = 0usize;
+    for line in &walked.segments {
+        let seg = &line.seg;
+        // The segment's file name, or its objects' key prefix.
+        let name = match s3 {
+            true => name(seg.id),
+            false => format!("{:020}.seg", seg.id.0),
+        };
+        records += line.records;
+        match (seg.header_epoch, line.lsns) {
+            (None, _) => println!("{name}: header never completed (creation interrupted), no data"),
+            (Some(_), Some((first, last))) => println!(
+                "{name}: {} groups, lsn {first}..={last}, {} records, {} bytes used{}",
+                line.groups,
+                line.records,
+                seg.end,
+                if seg.sealed { ", sealed" } else { "" }
+            ),
+            (Some(_), None) => println!("{name}: empty (ready for use)"),
+        }
+    }
+    println!("ok: {} segments, {records} records", walked.segments.len());
+    // The operator's skips the WAL still holds, each with its place.
+    for skip in &walked.skips {
+        println!("{skip}");
+    }
+    if let Some(tail) = walked.tail {
+        println!(
+            "note: {} ends at byte {} with {}; the daemon stops if its offsets store or a sink holds \
+             more than the WAL before them",
+            name(tail.segment),
+            tail.offset,
+            skippr_core::format::UNREADABLE_TAIL
+        );
+    }
+    exit::OK
 }
 
 pub fn offsets_show(data_dir: &Path) -> i32 {

@@ -129,7 +129,7 @@ pub const UNREADABLE_TAIL: &str = "bytes that are not a whole commit group: a wr
 
 /// How many bytes past the WAL's end are looked at: a torn write leaves a
 /// frame header there at least.
-const TAIL_PROBE_BYTES: usize = 64;
+pub const TAIL_PROBE_BYTES: usize = 64;
 
 /// The place where the WAL `scanned` from `segments` ends on bytes that are
 /// not a whole commit group, if it does: the segment where the scan ended
@@ -139,13 +139,23 @@ const TAIL_PROBE_BYTES: usize = 64;
 /// through this one judgement. A sealed segment or a torn creation ends
 /// cleanly.
 pub fn unreadable_tail(segments: &[(SegmentId, &[u8])], scanned: &[ScannedSegment]) -> Option<UnreadableTail> {
-    // The WAL goes on past a sealed segment; it ends in the first one that
-    // is not sealed (spares after it hold nothing yet).
-    let last = scanned.iter().find(|s| !s.sealed)?;
-    last.header_epoch?;
+    let last = tail_segment(scanned.iter())?;
     let bytes = segments.iter().find(|(id, _)| *id == last.id)?.1;
     let from = (last.end as usize).min(bytes.len());
-    let probe = &bytes[from..bytes.len().min(from + TAIL_PROBE_BYTES)];
+    tail_unreadable(last, &bytes[from..bytes.len().min(from + TAIL_PROBE_BYTES)])
+}
+
+/// The segment the WAL ends in: it goes on past a sealed segment and ends
+/// in the first one that is not sealed (spares after it hold nothing yet),
+/// unless that one's creation was torn.
+pub fn tail_segment<'a>(mut scanned: impl Iterator<Item = &'a ScannedSegment>) -> Option<&'a ScannedSegment> {
+    scanned.find(|s| !s.sealed).filter(|s| s.header_epoch.is_some())
+}
+
+/// `unreadable_tail`'s judgement of the bytes `probe` found at the end of
+/// the segment `tail_segment` named (up to `TAIL_PROBE_BYTES` of them).
+pub fn tail_unreadable(last: &ScannedSegment, probe: &[u8]) -> Option<UnreadableTail> {
+    let probe = &probe[..probe.len().min(TAIL_PROBE_BYTES)];
     probe.iter().any(|b| *b != 0).then_some(UnreadableTail { segment: last.id, offset: last.end })
 }
 
