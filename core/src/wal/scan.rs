@@ -4,6 +4,7 @@
 
 use super::frame::*;
 use super::segment::*;
+use super::stream::{Scanned, StreamScan};
 use crate::ids::*;
 
 /// What a `Corruption` says when a segment's first group continues from a
@@ -13,105 +14,25 @@ pub const SEGMENTS_MISSING: &str = "its first LSN does not follow the sealed seg
 
 /// Scans `segments` (sorted by id) and admits the dense run of complete
 /// commit groups. `lenient_tail` is the planted bug `admit-torn-segment`.
+/// It is the streaming scan (`stream.rs`) run over bytes already read.
 pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<ScannedSegment>, Corruption> {
-    let mut scan = Scan { segments, lenient_tail, expected: None, newest: Epoch(0), ended: false };
-    (0..segments.len()).map(|i| scan.segment(i)).collect()
-}
-
-/// Where a scan stands between segments.
-struct Scan<'a> {
-    segments: &'a [(SegmentId, &'a [u8])],
-    lenient_tail: bool,
-    /// The LSN the next group must carry.
-    expected: Option<Lsn>,
-    /// The highest writer epoch admitted so far.
-    newest: Epoch,
-    /// The WAL has ended: what follows is read as nothing.
-    ended: bool,
-}
-
-impl Scan<'_> {
-    fn segment(&mut self, i: usize) -> Result<ScannedSegment, Corruption> {
-        let (id, bytes) = self.segments[i];
-        let end = SEGMENT_HEADER_BYTES as u64;
-        let mut seg =
-            ScannedSegment { id, header_epoch: None, groups: Vec::new(), sealed: false, end, stale_groups: 0 };
-        match decode_header(id, bytes) {
-            Ok(epoch) => seg.header_epoch = Some(epoch),
-            Err(_) => {
-                // A torn creation holds zeros after its header, never a
-                // valid commit record of this segment: one means the header
-                // rotted under committed data.
-                if !self.ended && (holds_commit(id, bytes) || commit_follows(self.segments, i, 0, self.expected)) {
-                    return Err(Corruption { segment: id, offset: 0, what: "segment header is invalid" });
+    let mut stream = StreamScan::new(segments.iter().map(|(id, _)| *id).collect(), lenient_tail, 1 << 20);
+    let (mut out, mut groups) = (Vec::with_capacity(segments.len()), Vec::new());
+    while let Some(read) = stream.next_read() {
+        // Each segment is read in turn: the one after those done.
+        let bytes = segments[out.len()].1;
+        let from = (read.offset as usize).min(bytes.len());
+        for item in stream.feed(&bytes[from..(from + read.len).min(bytes.len())])? {
+            match item {
+                Scanned::Group(_, group) => groups.push(group),
+                Scanned::Segment(mut seg) => {
+                    seg.groups = std::mem::take(&mut groups);
+                    out.push(seg);
                 }
-                self.ended = true;
-            }
-        }
-        if !self.ended {
-            seg.end = self.groups(i, &mut seg)? as u64;
-        }
-        Ok(seg)
-    }
-
-    /// Admits the segment's groups; returns where the next would go.
-    fn groups(&mut self, i: usize, seg: &mut ScannedSegment) -> Result<usize, Corruption> {
-        let (id, bytes) = self.segments[i];
-        let mut pos = SEGMENT_HEADER_BYTES;
-        loop {
-            let read = read_group(id, bytes, pos, None, true);
-            // A group of a writer older than one already admitted was written
-            // by a writer that lost the lease and had not noticed: it is not
-            // the WAL's, and the new writer continues after it.
-            if let Ok((group, _)) = &read {
-                if group.epoch < self.newest {
-                    pos = group.end as usize;
-                    seg.stale_groups += 1;
-                    continue;
-                }
-            }
-            // A valid first group whose LSN jumps past the sealed segment
-            // before it: whole segments in between are gone.
-            if let (Ok((group, _)), Some(e)) = (&read, self.expected) {
-                if pos == SEGMENT_HEADER_BYTES && group.lsn > e {
-                    return Err(Corruption { segment: id, offset: pos as u64, what: SEGMENTS_MISSING });
-                }
-            }
-            let read = read.and_then(|(g, sealed)| match self.expected {
-                Some(e) if e != g.lsn => Err(GroupError::Invalid),
-                _ => Ok((g, sealed)),
-            });
-            let Ok((group, sealed)) = read else {
-                return self.torn(i, seg, pos);
-            };
-            self.newest = self.newest.max(group.epoch);
-            self.expected = Some(Lsn(group.lsn.0 + 1));
-            pos = group.end as usize;
-            seg.groups.push(group);
-            if sealed {
-                seg.sealed = true;
-                return Ok(pos);
             }
         }
     }
-
-    /// The group at `pos` does not validate: the end of the WAL, unless a
-    /// committed group follows it (then it is corruption).
-    fn torn(&mut self, i: usize, seg: &mut ScannedSegment, mut pos: usize) -> Result<usize, Corruption> {
-        let (id, bytes) = self.segments[i];
-        if commit_follows(self.segments, i, pos, self.expected) {
-            let what = "a commit group fails validation and later groups are committed";
-            return Err(Corruption { segment: id, offset: pos as u64, what });
-        }
-        if self.lenient_tail {
-            if let Some(group) = read_torn_group(id, bytes, pos, self.expected) {
-                pos = group.end as usize;
-                seg.groups.push(group);
-            }
-        }
-        self.ended = true;
-        Ok(pos)
-    }
+    Ok(out)
 }
 
 /// Where a scanned WAL ends on bytes that are not a whole commit group.
@@ -194,41 +115,4 @@ pub(super) fn read_torn_group(
     }
     let (lsn, epoch) = header?;
     (!frames.is_empty()).then_some(ScannedGroup { lsn, epoch, offset: pos as u64, end: at as u64, frames })
-}
-
-/// Does `bytes` hold any checksum-valid commit record of `segment`?
-fn holds_commit(segment: SegmentId, bytes: &[u8]) -> bool {
-    (SEGMENT_HEADER_BYTES..bytes.len().saturating_sub(COMMIT_FRAME_BYTES - 1))
-        .any(|at| bytes[at] == COMMIT_PAYLOAD_BYTES as u8 && commit_record_at(segment, &bytes[at..]).is_some())
-}
-
-/// Is there a valid commit record of a later group after `pos` in segment
-/// `i`, or anywhere in a later segment? With no group admitted yet, "later"
-/// means a second, higher LSN after the first one found.
-fn commit_follows(segments: &[(SegmentId, &[u8])], i: usize, pos: usize, expected: Option<Lsn>) -> bool {
-    let mut lowest: Option<Lsn> = None;
-    for (j, &(id, bytes)) in segments.iter().enumerate().skip(i) {
-        let start = if j == i { pos + 1 } else { SEGMENT_HEADER_BYTES };
-        let mut at = start;
-        while at + COMMIT_FRAME_BYTES <= bytes.len() {
-            // A commit record starts with its length, 8: jump to the next 8.
-            match memchr::memchr(COMMIT_PAYLOAD_BYTES as u8, &bytes[at..bytes.len() - COMMIT_FRAME_BYTES + 1]) {
-                Some(skip) => at += skip,
-                None => break,
-            }
-            if let Some(lsn) = commit_record_at(id, &bytes[at..]) {
-                match expected {
-                    Some(e) if lsn > e => return true,
-                    Some(_) => {}
-                    None => match lowest {
-                        Some(low) if lsn > low => return true,
-                        Some(_) => {}
-                        None => lowest = Some(lsn),
-                    },
-                }
-            }
-            at += 1;
-        }
-    }
-    false
 }
