@@ -1,5 +1,6 @@
 //! Segments: the header that opens every segment, the encoding of a commit
-//! group, and reading one group (`scan.rs` runs over whole segments).
+//! group, and reading one group (`stream.rs` reads segments a window at a
+//! time; `scan.rs` runs that over bytes already read).
 //!
 //! The scan admits only complete commit groups, in dense LSN order. A group
 //! that fails to validate is a torn tail only when no valid commit record of a
