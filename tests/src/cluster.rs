@@ -25,10 +25,7 @@ pub struct Cluster {
     children: Vec<Option<Child>>,
 }
 
-/// A loopback port nothing listens on now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use crate::free_port;
 
 impl Cluster {
     /// Certificates and three initialized DATA_DIRs under `root`; nothing

@@ -24,6 +24,34 @@ pub fn skipprd_bin() -> PathBuf {
     bin
 }
 
+/// A loopback port for a child process to listen on: free now, never handed
+/// out before in this test process, and below the kernel's ephemeral range
+/// (32768 and up on Linux), so no outgoing connection and no other port
+/// asked of the kernel with `:0` can take it between this call and the
+/// child's bind. Binding `:0` and dropping the listener gave the same port
+/// twice in one test (a host's metrics and peer port; CI failed on it).
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    // Each test process starts at its own place in the range, so two test
+    // binaries run side by side rarely try the same ports.
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(2_654_435_761) % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN)
+}
+
 /// Runs `skipprd` with `args` and returns its output.
 pub fn skipprd(args: &[&str]) -> Output {
     Command::new(skipprd_bin()).args(args).output().expect("skipprd starts")

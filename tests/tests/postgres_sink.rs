@@ -237,7 +237,7 @@ fn a_role_with_only_usage_and_create_on_an_existing_schema_is_enough() {
 /// "error connecting to server".
 #[test]
 fn an_unreachable_server_is_logged_with_its_cause() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = skippr_tests::free_port();
     let tmp = tempfile::tempdir().unwrap();
     let log = tmp.path().join("log");
     let mut child = daemon(&tmp.path().join("data"), "public", &["--once"])

@@ -56,9 +56,7 @@ fn run_bash(dir: &Path, script: &str) -> Output {
 }
 
 fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> =
-        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    (0..n).map(|_| skippr_tests::free_port()).collect()
 }
 
 #[test]

@@ -254,7 +254,7 @@ fn metrics_are_served_on_loopback_when_asked() {
     use std::io::{Read, Write};
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = skippr_tests::free_port();
     let mut child = Command::new(skipprd_bin())
         .args(["run", "--data-dir", data.to_str().unwrap(), "--generator-records", "0"])
         .args(["--metrics-addr", &port.to_string()])

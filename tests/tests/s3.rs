@@ -365,7 +365,7 @@ fn a_dead_endpoint_is_a_visible_stall_and_once_gives_up_with_exit_fifteen() {
     let sink = tmp.path().join("sink");
     let log = tmp.path().join("daemon.log");
     let proxy = Proxy::start(&aws::endpoint());
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = skippr_tests::free_port();
     let mut child = daemon(&bucket, &table, &sink, 20000, 4000, true)
         .env("SKIPPR_AWS_ENDPOINT", proxy.endpoint())
         .env("SKIPPR_LEASE_SECONDS", "2")
