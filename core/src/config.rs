@@ -126,6 +126,9 @@ pub struct Limits {
     /// Committed record bytes kept in memory for the sinks; the rest are read
     /// back from the WAL when a compaction needs them.
     pub record_cache_bytes: u64,
+    /// Bytes recovery asks for in one WAL read: it holds one window and the
+    /// commit group it is in, never a whole segment.
+    pub read_window_bytes: usize,
     /// Records in one destination batch.
     pub compaction_records_max: u32,
     /// Delay before re-reading a source that had nothing to give.
@@ -165,6 +168,7 @@ impl Default for Limits {
             pending_bytes_max: 4 << 20,
             wal_bytes_max: 1 << 30,
             record_cache_bytes: 8 << 20,
+            read_window_bytes: 4 << 20,
             compaction_records_max: 10_000,
             source_poll: Duration::from_millis(50),
             retry_min: Duration::from_millis(10),
@@ -241,6 +245,9 @@ impl Limits {
                  so at least {segment_min} bytes",
                 l.segment_bytes, l.group_bytes_max
             ));
+        }
+        if l.read_window_bytes < 64 {
+            return err(format!("read_window_bytes is {}; it must be at least 64", l.read_window_bytes));
         }
         if l.pending_bytes_max < l.group_bytes_max {
             return err("pending_bytes_max must be at least group_bytes_max".into());

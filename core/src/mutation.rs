@@ -71,6 +71,9 @@ pub enum Mutation {
     /// its sources are exhausted, before what they delivered went through
     /// the sinks, so the hosts stop with records undelivered.
     FinishBeforeDrained,
+    /// Recovery's streaming scan takes a group cut off by the end of its
+    /// read window for a torn one (the WAL's end) instead of reading on.
+    DropUnfinishedGroup,
 }
 
 impl Mutation {
@@ -92,6 +95,7 @@ impl Mutation {
         Mutation::OffsetsRegress,
         Mutation::IgnoreMissingSegments,
         Mutation::ReadBackWrongPartition,
+        Mutation::DropUnfinishedGroup,
     ];
 
     /// The planted bugs of clustered mode, which only its runs can reach.
@@ -131,6 +135,7 @@ impl Mutation {
             Mutation::ServeBeforeTermCommit => "serve-before-term-commit",
             Mutation::WipedPeerVotes => "wiped-peer-votes",
             Mutation::FinishBeforeDrained => "finish-before-drained",
+            Mutation::DropUnfinishedGroup => "drop-unfinished-group",
         }
     }
 

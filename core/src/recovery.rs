@@ -81,6 +81,7 @@ pub struct Recovery {
     lenient_tail: bool,
     trust_missing: bool,
     window: usize,
+    drop_unfinished: bool,
     /// The last group the scan admitted: (segment, LSN).
     last: Option<(SegmentId, Lsn)>,
 }
@@ -94,8 +95,16 @@ impl Recovery {
             lenient_tail,
             trust_missing,
             window,
+            drop_unfinished: false,
             last: None,
         }
+    }
+
+    /// The planted bug `drop-unfinished-group`.
+    pub fn dropping_unfinished_groups(mut self) -> Recovery {
+        self.scan = self.scan.dropping_unfinished_groups();
+        self.drop_unfinished = true;
+        self
     }
 
     /// The read recovery waits for; `None` once every segment is scanned.
@@ -103,10 +112,18 @@ impl Recovery {
         self.scan.next_read()
     }
 
-    /// Keeps at most `bytes` of record bytes in memory while rebuilding
-    /// (`wal verify` keeps none); the engine bounds them once recovered.
-    pub fn with_record_cache(mut self, bytes: u64) -> Recovery {
+    /// Keeps at most `bytes` of record bytes in memory while rebuilding,
+    /// the oldest first (they are compacted first), and forgets each
+    /// record all `sinks` acknowledged as the scan passes each segment.
+    pub fn with_record_cache(mut self, bytes: u64, sinks: u16) -> Recovery {
         self.rebuild.wal.records = RecordStore::new(bytes);
+        self.rebuild.sinks = Some(sinks);
+        self
+    }
+
+    /// Keeps no records at all, only the committed state (`wal verify`).
+    pub fn without_records(mut self) -> Recovery {
+        self.rebuild.keep_records = false;
         self
     }
 
@@ -136,13 +153,23 @@ impl Recovery {
                 // The planted bug: recover from the segments after the jump,
                 // as if whatever is missing had been deleted under the rule.
                 let from = self.listed.iter().position(|id| *id == c.segment).expect("the scan names a listed segment");
-                let cache = std::mem::take(&mut self.rebuild.wal.records);
-                *self = Recovery::new(self.listed[from..].to_vec(), self.lenient_tail, true, self.window);
-                self.rebuild.wal.records = RecordStore::new(cache.cache_max());
+                *self = self.restarted_at(from);
                 Ok(())
             }
             Err(c) if c.what == SEGMENTS_MISSING => Err(WalDamage::Missing(self.gap(c.segment))),
             Err(c) => Err(WalDamage::Corrupt(c)),
+        }
+    }
+
+    /// A fresh recovery of the listed segments from the `from`th on, with
+    /// the same settings.
+    fn restarted_at(&self, from: usize) -> Recovery {
+        let mut fresh = Recovery::new(self.listed[from..].to_vec(), self.lenient_tail, self.trust_missing, self.window);
+        fresh.rebuild.wal.records = RecordStore::new(self.rebuild.wal.records.cache_max());
+        (fresh.rebuild.sinks, fresh.rebuild.keep_records) = (self.rebuild.sinks, self.rebuild.keep_records);
+        match self.drop_unfinished {
+            true => fresh.dropping_unfinished_groups(),
+            false => fresh,
         }
     }
 
@@ -257,6 +284,10 @@ pub fn rebuild(scanned: Vec<ScannedSegment>, check_head: bool) -> Result<Recover
 pub struct Rebuild {
     wal: RecoveredWal,
     check_head: bool,
+    /// Records are kept at all, and pruned below what this many sinks all
+    /// acknowledged at each segment's end (`None`: kept to the end).
+    keep_records: bool,
+    sinks: Option<u16>,
     first_group: bool,
     head: Option<(SegmentId, Lsn, Snapshot)>,
     /// The segment whose groups are arriving.
@@ -266,7 +297,16 @@ pub struct Rebuild {
 
 impl Rebuild {
     pub fn new(check_head: bool) -> Rebuild {
-        Rebuild { wal: RecoveredWal::default(), check_head, first_group: true, head: None, summary: None, damage: None }
+        Rebuild {
+            wal: RecoveredWal::default(),
+            check_head,
+            keep_records: true,
+            sinks: None,
+            first_group: true,
+            head: None,
+            summary: None,
+            damage: None,
+        }
     }
 
     pub fn group(&mut self, segment: SegmentId, group: ScannedGroup) {
@@ -297,7 +337,7 @@ impl Rebuild {
         for frame in group.frames {
             wal.state.apply(group.lsn, &frame);
             summary.note(group.lsn, &frame);
-            if let Frame::SourceBatch(b) = frame {
+            if let (Frame::SourceBatch(b), true) = (frame, self.keep_records) {
                 wal.records.push(b.key, place, b.records);
             }
         }
@@ -311,6 +351,12 @@ impl Rebuild {
         let summary = self.summary.take();
         if self.damage.is_some() {
             return;
+        }
+        if let Some(sinks) = self.sinks {
+            for &key in wal.state.partitions.keys() {
+                let floor = (0..sinks).map(|s| wal.state.acked(SinkId(s), key)).min();
+                wal.records.prune(key, floor.unwrap_or_default());
+            }
         }
         let Some(header_epoch) = seg.header_epoch else {
             wal.junk.push(seg.id);

@@ -89,12 +89,19 @@ impl DiskWal {
     /// would admit it. `O_DIRECT` reads past the cache (file systems without
     /// it, like tmpfs, have no device to be wrong about).
     pub fn read(&self, segment: SegmentId) -> io::Result<Vec<u8>> {
+        self.read_at(segment, 0, usize::MAX)
+    }
+
+    /// `len` bytes of a segment from `offset` as the device holds them
+    /// (`read`'s reason), fewer at the file's end: recovery's windows.
+    pub fn read_at(&self, segment: SegmentId, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         let path = self.path(segment);
-        match OpenOptions::new().read(true).custom_flags(nix::libc::O_DIRECT).open(&path) {
-            Ok(file) => read_direct(&file),
-            Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => std::fs::read(&path),
-            Err(e) => Err(e),
-        }
+        let file = match OpenOptions::new().read(true).custom_flags(nix::libc::O_DIRECT).open(&path) {
+            Ok(file) => file,
+            Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => File::open(&path)?,
+            Err(e) => return Err(e),
+        };
+        read_direct(&file, offset, len)
     }
 
     /// Performs one WAL request of the engine's.
@@ -122,9 +129,10 @@ impl DiskWal {
                 }
                 Ok(IoReply::Segments(WalListing::Files(ids)))
             }
-            WalOp::Read { segment } => {
-                self.read(segment).map(IoReply::SegmentBytes).map_err(|e| failed("reading a WAL segment", e))
-            }
+            WalOp::ReadAt { segment, offset, len } => self
+                .read_at(segment, offset, len)
+                .map(IoReply::SegmentBytes)
+                .map_err(|e| failed("reading a WAL segment", e)),
             WalOp::ReadGroups { places } => places
                 .into_iter()
                 .map(|place| self.read_group(place))
@@ -286,22 +294,32 @@ fn dsync_flag_refused(e: &io::Error) -> bool {
 
 /// Reads a whole file opened with `O_DIRECT`: offsets, lengths and the
 /// buffer aligned to 4 KiB.
-fn read_direct(file: &File) -> io::Result<Vec<u8>> {
-    const ALIGN: usize = 4096;
-    let len = file.metadata()?.len() as usize;
-    let padded = len.div_ceil(ALIGN) * ALIGN;
-    let mut raw = vec![0u8; padded + ALIGN];
-    let start = raw.as_ptr().align_offset(ALIGN);
+/// `len` bytes from `offset` (fewer at the end), read in whole aligned
+/// blocks into an aligned buffer, as `O_DIRECT` requires (a file opened
+/// without it reads the same way).
+fn read_direct(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    const ALIGN: u64 = 4096;
+    let size = file.metadata()?.len();
+    let end = offset.saturating_add(len as u64).min(size);
+    if end <= offset {
+        return Ok(Vec::new());
+    }
+    let first = offset / ALIGN * ALIGN;
+    let padded = (end.div_ceil(ALIGN) * ALIGN - first) as usize;
+    let mut raw = vec![0u8; padded + ALIGN as usize];
+    let start = raw.as_ptr().align_offset(ALIGN as usize);
     let buf = &mut raw[start..start + padded];
+    let want = (end - first) as usize;
     let mut at = 0;
-    while at < len {
-        let n = file.read_at(&mut buf[at..], at as u64)?;
+    while at < want {
+        let n = file.read_at(&mut buf[at..], first + at as u64)?;
         if n == 0 {
             break;
         }
         at += n;
     }
-    Ok(buf[..at.min(len)].to_vec())
+    let skip = (offset - first) as usize;
+    Ok(buf[skip.min(at)..at.min(want)].to_vec())
 }
 
 /// The file under DATA_DIR that names a disk WAL in stores it shares with
@@ -464,6 +482,28 @@ mod tests {
         wal.sync_all().unwrap();
         wal.delete(SegmentId(3)).unwrap();
         assert!(wal.list().unwrap().0.is_empty());
+    }
+
+    /// Recovery's windows start and end anywhere: each is the file's bytes
+    /// there, short at its end and empty past it, though the device is read
+    /// in aligned blocks.
+    #[test]
+    fn windows_read_the_bytes_at_any_offset_and_stop_at_the_end() {
+        let tmp = tempfile::tempdir().unwrap();
+        let wal = DiskWal::open(tmp.path()).unwrap();
+        let size = 3 * 4096 + 100;
+        wal.create(SegmentId(1), b"head", size).unwrap();
+        let body: Vec<u8> = (0..size as usize - 4).map(|i| (i * 7 % 251) as u8).collect();
+        wal.append(SegmentId(1), 4, &body).unwrap();
+        let whole = wal.read(SegmentId(1)).unwrap();
+        assert_eq!(whole.len(), size as usize);
+        for (offset, len) in [(0, 10), (1, 4096), (4095, 2), (4096, 4096), (5000, 9000), (12000, 1000), (12388, 5)] {
+            let end = (offset + len).min(size as usize);
+            let got = wal.read_at(SegmentId(1), offset as u64, len).unwrap();
+            assert_eq!(got, &whole[offset..end], "{len} bytes at {offset}");
+        }
+        assert!(wal.read_at(SegmentId(1), size, 10).unwrap().is_empty(), "nothing past the end");
+        assert!(wal.read_at(SegmentId(9), 0, 10).is_err(), "no such segment");
     }
 
     #[test]

@@ -657,7 +657,7 @@ fn op_name(op: &IoOp) -> &'static str {
     match op {
         IoOp::Wal(WalOp::Sync) => "wal-sync",
         IoOp::Wal(WalOp::List) => "wal-list",
-        IoOp::Wal(WalOp::Read { .. }) => "wal-read",
+        IoOp::Wal(WalOp::ReadAt { .. }) => "wal-read",
         IoOp::Wal(WalOp::ReadGroups { .. }) => "wal-read-groups",
         IoOp::Wal(WalOp::Create { .. }) => "wal-create",
         IoOp::Wal(WalOp::Append { .. }) => "wal-append",

@@ -7,6 +7,9 @@
 //! listing alone shows a gap or an overlap, and a read lays the objects out
 //! as the disk backend's file would be (zeros in any gap), for the engine's
 //! scan to admit the contiguous prefix of complete, checksum-valid groups.
+//! Recovery reads a window at a time: a segment's objects are listed when
+//! its first window is asked for, and each window fetches the objects it
+//! covers (the one it ends inside is kept for the next).
 //!
 //! Every object is created with `If-None-Match: *` and SDK retries off, one
 //! put in flight. A put whose outcome is unknown (timeout, reset, 5xx,
@@ -28,10 +31,10 @@ use aws_sdk_s3::error::SdkError;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use aws_sdk_s3::Client;
-use skippr_core::format::{first_overlap, lay_out, split_leftovers, taken_key, GroupPlace};
+use skippr_core::format::{first_overlap, split_leftovers, taken_key, GroupPlace};
 use skippr_core::{IoError, IoReply, SegmentId, WalListing, WalOp};
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tracing::warn;
 
 /// Objects fetched at once when a segment is read.
@@ -45,6 +48,16 @@ pub struct S3Wal {
     client: Client,
     bucket: String,
     prefix: String,
+    /// The segment recovery is reading a window at a time.
+    reading: Mutex<Option<Reading>>,
+}
+
+/// A segment's objects (offset and size) as listed for its first window,
+/// and the object the last window ended inside, fetched.
+struct Reading {
+    segment: SegmentId,
+    objects: BTreeMap<u64, u64>,
+    kept: Option<(u64, Arc<Vec<u8>>)>,
 }
 
 /// One object of a segment: its offset and size.
@@ -59,7 +72,7 @@ impl S3Wal {
         let puts = Client::from_conf(base.clone().retry_config(aws_config::retry::RetryConfig::disabled()).build());
         let client = Client::from_conf(base.build());
         let prefix = normalize_prefix(prefix);
-        let wal = S3Wal { puts, client, bucket: bucket.to_string(), prefix };
+        let wal = S3Wal { puts, client, bucket: bucket.to_string(), prefix, reading: Mutex::new(None) };
         // On the client without SDK retries (see `start_up_check`).
         let checked = start_up_check(|| async {
             let Err(e) = wal.puts.head_bucket().bucket(bucket).send().await else { return Check::Ready(()) };
@@ -101,7 +114,9 @@ impl S3Wal {
             }
             WalOp::Sync => Ok(IoReply::Done),
             WalOp::List => self.list().await.map(IoReply::Segments),
-            WalOp::Read { segment } => self.read(segment).await.map(IoReply::SegmentBytes),
+            WalOp::ReadAt { segment, offset, len } => {
+                self.read_at(segment, offset, len).await.map(IoReply::SegmentBytes)
+            }
             WalOp::ReadGroups { places } => {
                 let mut groups = Vec::with_capacity(places.len());
                 for place in places {
@@ -247,20 +262,71 @@ impl S3Wal {
     /// A segment's bytes, each object at its offset and zeros in any gap.
     /// Objects that overlap cannot be laid out: the read fails, naming them.
     pub async fn read(&self, segment: SegmentId) -> Result<Vec<u8>, IoError> {
-        let listed = self.list_objects(&format!("{}{:020}/", self.prefix, segment.0)).await?;
-        let objects = listed.get(&segment).cloned().unwrap_or_default();
-        let overlap = |offset| {
-            let key = self.key(segment, offset);
-            warn!(key, "WAL objects overlap: two writers wrote this segment; it cannot be read");
-            IoError::Failed
+        self.read_at(segment, 0, usize::MAX).await
+    }
+
+    /// `len` bytes of a segment from `offset`, laid out as `read` lays out
+    /// the whole, fewer where its last listed object ends. The first window
+    /// (offset 0) lists the segment's objects; later ones fetch only the
+    /// objects they cover.
+    pub async fn read_at(&self, segment: SegmentId, offset: u64, len: usize) -> Result<Vec<u8>, IoError> {
+        let held = self.reading.lock().expect("not poisoned").take().filter(|r| r.segment == segment && offset > 0);
+        let mut reading = match held {
+            Some(reading) => reading,
+            None => self.list_segment(segment).await?,
         };
-        if let Some(offset) = first_overlap(objects.iter().map(|(&o, &size)| (o, size.max(0) as u64))) {
-            return Err(overlap(offset));
+        let end = offset.saturating_add(len as u64).min(reading.objects.iter().next_back().map_or(0, |(o, s)| o + s));
+        if end <= offset {
+            return Ok(Vec::new());
         }
-        let keys: Vec<(u64, String)> = objects.keys().map(|&o| (o, self.key(segment, o))).collect();
-        let fetched = self.get_many(keys).await?;
-        // Sizes can change between the listing and the reads (a late put).
-        lay_out(fetched.iter().map(|(o, b)| (*o, b.as_slice()))).map_err(overlap)
+        let covered: Vec<u64> = reading
+            .objects
+            .range(..end)
+            .filter(|(o, size)| *o + *size > offset && **size > 0)
+            .map(|(o, _)| *o)
+            .collect();
+        let kept = reading.kept.take().filter(|(o, _)| covered.contains(o));
+        let keys = covered.iter().filter(|o| kept.as_ref().is_none_or(|(k, _)| k != *o));
+        let mut fetched: Vec<(u64, Arc<Vec<u8>>)> = self
+            .get_many(keys.map(|&o| (o, self.key(segment, o))).collect())
+            .await?
+            .into_iter()
+            .map(|(o, b)| (o, Arc::new(b)))
+            .collect();
+        fetched.extend(kept);
+        fetched.sort_by_key(|(o, _)| *o);
+        let mut out = vec![0u8; (end - offset) as usize];
+        for (o, bytes) in &fetched {
+            let (from, to) = ((*o).max(offset), (o + bytes.len() as u64).min(end));
+            if from < to {
+                out[(from - offset) as usize..(to - offset) as usize]
+                    .copy_from_slice(&bytes[(from - o) as usize..(to - o) as usize]);
+            }
+        }
+        reading.kept = fetched.into_iter().last().filter(|(o, b)| o + b.len() as u64 > end);
+        *self.reading.lock().expect("not poisoned") = Some(reading);
+        Ok(out)
+    }
+
+    /// Lists one segment's objects for `read_at`; overlapping objects (two
+    /// writers wrote the segment) or a size the listing lacks make it
+    /// unreadable.
+    async fn list_segment(&self, segment: SegmentId) -> Result<Reading, IoError> {
+        let listed = self.list_objects(&format!("{}{:020}/", self.prefix, segment.0)).await?;
+        let listed = listed.get(&segment).cloned().unwrap_or_default();
+        if let Some((&offset, _)) = listed.iter().find(|(_, size)| **size < 0) {
+            warn!(key = self.key(segment, offset), "the listing gives no size for a WAL object; it cannot be read");
+            return Err(IoError::Failed);
+        }
+        let objects: BTreeMap<u64, u64> = listed.into_iter().map(|(o, size)| (o, size as u64)).collect();
+        if let Some(offset) = first_overlap(objects.iter().map(|(&o, &size)| (o, size))) {
+            warn!(
+                key = self.key(segment, offset),
+                "WAL objects overlap: two writers wrote this segment; it cannot be read"
+            );
+            return Err(IoError::Failed);
+        }
+        Ok(Reading { segment, objects, kept: None })
     }
 
     async fn get_many(&self, keys: Vec<(u64, String)>) -> Result<Vec<(u64, Vec<u8>)>, IoError> {

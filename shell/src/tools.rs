@@ -26,16 +26,9 @@ pub fn wal_verify_s3(bucket: &str, prefix: &str, aws: &skippr_io::aws::AwsSettin
             return exit::REMOTE;
         }
     };
-    // One segment's objects at a time, laid out as the daemon reads them.
-    let mut held: Option<(SegmentId, Vec<u8>)> = None;
+    // A window at a time, laid out as the daemon reads them.
     let walked = walk(ids, |id, offset, len| {
-        if held.as_ref().is_none_or(|(h, _)| *h != id) {
-            let bytes = runtime.block_on(wal.read(id)).map_err(|e| format!("cannot read segment {}: {e:?}", id.0))?;
-            held = Some((id, bytes));
-        }
-        let bytes = &held.as_ref().expect("just read").1;
-        let from = (offset as usize).min(bytes.len());
-        Ok(bytes[from..(from + len).min(bytes.len())].to_vec())
+        runtime.block_on(wal.read_at(id, offset, len)).map_err(|e| format!("cannot read segment {}: {e:?}", id.0))
     });
     let location = wal.location();
     match walked {
@@ -187,7 +180,7 @@ fn walk(
     ids: Vec<SegmentId>,
     mut read_at: impl FnMut(SegmentId, u64, usize) -> Result<Vec<u8>, String>,
 ) -> Result<Walked, String> {
-    let mut recovery = Recovery::new(ids, false, false, 1 << 20).with_record_cache(0);
+    let mut recovery = Recovery::new(ids, false, false, 1 << 20).without_records();
     let (mut segments, mut skips, mut streams) = (Vec::new(), Vec::new(), Vec::<String>::new());
     let (mut groups, mut lsns, mut records) = (0usize, None::<(u64, u64)>, 0usize);
     let mut verdict = Ok(());

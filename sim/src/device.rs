@@ -209,7 +209,10 @@ impl DiskWal {
         match op {
             WalOp::Sync => done(self.disk.sync_all(fails)),
             WalOp::List => Ok(IoReply::Segments(WalListing::Files(self.disk.list()))),
-            WalOp::Read { segment } => self.disk.read(segment).map(IoReply::SegmentBytes).ok_or(IoError::Failed),
+            WalOp::ReadAt { .. } if fails => Err(IoError::Failed),
+            WalOp::ReadAt { segment, offset, len } => {
+                self.disk.read(segment).map(|b| IoReply::SegmentBytes(window(&b, offset, len))).ok_or(IoError::Failed)
+            }
             WalOp::ReadGroups { .. } if fails => Err(IoError::Failed),
             WalOp::ReadGroups { places } => places
                 .iter()
@@ -325,10 +328,12 @@ impl S3Wal {
     fn perform(&mut self, gen: u64, op: WalOp, fails: bool) -> Result<IoReply, IoError> {
         match op {
             WalOp::Sync => Ok(IoReply::Done),
-            WalOp::List | WalOp::Read { .. } | WalOp::ReadGroups { .. } if fails => Err(IoError::Failed),
+            WalOp::List | WalOp::ReadAt { .. } | WalOp::ReadGroups { .. } if fails => Err(IoError::Failed),
             WalOp::Create { .. } | WalOp::Append { .. } if fails => Err(IoError::Ambiguous),
             WalOp::List => Ok(IoReply::Segments(self.bucket.list())),
-            WalOp::Read { segment } => self.bucket.read(segment).map(IoReply::SegmentBytes),
+            WalOp::ReadAt { segment, offset, len } => {
+                self.bucket.read(segment).map(|b| IoReply::SegmentBytes(window(&b, offset, len)))
+            }
             WalOp::ReadGroups { places } => places
                 .iter()
                 .map(|p| self.bucket.object(p.segment, p.offset))
@@ -387,4 +392,11 @@ impl S3Wal {
     pub fn conflicts(&self) -> u64 {
         self.conflicts
     }
+}
+
+/// `len` bytes of `bytes` from `offset`, fewer at their end: a recovery
+/// window.
+fn window(bytes: &[u8], offset: u64, len: usize) -> Vec<u8> {
+    let from = (offset as usize).min(bytes.len());
+    bytes[from..from + len.min(bytes.len() - from)].to_vec()
 }

@@ -524,6 +524,10 @@ fn draw_limits(r: &mut Rng) -> Limits {
         // neither reports nor stops on one in the simulator.
         stall_report_after: None,
         stall_stop_after: None,
+        // Recovery reads in windows of a few commit records (many reads
+        // per segment), of about a group, or of about a segment; taken
+        // from the segment size so that no draw moves.
+        read_window_bytes: [64, 512, 4096][(segment_bytes % 3) as usize],
         ..derived
     }
 }

@@ -108,7 +108,7 @@ const FAULT_KINDS: usize = 25;
 
 /// The faults of a run and the rare engine paths it took, by the names
 /// `--stats` prints them under.
-fn faults(s: &RunStats) -> [(&'static str, u64); 41] {
+fn faults(s: &RunStats) -> [(&'static str, u64); 42] {
     [
         ("crashes", s.crashes),
         ("crashes that cut the power", s.power_cuts),
@@ -130,6 +130,7 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 41] {
         ("s3 throttled requests", s.s3_throttled),
         ("s3 writers frozen", s.pauses),
         ("WAL reads for a sink that failed", s.read_fails),
+        ("WAL reads for recovery that failed", s.recovery_read_fails),
         ("clustered: partitions", s.partitions),
         ("clustered: hosts frozen", s.freezes),
         ("clustered: hosts wiped", s.wipes),
@@ -207,6 +208,8 @@ impl Totals {
         t.seals_no_room += s.seals_no_room;
         t.read_backs += s.read_backs;
         t.read_fails += s.read_fails;
+        t.recovery_reads += s.recovery_reads;
+        t.recovery_read_fails += s.recovery_read_fails;
         t.wal_full += s.wal_full;
         t.terms += s.terms;
         t.elections += s.elections;
@@ -257,7 +260,9 @@ impl Totals {
             ("faults: source request failures", t.source_failures as f64 / n),
             ("faults: segments deleted by an operator", t.lost_segments as f64 / n),
             ("faults: WAL reads for a sink that failed", t.read_fails as f64 / n),
+            ("faults: WAL reads for recovery that failed", t.recovery_read_fails as f64 / n),
             ("read-back requests to the WAL for a sink", t.read_backs as f64 / n),
+            ("recovery's reads of the WAL", t.recovery_reads as f64 / n),
             ("sources paused at the WAL's size limit", t.wal_full as f64 / n),
             ("schema decisions", t.schema_decisions as f64 / n),
             ("shutdowns", t.shutdowns as f64 / n),

@@ -266,7 +266,11 @@ impl Trace {
             }
             IoOp::Wal(WalOp::Sync) => self.u64(30),
             IoOp::Wal(WalOp::List) => self.u64(31),
-            IoOp::Wal(WalOp::Read { segment }) => self.u64(32 ^ segment.0 << 8),
+            IoOp::Wal(WalOp::ReadAt { segment, offset, len }) => {
+                self.u64(32 ^ segment.0 << 8);
+                self.u64(*offset);
+                self.u64(*len as u64)
+            }
             IoOp::Wal(WalOp::ReadGroups { places }) => {
                 self.u64(48);
                 for place in places {
@@ -439,7 +443,7 @@ pub fn describe_op(op: &IoOp) -> String {
     match op {
         IoOp::Wal(WalOp::Sync) => "wal-sync".into(),
         IoOp::Wal(WalOp::List) => "wal-list".into(),
-        IoOp::Wal(WalOp::Read { segment }) => format!("wal-read {}", segment.0),
+        IoOp::Wal(WalOp::ReadAt { segment, offset, len }) => format!("wal-read {} {offset}+{len}", segment.0),
         IoOp::Wal(WalOp::ReadGroups { places }) => {
             let at: Vec<String> = places.iter().map(|p| format!("{}@{}", p.segment.0, p.offset)).collect();
             format!("wal-read-groups {}", at.join(","))

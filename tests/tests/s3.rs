@@ -87,6 +87,23 @@ fn wal_objects_lay_out_as_a_segment_and_a_listing_deletes_nothing() {
             wal.put(segment, 10, b"g3").await.unwrap();
         }
         assert_eq!(wal.read(SegmentId(4)).await.unwrap(), b"headerg1\0\0g3", "zeros in the gap");
+        // Recovery's windows: listed at offset 0, then the objects each
+        // window covers (one cut by a window's end is kept for the next),
+        // short at the last object's end, empty past it.
+        let whole = b"headerg1\0\0g3";
+        for len in 1..=13 {
+            let mut read = Vec::new();
+            loop {
+                let window = wal.read_at(SegmentId(4), read.len() as u64, len).await.unwrap();
+                read.extend_from_slice(&window);
+                if window.len() < len {
+                    break;
+                }
+            }
+            assert_eq!(read, whole, "in windows of {len}");
+        }
+        assert_eq!(wal.read_at(SegmentId(4), 3, 6).await.unwrap(), b"derg1\0");
+        assert!(wal.read_at(SegmentId(4), 12, 6).await.unwrap().is_empty());
         let objects = |four: Vec<u64>| {
             let mut listed = BTreeMap::from([(SegmentId(5), vec![0, 6, 10])]);
             listed.insert(SegmentId(4), four);

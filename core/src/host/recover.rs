@@ -1,15 +1,16 @@
 //! The coordinator's recovery sequence, in order: (take the lease,) sync
-//! the WAL, list and read its segments, scan and rebuild the committed
-//! state, delete junk past the end, commit a fence group, check the offsets
+//! the WAL, list its segments, read them a window at a time through the
+//! streaming scan that rebuilds the committed state, delete junk past the end, commit a fence group, check the offsets
 //! store and the sinks' progress, replay open compactions, resume sources.
 //! It owns no state: `Startup` remembers where the steps stand, and each
 //! step asks the part it concerns.
 
 use super::*;
 use crate::io::{OffsetsOp, WalOp};
-use crate::recovery::{recover, WalDamage};
+use crate::recovery::{Recovery, WalDamage};
 use crate::wal::{Frame, Skipped};
 use offsets_writer::StoreCheck;
+use startup::Read;
 
 impl Host {
     pub(super) fn on_synced(&mut self, result: Result<(), IoError>) {
@@ -30,7 +31,21 @@ impl Host {
     pub(super) fn on_listed(&mut self, result: Result<WalListing, IoError>) {
         match result {
             Ok(listing) => {
-                if self.startup.on_listed(&mut self.fx, listing) {
+                let listed = self.startup.on_listed(&mut self.fx, listing);
+                let window = self.cfg.limits.read_window_bytes;
+                let read = if self.authority.raft_ref().is_some() {
+                    self.startup.gather(&mut self.fx, listed, window)
+                } else {
+                    let lenient = self.cfg.mutations.has(Mutation::AdmitTornSegment);
+                    let trust = self.cfg.mutations.has(Mutation::IgnoreMissingSegments);
+                    let mut recovery = Recovery::new(listed, lenient, trust, window)
+                        .with_record_cache(self.cfg.limits.record_cache_bytes, self.cfg.sinks.len() as u16);
+                    if self.cfg.mutations.has(Mutation::DropUnfinishedGroup) {
+                        recovery = recovery.dropping_unfinished_groups();
+                    }
+                    self.startup.stream(&mut self.fx, recovery)
+                };
+                if let Read::Done = read {
                     self.on_all_read();
                 }
             }
@@ -40,11 +55,11 @@ impl Host {
 
     pub(super) fn on_segment_read(&mut self, segment: SegmentId, result: Result<Vec<u8>, IoError>) {
         match result {
-            Ok(bytes) => {
-                if self.startup.on_read(&mut self.fx, segment, bytes) {
-                    self.on_all_read();
-                }
-            }
+            Ok(bytes) => match self.startup.on_read(&mut self.fx, segment, bytes) {
+                Ok(Read::More) => {}
+                Ok(Read::Done) => self.on_all_read(),
+                Err(damage) => self.on_damage(damage),
+            },
             Err(_) if self.fx.attempts(Retry::WalRead(segment)) + 1 >= WAL_READ_ATTEMPTS => {
                 self.stop(StopReason::WalReadFailed { segment })
             }
@@ -52,19 +67,17 @@ impl Host {
         }
     }
 
-    /// Step one: scan the committed segments and rebuild state from them.
+    /// Step one, done: every segment is scanned (or, in clustered mode,
+    /// read whole for raft's log), and the committed state rebuilt.
     fn on_all_read(&mut self) {
-        let read = self.startup.take_read();
-        let segments: Vec<(SegmentId, &[u8])> = read.iter().map(|(id, b)| (*id, b.as_slice())).collect();
         if self.authority.raft_ref().is_some() {
+            let read = self.startup.take_whole();
+            let segments: Vec<(SegmentId, &[u8])> = read.iter().map(|(id, b)| (*id, b.as_slice())).collect();
             return self.restore_cluster(&segments);
         }
-        let lenient = self.cfg.mutations.has(Mutation::AdmitTornSegment);
-        let trust = self.cfg.mutations.has(Mutation::IgnoreMissingSegments);
-        let mut wal = match recover(&segments, lenient, trust) {
+        let mut wal = match self.startup.take_recovered() {
             Ok(wal) => wal,
-            Err(WalDamage::Corrupt(c)) => return self.stop_unless_lease_lost(StopReason::Corrupt(c)),
-            Err(WalDamage::Missing(m)) => return self.stop_unless_lease_lost(StopReason::WalIncomplete(m)),
+            Err(damage) => return self.on_damage(damage),
         };
         if let Some(stop) = names_changed(&wal.state.names, &self.names) {
             return self.stop(stop);
@@ -76,6 +89,14 @@ impl Host {
         let wal_generation = self.startup.wal_generation();
         if self.authority.lease().is_none_or(|lease| lease.covers(&mut self.fx, wal_generation)) {
             self.after_rebuild();
+        }
+    }
+
+    /// The segments read so far are damaged, or committed data is missing.
+    fn on_damage(&mut self, damage: WalDamage) {
+        match damage {
+            WalDamage::Corrupt(c) => self.stop_unless_lease_lost(StopReason::Corrupt(c)),
+            WalDamage::Missing(m) => self.stop_unless_lease_lost(StopReason::WalIncomplete(m)),
         }
     }
 

@@ -41,8 +41,8 @@ impl Host {
             Retry::WalList => {
                 fx.io(Pending::WalList, IoOp::Wal(WalOp::List));
             }
-            Retry::WalRead(segment) => {
-                fx.io(Pending::WalRead(segment), IoOp::Wal(WalOp::Read { segment }));
+            Retry::WalRead(_) => {
+                self.startup.send_read(fx);
             }
             Retry::OffsetsRead => {
                 fx.io(Pending::OffsetsRead, IoOp::Offsets(OffsetsOp::Read));

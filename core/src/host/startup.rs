@@ -1,4 +1,5 @@
-//! Recovery's own progress: which segments were listed and read, the
+//! Recovery's own progress: which segments were listed, the read under way
+//! (a window at a time, through recovery's streaming scan), the
 //! leftovers of interrupted deletions below the WAL (object stores), the junk
 //! found past the WAL's end, the highest writer generation seen, whether the
 //! junk deletion or the fence is under way, a stop held in doubt until the
@@ -10,17 +11,18 @@ use super::effects::{Effects, Pending, Retry};
 use crate::ids::*;
 use crate::io::{IoOp, StopReason, WalListing};
 use crate::io::{PluginOp, WalOp};
+use crate::recovery::{RecoveredWal, Recovery, WalDamage};
 use crate::time::Instant;
 use crate::wal::split_leftovers;
+use crate::wal::stream::ReadAt;
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Default)]
 pub(super) struct Startup {
-    listed: Vec<SegmentId>,
     /// Listed below the oldest segment that still counts: deleted with the
     /// junk, under the same authority check, before the fence.
     leftovers: Vec<SegmentId>,
-    read: BTreeMap<SegmentId, Vec<u8>>,
+    reading: Reading,
     junk: Vec<SegmentId>,
     /// The highest writer generation in the WAL.
     wal_generation: u64,
@@ -36,6 +38,27 @@ pub(super) struct Startup {
     progress_pending: BTreeSet<SinkId>,
 }
 
+/// How the listed segments are read, one window in flight at a time.
+#[derive(Default)]
+enum Reading {
+    #[default]
+    Idle,
+    /// Through recovery's streaming scan, which asks for each window and
+    /// keeps only what it rebuilt.
+    Stream(Box<Recovery>),
+    /// Gathered whole, for a raft log that restores from whole segments
+    /// (clustered mode): the segments not yet done, and the bytes read.
+    Whole { todo: Vec<SegmentId>, read: BTreeMap<SegmentId, Vec<u8>>, window: usize },
+}
+
+/// What a read that came back leaves to do.
+pub(super) enum Read {
+    /// The next window is asked for.
+    More,
+    /// Every listed segment is read.
+    Done,
+}
+
 /// Where a stop held in doubt stands after a lease read that shows the
 /// row is still ours.
 pub(super) enum Doubt {
@@ -47,10 +70,9 @@ pub(super) enum Doubt {
 }
 
 impl Startup {
-    /// The listing came back: read every segment of the WAL, and set the
-    /// leftovers of an object store's interrupted deletions aside. True when
-    /// there is nothing to read.
-    pub(super) fn on_listed(&mut self, fx: &mut Effects, listing: WalListing) -> bool {
+    /// The listing came back: the segments of the WAL, sorted, with the
+    /// leftovers of an object store's interrupted deletions set aside.
+    pub(super) fn on_listed(&mut self, fx: &mut Effects, listing: WalListing) -> Vec<SegmentId> {
         fx.succeeded(Retry::WalList);
         let mut ids = match listing {
             WalListing::Files(ids) => ids,
@@ -62,22 +84,71 @@ impl Startup {
         };
         ids.sort_unstable();
         ids.dedup();
-        self.listed = ids.clone();
-        for &segment in &ids {
-            fx.io(Pending::WalRead(segment), IoOp::Wal(WalOp::Read { segment }));
+        ids
+    }
+
+    /// Reads the listed segments through `recovery`'s scan.
+    pub(super) fn stream(&mut self, fx: &mut Effects, recovery: Recovery) -> Read {
+        self.reading = Reading::Stream(Box::new(recovery));
+        self.send_read(fx)
+    }
+
+    /// Reads `listed` whole, in windows of `window` bytes.
+    pub(super) fn gather(&mut self, fx: &mut Effects, mut listed: Vec<SegmentId>, window: usize) -> Read {
+        listed.reverse();
+        self.reading = Reading::Whole { todo: listed, read: BTreeMap::new(), window };
+        self.send_read(fx)
+    }
+
+    fn next_read(&self) -> Option<ReadAt> {
+        match &self.reading {
+            Reading::Idle => None,
+            Reading::Stream(recovery) => recovery.next_read(),
+            Reading::Whole { todo, read, window } => todo.last().map(|&segment| {
+                let offset = read.get(&segment).map_or(0, |b| b.len() as u64);
+                ReadAt { segment, offset, len: *window }
+            }),
         }
-        ids.is_empty()
     }
 
-    /// True when every listed segment has been read.
-    pub(super) fn on_read(&mut self, fx: &mut Effects, segment: SegmentId, bytes: Vec<u8>) -> bool {
+    /// Asks for the next window (again, after a failed read), if any.
+    pub(super) fn send_read(&mut self, fx: &mut Effects) -> Read {
+        let Some(ReadAt { segment, offset, len }) = self.next_read() else { return Read::Done };
+        fx.io(Pending::WalRead(segment), IoOp::Wal(WalOp::ReadAt { segment, offset, len }));
+        Read::More
+    }
+
+    /// A window came back: fed to the scan (whose damage ends the reading),
+    /// or laid after the bytes read before it.
+    pub(super) fn on_read(&mut self, fx: &mut Effects, segment: SegmentId, bytes: Vec<u8>) -> Result<Read, WalDamage> {
         fx.succeeded(Retry::WalRead(segment));
-        self.read.insert(segment, bytes);
-        self.read.len() == self.listed.len()
+        match &mut self.reading {
+            Reading::Idle => unreachable!("a read is answered only while reading"),
+            Reading::Stream(recovery) => recovery.feed(&bytes).inspect_err(|_| self.reading = Reading::Idle)?,
+            Reading::Whole { todo, read, window } => {
+                if bytes.len() < *window {
+                    todo.pop();
+                }
+                read.entry(segment).or_default().extend_from_slice(&bytes);
+            }
+        }
+        Ok(self.send_read(fx))
     }
 
-    pub(super) fn take_read(&mut self) -> BTreeMap<SegmentId, Vec<u8>> {
-        std::mem::take(&mut self.read)
+    /// What the streaming scan rebuilt, once every segment is read.
+    pub(super) fn take_recovered(&mut self) -> Result<RecoveredWal, WalDamage> {
+        match std::mem::take(&mut self.reading) {
+            Reading::Stream(recovery) => recovery.finish(),
+            _ => unreachable!("taken once, after a streamed read"),
+        }
+    }
+
+    /// The segments read whole.
+    pub(super) fn take_whole(&mut self) -> BTreeMap<SegmentId, Vec<u8>> {
+        match std::mem::take(&mut self.reading) {
+            Reading::Whole { read, .. } => read,
+            _ => unreachable!("taken once, after a gathered read"),
+        }
     }
 
     pub(super) fn found(&mut self, junk: Vec<SegmentId>, wal_generation: u64) {

@@ -28,8 +28,10 @@ pub enum WalOp {
     /// List the WAL's segments, and nothing else: whatever a listing finds
     /// stays where it is until the engine deletes it. Answer: `Segments`.
     List,
-    /// Read a whole segment. Answer: `SegmentBytes`.
-    Read { segment: SegmentId },
+    /// Read `len` bytes of `segment` from `offset`, fewer where the segment
+    /// ends (on disk its file, on S3 its last object): a short answer is
+    /// how recovery finds a segment's end. Answer: `SegmentBytes`.
+    ReadAt { segment: SegmentId, offset: u64, len: usize },
     /// Read back exactly the bytes of the committed groups at `places`, for
     /// a compaction whose records are no longer in memory. Answer: `Groups`,
     /// in the same order.

@@ -60,6 +60,8 @@ enum Step {
 pub struct StreamScan {
     listed: Vec<SegmentId>,
     lenient_tail: bool,
+    /// The planted bug `drop-unfinished-group`.
+    drop_unfinished: bool,
     window: usize,
     /// The segment being read, by its place in `listed`.
     i: usize,
@@ -101,6 +103,7 @@ impl StreamScan {
         StreamScan {
             listed,
             lenient_tail,
+            drop_unfinished: false,
             window: window.max(COMMIT_FRAME_BYTES),
             i: 0,
             step: Step::Header,
@@ -114,6 +117,13 @@ impl StreamScan {
             probe: None,
             jumped_to: None,
         }
+    }
+
+    /// The planted bug `drop-unfinished-group`: a group the window cut off
+    /// is taken for a torn one.
+    pub fn dropping_unfinished_groups(mut self) -> StreamScan {
+        self.drop_unfinished = true;
+        self
     }
 
     /// The read the scan waits for; `None` once every segment is done.
@@ -191,6 +201,7 @@ impl StreamScan {
         let id = self.seg.id;
         loop {
             let read = match read_group(id, &self.buf, pos - self.base, None, true) {
+                Err(GroupError::Short(_)) if self.drop_unfinished && !self.eof => Err(()),
                 Err(GroupError::Short(n)) if self.short_of(self.base + n) => {
                     self.keep_from(pos);
                     self.step = Step::Groups(pos);

@@ -160,6 +160,12 @@ impl World<Raft> {
                 self.stats.read_fails += failed as u64;
                 failed
             }
+            WalOp::ReadAt { .. } => {
+                self.stats.recovery_reads += 1;
+                let failed = self.fault(Die::ReadFail, read_fail);
+                self.stats.recovery_read_fails += failed as u64;
+                failed
+            }
             _ => false,
         };
         let written = match &op {

@@ -106,6 +106,10 @@ pub struct RunStats {
     pub read_backs: u64,
     pub read_fails: u64,
     pub wal_full: u64,
+    /// Windows recovery read from the WAL, and those that failed (the read
+    /// fault's rate; on S3 the throttle's).
+    pub recovery_reads: u64,
+    pub recovery_read_fails: u64,
     /// Clustered mode: terms with a leader, times a host became leader,
     /// leaders that stopped on losing it, partitions, freezes, truncated
     /// tails, raft messages lost and duplicated.

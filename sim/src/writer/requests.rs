@@ -101,10 +101,20 @@ impl World<Writer> {
         }
         let fails = match op {
             WalOp::Sync | WalOp::Create { .. } | WalOp::Append { .. } if !s3 => self.fault(Die::FsyncFail, fsync_fail),
-            WalOp::List | WalOp::Read { .. } if s3 => {
+            WalOp::List | WalOp::ReadAt { .. } if s3 => {
                 let throttled = self.fault(Die::S3Throttle, s3_throttle);
                 self.stats.s3_throttled += throttled as u64;
+                if matches!(op, WalOp::ReadAt { .. }) {
+                    self.stats.recovery_reads += 1;
+                    self.stats.recovery_read_fails += throttled as u64;
+                }
                 throttled
+            }
+            WalOp::ReadAt { .. } => {
+                self.stats.recovery_reads += 1;
+                let failed = self.fault(Die::ReadFail, self.scenario.faults.read_fail);
+                self.stats.recovery_read_fails += failed as u64;
+                failed
             }
             WalOp::Create { .. } | WalOp::Append { .. } if s3 => return self.put_to_s3(gen, op),
             WalOp::ReadGroups { .. } => {

@@ -259,7 +259,9 @@ impl Cluster {
             IoOp::Wal(WalOp::Sync) => IoReply::Done,
             IoOp::Wal(WalOp::ReadHardState) => IoReply::HardState(n.hard.clone()),
             IoOp::Wal(WalOp::List) => IoReply::Segments(WalListing::Files(n.segments.keys().copied().collect())),
-            IoOp::Wal(WalOp::Read { segment }) => IoReply::SegmentBytes(n.segments[&segment].clone()),
+            IoOp::Wal(WalOp::ReadAt { segment, offset, len }) => {
+                IoReply::SegmentBytes(super::window(&n.segments[&segment], offset, len))
+            }
             IoOp::Wal(WalOp::ReadGroups { places }) => IoReply::Groups(
                 places
                     .iter()

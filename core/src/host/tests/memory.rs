@@ -37,6 +37,43 @@ fn with_room_in_the_cache_nothing_is_read_back() {
     assert_eq!(h.host.record_bytes(), (15, 15));
 }
 
+/// After a sink lagged (it acknowledged nothing), a restart reads the WAL a
+/// window at a time and keeps the record cache's bound while it rebuilds:
+/// with windows of 256 bytes and a cache of 64 bytes it asks for nothing
+/// longer than a window, holds at most 64 record bytes, and hands the sink
+/// the same records as a restart that read each segment in one window with
+/// every record cached.
+#[test]
+fn recovery_reads_in_windows_and_keeps_the_cache_bound() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    for i in 0..60 {
+        h.feed(i * 5, i * 5 + 5);
+    }
+    let restart = |window: usize, cache: u64| {
+        let mut cfg = config();
+        (cfg.limits.read_window_bytes, cfg.limits.record_cache_bytes) = (window, cache);
+        let mut again = Harness::start_full(cfg, h.disk.clone(), h.offsets.clone(), Vec::new());
+        assert_eq!(again.stopped, None);
+        let cached = again.host.record_bytes();
+        if again.has(|op| matches!(op, IoOp::Wal(WalOp::ReadGroups { .. }))) {
+            let (id, groups) = again.read_back();
+            again.answer(id, Ok(IoReply::Groups(groups)));
+        }
+        let (_, records) = again.sink_records();
+        (again.reads, cached, records)
+    };
+    let (whole, cached, expected) = restart(1 << 20, 1 << 20);
+    assert_eq!(whole.len(), h.disk.len(), "each segment in one window");
+    assert_eq!(cached, (900, 900), "every record in memory");
+    assert_eq!(expected, (0..5u8).map(|p| vec![p; 3]).collect::<Vec<_>>(), "the open plan, replayed");
+    let (reads, cached, records) = restart(256, 64);
+    assert!(reads.len() > 64 << 10 >> 8, "the segments in windows: {} reads", reads.len());
+    assert!(reads.iter().all(|&(asked, _)| asked == 256), "{reads:?}");
+    assert!(cached.0 <= 64 && cached.1 == 900, "{cached:?}");
+    assert_eq!(records, expected);
+}
+
 #[test]
 fn a_read_back_that_keeps_failing_stops_the_engine() {
     let mut h = Harness::start_full(no_cache(), BTreeMap::new(), BTreeMap::new(), Vec::new());

@@ -50,6 +50,8 @@ struct Harness {
     wal_full: Vec<bool>,
     /// Every `Skip` output's `recorded`, in order.
     skips: Vec<bool>,
+    /// Every window recovery read: its length asked and answered.
+    reads: Vec<(usize, usize)>,
 }
 
 impl Harness {
@@ -97,6 +99,7 @@ impl Harness {
             deleted: vec![],
             wal_full: vec![],
             skips: vec![],
+            reads: vec![],
         }
     }
 
@@ -133,7 +136,11 @@ impl Harness {
                 Some(objects) => IoReply::Segments(WalListing::Objects(objects.clone())),
                 None => IoReply::Segments(WalListing::Files(self.disk.keys().copied().collect())),
             },
-            IoOp::Wal(WalOp::Read { segment }) => IoReply::SegmentBytes(self.disk[&segment].clone()),
+            IoOp::Wal(WalOp::ReadAt { segment, offset, len }) => {
+                let bytes = window(&self.disk[&segment], offset, len);
+                self.reads.push((len, bytes.len()));
+                IoReply::SegmentBytes(bytes)
+            }
             IoOp::Wal(WalOp::Create { segment, header, .. }) => {
                 let mut file = vec![0; config().limits.segment_bytes as usize];
                 file[..header.len()].copy_from_slice(&header);
@@ -275,12 +282,18 @@ fn the_append(outputs: Vec<Output>) -> (IoId, SegmentId, Arc<Vec<u8>>) {
         .expect("an append")
 }
 
+/// `len` bytes of a segment's `bytes` from `offset`, fewer at their end.
+fn window(bytes: &[u8], offset: u64, len: usize) -> Vec<u8> {
+    let from = (offset as usize).min(bytes.len());
+    bytes[from..from + len.min(bytes.len() - from)].to_vec()
+}
+
 fn is_storage(op: &IoOp) -> bool {
     matches!(
         op,
         IoOp::Wal(WalOp::Sync)
             | IoOp::Wal(WalOp::List)
-            | IoOp::Wal(WalOp::Read { .. })
+            | IoOp::Wal(WalOp::ReadAt { .. })
             | IoOp::Wal(WalOp::Create { .. })
             | IoOp::Wal(WalOp::Append { .. })
             | IoOp::Wal(WalOp::Delete { .. })

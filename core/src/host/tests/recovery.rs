@@ -165,11 +165,13 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
             let result = match op {
                 IoOp::Wal(WalOp::Sync) => Ok(IoReply::Done),
                 IoOp::Wal(WalOp::List) => Ok(IoReply::Segments(WalListing::Files(disk.keys().copied().collect()))),
-                IoOp::Wal(WalOp::Read { segment: s }) if s == segment => {
+                IoOp::Wal(WalOp::ReadAt { segment: s, .. }) if s == segment => {
                     failed_reads += 1;
                     Err(IoError::Failed)
                 }
-                IoOp::Wal(WalOp::Read { segment: s }) => Ok(IoReply::SegmentBytes(disk[&s].clone())),
+                IoOp::Wal(WalOp::ReadAt { segment: s, offset, len }) => {
+                    Ok(IoReply::SegmentBytes(super::window(&disk[&s], offset, len)))
+                }
                 other => panic!("unexpected {other:?}"),
             };
             host.handle(now, Input::IoDone { id, result });
