@@ -8,7 +8,7 @@
 
 use crate::ids::*;
 use crate::io::Records;
-use crate::wal::{GroupPlace, Range, Record};
+use crate::wal::{Counted, GroupPlace, Range, Record};
 use std::collections::{BTreeMap, VecDeque};
 
 /// One committed source batch, held until every sink has acknowledged it.
@@ -91,6 +91,30 @@ impl RecordStore {
         }
         let records = fits.then(|| records.into());
         self.parts.entry(key).or_default().push_back(Held { place, origin: first, first, last, count, bytes, records });
+    }
+
+    /// A committed batch read counted (`RecordMode::Counted`): held only in
+    /// the WAL.
+    pub fn push_counted(&mut self, key: PartitionKey, place: GroupPlace, c: Counted) {
+        if c.count == 0 {
+            return;
+        }
+        (self.count, self.bytes) = (self.count + c.count, self.bytes + c.bytes);
+        let held = Held {
+            place,
+            origin: c.first,
+            first: c.first,
+            last: c.last,
+            count: c.count,
+            bytes: c.bytes,
+            records: None,
+        };
+        self.parts.entry(key).or_default().push_back(held);
+    }
+
+    /// Whether a batch pushed now may stay in memory: the cache is not full.
+    pub fn has_room(&self) -> bool {
+        self.cached < self.cache_max
     }
 
     /// Keeps at most `cache_max` bytes in memory from now on, dropping the

@@ -7,7 +7,8 @@ use crate::ids::*;
 use crate::records::RecordStore;
 use crate::state::CommittedState;
 use crate::wal::stream::{ReadAt, Scanned, StreamScan};
-use crate::wal::{Corruption, Frame, GroupPlace, ScannedGroup, ScannedSegment, Snapshot, SEGMENTS_MISSING};
+use crate::wal::SEGMENTS_MISSING;
+use crate::wal::{Corruption, Frame, GroupPlace, RecordMode, ScannedGroup, ScannedSegment, Snapshot, SourceBatch};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Why the segments found cannot be recovered: damaged bytes, or committed
@@ -135,6 +136,10 @@ impl Recovery {
     /// `feed`, showing `see` each group and segment the scan admitted
     /// before it is folded in (what `wal verify` lists).
     pub fn feed_seeing(&mut self, bytes: &[u8], mut see: impl FnMut(&Scanned)) -> Result<(), WalDamage> {
+        // Records are decoded only while they may stay in memory; past that
+        // they are checked and counted, and read back when a sink needs them.
+        let keeps = self.rebuild.keep_records && self.rebuild.wal.records.has_room();
+        self.scan.read_records(if keeps { RecordMode::Owned } else { RecordMode::Counted });
         match self.scan.feed(bytes) {
             Ok(scanned) => {
                 for item in scanned {
@@ -337,8 +342,12 @@ impl Rebuild {
         for frame in group.frames {
             wal.state.apply(group.lsn, &frame);
             summary.note(group.lsn, &frame);
-            if let (Frame::SourceBatch(b), true) = (frame, self.keep_records) {
-                wal.records.push(b.key, place, b.records);
+            match (frame, self.keep_records) {
+                (Frame::SourceBatch(SourceBatch { key, counted: Some(c), .. }), true) => {
+                    wal.records.push_counted(key, place, c)
+                }
+                (Frame::SourceBatch(b), true) => wal.records.push(b.key, place, b.records),
+                _ => {}
             }
         }
         wal.next_lsn = Lsn(group.lsn.0 + 1);

@@ -39,7 +39,7 @@ impl CommittedState {
                 });
                 p.position = b.end;
                 p.lsn = lsn;
-                p.records += b.records.len() as u64;
+                p.records += b.count();
                 p.checkpoint.clone_from(&b.checkpoint);
                 self.finished = None;
                 self.all_finished = None;

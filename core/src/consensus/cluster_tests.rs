@@ -265,6 +265,7 @@ impl World {
             end: Position(index * 8 + n as u64),
             checkpoint: None,
             records: records.collect(),
+            counted: None,
         });
         let len = encode_group(at.segment, Epoch(term), Lsn(index), &[&batch]).len() as u64;
         let size = at.opens.map_or(end.segment_bytes, |o| o.segment_bytes);

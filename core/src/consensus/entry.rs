@@ -231,7 +231,14 @@ mod tests {
     pub(crate) fn batch_frame(n: usize) -> Frame {
         let key = PartitionKey { source: SourceId(0), partition: 0 };
         let records = (0..n).map(|i| crate::wal::Record { position: Position(i as u64), bytes: vec![7; 40] }).collect();
-        Frame::SourceBatch(SourceBatch { key, stream: StreamId(0), end: Position(n as u64), checkpoint: None, records })
+        Frame::SourceBatch(SourceBatch {
+            key,
+            stream: StreamId(0),
+            end: Position(n as u64),
+            checkpoint: None,
+            records,
+            counted: None,
+        })
     }
 
     #[test]

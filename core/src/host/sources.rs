@@ -256,7 +256,9 @@ fn split(
     let Some(frame_budget) = group_room.checked_sub(checkpoint_bytes).filter(|b| *b >= 64) else {
         return Err("a checkpoint is larger than a commit group allows");
     };
-    let frame = |records, end, checkpoint| Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records });
+    let frame = |records, end, checkpoint| {
+        Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records, counted: None })
+    };
     let mut frames = Vec::new();
     let mut chunk: Vec<Record> = Vec::new();
     let mut chunk_bytes = 0usize;

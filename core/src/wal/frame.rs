@@ -9,7 +9,7 @@
 //! group never pass as current ones.
 
 use super::codec::{Reader, Writer};
-use super::payload::{decode_payload, get_key};
+use super::payload::{decode_payload_as, get_key};
 use crate::ids::*;
 
 pub const FRAME_HEADER_BYTES: usize = 4 + 4 + 8 + 8 + 1;
@@ -72,6 +72,36 @@ pub struct SourceBatch {
     pub end: Position,
     pub checkpoint: Option<Vec<u8>>,
     pub records: Vec<Record>,
+    /// Read back counted, not decoded (`RecordMode::Counted`): `records`
+    /// is empty and this says what it would hold. Never written.
+    pub counted: Option<Counted>,
+}
+
+/// What the records of a batch read in `RecordMode::Counted` are: how many,
+/// their bytes, their first and last positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counted {
+    pub count: u64,
+    pub bytes: u64,
+    pub first: Position,
+    pub last: Position,
+}
+
+impl SourceBatch {
+    /// How many records the batch holds, decoded or counted.
+    pub fn count(&self) -> u64 {
+        self.counted.map_or(self.records.len() as u64, |c| c.count)
+    }
+}
+
+/// How a source batch's records are read: each into its own bytes, or only
+/// checked and counted (recovery, once its record cache is full, and `wal
+/// verify`, which keep no record bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecordMode {
+    #[default]
+    Owned,
+    Counted,
 }
 
 /// Input of partition `key` from position `at` (included) to `next` (not
@@ -292,8 +322,18 @@ pub enum FrameError {
 /// With `verify` off the checksum is not checked: only the planted bug
 /// `admit-torn-segment` does that.
 pub fn decode_frame(segment: SegmentId, buf: &[u8], verify: bool) -> Result<DecodedFrame, FrameError> {
+    decode_frame_as(segment, buf, verify, RecordMode::Owned)
+}
+
+/// `decode_frame`, reading a source batch's records as `mode` says.
+pub fn decode_frame_as(
+    segment: SegmentId,
+    buf: &[u8],
+    verify: bool,
+    mode: RecordMode,
+) -> Result<DecodedFrame, FrameError> {
     let (lsn, epoch, kind, payload, len) = frame_parts(segment, buf, verify)?;
-    let frame = decode_payload(kind, payload).map_err(|_| FrameError::Malformed)?;
+    let frame = decode_payload_as(kind, payload, mode).map_err(|_| FrameError::Malformed)?;
     Ok(DecodedFrame { lsn, epoch, frame, len })
 }
 
@@ -363,5 +403,5 @@ pub(crate) fn decode_batch_lenient(payload: &[u8]) -> Option<Frame> {
         let bytes = r.take_up_to(len as usize).to_vec();
         records.push(Record { position: Position(position), bytes });
     }
-    Some(Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records }))
+    Some(Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records, counted: None }))
 }

@@ -10,6 +10,7 @@ impl Frame {
     pub(super) fn payload_len(&self) -> usize {
         match self {
             Frame::SourceBatch(b) => {
+                assert!(b.counted.is_none(), "a batch read counted is never written");
                 2 + 4 + 2 + 8 + opt_len(&b.checkpoint) + 4 + b.records.iter().map(|r| 12 + r.bytes.len()).sum::<usize>()
             }
             Frame::SchemaDecision(_) => 2 + 8,
@@ -116,9 +117,14 @@ pub(super) fn visit_batch(payload: &[u8], mut each: impl FnMut(Position, &[u8]))
 }
 
 pub(super) fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, DecodeError> {
+    decode_payload_as(kind, payload, RecordMode::Owned)
+}
+
+/// `decode_payload`, reading a source batch's records as `mode` says.
+pub(super) fn decode_payload_as(kind: FrameKind, payload: &[u8], mode: RecordMode) -> Result<Frame, DecodeError> {
     let mut r = Reader::new(payload);
     let frame = match kind {
-        FrameKind::SourceBatch => Frame::SourceBatch(get_batch(&mut r)?),
+        FrameKind::SourceBatch => Frame::SourceBatch(get_batch(&mut r, mode)?),
         FrameKind::SchemaDecision => {
             Frame::SchemaDecision(SchemaDecision { stream: StreamId(r.u16()?), fingerprint: r.u64()? })
         }
@@ -151,6 +157,7 @@ pub(super) fn decode_payload(kind: FrameKind, payload: &[u8]) -> Result<Frame, D
 }
 
 fn put_batch(w: &mut Writer<'_>, b: &SourceBatch) {
+    assert!(b.counted.is_none(), "a batch read counted is never written");
     put_key(w, b.key);
     w.u16(b.stream.0);
     w.u64(b.end.0);
@@ -162,19 +169,34 @@ fn put_batch(w: &mut Writer<'_>, b: &SourceBatch) {
     }
 }
 
-fn get_batch(r: &mut Reader<'_>) -> Result<SourceBatch, DecodeError> {
+fn get_batch(r: &mut Reader<'_>, mode: RecordMode) -> Result<SourceBatch, DecodeError> {
     let key = get_key(r)?;
     let stream = StreamId(r.u16()?);
     let end = Position(r.u64()?);
     let checkpoint = r.opt_bytes()?;
     let n = r.count(12)?;
-    let mut records = Vec::with_capacity(n);
-    for _ in 0..n {
-        let position = Position(r.u64()?);
-        let bytes = r.bytes()?.to_vec();
-        records.push(Record { position, bytes });
+    let mut batch = SourceBatch { key, stream, end, checkpoint, records: Vec::new(), counted: None };
+    match mode {
+        RecordMode::Owned => {
+            batch.records.reserve_exact(n);
+            for _ in 0..n {
+                let position = Position(r.u64()?);
+                let bytes = r.bytes()?.to_vec();
+                batch.records.push(Record { position, bytes });
+            }
+        }
+        RecordMode::Counted if n > 0 => {
+            let first = Position(r.u64()?);
+            let mut c = Counted { count: n as u64, bytes: r.bytes()?.len() as u64, first, last: first };
+            for _ in 1..n {
+                c.last = Position(r.u64()?);
+                c.bytes += r.bytes()?.len() as u64;
+            }
+            batch.counted = Some(c);
+        }
+        RecordMode::Counted => {}
     }
-    Ok(SourceBatch { key, stream, end, checkpoint, records })
+    Ok(batch)
 }
 
 fn put_snapshot(w: &mut Writer<'_>, s: &Snapshot) {

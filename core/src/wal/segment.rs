@@ -214,7 +214,7 @@ fn walk_group(
 /// bytes) and whether it seals its segment. A follower checks each group
 /// its leader sends before writing it (clustered mode).
 pub fn check_group(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<(ScannedGroup, bool)> {
-    let (group, sealed) = read_group(segment, bytes, 0, Some(lsn), true).ok()?;
+    let (group, sealed) = read_group(segment, bytes, 0, Some(lsn), true, RecordMode::Owned).ok()?;
     (group.end as usize == bytes.len()).then_some((group, sealed))
 }
 
@@ -231,13 +231,14 @@ pub(super) enum GroupError {
 /// Reads the group at `pos`; the bool is true when the group seals its
 /// segment. `bytes` may end before the segment does: a frame cut short by
 /// their end is `Short`, which a caller holding the whole segment takes as
-/// `Invalid`.
+/// `Invalid`. Source batches' records are read as `mode` says.
 pub(super) fn read_group(
     segment: SegmentId,
     bytes: &[u8],
     pos: usize,
     expected: Option<Lsn>,
     verify: bool,
+    mode: RecordMode,
 ) -> Result<(ScannedGroup, bool), GroupError> {
     let mut frames = Vec::new();
     let mut at = pos;
@@ -248,7 +249,7 @@ pub(super) fn read_group(
         if let Some(needed) = frame_needs(buf) {
             return Err(GroupError::Short(at + needed));
         }
-        let f = decode_frame(segment, buf, verify).map_err(|_| GroupError::Invalid)?;
+        let f = decode_frame_as(segment, buf, verify, mode).map_err(|_| GroupError::Invalid)?;
         match header {
             None => {
                 if expected.is_some_and(|e| e != f.lsn) {

@@ -62,6 +62,8 @@ pub struct StreamScan {
     lenient_tail: bool,
     /// The planted bug `drop-unfinished-group`.
     drop_unfinished: bool,
+    /// How source batches' records are read.
+    records: RecordMode,
     window: usize,
     /// The segment being read, by its place in `listed`.
     i: usize,
@@ -104,6 +106,7 @@ impl StreamScan {
             listed,
             lenient_tail,
             drop_unfinished: false,
+            records: RecordMode::Owned,
             window: window.max(COMMIT_FRAME_BYTES),
             i: 0,
             step: Step::Header,
@@ -124,6 +127,12 @@ impl StreamScan {
     pub fn dropping_unfinished_groups(mut self) -> StreamScan {
         self.drop_unfinished = true;
         self
+    }
+
+    /// Reads the records of the source batches it hands out from now on as
+    /// `mode` says.
+    pub fn read_records(&mut self, mode: RecordMode) {
+        self.records = mode;
     }
 
     /// The read the scan waits for; `None` once every segment is done.
@@ -200,7 +209,7 @@ impl StreamScan {
     fn groups(&mut self, mut pos: usize, out: &mut Vec<Scanned>) -> Result<bool, Corruption> {
         let id = self.seg.id;
         loop {
-            let read = match read_group(id, &self.buf, pos - self.base, None, true) {
+            let read = match read_group(id, &self.buf, pos - self.base, None, true, self.records) {
                 Err(GroupError::Short(_)) if self.drop_unfinished && !self.eof => Err(()),
                 Err(GroupError::Short(n)) if self.short_of(self.base + n) => {
                     self.keep_from(pos);

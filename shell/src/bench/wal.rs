@@ -93,6 +93,7 @@ fn wal_round(dir: &Path, commits: u32) -> std::io::Result<f64> {
             end: Position((i as u64 + 1) * RECORDS_PER_COMMIT as u64),
             checkpoint: None,
             records: records.clone(),
+            counted: None,
         });
         let bytes = encode_group(segment, Epoch(1), Lsn(i as u64), &[&frame]);
         wal.append(segment, offset, &bytes)?;

@@ -22,6 +22,7 @@ fn batch(p: u32, from: u64, n: u64) -> Frame {
         end: Position(from + n),
         checkpoint: Some(vec![p as u8, from as u8]),
         records,
+        counted: None,
     })
 }
 

@@ -34,6 +34,7 @@ fn batch(r: &mut Rng, p: u32, from: u64) -> Frame {
         end: Position(from + n),
         checkpoint: None,
         records,
+        counted: None,
     })
 }
 
@@ -243,7 +244,8 @@ fn recover_whole(
             // group of it was damaged; the streaming scan read that first
             // group and names it.
             let (id, bytes) = segments[at];
-            let first = read_group(id, bytes, SEGMENT_HEADER_BYTES, None, true).ok().map(|(g, _)| g.lsn);
+            let first =
+                read_group(id, bytes, SEGMENT_HEADER_BYTES, None, true, RecordMode::Owned).ok().map(|(g, _)| g.lsn);
             let (after, lsns) = match (last, first) {
                 (Some((after, a)), Some(b)) => (after, Some((Lsn(a.0 + 1), Lsn(b.0 - 1)))),
                 (Some((after, _)), None) => (after, None),
@@ -276,6 +278,42 @@ fn streaming_recovery_rebuilds_what_whole_recovery_did() {
         *outcomes.entry(outcome).or_insert(0) += 1;
     }
     assert!(outcomes.len() >= 3, "{outcomes:?}");
+}
+
+/// With a small record cache the rebuild reads most batches counted, not
+/// decoded: the committed state and every record held (how many, their
+/// bytes, per partition) are what decoding every record gives, and no more
+/// than the cache's bytes stay in memory.
+#[test]
+fn a_full_cache_counts_records_and_holds_the_same_ones() {
+    use crate::recovery::Recovery;
+    let mut counted = 0;
+    for seed in 1..300u64 {
+        let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let segments = wal(&mut r);
+        let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+        let Ok(all) = crate::recovery::recover(&refs, false, false) else { continue };
+        for cache in [0, 40, 400] {
+            let listed = refs.iter().map(|(id, _)| *id).collect();
+            let mut rec =
+                Recovery::new(listed, false, false, 33 + (seed as usize * 7) % 300).with_record_cache(cache, 0);
+            while let Some(read) = rec.next_read() {
+                let bytes = refs.iter().find(|(id, _)| *id == read.segment).unwrap().1;
+                let from = (read.offset as usize).min(bytes.len());
+                rec.feed(&bytes[from..(from + read.len).min(bytes.len())]).unwrap();
+            }
+            let got = rec.finish().unwrap();
+            assert_eq!(format!("{:?}", got.state), format!("{:?}", all.state), "seed {seed}");
+            assert_eq!((got.records.len(), got.records.bytes()), (all.records.len(), all.records.bytes()));
+            assert!(got.records.cached_bytes() <= cache, "seed {seed}: {}", got.records.cached_bytes());
+            for key in all.state.partitions.keys() {
+                let whole = |s: &crate::records::RecordStore| s.take(*key, Position(0), Position(u64::MAX), usize::MAX);
+                assert_eq!(whole(&got.records), whole(&all.records), "seed {seed}");
+            }
+            counted += (got.records.cached_bytes() < all.records.cached_bytes()) as u32;
+        }
+    }
+    assert!(counted > 100, "{counted} recoveries left records out of memory");
 }
 
 /// The whole-segment scan as it was before the scan streamed, kept as the
@@ -332,7 +370,7 @@ mod whole {
             let (id, bytes) = self.segments[i];
             let mut pos = SEGMENT_HEADER_BYTES;
             loop {
-                let read = read_group(id, bytes, pos, None, true);
+                let read = read_group(id, bytes, pos, None, true, RecordMode::Owned);
                 // A group of a writer older than one already admitted was written
                 // by a writer that lost the lease and had not noticed: it is not
                 // the WAL's, and the new writer continues after it.
