@@ -37,6 +37,8 @@ pub struct RecordStore {
     /// Record bytes in memory, and the bound they stay under.
     cached: u64,
     cache_max: u64,
+    /// A batch did not fit since the cache last made room.
+    spilled: bool,
     /// Every record held, in memory or not: count and bytes.
     count: u64,
     bytes: u64,
@@ -50,7 +52,7 @@ impl Default for RecordStore {
 
 impl RecordStore {
     pub fn new(cache_max: u64) -> RecordStore {
-        RecordStore { parts: BTreeMap::new(), cached: 0, cache_max, count: 0, bytes: 0 }
+        RecordStore { parts: BTreeMap::new(), cached: 0, cache_max, spilled: false, count: 0, bytes: 0 }
     }
 
     /// Bytes of every record held, in memory or only in the WAL.
@@ -89,6 +91,7 @@ impl RecordStore {
         if fits {
             self.cached += bytes;
         }
+        self.spilled |= !fits;
         let records = fits.then(|| records.into());
         self.parts.entry(key).or_default().push_back(Held { place, origin: first, first, last, count, bytes, records });
     }
@@ -112,15 +115,17 @@ impl RecordStore {
         self.parts.entry(key).or_default().push_back(held);
     }
 
-    /// Whether a batch pushed now may stay in memory: the cache is not full.
+    /// Whether a batch pushed now may stay in memory: none has been left
+    /// out since the cache last made room.
     pub fn has_room(&self) -> bool {
-        self.cached < self.cache_max
+        !self.spilled && self.cached < self.cache_max
     }
 
     /// Keeps at most `cache_max` bytes in memory from now on, dropping the
     /// newest batches' records first (the oldest are compacted next).
     pub fn set_cache_max(&mut self, cache_max: u64) {
         self.cache_max = cache_max;
+        self.spilled = false;
         let mut cached: Vec<(GroupPlace, PartitionKey, Position)> = Vec::new();
         for (key, part) in &self.parts {
             cached.extend(part.iter().filter(|h| h.records.is_some()).map(|h| (h.place, *key, h.first)));
@@ -139,6 +144,7 @@ impl RecordStore {
     /// front of a batch in memory.
     pub fn prune(&mut self, key: PartitionKey, below: Position) {
         let Some(part) = self.parts.get_mut(&key) else { return };
+        let cached = self.cached;
         while let Some(held) = part.front_mut() {
             if held.first >= below {
                 break;
@@ -162,6 +168,7 @@ impl RecordStore {
             held.first = records.front().expect("the last record is not below").position;
             break;
         }
+        self.spilled &= self.cached == cached;
     }
 
     fn overlapping(&self, key: PartitionKey, from: Position, to: Position) -> impl Iterator<Item = &Held> {

@@ -67,7 +67,7 @@ pub fn recover(
     while let Some(read) = recovery.next_read() {
         let bytes = segments.iter().find(|(id, _)| *id == read.segment).expect("a listed segment").1;
         let from = (read.offset as usize).min(bytes.len());
-        recovery.feed(&bytes[from..(from + read.len).min(bytes.len())])?;
+        recovery.feed(bytes[from..(from + read.len).min(bytes.len())].to_vec())?;
     }
     recovery.finish()
 }
@@ -129,13 +129,13 @@ impl Recovery {
     }
 
     /// The bytes `next_read` asked for.
-    pub fn feed(&mut self, bytes: &[u8]) -> Result<(), WalDamage> {
+    pub fn feed(&mut self, bytes: Vec<u8>) -> Result<(), WalDamage> {
         self.feed_seeing(bytes, |_| {})
     }
 
     /// `feed`, showing `see` each group and segment the scan admitted
     /// before it is folded in (what `wal verify` lists).
-    pub fn feed_seeing(&mut self, bytes: &[u8], mut see: impl FnMut(&Scanned)) -> Result<(), WalDamage> {
+    pub fn feed_seeing(&mut self, bytes: Vec<u8>, mut see: impl FnMut(&Scanned)) -> Result<(), WalDamage> {
         // Records are decoded only while they may stay in memory; past that
         // they are checked and counted, and read back when a sink needs them.
         let keeps = self.rebuild.keep_records && self.rebuild.wal.records.has_room();

@@ -39,6 +39,9 @@ pub struct DiskWal {
     no_dsync_flag: AtomicBool,
     /// Clustered mode: `DATA_DIR/raft-state`, opened at its first save.
     hard_state: Mutex<Option<File>>,
+    /// The buffer recovery's windows are read into, kept from one to the
+    /// next so that it is zeroed once.
+    window: Mutex<Vec<u8>>,
 }
 
 impl DiskWal {
@@ -51,6 +54,7 @@ impl DiskWal {
             open: Mutex::new(None),
             append_syncs: AtomicU64::new(0),
             no_dsync_flag: AtomicBool::new(false),
+            window: Mutex::new(Vec::new()),
             hard_state: Mutex::new(None),
         };
         // A snapshot's install that committed before a crash is completed
@@ -92,6 +96,10 @@ impl DiskWal {
         self.read_at(segment, 0, usize::MAX)
     }
 
+    /// Windows up to this size are read through a buffer kept between
+    /// reads; a larger read (a whole segment) gets its own.
+    const WINDOW_KEPT: usize = 16 << 20;
+
     /// `len` bytes of a segment from `offset` as the device holds them
     /// (`read`'s reason), fewer at the file's end: recovery's windows.
     pub fn read_at(&self, segment: SegmentId, offset: u64, len: usize) -> io::Result<Vec<u8>> {
@@ -101,7 +109,10 @@ impl DiskWal {
             Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => File::open(&path)?,
             Err(e) => return Err(e),
         };
-        read_direct(&file, offset, len)
+        if len > Self::WINDOW_KEPT {
+            return read_direct(&file, offset, len, &mut Vec::new());
+        }
+        read_direct(&file, offset, len, &mut self.window.lock().expect("not poisoned"))
     }
 
     /// Performs one WAL request of the engine's.
@@ -295,9 +306,9 @@ fn dsync_flag_refused(e: &io::Error) -> bool {
 /// Reads a whole file opened with `O_DIRECT`: offsets, lengths and the
 /// buffer aligned to 4 KiB.
 /// `len` bytes from `offset` (fewer at the end), read in whole aligned
-/// blocks into an aligned buffer, as `O_DIRECT` requires (a file opened
-/// without it reads the same way).
-fn read_direct(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+/// blocks into an aligned part of `raw` (grown as needed), as `O_DIRECT`
+/// requires (a file opened without it reads the same way).
+fn read_direct(file: &File, offset: u64, len: usize, raw: &mut Vec<u8>) -> io::Result<Vec<u8>> {
     const ALIGN: u64 = 4096;
     let size = file.metadata()?.len();
     let end = offset.saturating_add(len as u64).min(size);
@@ -306,7 +317,9 @@ fn read_direct(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
     }
     let first = offset / ALIGN * ALIGN;
     let padded = (end.div_ceil(ALIGN) * ALIGN - first) as usize;
-    let mut raw = vec![0u8; padded + ALIGN as usize];
+    if raw.len() < padded + ALIGN as usize {
+        *raw = vec![0u8; padded + ALIGN as usize];
+    }
     let start = raw.as_ptr().align_offset(ALIGN as usize);
     let buf = &mut raw[start..start + padded];
     let want = (end - first) as usize;

@@ -186,7 +186,7 @@ fn walk(
     let mut verdict = Ok(());
     while let Some(read) = recovery.next_read() {
         let bytes = read_at(read.segment, read.offset, read.len)?;
-        verdict = recovery.feed_seeing(&bytes, |item| match item {
+        verdict = recovery.feed_seeing(bytes, |item| match item {
             Scanned::Group(_, g) => {
                 groups += 1;
                 lsns = Some((lsns.map_or(g.lsn.0, |l| l.0), g.lsn.0));

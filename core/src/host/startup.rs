@@ -124,7 +124,7 @@ impl Startup {
         fx.succeeded(Retry::WalRead(segment));
         match &mut self.reading {
             Reading::Idle => unreachable!("a read is answered only while reading"),
-            Reading::Stream(recovery) => recovery.feed(&bytes).inspect_err(|_| self.reading = Reading::Idle)?,
+            Reading::Stream(recovery) => recovery.feed(bytes).inspect_err(|_| self.reading = Reading::Idle)?,
             Reading::Whole { todo, read, window } => {
                 if bytes.len() < *window {
                     todo.pop();

@@ -22,7 +22,7 @@ pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<S
         // Each segment is read in turn: the one after those done.
         let bytes = segments[out.len()].1;
         let from = (read.offset as usize).min(bytes.len());
-        for item in stream.feed(&bytes[from..(from + read.len).min(bytes.len())])? {
+        for item in stream.feed(bytes[from..(from + read.len).min(bytes.len())].to_vec())? {
             match item {
                 Scanned::Group(_, group) => groups.push(group),
                 Scanned::Segment(mut seg) => {

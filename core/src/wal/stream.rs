@@ -135,12 +135,14 @@ impl StreamScan {
         self.records = mode;
     }
 
-    /// The read the scan waits for; `None` once every segment is done.
+    /// The read the scan waits for; `None` once every segment is done. It
+    /// starts where the bytes the scan still needs start (a group the last
+    /// window cut off is read again whole, rather than kept and copied) and
+    /// reaches past what it needs.
     pub fn next_read(&self) -> Option<ReadAt> {
         let segment = *self.listed.get(self.i)?;
-        let end = self.base + self.buf.len();
-        let len = self.window.max(self.needed.saturating_sub(end));
-        Some(ReadAt { segment, offset: end as u64, len })
+        let len = self.window.max(self.needed.saturating_sub(self.base));
+        Some(ReadAt { segment, offset: self.base as u64, len })
     }
 
     /// After the scan found segments missing: the LSN the segment after
@@ -155,10 +157,10 @@ impl StreamScan {
 
     /// The bytes `next_read` asked for (fewer at the segment's end). Hands
     /// out what they complete, or the corruption the scan found.
-    pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<Scanned>, Corruption> {
+    pub fn feed(&mut self, bytes: Vec<u8>) -> Result<Vec<Scanned>, Corruption> {
         let asked = self.next_read().expect("a read was asked for").len;
         self.eof = bytes.len() < asked;
-        self.buf.extend_from_slice(bytes);
+        self.buf = bytes;
         let mut out = Vec::new();
         while !self.is_done() {
             let more = match self.step {
@@ -333,11 +335,11 @@ impl StreamScan {
         }
     }
 
-    /// Drops the bytes before segment offset `pos`.
+    /// The scan needs the segment's bytes from `pos` on: the next read
+    /// starts there, and the window held goes.
     fn keep_from(&mut self, pos: usize) {
-        let drop = pos.saturating_sub(self.base).min(self.buf.len());
-        self.buf.drain(..drop);
-        self.base += drop;
+        self.base = self.base.max(pos);
+        self.buf = Vec::new();
     }
 
     fn next_segment(&mut self, out: &mut Vec<Scanned>) {

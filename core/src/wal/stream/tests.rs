@@ -126,7 +126,7 @@ fn stream(segments: &[(SegmentId, &[u8])], lenient: bool, window: usize) -> Resu
         let bytes = segments.iter().find(|(id, _)| *id == read.segment).expect("listed").1;
         let from = (read.offset as usize).min(bytes.len());
         let to = (from + read.len).min(bytes.len());
-        for item in s.feed(&bytes[from..to])? {
+        for item in s.feed(bytes[from..to].to_vec())? {
             match item {
                 Scanned::Group(_, g) => groups.push(g),
                 Scanned::Segment(mut seg) => {
@@ -300,7 +300,7 @@ fn a_full_cache_counts_records_and_holds_the_same_ones() {
             while let Some(read) = rec.next_read() {
                 let bytes = refs.iter().find(|(id, _)| *id == read.segment).unwrap().1;
                 let from = (read.offset as usize).min(bytes.len());
-                rec.feed(&bytes[from..(from + read.len).min(bytes.len())]).unwrap();
+                rec.feed(bytes[from..(from + read.len).min(bytes.len())].to_vec()).unwrap();
             }
             let got = rec.finish().unwrap();
             assert_eq!(format!("{:?}", got.state), format!("{:?}", all.state), "seed {seed}");
