@@ -153,6 +153,8 @@ pub async fn drive(
                         next_lsn = s.next_lsn.0,
                         partitions = s.partitions,
                         open_compactions = s.open_compactions,
+                        scanned_bytes = s.scanned_bytes,
+                        scan_seconds = s.scan_time.as_micros() as f64 / 1e6,
                         "recovered"
                     )
                 }

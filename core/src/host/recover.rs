@@ -228,6 +228,8 @@ impl Host {
             next_lsn: self.wal.next_lsn(),
             partitions: self.committed.partitions.len(),
             open_compactions: self.committed.open.len(),
+            scanned_bytes: self.startup.read().0,
+            scan_time: self.startup.read().1,
         }));
         self.phase = Phase::Running;
         if let Err(stop) = self.record_skips() {

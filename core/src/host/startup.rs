@@ -12,7 +12,7 @@ use crate::ids::*;
 use crate::io::{IoOp, StopReason, WalListing};
 use crate::io::{PluginOp, WalOp};
 use crate::recovery::{RecoveredWal, Recovery, WalDamage};
-use crate::time::Instant;
+use crate::time::{Duration, Instant};
 use crate::wal::split_leftovers;
 use crate::wal::stream::ReadAt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,6 +23,11 @@ pub(super) struct Startup {
     /// junk, under the same authority check, before the fence.
     leftovers: Vec<SegmentId>,
     reading: Reading,
+    /// When the listing came back, and the bytes read since; and how long
+    /// the reading took.
+    listed_at: Instant,
+    read_bytes: u64,
+    read_time: Duration,
     junk: Vec<SegmentId>,
     /// The highest writer generation in the WAL.
     wal_generation: u64,
@@ -74,6 +79,7 @@ impl Startup {
     /// leftovers of an object store's interrupted deletions set aside.
     pub(super) fn on_listed(&mut self, fx: &mut Effects, listing: WalListing) -> Vec<SegmentId> {
         fx.succeeded(Retry::WalList);
+        self.listed_at = fx.now;
         let mut ids = match listing {
             WalListing::Files(ids) => ids,
             WalListing::Objects(objects) => {
@@ -122,6 +128,8 @@ impl Startup {
     /// or laid after the bytes read before it.
     pub(super) fn on_read(&mut self, fx: &mut Effects, segment: SegmentId, bytes: Vec<u8>) -> Result<Read, WalDamage> {
         fx.succeeded(Retry::WalRead(segment));
+        self.read_bytes += bytes.len() as u64;
+        self.read_time = fx.now.saturating_since(self.listed_at);
         match &mut self.reading {
             Reading::Idle => unreachable!("a read is answered only while reading"),
             Reading::Stream(recovery) => recovery.feed(bytes).inspect_err(|_| self.reading = Reading::Idle)?,
@@ -166,6 +174,11 @@ impl Startup {
         let mut all = self.leftovers.clone();
         all.append(&mut self.junk);
         all
+    }
+
+    /// Bytes of the WAL read, and the time from the listing to the last.
+    pub(super) fn read(&self) -> (u64, Duration) {
+        (self.read_bytes, self.read_time)
     }
 
     pub(super) fn leftovers(&self) -> usize {

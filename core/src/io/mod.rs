@@ -140,6 +140,10 @@ pub struct RecoverySummary {
     pub next_lsn: Lsn,
     pub partitions: usize,
     pub open_compactions: usize,
+    /// Bytes of the WAL read to recover, and the time from the listing to
+    /// the last of them scanned.
+    pub scanned_bytes: u64,
+    pub scan_time: Duration,
 }
 
 /// The reason a deadline from `poll_timeout` exists.

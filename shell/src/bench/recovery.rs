@@ -41,6 +41,9 @@ pub struct BenchRecoveryArgs {
 /// What one restart took.
 struct Restart {
     recovered: Option<f64>,
+    /// The daemon's own count: MB/s of WAL scanned, from its listing to the
+    /// last byte read (`scanned_bytes` over `scan_seconds`).
+    scan_mb_s: Option<f64>,
     first_delivery: f64,
     peak_rss_mib: f64,
 }
@@ -89,30 +92,33 @@ impl Bench<'_> {
     fn size(&self, rounds: u32) -> Result<(), String> {
         let mib = self.bytes >> 20;
         for (kind, signal) in [("crash", Signal::SIGKILL), ("clean stop", Signal::SIGTERM)] {
-            let (mut recovered, mut first, mut rss) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut recovered, mut first, mut rss, mut ratios) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for round in 0..rounds {
                 let filled = self.fill(signal)?;
                 let (warm, cold) = self.plain_read()?;
                 let r = self.restart()?;
                 println!(
                     "{mib} MiB, after a {kind}, round {round}: WAL {:.0} MiB filled in {filled:.1} s; recovered after \
-                     {} s, first delivery after {:.2} s, peak RSS {:.0} MiB; a plain read of the segments {warm:.0} \
-                     MB/s warm, {cold:.0} MB/s cold",
+                     {} s, first delivery after {:.2} s, peak RSS {:.0} MiB; scanned at {} MB/s; a plain read of the \
+                     segments {warm:.0} MB/s warm, {cold:.0} MB/s cold",
                     wal_bytes(&self.data) as f64 / (1 << 20) as f64,
                     r.recovered.map_or("?".into(), |s| format!("{s:.2}")),
                     r.first_delivery,
-                    r.peak_rss_mib
+                    r.peak_rss_mib,
+                    r.scan_mb_s.map_or("?".into(), |s| format!("{s:.0}")),
                 );
                 recovered.extend(r.recovered);
+                ratios.extend(r.scan_mb_s.map(|s| s / cold));
                 first.push(r.first_delivery);
                 rss.push(r.peak_rss_mib);
             }
             println!(
                 "{mib} MiB, after a {kind}, median: recovered after {} s, first delivery after {:.2} s, peak RSS {:.0} \
-                 MiB",
+                 MiB, scan rate over the cold plain read {}",
                 if recovered.is_empty() { "?".into() } else { format!("{:.2}", median(&mut recovered)) },
                 median(&mut first),
-                median(&mut rss)
+                median(&mut rss),
+                if ratios.is_empty() { "?".into() } else { format!("{:.2}", median(&mut ratios)) },
             );
         }
         Ok(())
@@ -152,19 +158,26 @@ impl Bench<'_> {
         let mut child = self.command().spawn().map_err(|e| format!("cannot start {}: {e}", self.me.display()))?;
         let pid = child.id();
         let lines = stderr_lines(&mut child);
-        let (mut recovered, mut peak) = (None, 0u64);
+        let (mut recovered, mut peak, mut scan_mb_s) = (None, 0u64, None);
         loop {
             peak = peak.max(vm_hwm_kib(pid).unwrap_or(0));
             while let Ok(line) = lines.try_recv() {
                 if recovered.is_none() && line.contains("recovered") {
                     recovered = Some(started.elapsed().as_secs_f64());
+                    let field = |name: &str| -> Option<f64> {
+                        let at = line.find(&format!("{name}="))? + name.len() + 1;
+                        line[at..].split(|c: char| c.is_whitespace()).next()?.parse().ok()
+                    };
+                    if let (Some(bytes), Some(seconds)) = (field("scanned_bytes"), field("scan_seconds")) {
+                        scan_mb_s = Some(bytes / 1e6 / seconds.max(1e-6));
+                    }
                 }
             }
             if any_file(&sink) {
                 let first_delivery = started.elapsed().as_secs_f64();
                 peak = peak.max(vm_hwm_kib(pid).unwrap_or(0));
                 stop(&mut child, Signal::SIGKILL);
-                return Ok(Restart { recovered, first_delivery, peak_rss_mib: peak as f64 / 1024.0 });
+                return Ok(Restart { recovered, scan_mb_s, first_delivery, peak_rss_mib: peak as f64 / 1024.0 });
             }
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(format!("the restarted daemon exited ({status}) before delivering"));
