@@ -304,7 +304,10 @@ impl StreamScan {
             let keep = self.probe.as_ref().and_then(|p| p.lenient_from).unwrap_or(at);
             self.keep_from(keep.min(at));
             self.step = Step::Probing(at);
-            self.needed = end + 1;
+            // A window past what is held: the read starts at what is kept
+            // (the planted bug keeps the rest of the segment), so asking
+            // for one more byte would move a byte at a time.
+            self.needed = end + self.window;
             return Ok(true);
         }
         if let Some(from) = self.probe.as_mut().and_then(|p| p.lenient_from.take()) {

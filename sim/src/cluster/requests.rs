@@ -161,8 +161,9 @@ impl World<Raft> {
                 failed
             }
             WalOp::ReadAt { .. } => {
+                // At a tenth of a read-back's rate, as in the other modes.
                 self.stats.recovery_reads += 1;
-                let failed = self.fault(Die::ReadFail, read_fail);
+                let failed = self.fault(Die::ReadFail, read_fail / 10.0);
                 self.stats.recovery_read_fails += failed as u64;
                 failed
             }

@@ -61,6 +61,10 @@ impl World<Writer> {
                 self.topo.append_in_flight = true;
                 disk_write
             }
+            // Recovery's windows are small and read in order: a device
+            // serves each in microseconds, and a recovery of dozens of
+            // them takes about what one request of another kind takes.
+            WalOp::ReadAt { .. } => (5, 50),
             WalOp::Create { .. } if self.fault(Die::NoSpace, self.scenario.faults.no_space) => {
                 self.stats.no_space += 1;
                 let input = Input::IoDone { id, result: Err(IoError::NoSpace) };
@@ -111,8 +115,11 @@ impl World<Writer> {
                 throttled
             }
             WalOp::ReadAt { .. } => {
+                // A recovery reads dozens of windows: each fails at a tenth
+                // of a read-back's rate, so that most recoveries meet one
+                // failure at most.
                 self.stats.recovery_reads += 1;
-                let failed = self.fault(Die::ReadFail, self.scenario.faults.read_fail);
+                let failed = self.fault(Die::ReadFail, self.scenario.faults.read_fail / 10.0);
                 self.stats.recovery_read_fails += failed as u64;
                 failed
             }

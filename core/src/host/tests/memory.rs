@@ -69,7 +69,9 @@ fn recovery_reads_in_windows_and_keeps_the_cache_bound() {
     assert_eq!(expected, (0..5u8).map(|p| vec![p; 3]).collect::<Vec<_>>(), "the open plan, replayed");
     let (reads, cached, records) = restart(256, 64);
     assert!(reads.len() > 64 << 10 >> 8, "the segments in windows: {} reads", reads.len());
-    assert!(reads.iter().all(|&(asked, _)| asked == 256), "{reads:?}");
+    // A window; past the data, the search for later commit records starts
+    // each read a commit record's length before the last one ended.
+    assert!(reads.iter().all(|&(asked, _)| (256..=256 + 64).contains(&asked)), "{reads:?}");
     assert!(cached.0 <= 64 && cached.1 == 900, "{cached:?}");
     assert_eq!(records, expected);
 }

@@ -137,6 +137,10 @@ fn stream(segments: &[(SegmentId, &[u8])], lenient: bool, window: usize) -> Resu
         }
     }
     assert!(groups.is_empty(), "every group belongs to a segment handed out after it");
+    // Each read moves on by about a window, or by a group larger than one.
+    let total: usize = segments.iter().map(|(_, b)| b.len()).sum();
+    let bound = 2 * total / s.window + total / COMMIT_FRAME_BYTES + 4 * segments.len() + 4;
+    assert!(reads <= bound, "{reads} reads of {total} bytes in windows of {window}");
     Ok(out)
 }
 
