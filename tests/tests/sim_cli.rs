@@ -87,6 +87,7 @@ fn list_mutations_names_every_planted_bug() {
         "offsets-regress",
         "ignore-missing-segments",
         "read-back-wrong-partition",
+        "drop-unfinished-group",
         "commit-before-quorum",
         "ack-before-persist",
         "vote-not-persisted",
