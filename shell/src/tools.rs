@@ -192,7 +192,7 @@ fn walk(
                 lsns = Some((lsns.map_or(g.lsn.0, |l| l.0), g.lsn.0));
                 for frame in &g.frames {
                     match frame {
-                        Frame::SourceBatch(b) => records += b.records.len(),
+                        Frame::SourceBatch(b) => records += b.count() as usize,
                         Frame::Snapshot(s) => streams.clone_from(&s.names.streams),
                         Frame::Skipped(k) => skips.push(format!(
                             "skipped at lsn {}: stream {}, partition {}, positions {}..{}: {}",
