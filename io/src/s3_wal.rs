@@ -57,7 +57,7 @@ pub struct S3Wal {
 struct Reading {
     segment: SegmentId,
     objects: BTreeMap<u64, u64>,
-    kept: Option<(u64, Arc<Vec<u8>>)>,
+    kept: Option<(u64, Vec<u8>)>,
 }
 
 /// One object of a segment: its offset and size.
@@ -287,12 +287,7 @@ impl S3Wal {
             .collect();
         let kept = reading.kept.take().filter(|(o, _)| covered.contains(o));
         let keys = covered.iter().filter(|o| kept.as_ref().is_none_or(|(k, _)| k != *o));
-        let mut fetched: Vec<(u64, Arc<Vec<u8>>)> = self
-            .get_many(keys.map(|&o| (o, self.key(segment, o))).collect())
-            .await?
-            .into_iter()
-            .map(|(o, b)| (o, Arc::new(b)))
-            .collect();
+        let mut fetched = self.get_many(keys.map(|&o| (o, self.key(segment, o))).collect()).await?;
         fetched.extend(kept);
         fetched.sort_by_key(|(o, _)| *o);
         let mut out = vec![0u8; (end - offset) as usize];
