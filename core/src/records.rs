@@ -26,6 +26,19 @@ struct Held {
     records: Option<VecDeque<Record>>,
 }
 
+/// A held batch as a stop record keeps it: where it lies and what of it is
+/// still held, without its records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldPlace {
+    pub key: PartitionKey,
+    pub place: GroupPlace,
+    pub origin: Position,
+    pub first: Position,
+    pub last: Position,
+    pub count: u64,
+    pub bytes: u64,
+}
+
 /// Records read back from the WAL for one compaction: per partition and
 /// the position of their batch's first record as committed, the records
 /// inside the plan's range.
@@ -94,6 +107,43 @@ impl RecordStore {
         self.spilled |= !fits;
         let records = fits.then(|| records.into());
         self.parts.entry(key).or_default().push_back(Held { place, origin: first, first, last, count, bytes, records });
+    }
+
+    /// Every batch held, by where it lies: what a stop record keeps.
+    pub fn held(&self) -> Vec<HeldPlace> {
+        let mut out = Vec::with_capacity(self.parts.values().map(VecDeque::len).sum());
+        for (key, part) in &self.parts {
+            out.extend(part.iter().map(|h| HeldPlace {
+                key: *key,
+                place: h.place,
+                origin: h.origin,
+                first: h.first,
+                last: h.last,
+                count: h.count,
+                bytes: h.bytes,
+            }));
+        }
+        out
+    }
+
+    /// The batches a stop record names, held only in the WAL (their records
+    /// come back through the read-back path, checked there).
+    pub fn from_places(places: Vec<HeldPlace>, cache_max: u64) -> RecordStore {
+        let mut store = RecordStore::new(cache_max);
+        for h in places {
+            (store.count, store.bytes) = (store.count + h.count, store.bytes + h.bytes);
+            let held = Held {
+                place: h.place,
+                origin: h.origin,
+                first: h.first,
+                last: h.last,
+                count: h.count,
+                bytes: h.bytes,
+                records: None,
+            };
+            store.parts.entry(h.key).or_default().push_back(held);
+        }
+        store
     }
 
     /// A committed batch read counted (`RecordMode::Counted`): held only in

@@ -11,6 +11,8 @@ use crate::wal::SEGMENTS_MISSING;
 use crate::wal::{Corruption, Frame, GroupPlace, RecordMode, ScannedGroup, ScannedSegment, Snapshot, SourceBatch};
 use std::collections::{BTreeMap, VecDeque};
 
+pub mod stop_record;
+
 /// Why the segments found cannot be recovered: damaged bytes, or committed
 /// data that is not there at all. Either way nothing is delivered.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,6 +202,9 @@ impl Recovery {
 pub struct SegmentSummary {
     pub id: SegmentId,
     pub last_lsn: Lsn,
+    /// Where its last group noted lies (a stop record names it, so the next
+    /// start can check the segment still ends there).
+    pub last: GroupPlace,
     /// Per partition, the end position of the last batch in this segment:
     /// every record of the segment lies below it.
     pub ends: BTreeMap<PartitionKey, Position>,
@@ -223,11 +228,15 @@ pub enum Head {
 }
 
 impl SegmentSummary {
-    pub fn new(id: SegmentId, lsn: Lsn) -> Self {
-        SegmentSummary { id, last_lsn: lsn, ends: BTreeMap::new(), sealed: false, head: Head::Empty }
+    pub fn new(place: GroupPlace) -> Self {
+        let (id, last_lsn) = (place.segment, place.lsn);
+        SegmentSummary { id, last_lsn, last: place, ends: BTreeMap::new(), sealed: false, head: Head::Empty }
     }
 
-    pub fn note(&mut self, lsn: Lsn, frame: &Frame) {
+    /// A frame of the group at `place`, this segment's newest.
+    pub fn note(&mut self, place: GroupPlace, frame: &Frame) {
+        let lsn = place.lsn;
+        self.last = place;
         self.head = match (self.head, frame) {
             (Head::Fences { lsn: l }, _) if l == lsn => Head::Other,
             (Head::Empty | Head::Fences { .. }, Frame::Fence) => Head::Fences { lsn },
@@ -319,7 +328,8 @@ impl Rebuild {
             return;
         }
         let wal = &mut self.wal;
-        let summary = self.summary.get_or_insert_with(|| SegmentSummary::new(segment, group.lsn));
+        let place = GroupPlace { lsn: group.lsn, segment, offset: group.offset, len: group.end - group.offset };
+        let summary = self.summary.get_or_insert_with(|| SegmentSummary::new(place));
         wal.epoch_max = wal.epoch_max.max(group.epoch);
         // Raft's lone fences may come before a clustered WAL's snapshot.
         let lone_fence = group.lsn != Lsn(0) && matches!(group.frames.as_slice(), [Frame::Fence]);
@@ -338,10 +348,9 @@ impl Rebuild {
                 self.head = Some((segment, group.lsn, s.clone()));
             }
         }
-        let place = GroupPlace { lsn: group.lsn, segment, offset: group.offset, len: group.end - group.offset };
         for frame in group.frames {
             wal.state.apply(group.lsn, &frame);
-            summary.note(group.lsn, &frame);
+            summary.note(place, &frame);
             match (frame, self.keep_records) {
                 (Frame::SourceBatch(SourceBatch { key, counted: Some(c), .. }), true) => {
                     wal.records.push_counted(key, place, c)

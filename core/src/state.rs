@@ -115,6 +115,13 @@ impl CommittedState {
         }
     }
 
+    /// The state a snapshot carries, exactly (a stop record's round trip).
+    pub fn from_snapshot(s: &Snapshot) -> CommittedState {
+        let mut state = CommittedState::default();
+        state.restore(s);
+        state
+    }
+
     fn restore(&mut self, s: &Snapshot) {
         self.partitions = s.partitions.iter().cloned().collect();
         self.acked = s.acked.iter().map(|&(sink, key, pos)| ((sink, key), pos)).collect();

@@ -4,7 +4,7 @@
 pub(crate) mod codec;
 pub mod frame;
 pub mod objects;
-mod payload;
+pub(crate) mod payload;
 pub mod scan;
 pub mod segment;
 pub mod stream;

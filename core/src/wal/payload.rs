@@ -199,7 +199,7 @@ fn get_batch(r: &mut Reader<'_>, mode: RecordMode) -> Result<SourceBatch, Decode
     Ok(batch)
 }
 
-fn put_snapshot(w: &mut Writer<'_>, s: &Snapshot) {
+pub(crate) fn put_snapshot(w: &mut Writer<'_>, s: &Snapshot) {
     w.u32(s.partitions.len() as u32);
     for (key, p) in &s.partitions {
         put_key(w, *key);
@@ -242,7 +242,7 @@ fn put_snapshot(w: &mut Writer<'_>, s: &Snapshot) {
     }
 }
 
-fn get_snapshot(r: &mut Reader<'_>) -> Result<Snapshot, DecodeError> {
+pub(crate) fn get_snapshot(r: &mut Reader<'_>) -> Result<Snapshot, DecodeError> {
     let mut s = Snapshot::default();
     for _ in 0..r.count(33)? {
         let key = get_key(r)?;
@@ -287,12 +287,12 @@ fn plan_len(p: &CompactionPlan) -> usize {
     2 + 2 + 8 + 8 + 8 + 4 + p.ranges.len() * (2 + 4 + 8 + 8)
 }
 
-fn put_key(w: &mut Writer<'_>, key: PartitionKey) {
+pub(crate) fn put_key(w: &mut Writer<'_>, key: PartitionKey) {
     w.u16(key.source.0);
     w.u32(key.partition);
 }
 
-pub(super) fn get_key(r: &mut Reader<'_>) -> Result<PartitionKey, DecodeError> {
+pub(crate) fn get_key(r: &mut Reader<'_>) -> Result<PartitionKey, DecodeError> {
     Ok(PartitionKey { source: SourceId(r.u16()?), partition: r.u32()? })
 }
 

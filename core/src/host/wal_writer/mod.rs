@@ -158,11 +158,11 @@ impl WalWriter {
     /// makes them follow the writer's own.
     pub(super) fn note_replicated(&mut self, place: GroupPlace, frames: &[Frame]) {
         if self.segments.back().is_none_or(|s| s.id != place.segment) {
-            self.segments.push_back(SegmentSummary::new(place.segment, place.lsn));
+            self.segments.push_back(SegmentSummary::new(place));
         }
         let summary = self.segments.back_mut().expect("pushed above");
         for frame in frames {
-            summary.note(place.lsn, frame);
+            summary.note(place, frame);
         }
     }
 
@@ -361,18 +361,18 @@ impl WalWriter {
         let c = self.commit.take().expect("in flight");
         let active = self.active.as_mut().expect("a commit goes to the active segment");
         active.offset += c.bytes.len() as u64;
+        let place = GroupPlace { lsn: c.lsn, segment: c.segment, offset: c.offset, len: c.bytes.len() as u64 };
         if self.segments.back().is_none_or(|s| s.id != c.segment) {
-            self.segments.push_back(SegmentSummary::new(c.segment, c.lsn));
+            self.segments.push_back(SegmentSummary::new(place));
         }
         let summary = self.segments.back_mut().expect("pushed above");
         for frame in &c.frames {
-            summary.note(c.lsn, frame);
+            summary.note(place, frame);
         }
         self.next_lsn = Lsn(c.lsn.0 + 1);
         if matches!(c.frames.last(), Some(Frame::Seal)) {
             self.active = None;
         }
-        let place = GroupPlace { lsn: c.lsn, segment: c.segment, offset: c.offset, len: c.bytes.len() as u64 };
         Landed { place, frames: c.frames, snapshot_acked: c.snapshot_acked }
     }
 
