@@ -73,6 +73,10 @@ pub struct Host {
     handing_over: bool,
     /// `Input::Shutdown` arrived (not only `--once`'s end of the sources).
     asked_to_stop: bool,
+    /// Where the stop record of this run's stop stands, and the stop that
+    /// waits for it to be written.
+    recorded: drain::Recorded,
+    closing: Option<StopReason>,
     /// This configuration's names, written into every snapshot.
     names: Names,
     committed: CommittedState,
@@ -154,6 +158,8 @@ impl Host {
             all_finished_proposed: false,
             handing_over: false,
             asked_to_stop: false,
+            recorded: drain::Recorded::No,
+            closing: None,
             committed: CommittedState::default(),
             records: RecordStore::default(),
             authority,

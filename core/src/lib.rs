@@ -60,7 +60,7 @@ pub use ids::{
 pub use io::{
     Input, Install, IoError, IoOp, IoReply, LeaseOp, LeaseRow, OffsetEntry, OffsetRow, OffsetsOp, Output, PeerMessage,
     PeerMessageType, PluginOp, Records, RecoverySummary, Replicate, ResumePoint, SinkApply, SinkOutcome, SourceBatchIn,
-    Stall, StopReason, Timer, WalListing, WalOp,
+    Stall, StopReason, StopRecordUse, Timer, WalListing, WalOp,
 };
 pub use mutation::{Mutation, Mutations};
 pub use offsets::OffsetValue;

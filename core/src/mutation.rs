@@ -74,6 +74,9 @@ pub enum Mutation {
     /// Recovery's streaming scan takes a group cut off by the end of its
     /// read window for a torn one (the WAL's end) instead of reading on.
     DropUnfinishedGroup,
+    /// A start takes the stop record as it finds it, without checking it
+    /// against the WAL (a record a later run made stale is trusted).
+    TrustStaleStopRecord,
 }
 
 impl Mutation {
@@ -96,6 +99,7 @@ impl Mutation {
         Mutation::IgnoreMissingSegments,
         Mutation::ReadBackWrongPartition,
         Mutation::DropUnfinishedGroup,
+        Mutation::TrustStaleStopRecord,
     ];
 
     /// The planted bugs of clustered mode, which only its runs can reach.
@@ -136,6 +140,7 @@ impl Mutation {
             Mutation::WipedPeerVotes => "wiped-peer-votes",
             Mutation::FinishBeforeDrained => "finish-before-drained",
             Mutation::DropUnfinishedGroup => "drop-unfinished-group",
+            Mutation::TrustStaleStopRecord => "trust-stale-stop-record",
         }
     }
 

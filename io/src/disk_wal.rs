@@ -18,7 +18,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-use tracing::warn;
+use tracing::{info, warn};
 
 mod install;
 mod replicated;
@@ -27,6 +27,8 @@ pub use install::{InstallError, Staging, INSTALL_DIR};
 
 pub const WAL_DIR: &str = "wal";
 const SUFFIX: &str = ".seg";
+/// The stop record a run that stopped on SIGTERM left (`DATA_DIR/...`).
+pub const STOP_RECORD_FILE: &str = "stop-record";
 
 pub struct DiskWal {
     data_dir: PathBuf,
@@ -132,6 +134,12 @@ impl DiskWal {
             WalOp::InstallSnapshot(_) => {
                 unreachable!("the driver installs snapshots: their segments come from a peer (`Staging`)")
             }
+            WalOp::ReadStopRecord => {
+                self.read_stop_record().map(IoReply::StopRecord).map_err(|e| failed("reading the stop record", e))
+            }
+            WalOp::WriteStopRecord(bytes) => {
+                self.write_stop_record(&bytes).map(|_| IoReply::Done).map_err(|e| failed("writing the stop record", e))
+            }
             WalOp::Sync => self.sync_all().map(|_| IoReply::Done).map_err(|e| failed("syncing the WAL", e)),
             WalOp::List => {
                 let (ids, strays) = self.list().map_err(|e| failed("listing the WAL", e))?;
@@ -162,6 +170,30 @@ impl DiskWal {
                 self.delete(segment).map(|_| IoReply::Done).map_err(|e| failed("deleting a WAL segment", e))
             }
         }
+    }
+
+    /// `DATA_DIR/stop-record`, if there is one.
+    pub fn read_stop_record(&self) -> io::Result<Option<Vec<u8>>> {
+        match std::fs::read(self.data_dir.join(STOP_RECORD_FILE)) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Replaces `DATA_DIR/stop-record`: written beside it (owner-only),
+    /// synced, renamed over it, the directory synced.
+    pub fn write_stop_record(&self, bytes: &[u8]) -> io::Result<()> {
+        let path = self.data_dir.join(STOP_RECORD_FILE);
+        let tmp = self.data_dir.join(format!("{STOP_RECORD_FILE}.new"));
+        let mut f = OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&tmp)?;
+        io::Write::write_all(&mut f, bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, &path)?;
+        sync_dir(&self.data_dir)?;
+        info!(bytes = bytes.len(), path = %path.display(), "wrote the stop record: the next start need not scan the WAL");
+        Ok(())
     }
 
     /// Exactly the bytes of one committed group, through the page cache.

@@ -13,7 +13,7 @@ use crate::peer::{Incoming, Peers};
 use crate::plugin::{Batch, SchemaPlugin, Sink, Source};
 use crate::s3_wal::S3Wal;
 use skippr_core::cluster::JoinRefusal;
-use skippr_core::{Host, IoError, IoId, Position, SinkOutcome, StreamId};
+use skippr_core::{Host, IoError, IoId, Position, SinkOutcome, StopRecordUse, StreamId};
 use skippr_core::{
     Input, IoOp, IoReply, LeaseOp, OffsetsOp, Output, PluginOp, SourceBatchIn, Stall, StopReason, WalOp,
 };
@@ -147,7 +147,16 @@ pub async fn drive(
                 Output::Io { id, op } => start(id, op, &backends, &tx, &totals),
                 Output::Recovered(s) => {
                     backends.metrics.recovery_seconds.set(clock.now().as_micros() as f64 / 1e6);
+                    let stop_record = match s.stop_record {
+                        StopRecordUse::Absent => "none",
+                        StopRecordUse::Used => "used",
+                        StopRecordUse::Stale(why) => {
+                            info!(why, "the last run's stop record does not match the WAL; the WAL was scanned");
+                            "set aside"
+                        }
+                    };
                     info!(
+                        stop_record,
                         segments = s.segments,
                         leftovers_deleted = s.leftovers,
                         next_lsn = s.next_lsn.0,
@@ -661,6 +670,8 @@ fn op_name(op: &IoOp) -> &'static str {
         IoOp::Wal(WalOp::List) => "wal-list",
         IoOp::Wal(WalOp::ReadAt { .. }) => "wal-read",
         IoOp::Wal(WalOp::ReadGroups { .. }) => "wal-read-groups",
+        IoOp::Wal(WalOp::ReadStopRecord) => "wal-read-stop-record",
+        IoOp::Wal(WalOp::WriteStopRecord(_)) => "wal-write-stop-record",
         IoOp::Wal(WalOp::Create { .. }) => "wal-create",
         IoOp::Wal(WalOp::Append { .. }) => "wal-append",
         IoOp::Wal(WalOp::Delete { .. }) => "wal-delete",

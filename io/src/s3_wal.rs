@@ -35,7 +35,7 @@ use skippr_core::format::{first_overlap, split_leftovers, taken_key, GroupPlace}
 use skippr_core::{IoError, IoReply, SegmentId, WalListing, WalOp};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use tracing::warn;
+use tracing::{info, warn};
 
 /// Objects fetched at once when a segment is read.
 const READ_CONCURRENCY: usize = 16;
@@ -113,6 +113,8 @@ impl S3Wal {
                 unreachable!("clustered mode keeps its WAL on local disks")
             }
             WalOp::Sync => Ok(IoReply::Done),
+            WalOp::ReadStopRecord => self.read_stop_record().await.map(IoReply::StopRecord),
+            WalOp::WriteStopRecord(bytes) => self.write_stop_record(bytes).await.map(|()| IoReply::Done),
             WalOp::List => self.list().await.map(IoReply::Segments),
             WalOp::ReadAt { segment, offset, len } => {
                 self.read_at(segment, offset, len).await.map(IoReply::SegmentBytes)
@@ -208,6 +210,41 @@ impl S3Wal {
         }
     }
 
+    /// The stop record's key: beside the WAL's prefix, not under it.
+    pub fn stop_record_key(&self) -> String {
+        format!("{}.stop-record", self.prefix.trim_end_matches('/'))
+    }
+
+    async fn read_stop_record(&self) -> Result<Option<Vec<u8>>, IoError> {
+        let key = self.stop_record_key();
+        match self.client.get_object().bucket(&self.bucket).key(&key).send().await {
+            Ok(out) => match out.body.collect().await {
+                Ok(body) => Ok(Some(body.into_bytes().to_vec())),
+                Err(e) => {
+                    warn!(key, error = %e, "reading the stop record's body failed");
+                    Err(IoError::Failed)
+                }
+            },
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
+            Err(e) => {
+                warn!(key, error = %describe(&e), "reading the stop record failed");
+                Err(IoError::Failed)
+            }
+        }
+    }
+
+    /// Replaces the stop record (a put is atomic: the old or the new).
+    async fn write_stop_record(&self, bytes: Vec<u8>) -> Result<(), IoError> {
+        let (key, len) = (self.stop_record_key(), bytes.len());
+        let put = self.puts.put_object().bucket(&self.bucket).key(&key).body(ByteStream::from(bytes));
+        put.send().await.map_err(|e| {
+            warn!(key, error = %describe(&e), "writing the stop record failed");
+            IoError::Failed
+        })?;
+        info!(key, bytes = len, "wrote the stop record: the next start need not scan the WAL");
+        Ok(())
+    }
+
     async fn get(&self, key: &str) -> Result<Vec<u8>, IoError> {
         fetch(&self.client, &self.bucket, key).await
     }
@@ -224,6 +261,9 @@ impl S3Wal {
             })?;
             for object in page.contents() {
                 let key = object.key().unwrap_or_default();
+                if key == self.stop_record_key() {
+                    continue;
+                }
                 match self.parse_key(key) {
                     Some((segment, offset)) => {
                         listed.entry(segment).or_default().insert(offset, object.size().unwrap_or(-1));

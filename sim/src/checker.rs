@@ -34,6 +34,7 @@ pub mod invariant {
     pub const CORE_ASSERTION: &str = "core-assertion";
     pub const NONDETERMINISM: &str = "nondeterminism";
     pub const LOST_SEGMENT_UNNOTICED: &str = "lost-segment-unnoticed";
+    pub const STOP_RECORD_UNFAITHFUL: &str = "stop-record-unfaithful";
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -30,6 +30,9 @@ pub struct DiskWal {
     /// the newest one: what the driver knows it made durable.
     durable_ends: BTreeMap<SegmentId, usize>,
     newest_append: Option<SegmentId>,
+    /// `DATA_DIR/stop-record`: written whole (renamed over the old, synced
+    /// with its directory) or not at all.
+    stop_record: Option<Vec<u8>>,
 }
 
 #[derive(Clone)]
@@ -41,6 +44,8 @@ pub struct S3Wal {
     unknown: BTreeSet<(u64, SegmentId, u64)>,
     overwrite_on_unknown: bool,
     conflicts: u64,
+    /// The stop record's object.
+    stop_record: Option<Vec<u8>>,
 }
 
 impl SimWal {
@@ -50,11 +55,18 @@ impl SimWal {
             hard_state: vec![0; skippr_core::cluster::FILE_BYTES],
             durable_ends: BTreeMap::new(),
             newest_append: None,
+            stop_record: None,
         }))
     }
 
     pub fn s3(overwrite_on_unknown: bool) -> SimWal {
-        SimWal::S3(S3Wal { bucket: SimS3::default(), unknown: BTreeSet::new(), overwrite_on_unknown, conflicts: 0 })
+        SimWal::S3(S3Wal {
+            bucket: SimS3::default(),
+            unknown: BTreeSet::new(),
+            overwrite_on_unknown,
+            conflicts: 0,
+            stop_record: None,
+        })
     }
 
     /// What a request does as it is issued: a disk write reaches the page
@@ -159,6 +171,21 @@ impl SimWal {
         }
     }
 
+    pub fn has_stop_record(&self) -> bool {
+        match self {
+            SimWal::Disk(d) => d.stop_record.is_some(),
+            SimWal::S3(s) => s.stop_record.is_some(),
+        }
+    }
+
+    /// The stop record removed (a copy's, to recover by a scan).
+    pub fn forget_stop_record(&mut self) {
+        match self {
+            SimWal::Disk(d) => d.stop_record = None,
+            SimWal::S3(s) => s.stop_record = None,
+        }
+    }
+
     /// The machine loses power (S3 does not notice).
     pub fn power_cut(&mut self, lost_dir_entry: f64) {
         if let SimWal::Disk(d) = self {
@@ -209,6 +236,12 @@ impl DiskWal {
         match op {
             WalOp::Sync => done(self.disk.sync_all(fails)),
             WalOp::List => Ok(IoReply::Segments(WalListing::Files(self.disk.list()))),
+            WalOp::ReadStopRecord | WalOp::WriteStopRecord(_) if fails => Err(IoError::Failed),
+            WalOp::ReadStopRecord => Ok(IoReply::StopRecord(self.stop_record.clone())),
+            WalOp::WriteStopRecord(bytes) => {
+                self.stop_record = Some(bytes);
+                Ok(IoReply::Done)
+            }
             WalOp::ReadAt { .. } if fails => Err(IoError::Failed),
             WalOp::ReadAt { segment, offset, len } => {
                 self.disk.read(segment).map(|b| IoReply::SegmentBytes(window(&b, offset, len))).ok_or(IoError::Failed)
@@ -331,6 +364,12 @@ impl S3Wal {
             WalOp::List | WalOp::ReadAt { .. } | WalOp::ReadGroups { .. } if fails => Err(IoError::Failed),
             WalOp::Create { .. } | WalOp::Append { .. } if fails => Err(IoError::Ambiguous),
             WalOp::List => Ok(IoReply::Segments(self.bucket.list())),
+            WalOp::ReadStopRecord | WalOp::WriteStopRecord(_) if fails => Err(IoError::Failed),
+            WalOp::ReadStopRecord => Ok(IoReply::StopRecord(self.stop_record.clone())),
+            WalOp::WriteStopRecord(bytes) => {
+                self.stop_record = Some(bytes);
+                Ok(IoReply::Done)
+            }
             WalOp::ReadAt { segment, offset, len } => {
                 self.bucket.read(segment).map(|b| IoReply::SegmentBytes(window(&b, offset, len)))
             }

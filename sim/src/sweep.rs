@@ -210,6 +210,10 @@ impl Totals {
         t.read_fails += s.read_fails;
         t.recovery_reads += s.recovery_reads;
         t.recovery_read_fails += s.recovery_read_fails;
+        t.stop_records_written += s.stop_records_written;
+        t.stop_records_found += s.stop_records_found;
+        t.stop_records_used += s.stop_records_used;
+        t.stop_records_stale += s.stop_records_stale;
         t.wal_full += s.wal_full;
         t.terms += s.terms;
         t.elections += s.elections;
@@ -263,6 +267,10 @@ impl Totals {
             ("faults: WAL reads for recovery that failed", t.recovery_read_fails as f64 / n),
             ("read-back requests to the WAL for a sink", t.read_backs as f64 / n),
             ("recovery's reads of the WAL", t.recovery_reads as f64 / n),
+            ("stop records written", t.stop_records_written as f64 / n),
+            ("stop records found at a start", t.stop_records_found as f64 / n),
+            ("stop records used", t.stop_records_used as f64 / n),
+            ("stop records set aside", t.stop_records_stale as f64 / n),
             ("sources paused at the WAL's size limit", t.wal_full as f64 / n),
             ("schema decisions", t.schema_decisions as f64 / n),
             ("shutdowns", t.shutdowns as f64 / n),

@@ -105,6 +105,7 @@ impl Trace {
             Output::Recovered(s) => {
                 self.u64(11);
                 self.u64(s.next_lsn.0);
+                self.u64(matches!(s.stop_record, skippr_core::StopRecordUse::Used) as u64);
             }
             Output::Stopped(r) => {
                 self.u64(12);
@@ -195,6 +196,10 @@ impl Trace {
                 self.u64(22);
                 self.u64(xxh3_64(b));
             }
+            IoReply::StopRecord(b) => {
+                self.u64(25);
+                self.u64(b.as_ref().map_or(0, |b| xxh3_64(b) | 1));
+            }
             // What the groups hold is the WAL's (its appends are hashed):
             // how many and how long is enough.
             IoReply::Groups(groups) => {
@@ -265,6 +270,11 @@ impl Trace {
                 self.u64(h);
             }
             IoOp::Wal(WalOp::Sync) => self.u64(30),
+            IoOp::Wal(WalOp::ReadStopRecord) => self.u64(55),
+            IoOp::Wal(WalOp::WriteStopRecord(b)) => {
+                self.u64(56);
+                self.u64(xxh3_64(b));
+            }
             IoOp::Wal(WalOp::List) => self.u64(31),
             IoOp::Wal(WalOp::ReadAt { segment, offset, len }) => {
                 self.u64(32 ^ segment.0 << 8);
@@ -391,6 +401,8 @@ fn describe_reply(reply: &IoReply) -> String {
             format!("segments {}", s.join(" "))
         }
         IoReply::SegmentBytes(b) => format!("{} bytes", b.len()),
+        IoReply::StopRecord(None) => "no stop record".into(),
+        IoReply::StopRecord(Some(b)) => format!("stop record of {} bytes", b.len()),
         IoReply::Groups(groups) => {
             format!("{} groups, {} bytes", groups.len(), groups.iter().map(Vec::len).sum::<usize>())
         }
@@ -443,6 +455,8 @@ pub fn describe_op(op: &IoOp) -> String {
     match op {
         IoOp::Wal(WalOp::Sync) => "wal-sync".into(),
         IoOp::Wal(WalOp::List) => "wal-list".into(),
+        IoOp::Wal(WalOp::ReadStopRecord) => "wal-read-stop-record".into(),
+        IoOp::Wal(WalOp::WriteStopRecord(b)) => format!("wal-write-stop-record {} bytes", b.len()),
         IoOp::Wal(WalOp::ReadAt { segment, offset, len }) => format!("wal-read {} {offset}+{len}", segment.0),
         IoOp::Wal(WalOp::ReadGroups { places }) => {
             let at: Vec<String> = places.iter().map(|p| format!("{}@{}", p.segment.0, p.offset)).collect();

@@ -88,6 +88,7 @@ fn list_mutations_names_every_planted_bug() {
         "ignore-missing-segments",
         "read-back-wrong-partition",
         "drop-unfinished-group",
+        "trust-stale-stop-record",
         "commit-before-quorum",
         "ack-before-persist",
         "vote-not-persisted",

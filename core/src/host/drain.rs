@@ -12,7 +12,17 @@
 //! it); one left without a leader for the drain timeout stops too.
 
 use super::*;
+use crate::io::WalOp;
 use crate::wal::Frame;
+
+/// The stop record of this run's stop: not written (yet), being written,
+/// or written (or not to be written at all).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Recorded {
+    No,
+    Writing,
+    Done,
+}
 
 impl Host {
     pub(super) fn on_shutdown(&mut self) {
@@ -43,6 +53,57 @@ impl Host {
             && compacted
             && self.offsets.idle()
             && self.schemas.idle()
+    }
+
+    /// The WAL is consistent, so a stop record can describe it: the run
+    /// recovered and drains, no group, creation or deletion is in flight,
+    /// the writer authority is still this run's. Never in clustered mode
+    /// (each host's raft log is restored from its segments).
+    fn may_record_stop(&self) -> bool {
+        self.phase == Phase::Draining && self.authority.raft_ref().is_none() && self.wal.idle() && self.may_write()
+    }
+
+    /// Writes the stop record before a stop on SIGTERM. True once there
+    /// is nothing (more) to write. `wait`: the WAL is not consistent yet,
+    /// and may become so (a clean drain's last deletion); otherwise no
+    /// record is written and the next start scans.
+    pub(super) fn record_stop(&mut self, wait: bool) -> bool {
+        match self.recorded {
+            Recorded::Done => true,
+            Recorded::Writing => false,
+            Recorded::No if !self.may_record_stop() => {
+                if !wait {
+                    self.recorded = Recorded::Done;
+                }
+                !wait
+            }
+            Recorded::No => {
+                let record = self.wal.describe(self.committed.clone(), self.records.held());
+                let op = IoOp::Wal(WalOp::WriteStopRecord(record.encode()));
+                self.fx.io(Pending::StopRecordWrite, op);
+                self.recorded = Recorded::Writing;
+                false
+            }
+        }
+    }
+
+    /// The drain ran out of time: stop, after the stop record when the
+    /// WAL allows one (a lagging sink need not make the next start scan).
+    pub(super) fn close(&mut self, stop: StopReason) {
+        self.drain_deadline = None;
+        if self.record_stop(false) {
+            self.stop(stop);
+        } else {
+            self.closing = Some(stop);
+        }
+    }
+
+    /// The stop record is written (or failed to be: the next start scans).
+    pub(super) fn on_stop_recorded(&mut self, _ok: bool) {
+        self.recorded = Recorded::Done;
+        if let Some(stop) = self.closing.take() {
+            self.stop(stop);
+        }
     }
 
     /// Gives the writer authority up after a clean drain. True when there

@@ -17,6 +17,8 @@ pub(super) enum Pending {
     WalSync,
     WalList,
     WalRead(SegmentId),
+    StopRecordRead,
+    StopRecordWrite,
     WalCreate(SegmentId),
     WalAppend,
     WalDelete(SegmentId),
@@ -53,6 +55,8 @@ impl Pending {
             Pending::WalSync
             | Pending::WalList
             | Pending::WalRead(_)
+            | Pending::StopRecordRead
+            | Pending::StopRecordWrite
             | Pending::WalCreate(_)
             | Pending::WalAppend
             | Pending::WalDelete(_)

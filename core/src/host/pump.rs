@@ -18,7 +18,11 @@ impl Host {
             self.materialize_offsets();
             self.stop_if_finished();
         }
-        if matches!(self.phase, Phase::Recovering | Phase::Stopped) {
+        if matches!(self.phase, Phase::Recovering | Phase::Stopped) || self.closing.is_some() {
+            return;
+        }
+        if self.recorded == drain::Recorded::Writing {
+            // Nothing changes the WAL the stop record describes.
             return;
         }
         self.read_sources();
@@ -40,7 +44,7 @@ impl Host {
                 self.propose_finish();
             } else if self.hands_over() {
                 // Waiting to be deposed by the handover.
-            } else if self.release_authority() {
+            } else if self.record_stop(true) && self.release_authority() {
                 self.stop(StopReason::Clean);
             }
         }

@@ -32,38 +32,72 @@ impl Host {
         match result {
             Ok(listing) => {
                 let listed = self.startup.on_listed(&mut self.fx, listing);
-                let window = self.cfg.limits.read_window_bytes;
-                let read = if self.authority.raft_ref().is_some() {
-                    self.startup.gather(&mut self.fx, listed, window)
-                } else {
-                    let lenient = self.cfg.mutations.has(Mutation::AdmitTornSegment);
-                    let trust = self.cfg.mutations.has(Mutation::IgnoreMissingSegments);
-                    let mut recovery = Recovery::new(listed, lenient, trust, window)
-                        .with_record_cache(self.cfg.limits.record_cache_bytes, self.cfg.sinks.len() as u16);
-                    if self.cfg.mutations.has(Mutation::DropUnfinishedGroup) {
-                        recovery = recovery.dropping_unfinished_groups();
-                    }
-                    self.startup.stream(&mut self.fx, recovery)
-                };
-                if let Read::Done = read {
-                    self.on_all_read();
+                if self.authority.raft_ref().is_some() {
+                    let window = self.cfg.limits.read_window_bytes;
+                    let read = self.startup.gather(&mut self.fx, listed, window);
+                    return self.on_reading(Ok(read));
                 }
+                // A run that stopped on SIGTERM may have left a record that
+                // spares the scan.
+                self.fx.io(Pending::StopRecordRead, IoOp::Wal(WalOp::ReadStopRecord));
             }
             Err(_) => self.fx.retry_later(Retry::WalList),
         }
     }
 
+    /// The stop record came back: checked against the WAL, or set aside
+    /// and the segments scanned. One that cannot be read is set aside too
+    /// (it only ever spares work).
+    pub(super) fn on_stop_record_read(&mut self, result: Result<Option<Vec<u8>>, IoError>) {
+        let bytes = result.unwrap_or_else(|_| {
+            self.startup.stop_record_unreadable();
+            None
+        });
+        let trust = self.cfg.mutations.has(Mutation::TrustStaleStopRecord);
+        let read = match self.startup.on_stop_record(&mut self.fx, bytes, trust) {
+            Some(read) => read,
+            None => self.scan(),
+        };
+        self.on_reading(Ok(read));
+    }
+
+    /// Reads the listed segments through the streaming scan.
+    fn scan(&mut self) -> Read {
+        let listed = self.startup.take_listed();
+        let window = self.cfg.limits.read_window_bytes;
+        let lenient = self.cfg.mutations.has(Mutation::AdmitTornSegment);
+        let trust = self.cfg.mutations.has(Mutation::IgnoreMissingSegments);
+        let mut recovery = Recovery::new(listed, lenient, trust, window)
+            .with_record_cache(self.cfg.limits.record_cache_bytes, self.cfg.sinks.len() as u16);
+        if self.cfg.mutations.has(Mutation::DropUnfinishedGroup) {
+            recovery = recovery.dropping_unfinished_groups();
+        }
+        self.startup.stream(&mut self.fx, recovery)
+    }
+
     pub(super) fn on_segment_read(&mut self, segment: SegmentId, result: Result<Vec<u8>, IoError>) {
         match result {
-            Ok(bytes) => match self.startup.on_read(&mut self.fx, segment, bytes) {
-                Ok(Read::More) => {}
-                Ok(Read::Done) => self.on_all_read(),
-                Err(damage) => self.on_damage(damage),
-            },
+            Ok(bytes) => {
+                let read = self.startup.on_read(&mut self.fx, segment, bytes);
+                self.on_reading(read)
+            }
             Err(_) if self.fx.attempts(Retry::WalRead(segment)) + 1 >= WAL_READ_ATTEMPTS => {
                 self.stop(StopReason::WalReadFailed { segment })
             }
             Err(_) => self.fx.retry_later(Retry::WalRead(segment)),
+        }
+    }
+
+    /// Where the reading stands after a read was sent or answered.
+    fn on_reading(&mut self, read: Result<Read, WalDamage>) {
+        match read {
+            Ok(Read::More) => {}
+            Ok(Read::Done) => self.on_all_read(),
+            Ok(Read::Stale) => {
+                let read = self.scan();
+                self.on_reading(Ok(read))
+            }
+            Err(damage) => self.on_damage(damage),
         }
     }
 
@@ -75,7 +109,7 @@ impl Host {
             let segments: Vec<(SegmentId, &[u8])> = read.iter().map(|(id, b)| (*id, b.as_slice())).collect();
             return self.restore_cluster(&segments);
         }
-        let mut wal = match self.startup.take_recovered() {
+        let mut wal = match self.startup.take_recovered(self.cfg.limits.record_cache_bytes) {
             Ok(wal) => wal,
             Err(damage) => return self.on_damage(damage),
         };
@@ -230,6 +264,7 @@ impl Host {
             open_compactions: self.committed.open.len(),
             scanned_bytes: self.startup.read().0,
             scan_time: self.startup.read().1,
+            stop_record: self.startup.stop_record(),
         }));
         self.phase = Phase::Running;
         if let Err(stop) = self.record_skips() {

@@ -18,7 +18,7 @@ impl Host {
                 true => StopReason::Clean,
                 false => self.finish_timed_out().unwrap_or(StopReason::DrainTimedOut),
             };
-            self.stop(stop);
+            self.close(stop);
         }
         match self.stall.on_timeout(self.fx.now) {
             StallAction::None => {}
@@ -91,6 +91,8 @@ impl Host {
             Pending::WalSync => self.on_synced(done(result)),
             Pending::WalList => self.on_listed(answer!(IoReply::Segments(listing) => listing)),
             Pending::WalRead(segment) => self.on_segment_read(segment, answer!(IoReply::SegmentBytes(b) => b)),
+            Pending::StopRecordRead => self.on_stop_record_read(answer!(IoReply::StopRecord(b) => b)),
+            Pending::StopRecordWrite => self.on_stop_recorded(result.is_ok()),
             Pending::OffsetsRead => self.on_offsets_read(answer!(IoReply::Offsets(entries) => entries)),
             Pending::SinkProgress(sink) => {
                 // A sink that cannot answer cannot tell: nothing to check.

@@ -9,16 +9,20 @@
 
 use super::effects::{Effects, Pending, Retry};
 use crate::ids::*;
-use crate::io::{IoOp, StopReason, WalListing};
+use crate::io::{IoOp, StopReason, StopRecordUse, WalListing};
 use crate::io::{PluginOp, WalOp};
+use crate::recovery::stop_record::{Check, StopRecord};
 use crate::recovery::{RecoveredWal, Recovery, WalDamage};
 use crate::time::{Duration, Instant};
 use crate::wal::split_leftovers;
 use crate::wal::stream::ReadAt;
 use std::collections::{BTreeMap, BTreeSet};
 
-#[derive(Default)]
 pub(super) struct Startup {
+    /// The segments listed (leftovers set aside), until the reading starts.
+    listed: Vec<SegmentId>,
+    /// What became of the last run's stop record.
+    stop_record: StopRecordUse,
     /// Listed below the oldest segment that still counts: deleted with the
     /// junk, under the same authority check, before the fence.
     leftovers: Vec<SegmentId>,
@@ -51,6 +55,9 @@ enum Reading {
     /// Through recovery's streaming scan, which asks for each window and
     /// keeps only what it rebuilt.
     Stream(Box<Recovery>),
+    /// The last run's stop record, checked against the WAL a read at a
+    /// time (the next check last).
+    Check { record: Box<StopRecord>, checks: Vec<Check> },
     /// Gathered whole, for a raft log that restores from whole segments
     /// (clustered mode): the segments not yet done, and the bytes read.
     Whole { todo: Vec<SegmentId>, read: BTreeMap<SegmentId, Vec<u8>>, window: usize },
@@ -60,8 +67,11 @@ enum Reading {
 pub(super) enum Read {
     /// The next window is asked for.
     More,
-    /// Every listed segment is read.
+    /// Every listed segment is read (or the stop record checked).
     Done,
+    /// The stop record does not match the WAL: the segments are to be
+    /// scanned.
+    Stale,
 }
 
 /// Where a stop held in doubt stands after a lease read that shows the
@@ -72,6 +82,26 @@ pub(super) enum Doubt {
     Confirmed(StopReason),
     /// The read is older than the doubt: read again.
     Early,
+}
+
+impl Default for Startup {
+    fn default() -> Self {
+        Startup {
+            listed: Vec::new(),
+            stop_record: StopRecordUse::Absent,
+            leftovers: Vec::new(),
+            reading: Reading::Idle,
+            listed_at: Instant::ZERO,
+            read_bytes: 0,
+            read_time: Duration::ZERO,
+            junk: Vec::new(),
+            wal_generation: 0,
+            deleting_junk: false,
+            fencing: false,
+            doubt: None,
+            progress_pending: BTreeSet::new(),
+        }
+    }
 }
 
 impl Startup {
@@ -90,7 +120,45 @@ impl Startup {
         };
         ids.sort_unstable();
         ids.dedup();
+        self.listed.clone_from(&ids);
         ids
+    }
+
+    /// The segments listed, to scan.
+    pub(super) fn take_listed(&mut self) -> Vec<SegmentId> {
+        std::mem::take(&mut self.listed)
+    }
+
+    /// The last run's stop record came back (`None`: there is none, or it
+    /// could not be read). One that decodes and names exactly the segments
+    /// listed is checked against them, its reads sent; otherwise the
+    /// segments are to be scanned (`None`). `trust` is the planted bug
+    /// `trust-stale-stop-record`: no check at all.
+    pub(super) fn on_stop_record(&mut self, fx: &mut Effects, bytes: Option<Vec<u8>>, trust: bool) -> Option<Read> {
+        let record = match StopRecord::decode(&bytes?) {
+            Ok(record) => record,
+            Err(why) => {
+                self.stop_record = StopRecordUse::Stale(why);
+                return None;
+            }
+        };
+        if !trust && record.listing() != self.listed {
+            self.stop_record = StopRecordUse::Stale("the WAL's segments are not the ones the stop record names");
+            return None;
+        }
+        let mut checks = if trust { Vec::new() } else { record.checks() };
+        checks.reverse();
+        self.stop_record = StopRecordUse::Used;
+        self.reading = Reading::Check { record: Box::new(record), checks };
+        Some(self.send_read(fx))
+    }
+
+    pub(super) fn stop_record_unreadable(&mut self) {
+        self.stop_record = StopRecordUse::Stale("the stop record could not be read");
+    }
+
+    pub(super) fn stop_record(&self) -> StopRecordUse {
+        self.stop_record
     }
 
     /// Reads the listed segments through `recovery`'s scan.
@@ -110,6 +178,7 @@ impl Startup {
         match &self.reading {
             Reading::Idle => None,
             Reading::Stream(recovery) => recovery.next_read(),
+            Reading::Check { checks, .. } => checks.last().map(Check::read),
             Reading::Whole { todo, read, window } => todo.last().map(|&segment| {
                 let offset = read.get(&segment).map_or(0, |b| b.len() as u64);
                 ReadAt { segment, offset, len: *window }
@@ -133,6 +202,14 @@ impl Startup {
         match &mut self.reading {
             Reading::Idle => unreachable!("a read is answered only while reading"),
             Reading::Stream(recovery) => recovery.feed(bytes).inspect_err(|_| self.reading = Reading::Idle)?,
+            Reading::Check { checks, .. } => {
+                let check = checks.pop().expect("a check's read was answered");
+                if let Some(why) = check.mismatch(&bytes) {
+                    self.stop_record = StopRecordUse::Stale(why);
+                    self.reading = Reading::Idle;
+                    return Ok(Read::Stale);
+                }
+            }
             Reading::Whole { todo, read, window } => {
                 if bytes.len() < *window {
                     todo.pop();
@@ -143,10 +220,13 @@ impl Startup {
         Ok(self.send_read(fx))
     }
 
-    /// What the streaming scan rebuilt, once every segment is read.
-    pub(super) fn take_recovered(&mut self) -> Result<RecoveredWal, WalDamage> {
+    /// What the streaming scan rebuilt, once every segment is read; or
+    /// what the stop record holds, once checked (its batches held only in
+    /// the WAL, under a cache of `cache_max` bytes).
+    pub(super) fn take_recovered(&mut self, cache_max: u64) -> Result<RecoveredWal, WalDamage> {
         match std::mem::take(&mut self.reading) {
             Reading::Stream(recovery) => recovery.finish(),
+            Reading::Check { record, .. } => Ok(record.into_recovered(cache_max)),
             _ => unreachable!("taken once, after a streamed read"),
         }
     }

@@ -144,6 +144,20 @@ pub struct RecoverySummary {
     /// the last of them scanned.
     pub scanned_bytes: u64,
     pub scan_time: Duration,
+    /// Whether the previous run's stop record spared the scan.
+    pub stop_record: StopRecordUse,
+}
+
+/// What a start made of the stop record the last run left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopRecordUse {
+    /// There was none (the last run did not stop on SIGTERM with its WAL
+    /// consistent, or this is the first).
+    Absent,
+    /// It matched the WAL: no segment was scanned.
+    Used,
+    /// Set aside, and the WAL scanned: why.
+    Stale(&'static str),
 }
 
 /// The reason a deadline from `poll_timeout` exists.

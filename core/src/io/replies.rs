@@ -10,6 +10,8 @@ pub enum IoReply {
     Segments(WalListing),
     SegmentBytes(Vec<u8>),
     Groups(Vec<Vec<u8>>),
+    /// The stop record's bytes, if there is one.
+    StopRecord(Option<Vec<u8>>),
     /// The raft hard-state file's bytes (clustered mode).
     HardState(Vec<u8>),
     Offsets(Vec<OffsetRow>),

@@ -44,6 +44,13 @@ pub enum WalOp {
     Append { segment: SegmentId, offset: u64, lsn: Lsn, bytes: Arc<Vec<u8>> },
     /// Delete a segment that the deletion rule no longer needs.
     Delete { segment: SegmentId },
+    /// Read the stop record the last run left (see `recovery::stop_record`).
+    /// Answer: `StopRecord`, `None` where there is none.
+    ReadStopRecord,
+    /// Replace the stop record with these bytes, atomically and durably
+    /// (on disk a new file renamed over the old, synced with its
+    /// directory). Answer: `Done`.
+    WriteStopRecord(Vec<u8>),
     /// Clustered mode: make one raft `Ready`'s groups durable, in order
     /// (see `Replicate`). Answer: `Done` once all of it is durable.
     Replicate(Replicate),

@@ -49,6 +49,29 @@ impl<T: Topology> World<T> {
     }
 }
 
+impl<T: Topology> World<T> {
+    /// Before an engine starts on WAL device `wal` (with offsets store
+    /// `store`) that holds a stop record: recovering from copies with the
+    /// record and without it must find the same committed state and the
+    /// same WAL head. A record that does not match the WAL is set aside, so
+    /// only one the engine wrongly trusts can differ.
+    pub fn check_stop_record(&mut self, config: HostConfig, wal: usize, store: usize) {
+        if !self.wals[wal].has_stop_record() {
+            return;
+        }
+        self.stats.stop_records_found += 1;
+        let with = recover_alone(config.clone(), &mut self.wals[wal].clone(), &mut self.stores[store].clone());
+        let mut without = self.wals[wal].clone();
+        without.forget_stop_record();
+        let scanned = recover_alone(config, &mut without, &mut self.stores[store].clone());
+        let key = |r: &Recovered| r.as_ref().map(|(state, head, _)| (state.clone(), *head)).map_err(Clone::clone);
+        if key(&with) != key(&scanned) {
+            let detail = format!("with the stop record {}, scanning {}", summary(&with), summary(&scanned));
+            self.checker.fail(invariant::STOP_RECORD_UNFAITHFUL, detail);
+        }
+    }
+}
+
 fn summary(r: &Recovered) -> String {
     match r {
         Ok((state, (lsn, head), held)) => {

@@ -110,6 +110,12 @@ pub struct RunStats {
     /// fault's rate; on S3 the throttle's).
     pub recovery_reads: u64,
     pub recovery_read_fails: u64,
+    /// Stop records written, found by a start, used by one, set aside by
+    /// one (they did not match the WAL).
+    pub stop_records_written: u64,
+    pub stop_records_found: u64,
+    pub stop_records_used: u64,
+    pub stop_records_stale: u64,
     /// Clustered mode: terms with a leader, times a host became leader,
     /// leaders that stopped on losing it, partitions, freezes, truncated
     /// tails, raft messages lost and duplicated.
@@ -481,8 +487,13 @@ impl<T: Topology> World<T> {
                     T::submit(self, slot, id, op);
                     true
                 }
-                Output::Recovered(_) => {
+                Output::Recovered(s) => {
                     self.stats.recoveries += 1;
+                    match s.stop_record {
+                        skippr_core::StopRecordUse::Absent => {}
+                        skippr_core::StopRecordUse::Used => self.stats.stop_records_used += 1,
+                        skippr_core::StopRecordUse::Stale(_) => self.stats.stop_records_stale += 1,
+                    }
                     true
                 }
                 Output::WalFull { .. } => {

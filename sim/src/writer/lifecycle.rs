@@ -87,7 +87,8 @@ impl World<Writer> {
         if starts > 0 {
             let mut alone = self.scenario.host_config(self.opts.mutations, u64::MAX);
             alone.lease = None;
-            self.check_recovery_idempotent(alone, 0, 0);
+            self.check_recovery_idempotent(alone.clone(), 0, 0);
+            self.check_stop_record(alone, 0, 0);
         }
         self.stats.restarts += 1;
         let config = self.scenario.host_config(self.opts.mutations, starts);

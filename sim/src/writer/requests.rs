@@ -134,6 +134,14 @@ impl World<Writer> {
                 self.stats.segments_deleted += 1;
                 false
             }
+            WalOp::WriteStopRecord(_) => {
+                let failed =
+                    if s3 { self.fault(Die::S3Throttle, s3_throttle) } else { self.fault(Die::FsyncFail, fsync_fail) };
+                self.stats.stop_records_written += !failed as u64;
+                failed
+            }
+            WalOp::ReadStopRecord if s3 => self.fault(Die::S3Throttle, s3_throttle),
+            WalOp::ReadStopRecord => self.fault(Die::ReadFail, self.scenario.faults.read_fail / 10.0),
             _ => false,
         };
         self.wals[0].perform(gen, op, fails)

@@ -52,6 +52,10 @@ struct Harness {
     skips: Vec<bool>,
     /// Every window recovery read: its length asked and answered.
     reads: Vec<(usize, usize)>,
+    /// The stop record the WAL's store holds.
+    stop_record: Option<Vec<u8>>,
+    /// Every recovery's summary.
+    recovered: Vec<RecoverySummary>,
 }
 
 impl Harness {
@@ -100,6 +104,8 @@ impl Harness {
             wal_full: vec![],
             skips: vec![],
             reads: vec![],
+            stop_record: None,
+            recovered: vec![],
         }
     }
 
@@ -114,7 +120,8 @@ impl Harness {
                     Output::WalFull { .. } => self.wal_full.push(true),
                     Output::WalRoom { .. } => self.wal_full.push(false),
                     Output::Skip { recorded, .. } => self.skips.push(recorded),
-                    Output::Recovered(_) | Output::Stalled { .. } | Output::Unstalled => {}
+                    Output::Recovered(summary) => self.recovered.push(summary),
+                    Output::Stalled { .. } | Output::Unstalled => {}
                     Output::Send(_) | Output::TellRemoved { .. } | Output::Role { .. } | Output::JoinRefused { .. } => {
                         unreachable!("not clustered")
                     }
@@ -136,6 +143,11 @@ impl Harness {
                 Some(objects) => IoReply::Segments(WalListing::Objects(objects.clone())),
                 None => IoReply::Segments(WalListing::Files(self.disk.keys().copied().collect())),
             },
+            IoOp::Wal(WalOp::ReadStopRecord) => IoReply::StopRecord(self.stop_record.clone()),
+            IoOp::Wal(WalOp::WriteStopRecord(bytes)) => {
+                self.stop_record = Some(bytes);
+                IoReply::Done
+            }
             IoOp::Wal(WalOp::ReadAt { segment, offset, len }) => {
                 let bytes = window(&self.disk[&segment], offset, len);
                 self.reads.push((len, bytes.len()));
@@ -294,6 +306,8 @@ fn is_storage(op: &IoOp) -> bool {
         IoOp::Wal(WalOp::Sync)
             | IoOp::Wal(WalOp::List)
             | IoOp::Wal(WalOp::ReadAt { .. })
+            | IoOp::Wal(WalOp::ReadStopRecord)
+            | IoOp::Wal(WalOp::WriteStopRecord(_))
             | IoOp::Wal(WalOp::Create { .. })
             | IoOp::Wal(WalOp::Append { .. })
             | IoOp::Wal(WalOp::Delete { .. })
@@ -313,3 +327,4 @@ mod lease;
 mod memory;
 mod recovery;
 mod skips;
+mod stop_record;

@@ -11,6 +11,8 @@ use crate::config::{Limits, SEAL_RESERVE};
 use crate::ids::*;
 use crate::io::WalOp;
 use crate::io::{IoError, IoOp, StopReason};
+use crate::records::HeldPlace;
+use crate::recovery::stop_record::StopRecord;
 use crate::recovery::{RecoveredWal, SegmentSummary};
 use crate::state::CommittedState;
 use crate::time::Instant;
@@ -111,6 +113,22 @@ impl WalWriter {
         self.next_lsn = wal.next_lsn;
         self.next_segment = wal.next_segment;
         self.active = wal.active.map(|(id, offset)| Active { id, offset, opened: now, seal_requested: false });
+    }
+
+    /// The stop record of the WAL as it stands, committed state and held
+    /// batches given: only while nothing is in flight.
+    pub(super) fn describe(&self, state: CommittedState, held: Vec<HeldPlace>) -> StopRecord {
+        assert!(self.idle(), "a stop record describes a WAL with nothing in flight");
+        StopRecord {
+            state,
+            epoch: self.epoch,
+            next_lsn: self.next_lsn,
+            next_segment: self.next_segment,
+            active: self.active.as_ref().map(|a| (a.id, a.offset)),
+            spares: self.spares.iter().copied().collect(),
+            segments: self.segments.iter().cloned().collect(),
+            held,
+        }
     }
 
     pub(super) fn set_replicated(&mut self) {
