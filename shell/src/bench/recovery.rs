@@ -8,7 +8,9 @@
 //! process's `VmHWM`, sampled every few milliseconds until the first
 //! delivery, when it is killed so that the next round finds the WAL still
 //! full). Beside them, a plain sequential read of the same segment files,
-//! warm and cold (`posix_fadvise(DONTNEED)` first).
+//! warm and cold (`posix_fadvise(DONTNEED)` first). A clean stop leaves a
+//! stop record whenever its WAL was consistent, and the restart after it
+//! says whether the record spared the scan.
 
 use super::{median, prepare_dir};
 use crate::exit;
@@ -44,6 +46,8 @@ struct Restart {
     /// The daemon's own count: MB/s of WAL scanned, from its listing to the
     /// last byte read (`scanned_bytes` over `scan_seconds`).
     scan_mb_s: Option<f64>,
+    /// The restart used the stop record the stop left (no scan).
+    stop_record_used: bool,
     first_delivery: f64,
     peak_rss_mib: f64,
 }
@@ -99,13 +103,17 @@ impl Bench<'_> {
                 let r = self.restart()?;
                 println!(
                     "{mib} MiB, after a {kind}, round {round}: WAL {:.0} MiB filled in {filled:.1} s; recovered after \
-                     {} s, first delivery after {:.2} s, peak RSS {:.0} MiB; scanned at {} MB/s; a plain read of the \
-                     segments {warm:.0} MB/s warm, {cold:.0} MB/s cold",
+                     {} s, first delivery after {:.2} s, peak RSS {:.0} MiB; {}; a plain read of the segments \
+                     {warm:.0} MB/s warm, {cold:.0} MB/s cold",
                     wal_bytes(&self.data) as f64 / (1 << 20) as f64,
                     r.recovered.map_or("?".into(), |s| format!("{s:.2}")),
                     r.first_delivery,
                     r.peak_rss_mib,
-                    r.scan_mb_s.map_or("?".into(), |s| format!("{s:.0}")),
+                    match (r.stop_record_used, r.scan_mb_s) {
+                        (true, _) => "the stop record spared the scan".to_string(),
+                        (false, Some(s)) => format!("scanned at {s:.0} MB/s"),
+                        (false, None) => "scanned at ? MB/s".to_string(),
+                    },
                 );
                 recovered.extend(r.recovered);
                 ratios.extend(r.scan_mb_s.map(|s| s / cold));
@@ -118,7 +126,7 @@ impl Bench<'_> {
                 if recovered.is_empty() { "?".into() } else { format!("{:.2}", median(&mut recovered)) },
                 median(&mut first),
                 median(&mut rss),
-                if ratios.is_empty() { "?".into() } else { format!("{:.2}", median(&mut ratios)) },
+                if ratios.is_empty() { "- (no scan)".into() } else { format!("{:.2}", median(&mut ratios)) },
             );
         }
         Ok(())
@@ -158,7 +166,7 @@ impl Bench<'_> {
         let mut child = self.command().spawn().map_err(|e| format!("cannot start {}: {e}", self.me.display()))?;
         let pid = child.id();
         let lines = stderr_lines(&mut child);
-        let (mut recovered, mut peak, mut scan_mb_s) = (None, 0u64, None);
+        let (mut recovered, mut peak, mut scan_mb_s, mut stop_record_used) = (None, 0u64, None, false);
         loop {
             peak = peak.max(vm_hwm_kib(pid).unwrap_or(0));
             while let Ok(line) = lines.try_recv() {
@@ -168,7 +176,10 @@ impl Bench<'_> {
                         let at = line.find(&format!("{name}="))? + name.len() + 1;
                         line[at..].split(|c: char| c.is_whitespace()).next()?.parse().ok()
                     };
-                    if let (Some(bytes), Some(seconds)) = (field("scanned_bytes"), field("scan_seconds")) {
+                    stop_record_used = line.contains("stop_record=\"used\"");
+                    if let (Some(bytes), Some(seconds), false) =
+                        (field("scanned_bytes"), field("scan_seconds"), stop_record_used)
+                    {
                         scan_mb_s = Some(bytes / 1e6 / seconds.max(1e-6));
                     }
                 }
@@ -177,7 +188,8 @@ impl Bench<'_> {
                 let first_delivery = started.elapsed().as_secs_f64();
                 peak = peak.max(vm_hwm_kib(pid).unwrap_or(0));
                 stop(&mut child, Signal::SIGKILL);
-                return Ok(Restart { recovered, scan_mb_s, first_delivery, peak_rss_mib: peak as f64 / 1024.0 });
+                let peak_rss_mib = peak as f64 / 1024.0;
+                return Ok(Restart { recovered, scan_mb_s, stop_record_used, first_delivery, peak_rss_mib });
             }
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(format!("the restarted daemon exited ({status}) before delivering"));
