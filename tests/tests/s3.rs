@@ -213,6 +213,7 @@ fn s3_mode_runs_once_resumes_and_names_a_missing_table_or_bucket() {
     let out = daemon(&bucket, &table, &sink, 3000, 0, true).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).starts_with("records: 0,"), "a second run resumes: {}", stdout(&out));
+    assert!(stderr(&out).contains("stop_record=\"used\""), "from the first run's stop record: {}", stderr(&out));
     assert_exactly_once(&sink, &["events"], 2, 3000);
 
     // The tools read the same places the daemon wrote.
