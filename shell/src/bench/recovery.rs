@@ -8,7 +8,8 @@
 //! process's `VmHWM`, sampled every few milliseconds until the first
 //! delivery, when it is killed so that the next round finds the WAL still
 //! full). Beside them, a plain sequential read of the same segment files,
-//! warm and cold (`posix_fadvise(DONTNEED)` first). A clean stop leaves a
+//! warm and cold (`posix_fadvise(DONTNEED)` first), and one with
+//! `O_DIRECT` as recovery reads (4 MiB blocks, one at a time). A clean stop leaves a
 //! stop record whenever its WAL was consistent, and the restart after it
 //! says whether the record spared the scan.
 
@@ -96,15 +97,16 @@ impl Bench<'_> {
     fn size(&self, rounds: u32) -> Result<(), String> {
         let mib = self.bytes >> 20;
         for (kind, signal) in [("crash", Signal::SIGKILL), ("clean stop", Signal::SIGTERM)] {
-            let (mut recovered, mut first, mut rss, mut ratios) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut recovered, mut first, mut rss) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut ratios, mut direct_ratios) = (Vec::new(), Vec::new());
             for round in 0..rounds {
                 let filled = self.fill(signal)?;
-                let (warm, cold) = self.plain_read()?;
+                let (warm, cold, direct) = self.plain_read()?;
                 let r = self.restart()?;
                 println!(
                     "{mib} MiB, after a {kind}, round {round}: WAL {:.0} MiB filled in {filled:.1} s; recovered after \
                      {} s, first delivery after {:.2} s, peak RSS {:.0} MiB; {}; a plain read of the segments \
-                     {warm:.0} MB/s warm, {cold:.0} MB/s cold",
+                     {warm:.0} MB/s warm, {cold:.0} MB/s cold, {direct:.0} MB/s direct",
                     wal_bytes(&self.data) as f64 / (1 << 20) as f64,
                     r.recovered.map_or("?".into(), |s| format!("{s:.2}")),
                     r.first_delivery,
@@ -117,16 +119,18 @@ impl Bench<'_> {
                 );
                 recovered.extend(r.recovered);
                 ratios.extend(r.scan_mb_s.map(|s| s / cold));
+                direct_ratios.extend(r.scan_mb_s.map(|s| s / direct));
                 first.push(r.first_delivery);
                 rss.push(r.peak_rss_mib);
             }
             println!(
                 "{mib} MiB, after a {kind}, median: recovered after {} s, first delivery after {:.2} s, peak RSS {:.0} \
-                 MiB, scan rate over the cold plain read {}",
+                 MiB, scan rate over the cold plain read {}, over the direct one {}",
                 if recovered.is_empty() { "?".into() } else { format!("{:.2}", median(&mut recovered)) },
                 median(&mut first),
                 median(&mut rss),
                 if ratios.is_empty() { "- (no scan)".into() } else { format!("{:.2}", median(&mut ratios)) },
+                if direct_ratios.is_empty() { "-".into() } else { format!("{:.2}", median(&mut direct_ratios)) },
             );
         }
         Ok(())
@@ -203,8 +207,11 @@ impl Bench<'_> {
     }
 
     /// MB/s of reading every segment file once, warm (a second read) and
-    /// cold (the page cache dropped for each file first).
-    fn plain_read(&self) -> Result<(f64, f64), String> {
+    /// cold (the page cache dropped for each file first), through the page
+    /// cache as `cat` does (the kernel reading ahead); then as recovery
+    /// reads, `O_DIRECT` in 4 MiB blocks one at a time (what the device
+    /// gives a reader that must see what it holds).
+    fn plain_read(&self) -> Result<(f64, f64, f64), String> {
         let files = segment_files(&self.data.join("wal")).map_err(|e| format!("cannot list the WAL: {e}"))?;
         let read_all = |drop_cache: bool| -> std::io::Result<f64> {
             let started = Instant::now();
@@ -230,8 +237,32 @@ impl Bench<'_> {
         read_all(false).map_err(err)?;
         let warm = read_all(false).map_err(err)?;
         let cold = read_all(true).map_err(err)?;
-        Ok((warm, cold))
+        let direct = direct_read(&files).map_err(err)?;
+        Ok((warm, cold, direct))
     }
+}
+
+/// MB/s of reading `files` with `O_DIRECT`, 4 MiB at a time.
+fn direct_read(files: &[PathBuf]) -> std::io::Result<f64> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const BLOCK: usize = 4 << 20;
+    let mut raw = vec![0u8; BLOCK + 4096];
+    let start = raw.as_ptr().align_offset(4096);
+    let buf = &mut raw[start..start + BLOCK];
+    let started = Instant::now();
+    let mut total = 0u64;
+    for path in files {
+        let f = std::fs::OpenOptions::new().read(true).custom_flags(nix::libc::O_DIRECT).open(path)?;
+        let mut offset = 0u64;
+        loop {
+            let n = f.read_at(buf, offset)?;
+            (offset, total) = (offset + n as u64, total + n as u64);
+            if n < BLOCK {
+                break;
+            }
+        }
+    }
+    Ok(total as f64 / 1e6 / started.elapsed().as_secs_f64())
 }
 
 fn write_script(path: &Path) -> std::io::Result<()> {
