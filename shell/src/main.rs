@@ -86,8 +86,9 @@ enum BenchCommand {
     E2e(bench::BenchE2eArgs),
     /// A restart after a sink lagged until the WAL filled up (after a crash
     /// and after a clean stop): time to recovery and to the first delivery,
-    /// peak RSS, and the rate the daemon scanned at, beside a plain read of
-    /// the same segment files.
+    /// peak RSS, and the rate the daemon scanned at (none when the stop
+    /// record spared the scan), beside a plain read of the same segment
+    /// files, through the page cache and with O_DIRECT.
     Recovery(bench::BenchRecoveryArgs),
 }
 
