@@ -78,7 +78,7 @@ impl Host {
                 !wait
             }
             Recorded::No => {
-                let record = self.wal.describe(self.committed.clone(), self.records.held());
+                let record = self.wal.describe(self.names.clone(), self.committed.clone(), self.records.held());
                 let op = IoOp::Wal(WalOp::WriteStopRecord(record.encode()));
                 self.fx.io(Pending::StopRecordWrite, op);
                 self.recorded = Recorded::Writing;

@@ -54,7 +54,7 @@ impl Host {
             None
         });
         let trust = self.cfg.mutations.has(Mutation::TrustStaleStopRecord);
-        let read = match self.startup.on_stop_record(&mut self.fx, bytes, trust) {
+        let read = match self.startup.on_stop_record(&mut self.fx, bytes, &self.names, trust) {
             Some(read) => read,
             None => self.scan(),
         };

@@ -14,8 +14,8 @@ use crate::io::{PluginOp, WalOp};
 use crate::recovery::stop_record::{Check, StopRecord};
 use crate::recovery::{RecoveredWal, Recovery, WalDamage};
 use crate::time::{Duration, Instant};
-use crate::wal::split_leftovers;
 use crate::wal::stream::ReadAt;
+use crate::wal::{split_leftovers, Names};
 use std::collections::{BTreeMap, BTreeSet};
 
 pub(super) struct Startup {
@@ -131,10 +131,17 @@ impl Startup {
 
     /// The last run's stop record came back (`None`: there is none, or it
     /// could not be read). One that decodes and names exactly the segments
-    /// listed is checked against them, its reads sent; otherwise the
-    /// segments are to be scanned (`None`). `trust` is the planted bug
+    /// listed, written under the same configured names (which batches are
+    /// held depends on the sinks), is checked against them, its reads sent;
+    /// otherwise the segments are to be scanned (`None`). `trust` is the planted bug
     /// `trust-stale-stop-record`: no check at all.
-    pub(super) fn on_stop_record(&mut self, fx: &mut Effects, bytes: Option<Vec<u8>>, trust: bool) -> Option<Read> {
+    pub(super) fn on_stop_record(
+        &mut self,
+        fx: &mut Effects,
+        bytes: Option<Vec<u8>>,
+        config: &Names,
+        trust: bool,
+    ) -> Option<Read> {
         let record = match StopRecord::decode(&bytes?) {
             Ok(record) => record,
             Err(why) => {
@@ -142,6 +149,12 @@ impl Startup {
                 return None;
             }
         };
+        if !trust && record.config != *config {
+            self.stop_record = StopRecordUse::Stale(
+                "the configured sources, sinks or streams are not those of the run that wrote the stop record",
+            );
+            return None;
+        }
         if !trust && record.listing() != self.listed {
             self.stop_record = StopRecordUse::Stale("the WAL's segments are not the ones the stop record names");
             return None;

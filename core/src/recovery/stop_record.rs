@@ -18,7 +18,7 @@ use crate::state::CommittedState;
 use crate::wal::codec::{DecodeError, Reader, Writer};
 use crate::wal::payload::{get_key, get_snapshot, put_key, put_snapshot};
 use crate::wal::stream::ReadAt;
-use crate::wal::{decode_header, read_group_back, GroupPlace, SEGMENT_HEADER_BYTES};
+use crate::wal::{decode_header, read_group_back, GroupPlace, Names, SEGMENT_HEADER_BYTES};
 
 pub const STOP_RECORD_MAGIC: [u8; 8] = *b"SKPRSTOP";
 const VERSION: u32 = 1;
@@ -28,6 +28,10 @@ pub const END_PROBE_BYTES: usize = 4096;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StopRecord {
+    /// The configuration's names when it was written: which batches are
+    /// still held depends on the sinks configured, so a start under other
+    /// names scans.
+    pub config: Names,
     pub state: CommittedState,
     pub epoch: Epoch,
     pub next_lsn: Lsn,
@@ -123,6 +127,12 @@ impl StopRecord {
         let mut snapshot = Vec::new();
         put_snapshot(&mut Writer { buf: &mut snapshot }, &self.state.snapshot(false, &self.state.names));
         w.bytes(&snapshot);
+        for list in [&self.config.sources, &self.config.sinks, &self.config.streams] {
+            w.u32(list.len() as u32);
+            for name in list {
+                w.bytes(name.as_bytes());
+            }
+        }
         w.u64(self.epoch.0);
         w.u64(self.next_lsn.0);
         w.u64(self.next_segment.0);
@@ -204,6 +214,12 @@ fn decode_body(body: &[u8]) -> Result<StopRecord, DecodeError> {
     let r = &mut Reader::new(body);
     let snapshot = get_snapshot(&mut Reader::new(r.bytes()?))?;
     let state = CommittedState::from_snapshot(&snapshot);
+    let mut config = Names::default();
+    for list in [&mut config.sources, &mut config.sinks, &mut config.streams] {
+        for _ in 0..r.count(4)? {
+            list.push(String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?);
+        }
+    }
     let (epoch, next_lsn, next_segment) = (Epoch(r.u64()?), Lsn(r.u64()?), SegmentId(r.u64()?));
     let active = match r.u8()? {
         0 => None,
@@ -243,7 +259,7 @@ fn decode_body(body: &[u8]) -> Result<StopRecord, DecodeError> {
     if !r.is_empty() {
         return Err(DecodeError);
     }
-    Ok(StopRecord { state, epoch, next_lsn, next_segment, active, spares, segments, held })
+    Ok(StopRecord { config, state, epoch, next_lsn, next_segment, active, spares, segments, held })
 }
 
 #[cfg(test)]

@@ -121,3 +121,18 @@ fn a_damaged_record_or_one_naming_other_segments_is_set_aside() {
     added.settle();
     assert_eq!(used(&added), StopRecordUse::Stale("the WAL's segments are not the ones the stop record names"));
 }
+
+#[test]
+fn a_sink_added_since_the_stop_sets_the_record_aside_and_gets_every_record_the_wal_holds() {
+    // The one sink acknowledged everything, so the record holds no batch;
+    // a sink added now needs all of them, which a scan finds.
+    let first = run_then_stop(true);
+    let mut cfg = config();
+    cfg.sinks.push("late".into());
+    let added = restart(&first, first.stop_record.clone(), cfg.clone());
+    let why = "the configured sources, sinks or streams are not those of the run that wrote the stop record";
+    assert_eq!(used(&added), StopRecordUse::Stale(why));
+    let scanned = restart(&first, None, cfg);
+    assert_eq!(added.host.records_held(), scanned.host.records_held());
+    assert_eq!(added.host.records_held().0, 4, "the new sink's four records");
+}

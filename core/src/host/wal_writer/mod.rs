@@ -115,11 +115,12 @@ impl WalWriter {
         self.active = wal.active.map(|(id, offset)| Active { id, offset, opened: now, seal_requested: false });
     }
 
-    /// The stop record of the WAL as it stands, committed state and held
-    /// batches given: only while nothing is in flight.
-    pub(super) fn describe(&self, state: CommittedState, held: Vec<HeldPlace>) -> StopRecord {
+    /// The stop record of the WAL as it stands, the configuration's names,
+    /// committed state and held batches given: only while nothing is in flight.
+    pub(super) fn describe(&self, config: Names, state: CommittedState, held: Vec<HeldPlace>) -> StopRecord {
         assert!(self.idle(), "a stop record describes a WAL with nothing in flight");
         StopRecord {
+            config,
             state,
             epoch: self.epoch,
             next_lsn: self.next_lsn,

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::recovery::recover;
-use crate::wal::{encode_group, encode_header, Frame, Record, SourceBatch};
+use crate::wal::{encode_group, encode_header, Frame, Names, Record, SourceBatch};
 
 const SIZE: usize = 8192;
 const EPOCH: Epoch = Epoch(5 << 32 | 9);
@@ -46,6 +46,7 @@ fn record_of(segments: &[(SegmentId, Vec<u8>)]) -> StopRecord {
     let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(id, b)| (*id, b.as_slice())).collect();
     let r = recover(&refs, false, false).expect("a valid WAL");
     StopRecord {
+        config: Names { sources: vec!["src".into()], sinks: vec!["a".into(), "b".into()], streams: vec!["s".into()] },
         state: r.state,
         epoch: r.epoch_max,
         next_lsn: r.next_lsn,
