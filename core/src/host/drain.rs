@@ -99,7 +99,7 @@ impl Host {
     }
 
     /// The stop record is written (or failed to be: the next start scans).
-    pub(super) fn on_stop_recorded(&mut self, _ok: bool) {
+    pub(super) fn on_stop_recorded(&mut self) {
         self.recorded = Recorded::Done;
         if let Some(stop) = self.closing.take() {
             self.stop(stop);

@@ -92,7 +92,7 @@ impl Host {
             Pending::WalList => self.on_listed(answer!(IoReply::Segments(listing) => listing)),
             Pending::WalRead(segment) => self.on_segment_read(segment, answer!(IoReply::SegmentBytes(b) => b)),
             Pending::StopRecordRead => self.on_stop_record_read(answer!(IoReply::StopRecord(b) => b)),
-            Pending::StopRecordWrite => self.on_stop_recorded(result.is_ok()),
+            Pending::StopRecordWrite => self.on_stop_recorded(),
             Pending::OffsetsRead => self.on_offsets_read(answer!(IoReply::Offsets(entries) => entries)),
             Pending::SinkProgress(sink) => {
                 // A sink that cannot answer cannot tell: nothing to check.

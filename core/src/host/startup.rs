@@ -18,6 +18,7 @@ use crate::wal::stream::ReadAt;
 use crate::wal::{split_leftovers, Names};
 use std::collections::{BTreeMap, BTreeSet};
 
+#[derive(Default)]
 pub(super) struct Startup {
     /// The segments listed (leftovers set aside), until the reading starts.
     listed: Vec<SegmentId>,
@@ -82,26 +83,6 @@ pub(super) enum Doubt {
     Confirmed(StopReason),
     /// The read is older than the doubt: read again.
     Early,
-}
-
-impl Default for Startup {
-    fn default() -> Self {
-        Startup {
-            listed: Vec::new(),
-            stop_record: StopRecordUse::Absent,
-            leftovers: Vec::new(),
-            reading: Reading::Idle,
-            listed_at: Instant::ZERO,
-            read_bytes: 0,
-            read_time: Duration::ZERO,
-            junk: Vec::new(),
-            wal_generation: 0,
-            deleting_junk: false,
-            fencing: false,
-            doubt: None,
-            progress_pending: BTreeSet::new(),
-        }
-    }
 }
 
 impl Startup {

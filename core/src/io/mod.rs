@@ -149,8 +149,9 @@ pub struct RecoverySummary {
 }
 
 /// What a start made of the stop record the last run left.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StopRecordUse {
+    #[default]
     /// There was none (the last run did not stop on SIGTERM with its WAL
     /// consistent, or this is the first).
     Absent,
