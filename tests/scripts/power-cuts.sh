@@ -14,11 +14,11 @@ ROUNDS=${1:-${ROUNDS:-10}}
 cargo build --release --locked --workspace --all-targets >/dev/null 2>&1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-round() { # seed test-binary test-name
+round() { # seed test-module test-name
     local t0=$SECONDS
-    if ! SKIPPR_POWER_CUT_SEED=$1 cargo test --release --locked --test "$2" "$3" -- --nocapture >"$log" 2>&1; then
+    if ! SKIPPR_POWER_CUT_SEED=$1 cargo test --release --locked --test e2e "$2::$3" -- --nocapture >"$log" 2>&1; then
         cat "$log"
-        echo "power-cuts: seed $1 of $2 failed: SKIPPR_POWER_CUT_SEED=$1 cargo test --release --test $2 $3 -- --nocapture" >&2
+        echo "power-cuts: seed $1 of $2 failed: SKIPPR_POWER_CUT_SEED=$1 cargo test --release --test e2e $2::$3 -- --nocapture" >&2
         exit 1
     fi
     echo "seed $1 $2: $((SECONDS - t0)) s: $(grep -E '^(100 cuts|Cuts)' "$log" | tail -1)"

@@ -24,6 +24,17 @@ pub fn skipprd_bin() -> PathBuf {
     bin
 }
 
+/// Taken by the tests that keep both of CI's two cores busy on their own (a
+/// cluster of three daemons, a sweep with `--jobs 2`, an enumeration of crash
+/// states): the suite is one test binary whose tests run two at a time, and
+/// two of these side by side would each run at half speed and stretch the
+/// timeouts of the daemons they wait for. A test that panics while holding
+/// it does not stop the others.
+pub fn both_cores() -> std::sync::MutexGuard<'static, ()> {
+    static BOTH_CORES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    BOTH_CORES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A loopback port for a child process to listen on: free now, never handed
 /// out before in this test process, and below the kernel's ephemeral range
 /// (32768 and up on Linux), so no outgoing connection and no other port

@@ -15,7 +15,6 @@ use skippr_tests::cluster::Cluster;
 use skippr_tests::forgetfs::mount::Mount;
 use skippr_tests::*;
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const PARTITIONS: u64 = 2;
@@ -23,9 +22,6 @@ const RECORDS: u64 = 100_000;
 /// Records a second the source sends at most while the cuts go on: the
 /// 200,000 records take 133 s, and the cuts must all come before.
 const RATE: u64 = 1_500;
-
-/// One cluster at a time: they share the machine's two cores.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// A small seeded generator for the schedule (the seed is printed).
 struct Draw(u64);
@@ -207,7 +203,7 @@ fn cluster_power_cuts(rounds: u64, seed: u64, planted: Option<&str>) -> Result<C
 
 #[test]
 fn power_cuts_of_the_leader_a_follower_two_and_all_three_hosts_lose_and_duplicate_nothing() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = both_cores();
     let seed = std::env::var("SKIPPR_POWER_CUT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
     println!("schedule seed {seed} (SKIPPR_POWER_CUT_SEED={seed} to run it again)");
     let cuts = cluster_power_cuts(9, seed, None).unwrap();
@@ -221,7 +217,7 @@ fn power_cuts_of_the_leader_a_follower_two_and_all_three_hosts_lose_and_duplicat
 
 #[test]
 fn a_hard_state_slot_written_without_a_sync_is_caught_by_the_clustered_power_cut_loop() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = both_cores();
     let caught = std::panic::catch_unwind(|| cluster_power_cuts(9, 1, Some("hard-state-unsynced")));
     let why = match caught {
         Ok(Ok(cuts)) => panic!("hard-state-unsynced went unnoticed through {cuts:?}"),

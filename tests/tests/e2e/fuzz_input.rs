@@ -29,7 +29,7 @@ fn seeds(default: std::ops::Range<u64>) -> std::ops::Range<u64> {
 /// Names a failing seed with the one command that runs it alone.
 fn repro(kind: &str, seed: u64, test: &str) -> String {
     format!(
-        "{kind} seed {seed} (SKIPPR_FUZZ_SEEDS={seed}..{} cargo test --release --workspace --test fuzz_input -- {test})",
+        "{kind} seed {seed} (SKIPPR_FUZZ_SEEDS={seed}..{} cargo test --release --workspace --test e2e -- fuzz_input::{test})",
         seed + 1
     )
 }

@@ -11,14 +11,10 @@ use nix::sys::signal::Signal;
 use skippr_tests::cluster::Cluster;
 use skippr_tests::*;
 use std::process::Command;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const PARTITIONS: u64 = 2;
 const RECORDS: u64 = 100_000;
-
-/// One cluster at a time: they share the machine's two cores.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// A small seeded generator for the moments of the kills (the seed is
 /// printed, so a failure's schedule can be run again).
@@ -63,7 +59,7 @@ fn records_in(sink: &std::path::Path) -> u64 {
 
 #[test]
 fn the_leader_sigkilled_ten_times_and_sigstopped_once_loses_and_duplicates_nothing() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = both_cores();
     let seed = std::env::var("SKIPPR_CLUSTER_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
     println!("kill schedule seed {seed} (SKIPPR_CLUSTER_TEST_SEED={seed} to run it again)");
     let mut draw = Draw(seed);
@@ -167,7 +163,7 @@ fn metric(cluster: &Cluster, node: u64, name: &str) -> Option<u64> {
 
 #[test]
 fn a_host_without_a_majority_says_so_and_recovers_when_one_returns() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = both_cores();
     let tmp = tempfile::tempdir().unwrap();
     let args = ["--generator-records", "0", "--generator-rate", "2000", "--stall-seconds", "1"];
     let mut cluster = Cluster::new(tmp.path(), &args, &[]);
@@ -210,7 +206,7 @@ fn a_host_without_a_majority_says_so_and_recovers_when_one_returns() {
 
 #[test]
 fn under_once_every_host_exits_0_by_itself_also_when_started_again() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = both_cores();
     let tmp = tempfile::tempdir().unwrap();
     let records = 20_000u64;
     let n = records.to_string();
@@ -240,7 +236,7 @@ fn under_once_every_host_exits_0_by_itself_also_when_started_again() {
 
 #[test]
 fn under_once_a_host_that_missed_the_end_and_finds_no_peer_exits_15_saying_so() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = both_cores();
     let tmp = tempfile::tempdir().unwrap();
     let records = 2_000u64;
     let n = records.to_string();
@@ -276,7 +272,7 @@ fn under_once_a_host_that_missed_the_end_and_finds_no_peer_exits_15_saying_so() 
 
 #[test]
 fn a_follower_whose_data_is_lost_comes_back_under_a_new_id_with_cluster_join() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = both_cores();
     let tmp = tempfile::tempdir().unwrap();
     let records = 40_000u64;
     let n = records.to_string();
@@ -332,7 +328,7 @@ fn a_follower_whose_data_is_lost_comes_back_under_a_new_id_with_cluster_join() {
 
 #[test]
 fn a_sigtermed_leader_hands_leadership_over_before_it_exits() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = both_cores();
     let tmp = tempfile::tempdir().unwrap();
     let args = ["--generator-records", "0", "--generator-rate", "2000"];
     let mut cluster = Cluster::new(tmp.path(), &args, &[]);
@@ -370,7 +366,7 @@ fn offsets_items(table: &str, identity: &str) -> Vec<String> {
 
 #[test]
 fn with_offsets_in_dynamodb_the_leader_killed_thrice_loses_and_duplicates_nothing() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = both_cores();
     let tmp = tempfile::tempdir().unwrap();
     let (_bucket, table) = aws::bucket_and_table("cluster-offsets");
     let mut env: Vec<(&str, String)> = aws::env();

@@ -6,6 +6,7 @@ use skippr_tests::*;
 
 #[test]
 fn twenty_thousand_seeds_pass() {
+    let _cores = both_cores();
     let out = skipprd(&["sim", "--seeds", "0..20000", "--jobs", "2"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     assert_eq!(sweep_summary(&out), (20_000, 0));
@@ -13,6 +14,7 @@ fn twenty_thousand_seeds_pass() {
 
 #[test]
 fn twenty_thousand_seeds_pass_in_s3_mode() {
+    let _cores = both_cores();
     let out = skipprd(&["sim", "--wal", "s3", "--seeds", "0..20000", "--jobs", "2"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     assert_eq!(sweep_summary(&out), (20_000, 0));
@@ -20,6 +22,7 @@ fn twenty_thousand_seeds_pass_in_s3_mode() {
 
 #[test]
 fn twenty_thousand_seeds_pass_in_clustered_mode() {
+    let _cores = both_cores();
     let out = skipprd(&["sim", "--wal", "clustered", "--seeds", "0..20000", "--jobs", "2"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     assert_eq!(sweep_summary(&out), (20_000, 0));
@@ -27,6 +30,7 @@ fn twenty_thousand_seeds_pass_in_clustered_mode() {
 
 #[test]
 fn the_same_seed_gives_the_same_trace() {
+    let _cores = both_cores();
     for wal in ["disk", "s3", "clustered"] {
         let out = skipprd(&["sim", "--wal", wal, "--seeds", "50000..50300", "--jobs", "2", "--check-determinism"]);
         assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));

@@ -23,6 +23,7 @@ fn flags_for(name: &str) -> (&'static str, Vec<&'static str>) {
 
 #[test]
 fn every_planted_bug_is_caught_by_a_checker_invariant() {
+    let _cores = both_cores();
     let list = skipprd(&["sim", "--list-mutations"]);
     let names: Vec<String> = stdout(&list).lines().map(str::to_string).collect();
     assert_eq!(names.len(), 26, "{names:?}");
@@ -55,6 +56,7 @@ fn every_planted_bug_is_caught_by_a_checker_invariant() {
 /// and the operator replaces.
 #[test]
 fn clustered_mode_checks_recovery_idempotence_and_materialized_offsets_and_meets_bit_rot() {
+    let _cores = both_cores();
     let args =
         ["sim", "--wal", "clustered", "--seeds", "0..200", "--jobs", "2", "--mutation", "delete-during-recovery"];
     let out = skipprd(&args);
@@ -86,6 +88,7 @@ fn clustered_mode_checks_recovery_idempotence_and_materialized_offsets_and_meets
 /// longer validates is still a remnant).
 #[test]
 fn clustered_mode_checks_dispatched_plans_and_truncation_remnants() {
+    let _cores = both_cores();
     let args =
         ["sim", "--wal", "clustered", "--seeds", "0..50", "--jobs", "2", "--mutation", "dispatch-before-plan-commit"];
     let out = skipprd(&args);

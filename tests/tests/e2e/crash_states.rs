@@ -20,9 +20,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-/// One enumeration at a time: each checks two states at once.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
 const PARTITIONS: u64 = 2;
 const RECORDS: u64 = 400;
 
@@ -150,7 +147,7 @@ fn check_all(start: Model, trace: &[Op]) -> Found {
 
 #[test]
 fn every_crash_state_of_a_traced_run_recovers_with_every_record_once_and_no_acknowledgement_lost() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = both_cores();
     let (start, trace) = traced_run(None);
     let syncs = trace.iter().filter(|o| o.is_durability_call()).count();
     let found = check_all(start, &trace);
@@ -169,7 +166,7 @@ fn every_crash_state_of_a_traced_run_recovers_with_every_record_once_and_no_ackn
 
 #[test]
 fn each_fault_planted_in_a_driver_is_caught_by_the_crash_states() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = both_cores();
     for fault in ["skip-segment-dir-sync", "ack-before-durable", "sink-link-unsynced"] {
         let (start, trace) = traced_run(Some(fault));
         let found = check_all(start, &trace);
@@ -211,7 +208,7 @@ fn every_crash_state_of_a_snapshot_install_opens_to_the_old_wal_or_the_new_one_w
     use skippr_io::disk_wal::{create_dir_durably, sync_dir, DiskWal};
     use skippr_io::hard_state_file::FILE_NAME;
     use std::io::Write;
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = both_cores();
     Mount::available().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let mnt = tmp.path().join("mnt");
