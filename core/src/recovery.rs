@@ -87,6 +87,10 @@ pub struct Recovery {
     drop_unfinished: bool,
     /// The last group the scan admitted: (segment, LSN).
     last: Option<(SegmentId, Lsn)>,
+    /// Clustered mode: groups are folded in through this LSN only.
+    through: Option<Lsn>,
+    /// A group of the segment being scanned was past `through`.
+    cut: bool,
 }
 
 impl Recovery {
@@ -100,7 +104,21 @@ impl Recovery {
             window,
             drop_unfinished: false,
             last: None,
+            through: None,
+            cut: false,
         }
+    }
+
+    /// Clustered mode: only the groups through raft's commit index are
+    /// folded in, `commit` raised to the first group found (every group
+    /// on disk up to the first is committed: segments go only once a
+    /// committed snapshot after them is applied). Later groups wait for
+    /// raft: handed out with their bytes (`Scanned::Bytes`), their segment
+    /// left unsealed.
+    pub fn applying_through(mut self, commit: Lsn) -> Recovery {
+        self.scan = self.scan.keeping_bytes_past(commit);
+        self.through = Some(commit);
+        self
     }
 
     /// The planted bug `drop-unfinished-group`.
@@ -148,10 +166,26 @@ impl Recovery {
                     see(&item);
                     match item {
                         Scanned::Group(segment, group) => {
+                            let first = self.last.is_none();
                             self.last = Some((segment, group.lsn));
+                            if let Some(through) = &mut self.through {
+                                if first {
+                                    *through = (*through).max(group.lsn);
+                                }
+                                if group.lsn > *through {
+                                    self.cut = true;
+                                    continue;
+                                }
+                            }
                             self.rebuild.group(segment, group);
                         }
-                        Scanned::Segment(seg) => self.rebuild.segment(seg),
+                        Scanned::Segment(mut seg) => {
+                            if std::mem::take(&mut self.cut) {
+                                seg.sealed = false;
+                            }
+                            self.rebuild.segment(seg)
+                        }
+                        Scanned::Bytes(_) => {}
                     }
                 }
                 Ok(())
@@ -174,6 +208,7 @@ impl Recovery {
         let mut fresh = Recovery::new(self.listed[from..].to_vec(), self.lenient_tail, self.trust_missing, self.window);
         fresh.rebuild.wal.records = RecordStore::new(self.rebuild.wal.records.cache_max());
         (fresh.rebuild.sinks, fresh.rebuild.keep_records) = (self.rebuild.sinks, self.rebuild.keep_records);
+        assert!(self.through.is_none(), "clustered mode never trusts missing segments");
         match self.drop_unfinished {
             true => fresh.dropping_unfinished_groups(),
             false => fresh,

@@ -146,7 +146,12 @@ impl DiskWal {
                 for path in strays {
                     warn!(path = %path.display(), "ignoring a file in the WAL directory that is not a segment");
                 }
-                Ok(IoReply::Segments(WalListing::Files(ids)))
+                let sized = ids
+                    .into_iter()
+                    .map(|id| Ok((id, std::fs::metadata(self.path(id))?.len())))
+                    .collect::<io::Result<_>>()
+                    .map_err(|e| failed("listing the WAL", e))?;
+                Ok(IoReply::Segments(WalListing::Files(sized)))
             }
             WalOp::ReadAt { segment, offset, len } => self
                 .read_at(segment, offset, len)

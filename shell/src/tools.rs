@@ -212,6 +212,7 @@ fn walk(
                 segments.push(SegmentLine { seg, groups, lsns, records });
                 (groups, lsns, records) = (0, None, 0);
             }
+            Scanned::Bytes(_) => unreachable!("not asked for"),
         });
         if verdict.is_err() {
             break;

@@ -235,7 +235,7 @@ impl DiskWal {
         let done = |ok: bool| if ok { Ok(IoReply::Done) } else { Err(IoError::Failed) };
         match op {
             WalOp::Sync => done(self.disk.sync_all(fails)),
-            WalOp::List => Ok(IoReply::Segments(WalListing::Files(self.disk.list()))),
+            WalOp::List => Ok(IoReply::Segments(WalListing::Files(self.disk.sizes()))),
             WalOp::ReadStopRecord | WalOp::WriteStopRecord(_) if fails => Err(IoError::Failed),
             WalOp::ReadStopRecord => Ok(IoReply::StopRecord(self.stop_record.clone())),
             WalOp::WriteStopRecord(bytes) => {

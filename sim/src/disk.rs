@@ -65,6 +65,11 @@ impl SimDisk {
         self.files.keys().copied().collect()
     }
 
+    /// Each file with its length, as a directory listing gives them.
+    pub fn sizes(&self) -> Vec<(SegmentId, u64)> {
+        self.files.iter().map(|(id, f)| (*id, f.current.len() as u64)).collect()
+    }
+
     /// Reads what the device holds, bypassing the page cache (`O_DIRECT`):
     /// pages whose writeback failed are not seen. Recovery syncs first, so
     /// dirty pages a killed writer left are on the device by then.

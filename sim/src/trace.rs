@@ -183,7 +183,8 @@ impl Trace {
             IoReply::Done => self.u64(20),
             IoReply::Segments(WalListing::Files(s)) => {
                 self.u64(21);
-                s.iter().for_each(|id| self.u64(id.0));
+                // The ids only: the sizes follow from the device's bytes.
+                s.iter().for_each(|(id, _)| self.u64(id.0));
             }
             IoReply::Segments(WalListing::Objects(s)) => {
                 self.u64(47);
@@ -395,7 +396,9 @@ fn describe_message(m: &skippr_core::PeerMessage) -> String {
 fn describe_reply(reply: &IoReply) -> String {
     match reply {
         IoReply::Done => "ok".into(),
-        IoReply::Segments(WalListing::Files(s)) => format!("segments {:?}", s.iter().map(|s| s.0).collect::<Vec<_>>()),
+        IoReply::Segments(WalListing::Files(s)) => {
+            format!("segments {:?}", s.iter().map(|s| s.0 .0).collect::<Vec<_>>())
+        }
         IoReply::Segments(WalListing::Objects(s)) => {
             let s: Vec<String> = s.iter().map(|(id, o)| format!("{}{:?}", id.0, o)).collect();
             format!("segments {}", s.join(" "))

@@ -14,7 +14,10 @@
 //! conflicting append truncates. What is durable is raft-rs's business
 //! (told by `on_persist_ready`) and the WAL's.
 
+mod restore;
 mod storage;
+
+pub use restore::LogBuilder;
 
 use super::entry::{decode_entry, encode_entry, membership_change, EntryError, EntryGroup, LogEnd, Opening, Placement};
 use super::hard_state::Members;
@@ -69,19 +72,20 @@ struct Fetch {
 /// Why a host's log cannot be restored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RestoreError {
+    /// The whole-segment restore of the tests met damage (the engine's
+    /// recovery scan reports damage itself, before the log is built).
+    #[cfg(test)]
     Corrupt(crate::wal::Corruption),
     /// The WAL does not begin with the cluster's genesis group.
     NoGenesis,
     /// The saved commit index is past the last durable group.
-    CommitLost {
-        commit: u64,
-        last: u64,
-    },
+    CommitLost { commit: u64, last: u64 },
 }
 
 impl std::fmt::Display for RestoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            #[cfg(test)]
             RestoreError::Corrupt(c) => write!(f, "segment {} at byte {}: {}", c.segment.0, c.offset, c.what),
             RestoreError::NoGenesis => {
                 write!(f, "the WAL does not begin with this cluster's first group (segment 0, LSN 0)")
@@ -129,76 +133,6 @@ impl Log {
             conf_changed_at: 0,
             members: Members::default(),
         }
-    }
-
-    /// The log a host finds on its disk at start: `segments` (sorted by
-    /// id, each the whole segment) scanned as the WAL, from its first group
-    /// on (genesis, or the first after deleted segments: raft's log starts
-    /// after it), and the hard state last saved. Every group on disk up to
-    /// the first one is committed (segments go only once a committed
-    /// snapshot after them is applied), so a saved commit index below it,
-    /// left by a crash between a deletion or install and the next save, is
-    /// raised to it. Entries past `hard.commit`
-    /// are held in memory (raft-rs will commit or truncate them); what is
-    /// committed is read back when wanted. A commit index past the last
-    /// durable group means acknowledged data is gone: the host must not
-    /// take part (it could vote for a log that lacks it).
-    /// Returns the scan too, for the engine to rebuild its state from.
-    pub fn restore(
-        hard: HardState,
-        conf: ConfState,
-        segments: &[(SegmentId, &[u8])],
-    ) -> Result<(Log, Vec<crate::wal::ScannedSegment>), RestoreError> {
-        let scanned = crate::wal::scan(segments, false).map_err(RestoreError::Corrupt)?;
-        let mut groups = scanned.iter().flat_map(|s| {
-            let last = s.groups.len().saturating_sub(1);
-            s.groups.iter().enumerate().map(move |(i, g)| (s, g, s.sealed && i == last))
-        });
-        let Some((first_seg, first, sealed)) = groups.next() else { return Err(RestoreError::NoGenesis) };
-        if first.lsn == Lsn(0) && first_seg.id != SegmentId(0) {
-            return Err(RestoreError::NoGenesis);
-        }
-        let size = |id: SegmentId| segments.iter().find(|s| s.0 == id).map_or(0, |s| s.1.len() as u64);
-        let end =
-            LogEnd { lsn: first.lsn, segment: first_seg.id, end: first.end, sealed, segment_bytes: size(first_seg.id) };
-        let mut hard = hard;
-        hard.commit = hard.commit.max(first.lsn.0);
-        let mut log = Log::new(hard, conf, (first.lsn.0, first.epoch.0), end);
-        for (seg, group, sealed) in groups {
-            let end = LogEnd { lsn: group.lsn, segment: seg.id, end: group.end, sealed, segment_bytes: size(seg.id) };
-            if let (Some(epoch), true) = (seg.header_epoch, group.offset == crate::wal::SEGMENT_HEADER_BYTES as u64) {
-                log.header_epochs.insert(seg.id, epoch);
-            }
-            log.ends.push_back(end);
-            log.terms.push(group.lsn.0, group.epoch.0);
-        }
-        let last = log.last_index();
-        if log.hard.commit > last {
-            return Err(RestoreError::CommitLost { commit: log.hard.commit, last });
-        }
-        // A `Ready`'s groups are made durable before its hard state, so a
-        // crash between them leaves entries of a term the saved hard state
-        // has not reached (a follower's first append in a new term). The
-        // host did reach that term, and voted in it for no one whose vote
-        // counted: a vote leaves only after the hard state holding it is
-        // durable. So the term is raised to the log's, with no vote. Left
-        // lower, raft-rs would answer in a term its log had passed (at term
-        // 0 it panics answering a pre-vote) and could lead in it.
-        let last_term = log.terms.term(last).expect("the log holds its last index");
-        if log.hard.term < last_term {
-            log.hard.term = last_term;
-            log.hard.vote = 0;
-        }
-        log.held_from = log.hard.commit + 1;
-        log.durable = log.hard.commit;
-        for index in log.held_from..=last {
-            let place = log.place(index);
-            let bytes = &segments.iter().find(|s| s.0 == place.segment).expect("scanned").1
-                [place.offset as usize..(place.offset + place.len) as usize];
-            let entry = log.entry_read_back(index, bytes);
-            log.held.push_back(entry);
-        }
-        Ok((log, scanned))
     }
 
     pub fn plant_no_truncate(&mut self) {

@@ -13,8 +13,9 @@
 use super::replication::RaftNews;
 use super::*;
 use crate::consensus::entry::EntryGroup;
+use crate::consensus::log::{Log, RestoreError};
 use crate::consensus::membership::Join;
-use crate::recovery::{rebuild, WalDamage};
+use crate::recovery::{rebuild, RecoveredWal, WalDamage};
 use crate::wal::{check_group, Frame};
 
 impl Host {
@@ -28,14 +29,19 @@ impl Host {
         self.fx.io(Pending::WalList, IoOp::Wal(WalOp::List));
     }
 
-    /// Recovery in clustered mode: the log restored from every segment, the
-    /// committed state rebuilt only through raft's commit index (later
-    /// groups wait for raft), no fence (raft's own entry at a new term is
-    /// one) and no plugins until this host serves.
-    pub(super) fn restore_cluster(&mut self, segments: &[(SegmentId, &[u8])]) {
+    /// Recovery in clustered mode, once the streaming scan has read every
+    /// segment: raft's log built from every group, the committed state
+    /// rebuilt only through raft's commit index (later groups wait for
+    /// raft), no fence (raft's own entry at a new term is one) and no
+    /// plugins until this host serves.
+    pub(super) fn restore_cluster(
+        &mut self,
+        scanned: Result<RecoveredWal, WalDamage>,
+        log: Result<Option<Log>, RestoreError>,
+    ) {
         let now = self.fx.now;
-        let restored = self.authority.held_raft().restore(&mut self.fx, segments, &self.cfg.limits, now);
-        let (scanned, segment_bytes) = match restored {
+        let restored = self.authority.held_raft().restore(&mut self.fx, log, &self.cfg.limits, now);
+        let (genesis, segment_bytes) = match restored {
             Ok(restored) => restored,
             Err(stop) => return self.stop(stop),
         };
@@ -45,7 +51,12 @@ impl Host {
             let what = format!("the cluster's segment size {segment_bytes} does not fit this host's limits: {e}");
             return self.stop(StopReason::ClusterLog { what });
         }
-        let mut wal = match rebuild(scanned, true) {
+        // A first start's WAL is the genesis group alone.
+        let recovered = match genesis {
+            Some(genesis) => rebuild(genesis, true),
+            None => scanned,
+        };
+        let mut wal = match recovered {
             Ok(wal) => wal,
             Err(WalDamage::Corrupt(c)) => return self.stop(StopReason::Corrupt(c)),
             Err(WalDamage::Missing(m)) => return self.stop(StopReason::WalIncomplete(m)),

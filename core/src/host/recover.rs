@@ -33,8 +33,7 @@ impl Host {
             Ok(listing) => {
                 let listed = self.startup.on_listed(&mut self.fx, listing);
                 if self.authority.raft_ref().is_some() {
-                    let window = self.cfg.limits.read_window_bytes;
-                    let read = self.startup.gather(&mut self.fx, listed, window);
+                    let read = self.scan_cluster(listed);
                     return self.on_reading(Ok(read));
                 }
                 // A run that stopped on SIGTERM may have left a record that
@@ -75,6 +74,19 @@ impl Host {
         self.startup.stream(&mut self.fx, recovery)
     }
 
+    /// Clustered mode: the listed segments read through the streaming scan,
+    /// the committed state rebuilt through raft's saved commit index and
+    /// raft's log built from every group admitted (no stop record: raft's
+    /// state is not the engine's to summarize).
+    fn scan_cluster(&mut self, listed: Vec<SegmentId>) -> Read {
+        let log = self.authority.held_raft().log_builder(self.startup.take_sizes());
+        let window = self.cfg.limits.read_window_bytes;
+        let recovery = Recovery::new(listed, false, false, window)
+            .with_record_cache(self.cfg.limits.record_cache_bytes, self.cfg.sinks.len() as u16)
+            .applying_through(log.saved_commit());
+        self.startup.stream_cluster(&mut self.fx, recovery, log)
+    }
+
     pub(super) fn on_segment_read(&mut self, segment: SegmentId, result: Result<Vec<u8>, IoError>) {
         match result {
             Ok(bytes) => {
@@ -105,9 +117,8 @@ impl Host {
     /// read whole for raft's log), and the committed state rebuilt.
     fn on_all_read(&mut self) {
         if self.authority.raft_ref().is_some() {
-            let read = self.startup.take_whole();
-            let segments: Vec<(SegmentId, &[u8])> = read.iter().map(|(id, b)| (*id, b.as_slice())).collect();
-            return self.restore_cluster(&segments);
+            let (wal, log) = self.startup.take_cluster();
+            return self.restore_cluster(wal, log);
         }
         let mut wal = match self.startup.take_recovered(self.cfg.limits.record_cache_bytes) {
             Ok(wal) => wal,
@@ -127,10 +138,16 @@ impl Host {
     }
 
     /// The segments read so far are damaged, or committed data is missing.
+    /// A clustered host reads its WAL before its raft node starts: it has
+    /// no leadership to confirm first, and stops at once.
     fn on_damage(&mut self, damage: WalDamage) {
-        match damage {
-            WalDamage::Corrupt(c) => self.stop_unless_lease_lost(StopReason::Corrupt(c)),
-            WalDamage::Missing(m) => self.stop_unless_lease_lost(StopReason::WalIncomplete(m)),
+        let stop = match damage {
+            WalDamage::Corrupt(c) => StopReason::Corrupt(c),
+            WalDamage::Missing(m) => StopReason::WalIncomplete(m),
+        };
+        match self.authority.raft_ref() {
+            Some(_) => self.stop(stop),
+            None => self.stop_unless_lease_lost(stop),
         }
     }
 

@@ -8,6 +8,7 @@
 //! part only remembers where they stand. Talks only to [`Effects`].
 
 use super::effects::{Effects, Pending, Retry};
+use crate::consensus::log::{Log, LogBuilder, RestoreError};
 use crate::ids::*;
 use crate::io::{IoOp, StopReason, StopRecordUse, WalListing};
 use crate::io::{PluginOp, WalOp};
@@ -22,6 +23,8 @@ use std::collections::{BTreeMap, BTreeSet};
 pub(super) struct Startup {
     /// The segments listed (leftovers set aside), until the reading starts.
     listed: Vec<SegmentId>,
+    /// Each segment file's length, where the listing gives it (disk).
+    sizes: BTreeMap<SegmentId, u64>,
     /// What became of the last run's stop record.
     stop_record: StopRecordUse,
     /// Listed below the oldest segment that still counts: deleted with the
@@ -59,9 +62,10 @@ enum Reading {
     /// The last run's stop record, checked against the WAL a read at a
     /// time (the next check last).
     Check { record: Box<StopRecord>, checks: Vec<Check> },
-    /// Gathered whole, for a raft log that restores from whole segments
-    /// (clustered mode): the segments not yet done, and the bytes read.
-    Whole { todo: Vec<SegmentId>, read: BTreeMap<SegmentId, Vec<u8>>, window: usize },
+    /// Clustered mode: the streaming scan rebuilds the committed state
+    /// through raft's commit index, and everything it admits builds raft's
+    /// log.
+    Cluster { recovery: Box<Recovery>, log: Box<LogBuilder> },
 }
 
 /// What a read that came back leaves to do.
@@ -92,7 +96,10 @@ impl Startup {
         fx.succeeded(Retry::WalList);
         self.listed_at = fx.now;
         let mut ids = match listing {
-            WalListing::Files(ids) => ids,
+            WalListing::Files(sized) => {
+                self.sizes = sized.iter().copied().collect();
+                sized.into_iter().map(|(id, _)| id).collect()
+            }
             WalListing::Objects(objects) => {
                 let (leftovers, kept) = split_leftovers(&objects);
                 self.leftovers = leftovers;
@@ -161,22 +168,23 @@ impl Startup {
         self.send_read(fx)
     }
 
-    /// Reads `listed` whole, in windows of `window` bytes.
-    pub(super) fn gather(&mut self, fx: &mut Effects, mut listed: Vec<SegmentId>, window: usize) -> Read {
-        listed.reverse();
-        self.reading = Reading::Whole { todo: listed, read: BTreeMap::new(), window };
+    /// Clustered mode: reads the listed segments through `recovery`'s
+    /// scan, each group it admits handed to `log` too.
+    pub(super) fn stream_cluster(&mut self, fx: &mut Effects, recovery: Recovery, log: LogBuilder) -> Read {
+        self.reading = Reading::Cluster { recovery: Box::new(recovery), log: Box::new(log) };
         self.send_read(fx)
+    }
+
+    /// Each listed segment file's length.
+    pub(super) fn take_sizes(&mut self) -> BTreeMap<SegmentId, u64> {
+        std::mem::take(&mut self.sizes)
     }
 
     fn next_read(&self) -> Option<ReadAt> {
         match &self.reading {
             Reading::Idle => None,
-            Reading::Stream(recovery) => recovery.next_read(),
+            Reading::Stream(recovery) | Reading::Cluster { recovery, .. } => recovery.next_read(),
             Reading::Check { checks, .. } => checks.last().map(Check::read),
-            Reading::Whole { todo, read, window } => todo.last().map(|&segment| {
-                let offset = read.get(&segment).map_or(0, |b| b.len() as u64);
-                ReadAt { segment, offset, len: *window }
-            }),
         }
     }
 
@@ -204,11 +212,8 @@ impl Startup {
                     return Ok(Read::Stale);
                 }
             }
-            Reading::Whole { todo, read, window } => {
-                if bytes.len() < *window {
-                    todo.pop();
-                }
-                read.entry(segment).or_default().extend_from_slice(&bytes);
+            Reading::Cluster { recovery, log } => {
+                recovery.feed_seeing(bytes, |item| log.see(item)).inspect_err(|_| self.reading = Reading::Idle)?
             }
         }
         Ok(self.send_read(fx))
@@ -225,11 +230,12 @@ impl Startup {
         }
     }
 
-    /// The segments read whole.
-    pub(super) fn take_whole(&mut self) -> BTreeMap<SegmentId, Vec<u8>> {
+    /// Clustered mode, once every segment is read: the committed state
+    /// rebuilt through raft's commit index, and raft's log.
+    pub(super) fn take_cluster(&mut self) -> (Result<RecoveredWal, WalDamage>, Result<Option<Log>, RestoreError>) {
         match std::mem::take(&mut self.reading) {
-            Reading::Whole { read, .. } => read,
-            _ => unreachable!("taken once, after a gathered read"),
+            Reading::Cluster { recovery, log } => (recovery.finish(), log.finish()),
+            _ => unreachable!("taken once, after a clustered read"),
         }
     }
 

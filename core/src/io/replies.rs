@@ -43,8 +43,10 @@ pub enum IoReply {
 /// What a WAL listing found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WalListing {
-    /// Segment files (disk): one id per file.
-    Files(Vec<SegmentId>),
+    /// Segment files (disk): one id per file, with the file's length (a
+    /// clustered host's log needs each segment's size, and a scan that
+    /// stops at a seal never reaches the end of the file).
+    Files(Vec<(SegmentId, u64)>),
     /// An object store (S3): per segment, the offsets of the objects it
     /// holds (0 is the header). Which of them still belong to the WAL is the
     /// engine's decision (`wal::oldest_to_keep`); it deletes the leftovers.

@@ -29,6 +29,7 @@ pub fn scan(segments: &[(SegmentId, &[u8])], lenient_tail: bool) -> Result<Vec<S
                     seg.groups = std::mem::take(&mut groups);
                     out.push(seg);
                 }
+                Scanned::Bytes(_) => unreachable!("not asked for"),
             }
         }
     }

@@ -24,6 +24,10 @@ pub enum Scanned {
     /// A segment is done: its header epoch, seal, end and stale groups (its
     /// groups came before, one by one).
     Segment(ScannedSegment),
+    /// The bytes of the group handed out just before, for a group past the
+    /// LSN `keeping_bytes_past` names (a clustered host holds the groups
+    /// raft has not committed as raft entries).
+    Bytes(Vec<u8>),
 }
 
 /// The next bytes the scan needs: `len` bytes of `segment` from `offset`
@@ -84,6 +88,8 @@ pub struct StreamScan {
     probe: Option<Probe>,
     /// The LSN of the group that jumped past the sealed segment before it.
     jumped_to: Option<Lsn>,
+    /// Groups past this LSN are handed out with their bytes.
+    bytes_past: Option<Lsn>,
 }
 
 fn fresh(id: SegmentId) -> ScannedSegment {
@@ -119,7 +125,15 @@ impl StreamScan {
             newest: Epoch(0),
             probe: None,
             jumped_to: None,
+            bytes_past: None,
         }
+    }
+
+    /// Hands out the bytes of every group past `lsn` too, after the group
+    /// (`Scanned::Bytes`).
+    pub fn keeping_bytes_past(mut self, lsn: Lsn) -> StreamScan {
+        self.bytes_past = Some(lsn);
+        self
     }
 
     /// The planted bug `drop-unfinished-group`: a group the window cut off
@@ -253,8 +267,12 @@ impl StreamScan {
             };
             self.newest = self.newest.max(group.epoch);
             self.expected = Some(Lsn(group.lsn.0 + 1));
+            let (at, lsn) = (pos, group.lsn);
             pos = group.end as usize;
             out.push(Scanned::Group(id, group));
+            if self.bytes_past.is_some_and(|past| lsn > past) {
+                out.push(Scanned::Bytes(self.buf[at - self.base..pos - self.base].to_vec()));
+            }
             if sealed {
                 self.seg.sealed = true;
                 self.seg.end = pos as u64;

@@ -11,7 +11,10 @@
 //! warm and cold (`posix_fadvise(DONTNEED)` first), and one with
 //! `O_DIRECT` as recovery reads (4 MiB blocks, one at a time). A clean stop leaves a
 //! stop record whenever its WAL was consistent, and the restart after it
-//! says whether the record spared the scan.
+//! says whether the record spared the scan. With `--wal-storage
+//! clustered` the daemon is a cluster of one host (its raft log the WAL,
+//! on this disk; certificates and `cluster init` made here): a clustered
+//! host always scans, since raft's state is not the engine's to summarize.
 
 use super::{median, prepare_dir};
 use crate::exit;
@@ -39,6 +42,14 @@ pub struct BenchRecoveryArgs {
     /// How long one start may take to fill the WAL or to deliver, in seconds.
     #[arg(long, default_value_t = 600)]
     patience: u64,
+    /// Where the WAL lives: `disk`, or `clustered` (a cluster of one host
+    /// on 127.0.0.1, its DATA_DIRs named `clustered-<MiB>MiB`).
+    #[arg(long, value_name = "KIND", default_value = "disk", value_parser = ["disk", "clustered"])]
+    wal_storage: String,
+    /// The `skipprd` binary whose restarts are measured (another build,
+    /// for a before-and-after table); this one by default.
+    #[arg(long, value_name = "PATH")]
+    daemon: Option<PathBuf>,
 }
 
 /// What one restart took.
@@ -61,7 +72,7 @@ pub fn recovery(args: BenchRecoveryArgs) -> i32 {
     if let Err(code) = prepare_dir("recovery", &args.dir) {
         return code;
     }
-    let me = match std::env::current_exe() {
+    let me = match args.daemon.clone().map_or_else(std::env::current_exe, Ok) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("skipprd bench recovery: cannot find this program's path: {e}");
@@ -74,9 +85,27 @@ pub fn recovery(args: BenchRecoveryArgs) -> i32 {
         return exit::FAILED;
     }
     let patience = Duration::from_secs(args.patience);
+    let cluster = match args.wal_storage.as_str() {
+        "clustered" => match Cluster::new(&me, &args.dir) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("skipprd bench recovery: {e}");
+                return exit::FAILED;
+            }
+        },
+        _ => None,
+    };
     for &mib in &args.sizes {
-        let bench =
-            Bench { me: &me, data: args.dir.join(format!("wal-{mib}MiB")), bytes: mib << 20, sink: &sink, patience };
+        let name = match cluster {
+            Some(_) => format!("clustered-{mib}MiB"),
+            None => format!("wal-{mib}MiB"),
+        };
+        let data = args.dir.join(name);
+        if let Some(Err(e)) = cluster.as_ref().map(|c| c.init(&data)) {
+            eprintln!("skipprd bench recovery: {mib} MiB: {e}");
+            return exit::FAILED;
+        }
+        let bench = Bench { me: &me, data, bytes: mib << 20, sink: &sink, patience, cluster: cluster.as_ref() };
         if let Err(e) = bench.size(args.rounds) {
             eprintln!("skipprd bench recovery: {mib} MiB: {e}");
             return exit::FAILED;
@@ -91,6 +120,60 @@ struct Bench<'a> {
     bytes: u64,
     sink: &'a Path,
     patience: Duration,
+    cluster: Option<&'a Cluster>,
+}
+
+/// A cluster of one host: its certificates and the address it listens on.
+struct Cluster {
+    me: PathBuf,
+    certs: PathBuf,
+    port: u16,
+}
+
+impl Cluster {
+    fn new(me: &Path, dir: &Path) -> Result<Cluster, String> {
+        let certs = dir.join("cluster-certs");
+        if !certs.join("ca.pem").exists() {
+            let out = Command::new(me)
+                .args(["cluster", "certs", "--nodes", "1", "--dir"])
+                .arg(&certs)
+                .output()
+                .map_err(|e| format!("cannot run `cluster certs`: {e}"))?;
+            if !out.status.success() {
+                return Err(format!("`cluster certs` failed: {}", String::from_utf8_lossy(&out.stderr)));
+            }
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free loopback port: {e}"))?
+            .port();
+        Ok(Cluster { me: me.to_path_buf(), certs, port })
+    }
+
+    /// Gives `data` its place in the cluster, unless it has one.
+    fn init(&self, data: &Path) -> Result<(), String> {
+        if data.join("raft-state").exists() {
+            return Ok(());
+        }
+        let out = Command::new(&self.me)
+            .args(["cluster", "init", "--node-id", "1", "--voters", "1"])
+            .arg(data)
+            .output()
+            .map_err(|e| format!("cannot run `cluster init`: {e}"))?;
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(format!("`cluster init` failed: {}", String::from_utf8_lossy(&out.stderr))),
+        }
+    }
+
+    fn configure(&self, c: &mut Command) {
+        c.env("WAL_STORAGE", "clustered")
+            .env("SKIPPR_CLUSTER_NODE_ID", "1")
+            .env("SKIPPR_CLUSTER_PEERS", format!("1=127.0.0.1:{}", self.port))
+            .env("SKIPPR_CLUSTER_CA", self.certs.join("ca.pem"))
+            .env("SKIPPR_CLUSTER_CERT", self.certs.join("node-1.pem"))
+            .env("SKIPPR_CLUSTER_KEY", self.certs.join("node-1-key.pem"));
+    }
 }
 
 impl Bench<'_> {
@@ -141,6 +224,9 @@ impl Bench<'_> {
         c.arg("run").arg("--data-dir").arg(&self.data);
         c.args(["--wal-max-bytes", &self.bytes.to_string(), "--generator-records", "0", "--drain-timeout", "1"]);
         c.env("RUST_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        if let Some(cluster) = self.cluster {
+            cluster.configure(&mut c);
+        }
         c
     }
 

@@ -7,7 +7,7 @@ use super::{cluster_log, Node, Phase, Replication, Role};
 use crate::config::Limits;
 use crate::consensus::entry::{genesis, EntryGroup, Opening};
 use crate::consensus::hard_state::{decode_file, Members};
-use crate::consensus::log::Log;
+use crate::consensus::log::{Log, LogBuilder, RestoreError};
 use crate::consensus::replica::Replica;
 use crate::consensus::{ConfState, HardState};
 use crate::host::effects::Effects;
@@ -16,6 +16,7 @@ use crate::io::StopReason;
 use crate::mutation::Mutation;
 use crate::time::Instant;
 use crate::wal::{GroupPlace, ScannedSegment, SEGMENT_HEADER_BYTES};
+use std::collections::BTreeMap;
 
 impl Replication {
     /// The hard-state file's bytes at start. `cluster init` or `cluster
@@ -61,32 +62,40 @@ impl Replication {
         Ok(())
     }
 
-    /// Restores the log from the segments read at start and starts the raft
-    /// node, having applied what the hard state says is committed. Returns
-    /// the scan cut at the commit index (what this host may rebuild its
-    /// state from; later groups wait for raft) and the log's segment size.
+    /// What recovery's scan builds the log with: the hard state and
+    /// membership read at start, and each listed segment file's size.
+    pub(in crate::host) fn log_builder(&self, sizes: BTreeMap<SegmentId, u64>) -> LogBuilder {
+        let Phase::Loaded(loaded) = &self.phase else { panic!("the hard state is read before the segments") };
+        LogBuilder::new(loaded.0.clone(), loaded.1.clone(), sizes)
+    }
+
+    /// Starts the raft node on the log recovery's scan built from this
+    /// host's segments. Returns the log's segment size, and on a host's
+    /// first start the genesis group's scan (the state to rebuild from; a
+    /// restart rebuilt its own through the commit index, later groups
+    /// waiting for raft).
     pub(in crate::host) fn restore(
         &mut self,
         fx: &mut Effects,
-        segments: &[(SegmentId, &[u8])],
+        built: Result<Option<Log>, RestoreError>,
         limits: &Limits,
         now: Instant,
-    ) -> Result<(Vec<ScannedSegment>, u64), StopReason> {
+    ) -> Result<(Option<Vec<ScannedSegment>>, u64), StopReason> {
         let Phase::Loaded(loaded) = std::mem::replace(&mut self.phase, Phase::Unread) else {
             panic!("the hard state is read before the segments")
         };
         let (hard, conf, members) = *loaded;
-        let empty = || crate::wal::scan(segments, false).is_ok_and(|s| s.iter().all(|s| s.groups.is_empty()));
-        let (log, mut scanned) = if hard == HardState::default() && empty() {
-            // A host's first start (or a retry of one whose first write
-            // failed): its WAL begins with the genesis group, written
-            // before anything raft does.
-            self.saves.genesis(fx, genesis_group(members.segment_bytes));
-            let (end, first) = genesis(members.segment_bytes);
-            let scanned = crate::wal::scan(&[(SegmentId(0), &first)], false).expect("the genesis group scans");
-            (Log::new(hard, conf, (0, 0), end), scanned)
-        } else {
-            Log::restore(hard, conf, segments).map_err(cluster_log)?
+        let (log, genesis_scan) = match built.map_err(cluster_log)? {
+            Some(log) => (log, None),
+            None => {
+                // A host's first start (or a retry of one whose first write
+                // failed): its WAL begins with the genesis group, written
+                // before anything raft does.
+                self.saves.genesis(fx, genesis_group(members.segment_bytes));
+                let (end, first) = genesis(members.segment_bytes);
+                let scanned = crate::wal::scan(&[(SegmentId(0), &first)], false).expect("the genesis group scans");
+                (Log::new(hard, conf, (0, 0), end), Some(scanned))
+            }
         };
         let segment_bytes = log.end().segment_bytes;
         let commit = log.hard_state().commit;
@@ -103,14 +112,7 @@ impl Replication {
         }
         let next_tick = now + self.config.tick;
         self.phase = Phase::Running(Box::new(Node { replica, role: Role::Following, next_tick }));
-        for seg in &mut scanned {
-            let before = seg.groups.len();
-            seg.groups.retain(|g| g.lsn.0 <= commit);
-            if seg.groups.len() != before {
-                seg.sealed = false;
-            }
-        }
-        Ok((scanned, segment_bytes))
+        Ok((genesis_scan, segment_bytes))
     }
 }
 

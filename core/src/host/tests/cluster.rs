@@ -87,6 +87,11 @@ struct Cluster {
     early_stops: u64,
     /// At each clean stop: whether another host led by then.
     successor_at_stop: Vec<bool>,
+    /// Hosts started from now on read their WAL at start in windows of
+    /// this many bytes and keep this many bytes of records in memory.
+    window_and_cache: Option<(usize, u64)>,
+    /// Groups read back from the WAL for sinks.
+    read_backs: u64,
 }
 
 /// What `cluster init` writes into host `node`'s DATA_DIR.
@@ -140,6 +145,8 @@ impl Cluster {
             finished: vec![false; HOSTS as usize],
             early_stops: 0,
             successor_at_stop: Vec::new(),
+            window_and_cache: None,
+            read_backs: 0,
         };
         for i in 0..HOSTS as usize {
             c.start(i);
@@ -163,6 +170,9 @@ impl Cluster {
         cfg.cluster.as_mut().expect("clustered").shared_offsets = self.shared_offsets;
         cfg.stop_when_exhausted = self.once;
         cfg.limits.stall_stop_after = self.stall_stop_after;
+        if let Some((window, cache)) = self.window_and_cache {
+            (cfg.limits.read_window_bytes, cfg.limits.record_cache_bytes) = (window, cache);
+        }
         self.leading[i] = false;
         self.finished[i] = false;
         node.host = Some(Host::new(cfg, self.now).unwrap());
@@ -258,16 +268,21 @@ impl Cluster {
         Ok(match op {
             IoOp::Wal(WalOp::Sync) => IoReply::Done,
             IoOp::Wal(WalOp::ReadHardState) => IoReply::HardState(n.hard.clone()),
-            IoOp::Wal(WalOp::List) => IoReply::Segments(WalListing::Files(n.segments.keys().copied().collect())),
+            IoOp::Wal(WalOp::List) => {
+                IoReply::Segments(WalListing::Files(n.segments.iter().map(|(id, b)| (*id, b.len() as u64)).collect()))
+            }
             IoOp::Wal(WalOp::ReadAt { segment, offset, len }) => {
                 IoReply::SegmentBytes(super::window(&n.segments[&segment], offset, len))
             }
-            IoOp::Wal(WalOp::ReadGroups { places }) => IoReply::Groups(
-                places
-                    .iter()
-                    .map(|p| n.segments[&p.segment][p.offset as usize..(p.offset + p.len) as usize].to_vec())
-                    .collect(),
-            ),
+            IoOp::Wal(WalOp::ReadGroups { places }) => {
+                self.read_backs += places.len() as u64;
+                IoReply::Groups(
+                    places
+                        .iter()
+                        .map(|p| n.segments[&p.segment][p.offset as usize..(p.offset + p.len) as usize].to_vec())
+                        .collect(),
+                )
+            }
             IoOp::Wal(WalOp::Delete { segment }) => {
                 n.segments.remove(&segment);
                 IoReply::Done
@@ -462,6 +477,23 @@ fn three_hosts_deliver_every_record_exactly_once_through_kills_and_leader_change
         terms += c.leaders.len();
     }
     assert!(kills > 0 && terms > 6, "hosts were killed ({kills}) and leaders changed ({terms} terms)");
+}
+
+/// A restarted host streams its WAL: in windows far smaller than a group
+/// (every group cut across reads), with a record cache of a few records,
+/// it still rebuilds raft's log and its state, and the records its sinks
+/// need come back through read-backs.
+#[test]
+fn restarted_hosts_stream_their_wal_in_small_windows_and_read_records_back() {
+    let (mut kills, mut read_backs) = (0, 0);
+    for seed in 0..4 {
+        let mut c = Cluster::new(seed, Mutations::NONE);
+        c.window_and_cache = Some((64, 64));
+        let c = drive(c);
+        c.verdict().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        (kills, read_backs) = (kills + c.kills, read_backs + c.read_backs);
+    }
+    assert!(kills > 0 && read_backs > 0, "hosts were killed ({kills}) and read records back ({read_backs})");
 }
 
 #[test]

@@ -141,7 +141,9 @@ impl Harness {
             IoOp::Wal(WalOp::Sync) => IoReply::Done,
             IoOp::Wal(WalOp::List) => match &self.objects {
                 Some(objects) => IoReply::Segments(WalListing::Objects(objects.clone())),
-                None => IoReply::Segments(WalListing::Files(self.disk.keys().copied().collect())),
+                None => IoReply::Segments(WalListing::Files(
+                    self.disk.iter().map(|(id, b)| (*id, b.len() as u64)).collect(),
+                )),
             },
             IoOp::Wal(WalOp::ReadStopRecord) => IoReply::StopRecord(self.stop_record.clone()),
             IoOp::Wal(WalOp::WriteStopRecord(bytes)) => {

@@ -164,7 +164,9 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
         if let Some((id, op)) = pending.pop() {
             let result = match op {
                 IoOp::Wal(WalOp::Sync) => Ok(IoReply::Done),
-                IoOp::Wal(WalOp::List) => Ok(IoReply::Segments(WalListing::Files(disk.keys().copied().collect()))),
+                IoOp::Wal(WalOp::List) => {
+                    Ok(IoReply::Segments(WalListing::Files(disk.iter().map(|(id, b)| (*id, b.len() as u64)).collect())))
+                }
                 IoOp::Wal(WalOp::ReadStopRecord) => Ok(IoReply::StopRecord(None)),
                 IoOp::Wal(WalOp::ReadAt { segment: s, .. }) if s == segment => {
                     failed_reads += 1;

@@ -133,6 +133,7 @@ fn stream(segments: &[(SegmentId, &[u8])], lenient: bool, window: usize) -> Resu
                     seg.groups = std::mem::take(&mut groups);
                     out.push(seg);
                 }
+                Scanned::Bytes(_) => unreachable!("not asked for"),
             }
         }
     }
