@@ -167,6 +167,14 @@ pub async fn drive(
                         "recovered"
                     )
                 }
+                Output::LogRestored(r) => info!(
+                    scanned_bytes = r.scanned_bytes,
+                    scan_seconds = r.scan_time.as_micros() as f64 / 1e6,
+                    commit = r.commit,
+                    last_index = r.last_index,
+                    uncommitted_bytes = r.uncommitted_bytes,
+                    "restored raft's log from this host's disk"
+                ),
                 Output::Skip { key, at, next, position, recorded } => {
                     let (partition, at, next) = (key.partition, at.0, next.0);
                     if recorded {

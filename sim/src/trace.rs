@@ -107,6 +107,11 @@ impl Trace {
                 self.u64(s.next_lsn.0);
                 self.u64(matches!(s.stop_record, skippr_core::StopRecordUse::Used) as u64);
             }
+            Output::LogRestored(r) => {
+                self.u64(26);
+                self.u64(r.commit);
+                self.u64(r.last_index);
+            }
             Output::Stopped(r) => {
                 self.u64(12);
                 self.update(format!("{r:?}").as_bytes());
@@ -436,6 +441,7 @@ pub fn describe_output(output: &Output) -> String {
     match output {
         Output::Io { id, op } => format!("io{} {}", id.0, describe_op(op)),
         Output::Recovered(s) => format!("recovered {s:?}"),
+        Output::LogRestored(r) => format!("restored raft's log {r:?}"),
         Output::Stopped(r) => format!("stopped {r:?}"),
         Output::LeaseWait { holder, generation } => format!("lease held by {holder:x} (generation {generation})"),
         Output::Stalled { what, for_ } => format!("stalled: {what} failing for {for_:?}"),

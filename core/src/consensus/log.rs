@@ -139,6 +139,11 @@ impl Log {
         self.no_truncate = true;
     }
 
+    /// Bytes of the entries held in memory (the unapplied tail).
+    pub fn held_bytes(&self) -> u64 {
+        self.held.iter().map(|e| (e.data.len() + e.context.len()) as u64).sum()
+    }
+
     pub fn last_index(&self) -> u64 {
         self.base.0 + self.ends.len() as u64
     }

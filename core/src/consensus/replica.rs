@@ -55,6 +55,9 @@ pub struct Replica {
     vote_unsaved: bool,
     /// The hard state last handed over to be saved.
     saved_hard: HardState,
+    /// Bytes of the entries committed since the commit index last handed
+    /// over to be saved (see `COMMIT_SAVE_BYTES`).
+    unsaved_commit_bytes: u64,
     membership: Membership,
     /// Leading: followers sent a snapshot whose transfer has not ended, and
     /// the ticks left before it counts as failed. While any is open, the
@@ -165,6 +168,7 @@ impl Replica {
             ack_early: false,
             vote_unsaved: false,
             saved_hard,
+            unsaved_commit_bytes: 0,
             membership: Membership::new(members),
             transfers: BTreeMap::new(),
             installing: None,
@@ -278,6 +282,7 @@ impl Replica {
         let commit = hs.commit.min(self.raw.raft.raft_log.applied);
         let saved = self.as_saved(HardState { commit, ..hs });
         self.saved_hard = saved.clone();
+        self.unsaved_commit_bytes = 0;
         (saved, self.log().conf_state().clone(), self.membership.members().clone())
     }
 

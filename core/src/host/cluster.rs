@@ -81,6 +81,15 @@ impl Host {
             self.wal.delete_oldest_now();
             self.wal.delete_next(&mut self.fx, true);
         }
+        let (commit, last_index, uncommitted_bytes) = self.authority.held_raft().restored();
+        let (scanned_bytes, scan_time) = self.startup.read();
+        self.fx.emit(Output::LogRestored(LogRestored {
+            scanned_bytes,
+            scan_time,
+            commit,
+            last_index,
+            uncommitted_bytes,
+        }));
     }
 
     /// Routes what raft decided, in order.

@@ -68,6 +68,10 @@ pub enum Output {
     },
     /// Recovery finished; sources are being resumed.
     Recovered(RecoverySummary),
+    /// Clustered mode: this host restored raft's log and its committed
+    /// state from its own disk; its raft node starts (serving waits for an
+    /// election, and `Recovered` for serving).
+    LogRestored(LogRestored),
     /// Another writer holds the WAL's lease; this one waits until the
     /// holder releases it or its row stays unchanged for the steal span.
     /// Emitted once per holder seen.
@@ -146,6 +150,21 @@ pub struct RecoverySummary {
     pub scan_time: Duration,
     /// Whether the previous run's stop record spared the scan.
     pub stop_record: StopRecordUse,
+}
+
+/// What a clustered host restored from its own disk at start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogRestored {
+    /// Bytes of the WAL read, and the time from the listing to the last of
+    /// them scanned.
+    pub scanned_bytes: u64,
+    pub scan_time: Duration,
+    /// Raft's commit index (the saved one, raised to the first group on
+    /// disk) and the last index on disk.
+    pub commit: u64,
+    pub last_index: u64,
+    /// Bytes of the groups past the commit index, held in memory for raft.
+    pub uncommitted_bytes: u64,
 }
 
 /// What a start made of the stop record the last run left.

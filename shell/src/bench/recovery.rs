@@ -12,9 +12,10 @@
 //! `O_DIRECT` as recovery reads (4 MiB blocks, one at a time). A clean stop leaves a
 //! stop record whenever its WAL was consistent, and the restart after it
 //! says whether the record spared the scan. With `--wal-storage
-//! clustered` the daemon is a cluster of one host (its raft log the WAL,
-//! on this disk; certificates and `cluster init` made here): a clustered
-//! host always scans, since raft's state is not the engine's to summarize.
+//! clustered` the daemon is a cluster of three hosts on 127.0.0.1 (their
+//! certificates and `cluster init` made here), all stopped and started
+//! together; the figures are the slowest host's, and a clustered host
+//! always scans (raft's state is not the engine's to summarize).
 
 use super::{median, prepare_dir};
 use crate::exit;
@@ -42,8 +43,8 @@ pub struct BenchRecoveryArgs {
     /// How long one start may take to fill the WAL or to deliver, in seconds.
     #[arg(long, default_value_t = 600)]
     patience: u64,
-    /// Where the WAL lives: `disk`, or `clustered` (a cluster of one host
-    /// on 127.0.0.1, its DATA_DIRs named `clustered-<MiB>MiB`).
+    /// Where the WAL lives: `disk`, or `clustered` (a cluster of three
+    /// hosts on 127.0.0.1, their DATA_DIRs under `clustered-<MiB>MiB`).
     #[arg(long, value_name = "KIND", default_value = "disk", value_parser = ["disk", "clustered"])]
     wal_storage: String,
     /// The `skipprd` binary whose restarts are measured (another build,
@@ -101,10 +102,6 @@ pub fn recovery(args: BenchRecoveryArgs) -> i32 {
             None => format!("wal-{mib}MiB"),
         };
         let data = args.dir.join(name);
-        if let Some(Err(e)) = cluster.as_ref().map(|c| c.init(&data)) {
-            eprintln!("skipprd bench recovery: {mib} MiB: {e}");
-            return exit::FAILED;
-        }
         let bench = Bench { me: &me, data, bytes: mib << 20, sink: &sink, patience, cluster: cluster.as_ref() };
         if let Err(e) = bench.size(args.rounds) {
             eprintln!("skipprd bench recovery: {mib} MiB: {e}");
@@ -123,61 +120,90 @@ struct Bench<'a> {
     cluster: Option<&'a Cluster>,
 }
 
-/// A cluster of one host: its certificates and the address it listens on.
+/// A cluster of three hosts on 127.0.0.1: their certificates and ports.
 struct Cluster {
     me: PathBuf,
     certs: PathBuf,
-    port: u16,
+    ports: [u16; 3],
 }
 
 impl Cluster {
     fn new(me: &Path, dir: &Path) -> Result<Cluster, String> {
         let certs = dir.join("cluster-certs");
         if !certs.join("ca.pem").exists() {
-            let out = Command::new(me)
-                .args(["cluster", "certs", "--nodes", "1", "--dir"])
-                .arg(&certs)
-                .output()
-                .map_err(|e| format!("cannot run `cluster certs`: {e}"))?;
-            if !out.status.success() {
-                return Err(format!("`cluster certs` failed: {}", String::from_utf8_lossy(&out.stderr)));
-            }
+            run(Command::new(me).args(["cluster", "certs", "--nodes", "1,2,3", "--dir"]).arg(&certs))?;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("no free loopback port: {e}"))?
-            .port();
-        Ok(Cluster { me: me.to_path_buf(), certs, port })
+        let mut listeners = Vec::new();
+        for _ in 0..3 {
+            listeners.push(std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no loopback port: {e}"))?);
+        }
+        let port = |i: usize| listeners[i].local_addr().map(|a| a.port()).map_err(|e| e.to_string());
+        Ok(Cluster { me: me.to_path_buf(), certs, ports: [port(0)?, port(1)?, port(2)?] })
     }
 
-    /// Gives `data` its place in the cluster, unless it has one.
-    fn init(&self, data: &Path) -> Result<(), String> {
-        if data.join("raft-state").exists() {
+    /// Gives each host's DATA_DIR its place in a new cluster, unless the
+    /// first one has its place already.
+    fn init(&self, hosts: &[PathBuf]) -> Result<(), String> {
+        if hosts[0].join("raft-state").exists() {
             return Ok(());
         }
-        let out = Command::new(&self.me)
-            .args(["cluster", "init", "--node-id", "1", "--voters", "1"])
-            .arg(data)
-            .output()
-            .map_err(|e| format!("cannot run `cluster init`: {e}"))?;
-        match out.status.success() {
-            true => Ok(()),
-            false => Err(format!("`cluster init` failed: {}", String::from_utf8_lossy(&out.stderr))),
-        }
+        let init = |node: usize, id: Option<&str>| {
+            let mut c = Command::new(&self.me);
+            c.args(["cluster", "init", "--node-id", &node.to_string(), "--voters", "1,2,3"]);
+            if let Some(id) = id {
+                c.args(["--cluster-id", id]);
+            }
+            run(c.arg(&hosts[node - 1]))
+        };
+        // `cluster <ID>: node 1 in DIR`
+        let first = init(1, None)?;
+        let id = first.split_whitespace().nth(1).map(|w| w.trim_end_matches(':').to_string());
+        let id = id.ok_or_else(|| format!("`cluster init` printed no cluster id: {first}"))?;
+        init(2, Some(&id))?;
+        init(3, Some(&id))?;
+        Ok(())
     }
 
-    fn configure(&self, c: &mut Command) {
+    /// Host `node` (1 to 3) of the cluster.
+    fn configure(&self, c: &mut Command, node: usize) {
+        let peers: Vec<String> =
+            self.ports.iter().enumerate().map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1)).collect();
         c.env("WAL_STORAGE", "clustered")
-            .env("SKIPPR_CLUSTER_NODE_ID", "1")
-            .env("SKIPPR_CLUSTER_PEERS", format!("1=127.0.0.1:{}", self.port))
+            .env("SKIPPR_CLUSTER_NODE_ID", node.to_string())
+            .env("SKIPPR_CLUSTER_PEERS", peers.join(","))
             .env("SKIPPR_CLUSTER_CA", self.certs.join("ca.pem"))
-            .env("SKIPPR_CLUSTER_CERT", self.certs.join("node-1.pem"))
-            .env("SKIPPR_CLUSTER_KEY", self.certs.join("node-1-key.pem"));
+            .env("SKIPPR_CLUSTER_CERT", self.certs.join(format!("node-{node}.pem")))
+            .env("SKIPPR_CLUSTER_KEY", self.certs.join(format!("node-{node}-key.pem")));
+    }
+}
+
+/// Runs a `skipprd` command to its end; its standard output.
+fn run(c: &mut Command) -> Result<String, String> {
+    let out = c.output().map_err(|e| format!("cannot run {c:?}: {e}"))?;
+    match out.status.success() {
+        true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+        false => Err(format!("{c:?} failed: {}", String::from_utf8_lossy(&out.stderr))),
     }
 }
 
 impl Bench<'_> {
+    /// Each host's DATA_DIR: the one, or each of a cluster's three.
+    fn hosts(&self) -> Vec<PathBuf> {
+        match self.cluster {
+            Some(_) => (1..=3).map(|n| self.data.join(format!("node-{n}"))).collect(),
+            None => vec![self.data.clone()],
+        }
+    }
+
+    /// The first host's WAL directory.
+    fn wal(&self) -> PathBuf {
+        self.hosts()[0].join("wal")
+    }
+
     fn size(&self, rounds: u32) -> Result<(), String> {
+        if let Some(cluster) = self.cluster {
+            cluster.init(&self.hosts())?;
+        }
         let mib = self.bytes >> 20;
         for (kind, signal) in [("crash", Signal::SIGKILL), ("clean stop", Signal::SIGTERM)] {
             let (mut recovered, mut first, mut rss) = (Vec::new(), Vec::new(), Vec::new());
@@ -190,7 +216,7 @@ impl Bench<'_> {
                     "{mib} MiB, after a {kind}, round {round}: WAL {:.0} MiB filled in {filled:.1} s; recovered after \
                      {} s, first delivery after {:.2} s, peak RSS {:.0} MiB; {}; a plain read of the segments \
                      {warm:.0} MB/s warm, {cold:.0} MB/s cold, {direct:.0} MB/s direct",
-                    wal_bytes(&self.data) as f64 / (1 << 20) as f64,
+                    wal_bytes(&self.wal()) as f64 / (1 << 20) as f64,
                     r.recovered.map_or("?".into(), |s| format!("{s:.2}")),
                     r.first_delivery,
                     r.peak_rss_mib,
@@ -219,73 +245,109 @@ impl Bench<'_> {
         Ok(())
     }
 
-    fn command(&self) -> Command {
-        let mut c = Command::new(self.me);
-        c.arg("run").arg("--data-dir").arg(&self.data);
-        c.args(["--wal-max-bytes", &self.bytes.to_string(), "--generator-records", "0", "--drain-timeout", "1"]);
-        c.env("RUST_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-        if let Some(cluster) = self.cluster {
-            cluster.configure(&mut c);
+    /// Every host, started with `sink` arguments; their stderr lines, each
+    /// with its host's index, on one channel.
+    fn start(&self, sink: &[&std::ffi::OsStr]) -> Result<(Vec<Child>, Lines), String> {
+        let (tx, rx) = mpsc::channel();
+        let mut children = Vec::new();
+        for (i, data) in self.hosts().iter().enumerate() {
+            let mut c = Command::new(self.me);
+            c.arg("run").arg("--data-dir").arg(data).args(sink);
+            c.args(["--wal-max-bytes", &self.bytes.to_string(), "--generator-records", "0", "--drain-timeout", "1"]);
+            c.env("RUST_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+            if let Some(cluster) = self.cluster {
+                cluster.configure(&mut c, i + 1);
+            }
+            let mut child = match c.spawn() {
+                Ok(child) => child,
+                Err(e) => {
+                    children.iter_mut().for_each(|c| stop(c, Signal::SIGKILL));
+                    return Err(format!("cannot start {}: {e}", self.me.display()));
+                }
+            };
+            stderr_lines(&mut child, i, tx.clone());
+            children.push(child);
         }
-        c
+        Ok((children, rx))
     }
 
-    /// Runs the daemon with the lagging sink until the WAL is full, then
-    /// stops it with `signal`. Returns how long the filling took.
+    /// Runs the daemon (every host) with the lagging sink until the WAL is
+    /// full, then stops it with `signal`. Returns how long the filling took.
     fn fill(&self, signal: Signal) -> Result<f64, String> {
         let started = Instant::now();
-        let mut command = self.command();
-        command.args(["--sink", "command", "--sink-command"]).arg(self.sink);
-        let mut child = command.spawn().map_err(|e| format!("cannot start {}: {e}", self.me.display()))?;
-        let lines = stderr_lines(&mut child);
+        let (mut children, lines) =
+            self.start(&["--sink".as_ref(), "command".as_ref(), "--sink-command".as_ref(), self.sink.as_os_str()])?;
         let full = wait_for_line(&lines, "reached its size limit", self.patience);
         let seconds = started.elapsed().as_secs_f64();
-        stop(&mut child, signal);
+        children.iter_mut().for_each(|c| stop(c, signal));
         if !full {
             return Err(format!("the WAL did not fill up within {:?}", self.patience));
         }
         Ok(seconds)
     }
 
-    /// Starts the daemon with the directory sink and measures it until its
-    /// first batch file appears; then kills it.
+    /// Starts the daemon (every host) with the directory sink and measures
+    /// it until the first batch file appears; then kills it. A cluster's
+    /// figures are its slowest host's: the latest `recovered` line, the
+    /// slowest scan, the highest peak RSS.
     fn restart(&self) -> Result<Restart, String> {
         let sink = self.data.join("sink");
         let _ = std::fs::remove_dir_all(&sink);
         let started = Instant::now();
-        let mut child = self.command().spawn().map_err(|e| format!("cannot start {}: {e}", self.me.display()))?;
-        let pid = child.id();
-        let lines = stderr_lines(&mut child);
-        let (mut recovered, mut peak, mut scan_mb_s, mut stop_record_used) = (None, 0u64, None, false);
+        let (mut children, lines) = self.start(&["--sink-dir".as_ref(), sink.as_os_str()])?;
+        let n = children.len();
+        let (mut recovered, mut peak, mut scan_mb_s) = (vec![None; n], vec![0u64; n], vec![None; n]);
+        let mut stop_record_used = vec![false; n];
+        let kill_all = |children: &mut Vec<Child>| children.iter_mut().for_each(|c| stop(c, Signal::SIGKILL));
         loop {
-            peak = peak.max(vm_hwm_kib(pid).unwrap_or(0));
-            while let Ok(line) = lines.try_recv() {
-                if recovered.is_none() && line.contains("recovered") {
-                    recovered = Some(started.elapsed().as_secs_f64());
+            for (i, child) in children.iter().enumerate() {
+                peak[i] = peak[i].max(vm_hwm_kib(child.id()).unwrap_or(0));
+            }
+            while let Ok((i, line)) = lines.try_recv() {
+                // A clustered host's own recovery ends when it has restored
+                // raft's log (serving waits for an election).
+                let done = line.contains("recovered") || line.contains("restored raft's log");
+                if recovered[i].is_none() && done {
+                    recovered[i] = Some(started.elapsed().as_secs_f64());
                     let field = |name: &str| -> Option<f64> {
                         let at = line.find(&format!("{name}="))? + name.len() + 1;
                         line[at..].split(|c: char| c.is_whitespace()).next()?.parse().ok()
                     };
-                    stop_record_used = line.contains("stop_record=\"used\"");
+                    stop_record_used[i] = line.contains("stop_record=\"used\"");
                     if let (Some(bytes), Some(seconds), false) =
-                        (field("scanned_bytes"), field("scan_seconds"), stop_record_used)
+                        (field("scanned_bytes"), field("scan_seconds"), stop_record_used[i])
                     {
-                        scan_mb_s = Some(bytes / 1e6 / seconds.max(1e-6));
+                        scan_mb_s[i] = Some(bytes / 1e6 / seconds.max(1e-6));
                     }
                 }
             }
             if any_file(&sink) {
                 let first_delivery = started.elapsed().as_secs_f64();
-                peak = peak.max(vm_hwm_kib(pid).unwrap_or(0));
-                stop(&mut child, Signal::SIGKILL);
-                let peak_rss_mib = peak as f64 / 1024.0;
-                return Ok(Restart { recovered, scan_mb_s, stop_record_used, first_delivery, peak_rss_mib });
+                for (i, child) in children.iter().enumerate() {
+                    peak[i] = peak[i].max(vm_hwm_kib(child.id()).unwrap_or(0));
+                }
+                kill_all(&mut children);
+                let recovered = recovered.iter().copied().collect::<Option<Vec<f64>>>();
+                return Ok(Restart {
+                    recovered: recovered.map(|r| r.into_iter().fold(0.0, f64::max)),
+                    scan_mb_s: scan_mb_s
+                        .iter()
+                        .copied()
+                        .collect::<Option<Vec<f64>>>()
+                        .map(|s| s.into_iter().fold(f64::INFINITY, f64::min)),
+                    stop_record_used: stop_record_used.iter().all(|u| *u),
+                    first_delivery,
+                    peak_rss_mib: *peak.iter().max().unwrap_or(&0) as f64 / 1024.0,
+                });
             }
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("the restarted daemon exited ({status}) before delivering"));
+            for child in &mut children {
+                if let Ok(Some(status)) = child.try_wait() {
+                    kill_all(&mut children);
+                    return Err(format!("a restarted daemon exited ({status}) before delivering"));
+                }
             }
             if started.elapsed() > self.patience {
-                stop(&mut child, Signal::SIGKILL);
+                kill_all(&mut children);
                 return Err(format!("nothing delivered within {:?} of a restart", self.patience));
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -298,7 +360,7 @@ impl Bench<'_> {
     /// reads, `O_DIRECT` in 4 MiB blocks one at a time (what the device
     /// gives a reader that must see what it holds).
     fn plain_read(&self) -> Result<(f64, f64, f64), String> {
-        let files = segment_files(&self.data.join("wal")).map_err(|e| format!("cannot list the WAL: {e}"))?;
+        let files = segment_files(&self.wal()).map_err(|e| format!("cannot list the WAL: {e}"))?;
         let read_all = |drop_cache: bool| -> std::io::Result<f64> {
             let started = Instant::now();
             let mut total = 0u64;
@@ -357,25 +419,26 @@ fn write_script(path: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
 }
 
-/// The child's stderr, a line at a time, on a channel.
-fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
+/// The hosts' stderr lines, each with its host's index.
+type Lines = mpsc::Receiver<(usize, String)>;
+
+/// The child's stderr, a line at a time, on `tx` with `host`.
+fn stderr_lines(child: &mut Child, host: usize, tx: mpsc::Sender<(usize, String)>) {
     let stderr = child.stderr.take().expect("stderr is piped");
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
+            if tx.send((host, line)).is_err() {
                 break;
             }
         }
     });
-    rx
 }
 
-fn wait_for_line(lines: &mpsc::Receiver<String>, needle: &str, patience: Duration) -> bool {
+fn wait_for_line(lines: &Lines, needle: &str, patience: Duration) -> bool {
     let deadline = Instant::now() + patience;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         match lines.recv_timeout(left) {
-            Ok(line) if line.contains(needle) => return true,
+            Ok((_, line)) if line.contains(needle) => return true,
             Ok(_) => {}
             Err(_) => return false,
         }
@@ -415,7 +478,6 @@ fn segment_files(wal: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-fn wal_bytes(data: &Path) -> u64 {
-    segment_files(&data.join("wal"))
-        .map_or(0, |files| files.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum())
+fn wal_bytes(wal: &Path) -> u64 {
+    segment_files(wal).map_or(0, |files| files.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum())
 }

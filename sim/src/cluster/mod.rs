@@ -236,6 +236,7 @@ impl Topology for Raft {
                 w.stats.elections += is_leader as u64;
             }
             Output::JoinRefused { .. } => w.stats.joins_refused += 1,
+            Output::LogRestored(_) => {}
             Output::Stopped(reason) => {
                 w.on_stopped(node, reason);
                 return false;

@@ -104,7 +104,11 @@ fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets)
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
                 Output::Skip { .. } => unreachable!("the simulator's runs skip nothing"),
                 // A clustered host alone: nobody hears it, and no peer joins.
-                Output::Send(_) | Output::TellRemoved { .. } | Output::Role { .. } | Output::JoinRefused { .. } => {}
+                Output::Send(_)
+                | Output::TellRemoved { .. }
+                | Output::Role { .. }
+                | Output::JoinRefused { .. }
+                | Output::LogRestored(_) => {}
             }
         }
         let Some((id, op)) = queue.pop_front() else {

@@ -391,3 +391,75 @@ fn with_offsets_in_dynamodb_the_leader_killed_thrice_loses_and_duplicates_nothin
     assert_eq!(items.len(), 2, "one offsets item per partition under {identity}: {items:?}");
     committed_prefixes_agree(&cluster, &[1, 2, 3]);
 }
+
+/// Answers `hello`, then `retryable` to every batch: a destination that is down.
+const DOWN_SINK: &str = "#!/bin/sh\nread hello\necho '{\"type\":\"hello\",\"protocol\":1}'\nwhile read request; do \
+                         echo '{\"type\":\"result\",\"outcome\":\"retryable\",\"rows\":0}'; done\n";
+
+/// A field of the last `restored raft's log` line of host `node` since
+/// `from` bytes into its log.
+fn restored_field(cluster: &Cluster, node: u64, from: usize, name: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(cluster.log(node)).unwrap_or_default();
+    let line = text.get(from..)?.lines().rfind(|l| l.contains("restored raft's log"))?;
+    let at = line.find(&format!("{name}="))? + name.len() + 1;
+    line[at..].split(|c: char| c.is_whitespace()).next()?.parse().ok()
+}
+
+/// While a destination is down the hosts commit tens of MiB that no sink
+/// takes; killed and started again, each restores raft's log from its own
+/// disk holding only a few MiB past its saved commit index in memory. A
+/// leader used to save its commit index only with a new term or vote, or
+/// before deleting segments: with the sink down it saved none, and a
+/// restart held its whole log as uncommitted entries.
+#[test]
+fn hosts_restarted_after_a_sink_was_down_hold_little_past_their_saved_commit() {
+    let _one = both_cores();
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("down-sink.sh");
+    std::fs::write(&script, DOWN_SINK).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let args = [
+        "--generator-records",
+        "400000",
+        "--generator-partitions",
+        "2",
+        "--sink",
+        "command",
+        "--sink-command",
+        script.to_str().unwrap(),
+    ];
+    let mut cluster = Cluster::new(&tmp.path().join("c"), &args, &[]);
+    cluster.start_all();
+    let leader = cluster.leader(Duration::from_secs(20));
+    // At least 24 MiB of WAL on the leader (4 MiB segments).
+    let segments = |node: u64| std::fs::read_dir(cluster.data(node).join("wal")).map_or(0, |d| d.count());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while segments(leader) < 7 {
+        assert!(Instant::now() < deadline, "the leader's WAL did not grow: {}", cluster.tail(leader));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let logged: Vec<usize> = (1..=3).map(|n| std::fs::read_to_string(cluster.log(n)).map_or(0, |t| t.len())).collect();
+    for node in 1..=3 {
+        cluster.kill(node);
+    }
+    cluster.start_all();
+    for node in 1..=3 {
+        let from = logged[node as usize - 1];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let held = loop {
+            if let Some(held) = restored_field(&cluster, node, from, "uncommitted_bytes") {
+                break held;
+            }
+            assert!(Instant::now() < deadline, "node {node} did not restore its log: {}", cluster.tail(node));
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let last = restored_field(&cluster, node, from, "last_index").unwrap();
+        let commit = restored_field(&cluster, node, from, "commit").unwrap();
+        println!("node {node}: commit {commit} of {last}, {held} bytes held past it");
+        assert!(held <= 8 << 20, "node {node} (leader: node {leader}) holds {held} bytes past its commit index");
+    }
+    for node in 1..=3 {
+        cluster.kill(node);
+    }
+}

@@ -143,6 +143,7 @@ impl LogBuilder {
         }
         log.held_from = log.hard.commit + 1;
         log.durable = log.hard.commit;
+        // Each group's bytes go as its entry is made.
         let mut tail = self.tail.into_iter().filter(|(lsn, _)| *lsn >= log.held_from);
         for index in log.held_from..=last {
             let (lsn, bytes) = tail.next().expect("the scan hands out the bytes of every group past the commit index");

@@ -122,7 +122,11 @@ impl Harness {
                     Output::Skip { recorded, .. } => self.skips.push(recorded),
                     Output::Recovered(summary) => self.recovered.push(summary),
                     Output::Stalled { .. } | Output::Unstalled => {}
-                    Output::Send(_) | Output::TellRemoved { .. } | Output::Role { .. } | Output::JoinRefused { .. } => {
+                    Output::Send(_)
+                    | Output::TellRemoved { .. }
+                    | Output::Role { .. }
+                    | Output::JoinRefused { .. }
+                    | Output::LogRestored(_) => {
                         unreachable!("not clustered")
                     }
                 }

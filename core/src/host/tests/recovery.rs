@@ -153,7 +153,11 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
                 Output::Recovered(_) => panic!("recovered without reading a segment"),
                 Output::LeaseWait { .. } | Output::Stalled { .. } | Output::Unstalled => {}
                 Output::WalFull { .. } | Output::WalRoom { .. } | Output::Skip { .. } => {}
-                Output::Send(_) | Output::TellRemoved { .. } | Output::Role { .. } | Output::JoinRefused { .. } => {
+                Output::Send(_)
+                | Output::TellRemoved { .. }
+                | Output::Role { .. }
+                | Output::JoinRefused { .. }
+                | Output::LogRestored(_) => {
                     unreachable!("not clustered")
                 }
             }
