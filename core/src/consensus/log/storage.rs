@@ -38,7 +38,8 @@ impl raft::Storage for Log {
                     next = low + out.len() as u64;
                 }
                 _ if context.can_async() => {
-                    fetch.wanted.push((low, high.min(self.held_from), context));
+                    let end = self.fetch_end(low, high.min(self.held_from), max_size);
+                    fetch.wanted.push((low, end, context));
                     return Err(store_err(StorageError::LogTemporarilyUnavailable));
                 }
                 _ => return Err(store_err(StorageError::Unavailable)),

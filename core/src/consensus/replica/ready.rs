@@ -234,8 +234,10 @@ impl Replica {
             contexts.extend(wanted.into_iter().map(|w| w.2));
             return;
         }
+        // The lowest range wanted is read; a send whose range it does not
+        // cover asks again when it resumes, and is read next.
         let low = wanted.iter().map(|w| w.0).min().expect("not empty");
-        let high = wanted.iter().map(|w| w.1).max().expect("not empty");
+        let high = wanted.iter().filter(|w| w.0 == low).map(|w| w.1).max().expect("the lowest is wanted");
         let places = (low..high).map(|i| self.log().place(i)).collect();
         self.fetching = Some((low, wanted.into_iter().map(|w| w.2).collect()));
         self.out.push_back(ReplicaOutput::Fetch(places));
