@@ -45,8 +45,6 @@ struct World {
     proposed: u64,
     truncations: u64,
     fetches: u64,
-    /// The most bytes one fetch read.
-    fetched_max: u64,
     crashes: u64,
     plant: fn(&mut Replica),
     leaders: BTreeMap<u64, u64>,
@@ -92,7 +90,6 @@ impl World {
             proposed: 0,
             truncations: 0,
             fetches: 0,
-            fetched_max: 0,
             crashes: 0,
             plant,
             leaders: BTreeMap::new(),
@@ -249,7 +246,6 @@ impl World {
         // most a message of `group_bytes_max` bytes or a `Ready` of committed
         // entries (four times that), or one group.
         let bytes: u64 = places.iter().map(|p| p.len).sum();
-        self.fetched_max = self.fetched_max.max(bytes);
         assert!(
             places.len() == 1 || bytes <= 4 * limits().group_bytes_max,
             "a fetch of {} groups, {bytes} bytes",

@@ -317,7 +317,6 @@ impl Log {
         }
     }
 
-    /// Ranges raft-rs asked for that must be read back, with their contexts.
     /// One past the last index of `low..high` that a message of
     /// `max_size` bytes takes (at least one entry, as raft-rs's own limit):
     /// what a read for a lagging follower fetches. Fetching the whole rest
@@ -335,6 +334,7 @@ impl Log {
         high
     }
 
+    /// Ranges raft-rs asked for that must be read back, with their contexts.
     pub fn take_wanted(&mut self) -> Vec<(u64, u64, GetEntriesContext)> {
         std::mem::take(&mut self.fetch.get_mut().wanted)
     }

@@ -113,8 +113,8 @@ impl Host {
         }
     }
 
-    /// Step one, done: every segment is scanned (or, in clustered mode,
-    /// read whole for raft's log), and the committed state rebuilt.
+    /// Step one, done: every segment is scanned (in clustered mode, raft's
+    /// log built along), and the committed state rebuilt.
     fn on_all_read(&mut self) {
         if self.authority.raft_ref().is_some() {
             let (wal, log) = self.startup.take_cluster();

@@ -326,8 +326,6 @@ impl Replication {
         self.drain(fx)
     }
 
-    /// The next group goes here: (LSN, segment, offset) from where the log
-    /// ends, and the epoch (the term) it carries.
     /// Raft's commit index, last index and the bytes held past the commit
     /// index, as the log was restored.
     pub(super) fn restored(&self) -> (u64, u64, u64) {
@@ -335,6 +333,8 @@ impl Replication {
         (log.hard_state().commit, log.last_index(), log.held_bytes())
     }
 
+    /// The next group goes here: (LSN, segment, offset) from where the log
+    /// ends, and the epoch (the term) it carries.
     pub(super) fn log_end(&self) -> crate::consensus::entry::LogEnd {
         self.replica().expect("serving implies a replica").log().end()
     }
