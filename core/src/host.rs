@@ -186,8 +186,15 @@ impl Host {
         if self.phase == Phase::Stopped {
             return;
         }
-        if let Some(r) = self.authority.raft() {
-            r.catch_up(now);
+        if self.holds_still() && matches!(input, Input::Peer(_) | Input::Join { .. } | Input::Removed { .. }) {
+            // Stopping: the raft node hears nothing more (a lost message
+            // to its peers), so that its log stops changing.
+            return;
+        }
+        if !self.holds_still() {
+            if let Some(r) = self.authority.raft() {
+                r.catch_up(now);
+            }
         }
         match input {
             Input::IoDone { id, result } => {
@@ -245,7 +252,12 @@ impl Host {
             self.wal.segment_age_deadline(&self.cfg.limits).map(|at| (at, Timer::SegmentAge)),
             self.drain_deadline.map(|at| (at, Timer::Drain)),
             self.stall.deadline().map(|at| (at, Timer::Stall)),
-            self.authority.raft_ref().and_then(|r| r.deadline()).map(|at| (at, Timer::Raft)),
+            // Held still while it stops: no tick.
+            self.authority
+                .raft_ref()
+                .filter(|_| !self.holds_still())
+                .and_then(|r| r.deadline())
+                .map(|at| (at, Timer::Raft)),
         ])
     }
 
@@ -274,6 +286,19 @@ impl Host {
         (self.records.len(), self.records.bytes())
     }
 
+    /// Batches held that some sink has not acknowledged wholly: how many,
+    /// and the sum of their last positions. What a start must hold,
+    /// whichever way it came: a scan trims what every sink acknowledged at
+    /// each segment's end, a running host as acknowledgements commit, so
+    /// each may keep some the other does not, or more of a batch's front.
+    pub fn records_unacked(&self) -> (usize, u64) {
+        let sinks = self.cfg.sinks.len() as u16;
+        let floor = |key| (0..sinks).map(|s| self.committed.acked(SinkId(s), key)).min().unwrap_or_default();
+        let held = self.records.held();
+        let unacked: Vec<_> = held.iter().filter(|h| h.last >= floor(h.key)).collect();
+        (unacked.len(), unacked.iter().map(|h| h.last.0).sum())
+    }
+
     /// Record bytes held for sinks: (in memory, in all).
     pub fn record_bytes(&self) -> (u64, u64) {
         (self.records.cached_bytes(), self.records.bytes())
@@ -300,6 +325,14 @@ impl Host {
     /// member's match index (`None` until the raft log is restored).
     pub fn raft_status(&self) -> Option<crate::consensus::replica::RaftStatus> {
         self.authority.raft_ref()?.status()
+    }
+
+    /// Clustered mode, once raft runs: its log as restored (the hard
+    /// state's term, vote and commit index; what a stop record keeps of
+    /// the log; the bytes of the entries held past the commit index), for
+    /// the simulator's stop-record check.
+    pub fn raft_log(&self) -> Option<((u64, u64, u64), crate::consensus::log::LogRecord, u64)> {
+        self.authority.raft_ref()?.log_view()
     }
 
     /// Where the next commit group goes: (LSN, segment, offset).

@@ -108,6 +108,7 @@ pub mod ledger {
 /// log's entries and of a commit group. No production driver uses these.
 pub mod testing {
     pub use crate::consensus::entry::{EntryGroup, Opening};
+    pub use crate::consensus::log::LogRecord;
     pub use crate::state::CommittedState;
     pub use crate::wal::{group_facts, group_shape, GroupFacts, PlannedBatch};
 }

@@ -147,14 +147,7 @@ pub async fn drive(
                 Output::Io { id, op } => start(id, op, &backends, &tx, &totals),
                 Output::Recovered(s) => {
                     backends.metrics.recovery_seconds.set(clock.now().as_micros() as f64 / 1e6);
-                    let stop_record = match s.stop_record {
-                        StopRecordUse::Absent => "none",
-                        StopRecordUse::Used => "used",
-                        StopRecordUse::Stale(why) => {
-                            info!(why, "the last run's stop record does not match the WAL; the WAL was scanned");
-                            "set aside"
-                        }
-                    };
+                    let stop_record = stop_record_use(s.stop_record);
                     info!(
                         stop_record,
                         segments = s.segments,
@@ -168,6 +161,7 @@ pub async fn drive(
                     )
                 }
                 Output::LogRestored(r) => info!(
+                    stop_record = stop_record_use(r.stop_record),
                     scanned_bytes = r.scanned_bytes,
                     scan_seconds = r.scan_time.as_micros() as f64 / 1e6,
                     commit = r.commit,
@@ -670,6 +664,19 @@ pub fn skip_input_arg(stream: &str, partition: u32, at: Position, next: Position
 fn plugin_failed(what: &str, e: crate::plugin::PluginError) -> IoError {
     warn!(error = %e, "{what} failed; retrying");
     IoError::Failed
+}
+
+/// What became of the last run's stop record, for the recovery line (and
+/// why it was set aside, logged first).
+fn stop_record_use(used: StopRecordUse) -> &'static str {
+    match used {
+        StopRecordUse::Absent => "none",
+        StopRecordUse::Used => "used",
+        StopRecordUse::Stale(why) => {
+            info!(why, "the last run's stop record does not match the WAL; the WAL was scanned");
+            "set aside"
+        }
+    }
 }
 
 fn op_name(op: &IoOp) -> &'static str {

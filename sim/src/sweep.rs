@@ -220,6 +220,8 @@ impl Totals {
         t.deposed += s.deposed;
         t.partitions += s.partitions;
         t.freezes += s.freezes;
+        t.sigterms += s.sigterms;
+        t.sigterm_stops += s.sigterm_stops;
         t.truncations += s.truncations;
         t.wipes += s.wipes;
         t.disks_replaced += s.disks_replaced;
@@ -287,6 +289,8 @@ impl Totals {
             ("clustered: leaders deposed (engine restarted)", t.deposed as f64 / n),
             ("clustered: partitions", t.partitions as f64 / n),
             ("clustered: hosts frozen", t.freezes as f64 / n),
+            ("clustered: hosts sent a SIGTERM", t.sigterms as f64 / n),
+            ("clustered: hosts stopped on a SIGTERM", t.sigterm_stops as f64 / n),
             ("clustered: truncated tails", t.truncations as f64 / n),
             ("clustered: hosts wiped", t.wipes as f64 / n),
             ("clustered: wiped hosts joined again", t.joins as f64 / n),

@@ -111,6 +111,7 @@ impl Trace {
                 self.u64(26);
                 self.u64(r.commit);
                 self.u64(r.last_index);
+                self.u64(matches!(r.stop_record, skippr_core::StopRecordUse::Used) as u64);
             }
             Output::Stopped(r) => {
                 self.u64(12);

@@ -14,9 +14,11 @@
 //! conflicting append truncates. What is durable is raft-rs's business
 //! (told by `on_persist_ready`) and the WAL's.
 
+mod record;
 mod restore;
 mod storage;
 
+pub use record::LogRecord;
 pub use restore::LogBuilder;
 
 use super::entry::{decode_entry, encode_entry, membership_change, EntryError, EntryGroup, LogEnd, Opening, Placement};
@@ -97,6 +99,13 @@ impl std::fmt::Display for RestoreError {
             ),
         }
     }
+}
+
+/// Where the group at `index` lies, given the log's end before it and
+/// after it.
+fn place_between(index: u64, before: LogEnd, after: LogEnd) -> GroupPlace {
+    let offset = if before.segment == after.segment { before.end } else { crate::wal::SEGMENT_HEADER_BYTES as u64 };
+    GroupPlace { lsn: Lsn(index), segment: after.segment, offset, len: after.end - offset }
 }
 
 /// What making a `Ready`'s entries durable takes, in order: the
@@ -247,9 +256,7 @@ impl Log {
 
     /// Where the group at `index` lies.
     pub fn place(&self, index: u64) -> GroupPlace {
-        let (before, after) = (self.end_after(index - 1), self.end_after(index));
-        let offset = if before.segment == after.segment { before.end } else { crate::wal::SEGMENT_HEADER_BYTES as u64 };
-        GroupPlace { lsn: Lsn(index), segment: after.segment, offset, len: after.end - offset }
+        place_between(index, self.end_after(index - 1), self.end_after(index))
     }
 
     /// Takes a `Ready`'s entries: truncates a conflicting tail, places each

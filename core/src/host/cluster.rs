@@ -89,6 +89,7 @@ impl Host {
             commit,
             last_index,
             uncommitted_bytes,
+            stop_record: self.startup.stop_record(),
         }));
     }
 
@@ -113,7 +114,7 @@ impl Host {
                 // Asked to stop and deposed on the way (the last hosts of a
                 // cluster stopped one by one lose their majority): what it
                 // did not finish, its successor or its next start replays.
-                RaftNews::Deposed { .. } if self.asked_to_stop => self.stop(StopReason::Clean),
+                RaftNews::Deposed { .. } if self.asked_to_stop => self.seal(StopReason::Clean),
                 RaftNews::Deposed { term } => self.stop(StopReason::Deposed { term }),
                 RaftNews::LeaderConfirmed => {
                     if let startup::Doubt::Confirmed(stop) = self.startup.resolve_doubt(self.fx.now) {

@@ -13,6 +13,7 @@
 
 use super::*;
 use crate::io::WalOp;
+use crate::recovery::stop_record::RaftRecord;
 use crate::wal::Frame;
 
 /// The stop record of this run's stop: not written (yet), being written,
@@ -28,8 +29,9 @@ impl Host {
     pub(super) fn on_shutdown(&mut self) {
         self.shutdown_requested = true;
         if self.phase == Phase::Recovering && self.authority.waiting() {
-            // Still waiting for another writer's lease: nothing to drain.
-            return self.stop(StopReason::Clean);
+            // Still waiting for another writer's lease, or following a
+            // raft leader: nothing to drain.
+            return self.seal(StopReason::Clean);
         }
         if self.phase == Phase::Running {
             self.phase = Phase::Draining;
@@ -91,10 +93,70 @@ impl Host {
     /// WAL allows one (a lagging sink need not make the next start scan).
     pub(super) fn close(&mut self, stop: StopReason) {
         self.drain_deadline = None;
+        if self.authority.raft_ref().is_some() {
+            return self.seal(stop);
+        }
         if self.record_stop(false) {
             self.stop(stop);
         } else {
             self.closing = Some(stop);
+        }
+    }
+
+    /// Clustered mode, stopping on SIGTERM (a follower at once, a leader
+    /// once its handover is done or timed out): the raft node is held still
+    /// (`holds_still`: no message in, no tick), so that its log stops
+    /// changing; once what raft asked to make durable has landed and the
+    /// hard state holds the commit index applied, a stop record describes
+    /// the WAL, raft's log and the committed state, and the host stops.
+    /// Within two election timeouts; otherwise it stops without one (the
+    /// next start scans). Any other stop, or one before raft runs, is at
+    /// once.
+    pub(super) fn seal(&mut self, stop: StopReason) {
+        let raft_runs = self.authority.raft_ref().is_some_and(|r| r.running());
+        if !self.asked_to_stop || !raft_runs {
+            return self.stop(stop);
+        }
+        if self.closing.is_none() {
+            let patience = self.authority.raft_ref().expect("checked").hand_over_patience();
+            self.drain_deadline = Some(self.fx.now + patience);
+            self.closing = Some(stop);
+            self.seal_step();
+        }
+    }
+
+    /// Clustered mode, stopping: the node is held still.
+    pub(super) fn holds_still(&self) -> bool {
+        self.closing.is_some() && self.authority.raft_ref().is_some()
+    }
+
+    /// Writes the stop record once raft's log is settled.
+    pub(super) fn seal_step(&mut self) {
+        if !self.holds_still() || self.recorded != Recorded::No || !self.wal.idle() {
+            return;
+        }
+        if self.wal.deletes_queued() {
+            // A segment queued for deletion has left the writer's
+            // summaries while raft's log, held still, still holds it: a
+            // record would lose it. The next start scans.
+            return self.seal_timed_out();
+        }
+        let Some((commit, log)) = self.authority.held_raft().settled(&mut self.fx) else { return };
+        let mut record = self.wal.describe(self.names.clone(), self.committed.clone(), self.records.held());
+        record.raft = Some(RaftRecord { commit, log });
+        self.fx.io(Pending::StopRecordWrite, IoOp::Wal(WalOp::WriteStopRecord(record.encode())));
+        self.recorded = Recorded::Writing;
+    }
+
+    /// Clustered mode: raft's log did not settle in time (or cannot be
+    /// described). The host stops without a stop record, unless one is
+    /// being written.
+    pub(super) fn seal_timed_out(&mut self) {
+        self.drain_deadline = None;
+        if self.recorded != Recorded::Writing {
+            self.recorded = Recorded::Done;
+            let stop = self.closing.take().expect("stopping");
+            self.stop(stop);
         }
     }
 
@@ -127,7 +189,7 @@ impl Host {
         let Some(r) = self.authority.raft() else { return false };
         if self.handing_over {
             if !r.leads() && r.leader_known() {
-                self.stop(StopReason::Clean);
+                self.seal(StopReason::Clean);
             }
             return true;
         }

@@ -10,6 +10,9 @@ impl Host {
     /// Starts whatever work the current state allows. Bounded: each step
     /// issues at most one request per source, slot or queue.
     pub(super) fn pump(&mut self) {
+        if self.holds_still() {
+            return self.seal_step();
+        }
         if self.phase == Phase::Recovering && self.startup.fencing() {
             self.ensure_spare();
             self.start_commit();

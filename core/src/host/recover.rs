@@ -31,11 +31,7 @@ impl Host {
     pub(super) fn on_listed(&mut self, result: Result<WalListing, IoError>) {
         match result {
             Ok(listing) => {
-                let listed = self.startup.on_listed(&mut self.fx, listing);
-                if self.authority.raft_ref().is_some() {
-                    let read = self.scan_cluster(listed);
-                    return self.on_reading(Ok(read));
-                }
+                self.startup.on_listed(&mut self.fx, listing);
                 // A run that stopped on SIGTERM may have left a record that
                 // spares the scan.
                 self.fx.io(Pending::StopRecordRead, IoOp::Wal(WalOp::ReadStopRecord));
@@ -53,7 +49,8 @@ impl Host {
             None
         });
         let trust = self.cfg.mutations.has(Mutation::TrustStaleStopRecord);
-        let read = match self.startup.on_stop_record(&mut self.fx, bytes, &self.names, trust) {
+        let commit = self.authority.raft_ref().map(|r| r.saved_commit_at_start());
+        let read = match self.startup.on_stop_record(&mut self.fx, bytes, &self.names, commit, trust) {
             Some(read) => read,
             None => self.scan(),
         };
@@ -62,6 +59,9 @@ impl Host {
 
     /// Reads the listed segments through the streaming scan.
     fn scan(&mut self) -> Read {
+        if self.authority.raft_ref().is_some() {
+            return self.scan_cluster();
+        }
         let listed = self.startup.take_listed();
         let window = self.cfg.limits.read_window_bytes;
         let lenient = self.cfg.mutations.has(Mutation::AdmitTornSegment);
@@ -76,9 +76,9 @@ impl Host {
 
     /// Clustered mode: the listed segments read through the streaming scan,
     /// the committed state rebuilt through raft's saved commit index and
-    /// raft's log built from every group admitted (no stop record: raft's
-    /// state is not the engine's to summarize).
-    fn scan_cluster(&mut self, listed: Vec<SegmentId>) -> Read {
+    /// raft's log built from every group admitted.
+    fn scan_cluster(&mut self) -> Read {
+        let listed = self.startup.take_listed();
         let log = self.authority.held_raft().log_builder(self.startup.take_sizes());
         let window = self.cfg.limits.read_window_bytes;
         let recovery = Recovery::new(listed, false, false, window)
@@ -117,7 +117,9 @@ impl Host {
     /// log built along), and the committed state rebuilt.
     fn on_all_read(&mut self) {
         if self.authority.raft_ref().is_some() {
-            let (wal, log) = self.startup.take_cluster();
+            let cache_max = self.cfg.limits.record_cache_bytes;
+            let raft = self.authority.held_raft();
+            let (wal, log) = self.startup.take_cluster(cache_max, |record, tail| raft.recorded_log(record, tail));
             return self.restore_cluster(wal, log);
         }
         let mut wal = match self.startup.take_recovered(self.cfg.limits.record_cache_bytes) {

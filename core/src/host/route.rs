@@ -12,7 +12,9 @@ impl Host {
         if self.wal.segment_age_deadline(&self.cfg.limits).is_some_and(|at| at <= self.fx.now) {
             self.wal.request_seal();
         }
-        if self.drain_deadline.is_some_and(|at| at <= self.fx.now) {
+        if self.drain_deadline.is_some_and(|at| at <= self.fx.now) && self.holds_still() {
+            self.seal_timed_out();
+        } else if self.drain_deadline.is_some_and(|at| at <= self.fx.now) {
             let stop = match self.handing_over {
                 // Drained already; the handover did not happen in time.
                 true => StopReason::Clean,
@@ -24,6 +26,9 @@ impl Host {
             StallAction::None => {}
             StallAction::Report { what, for_ } => self.fx.emit(Output::Stalled { what, for_ }),
             StallAction::Stop { what, for_ } => self.stop(StopReason::Stalled { what, for_ }),
+        }
+        if self.holds_still() {
+            return;
         }
         if let Some(r) = self.authority.raft() {
             let news = r.on_timeout(&mut self.fx);

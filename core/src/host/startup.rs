@@ -8,7 +8,7 @@
 //! part only remembers where they stand. Talks only to [`Effects`].
 
 use super::effects::{Effects, Pending, Retry};
-use crate::consensus::log::{Log, LogBuilder, RestoreError};
+use crate::consensus::log::{Log, LogBuilder, LogRecord, RestoreError};
 use crate::ids::*;
 use crate::io::{IoOp, StopReason, StopRecordUse, WalListing};
 use crate::io::{PluginOp, WalOp};
@@ -60,8 +60,9 @@ enum Reading {
     /// keeps only what it rebuilt.
     Stream(Box<Recovery>),
     /// The last run's stop record, checked against the WAL a read at a
-    /// time (the next check last).
-    Check { record: Box<StopRecord>, checks: Vec<Check> },
+    /// time (the next check last); in clustered mode, the bytes of raft's
+    /// groups past the commit index kept as they are read (by LSN).
+    Check { record: Box<StopRecord>, checks: Vec<Check>, tail: Vec<(u64, Vec<u8>)>, trust: bool },
     /// Clustered mode: the streaming scan rebuilds the committed state
     /// through raft's commit index, and everything it admits builds raft's
     /// log.
@@ -121,13 +122,18 @@ impl Startup {
     /// could not be read). One that decodes and names exactly the segments
     /// listed, written under the same configured names (which batches are
     /// held depends on the sinks), is checked against them, its reads sent;
-    /// otherwise the segments are to be scanned (`None`). `trust` is the planted bug
-    /// `trust-stale-stop-record`: no check at all.
+    /// otherwise the segments are to be scanned (`None`). In clustered mode
+    /// (`commit`: raft's saved commit index) the record must be a clustered
+    /// host's, written at that same commit index; and a single writer's
+    /// must not be one. `trust` is the planted bug `trust-stale-stop-record`:
+    /// no check at all (a clustered host still reads the groups past the
+    /// commit index, which raft's log holds as entries).
     pub(super) fn on_stop_record(
         &mut self,
         fx: &mut Effects,
         bytes: Option<Vec<u8>>,
         config: &Names,
+        commit: Option<u64>,
         trust: bool,
     ) -> Option<Read> {
         let record = match StopRecord::decode(&bytes?) {
@@ -137,20 +143,31 @@ impl Startup {
                 return None;
             }
         };
-        if !trust && record.config != *config {
-            self.stop_record = StopRecordUse::Stale(
-                "the configured sources, sinks or streams are not those of the run that wrote the stop record",
-            );
+        let stale = if trust {
+            None
+        } else if record.config != *config {
+            Some("the configured sources, sinks or streams are not those of the run that wrote the stop record")
+        } else if record.listing() != self.listed {
+            Some("the WAL's segments are not the ones the stop record names")
+        } else if record.raft.is_some() != commit.is_some() {
+            Some("the stop record was written in another storage mode")
+        } else if commit.is_some_and(|c| !record.matches_commit(c)) {
+            Some("raft's saved commit index is not the one the stop record was written at")
+        } else {
+            None
+        };
+        if let Some(why) = stale {
+            self.stop_record = StopRecordUse::Stale(why);
             return None;
         }
-        if !trust && record.listing() != self.listed {
-            self.stop_record = StopRecordUse::Stale("the WAL's segments are not the ones the stop record names");
-            return None;
+        let mut checks = record.checks();
+        if trust {
+            let commit = record.raft.as_ref().map_or(u64::MAX, |r| r.commit);
+            checks.retain(|c| matches!(c, Check::Entry { place, .. } if place.lsn.0 > commit));
         }
-        let mut checks = if trust { Vec::new() } else { record.checks() };
         checks.reverse();
         self.stop_record = StopRecordUse::Used;
-        self.reading = Reading::Check { record: Box::new(record), checks };
+        self.reading = Reading::Check { record: Box::new(record), checks, tail: Vec::new(), trust };
         Some(self.send_read(fx))
     }
 
@@ -204,12 +221,17 @@ impl Startup {
         match &mut self.reading {
             Reading::Idle => unreachable!("a read is answered only while reading"),
             Reading::Stream(recovery) => recovery.feed(bytes).inspect_err(|_| self.reading = Reading::Idle)?,
-            Reading::Check { checks, .. } => {
+            Reading::Check { record, checks, tail, trust } => {
                 let check = checks.pop().expect("a check's read was answered");
-                if let Some(why) = check.mismatch(&bytes) {
+                if let Some(why) = check.mismatch(&bytes).filter(|_| !*trust) {
                     self.stop_record = StopRecordUse::Stale(why);
                     self.reading = Reading::Idle;
                     return Ok(Read::Stale);
+                }
+                if let (Check::Entry { place, .. }, Some(raft)) = (check, &record.raft) {
+                    if place.lsn.0 > raft.commit {
+                        tail.push((place.lsn.0, bytes));
+                    }
                 }
             }
             Reading::Cluster { recovery, log } => {
@@ -231,10 +253,21 @@ impl Startup {
     }
 
     /// Clustered mode, once every segment is read: the committed state
-    /// rebuilt through raft's commit index, and raft's log.
-    pub(super) fn take_cluster(&mut self) -> (Result<RecoveredWal, WalDamage>, Result<Option<Log>, RestoreError>) {
+    /// rebuilt through raft's commit index, and raft's log. Or, from a
+    /// stop record checked: the state it holds and the log `recorded`
+    /// makes of its record and the bytes of the groups past the commit
+    /// index.
+    pub(super) fn take_cluster(
+        &mut self,
+        cache_max: u64,
+        recorded: impl FnOnce(LogRecord, Vec<(u64, Vec<u8>)>) -> Result<Log, RestoreError>,
+    ) -> (Result<RecoveredWal, WalDamage>, Result<Option<Log>, RestoreError>) {
         match std::mem::take(&mut self.reading) {
             Reading::Cluster { recovery, log } => (recovery.finish(), log.finish()),
+            Reading::Check { mut record, tail, .. } => {
+                let raft = record.raft.take().expect("a clustered host uses a clustered record");
+                (Ok(record.into_recovered(cache_max)), recorded(raft.log, tail).map(Some))
+            }
             _ => unreachable!("taken once, after a clustered read"),
         }
     }

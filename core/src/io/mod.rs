@@ -165,6 +165,8 @@ pub struct LogRestored {
     pub last_index: u64,
     /// Bytes of the groups past the commit index, held in memory for raft.
     pub uncommitted_bytes: u64,
+    /// What became of the last run's stop record.
+    pub stop_record: StopRecordUse,
 }
 
 /// What a start made of the stop record the last run left.

@@ -9,19 +9,26 @@
 //! into a spare), and otherwise scans. The records themselves are never
 //! taken from it: each group is checked when it is read back for a sink.
 //!
+//! A clustered host's record also keeps raft's log (`consensus::LogRecord`:
+//! each group's end and term, not its bytes) and the commit index its
+//! committed state stands at; a start uses it only if the hard state saved
+//! holds that same commit index, and reads back (and checks) the groups
+//! past it, and the log's last group with its term.
+//!
 //! `magic | version: u32 | crc32c: u32 | body`, the crc over the body.
 
 use super::{Head, RecoveredWal, SegmentSummary};
+use crate::consensus::log::LogRecord;
 use crate::ids::*;
 use crate::records::{HeldPlace, RecordStore};
 use crate::state::CommittedState;
 use crate::wal::codec::{DecodeError, Reader, Writer};
 use crate::wal::payload::{get_key, get_snapshot, put_key, put_snapshot};
 use crate::wal::stream::ReadAt;
-use crate::wal::{decode_header, read_group_back, GroupPlace, Names, SEGMENT_HEADER_BYTES};
+use crate::wal::{check_group, decode_header, read_group_back, GroupPlace, Names, SEGMENT_HEADER_BYTES};
 
 pub const STOP_RECORD_MAGIC: [u8; 8] = *b"SKPRSTOP";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// How far past the WAL's end (or a spare's header) a start looks for
 /// bytes a later run wrote.
 pub const END_PROBE_BYTES: usize = 4096;
@@ -40,6 +47,14 @@ pub struct StopRecord {
     pub spares: Vec<SegmentId>,
     pub segments: Vec<SegmentSummary>,
     pub held: Vec<HeldPlace>,
+    /// Clustered mode: raft's log, and the commit index `state` stands at.
+    pub raft: Option<RaftRecord>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RaftRecord {
+    pub commit: u64,
+    pub log: LogRecord,
 }
 
 /// One read a start makes to check a stop record against the WAL.
@@ -51,6 +66,9 @@ pub enum Check {
     LastGroup(GroupPlace),
     /// Nothing is written in the segment from `from` on.
     Unwritten { segment: SegmentId, from: u64 },
+    /// Clustered mode: raft's entry at `place.lsn` is a valid group there,
+    /// of `term` (its bytes are kept when it is past the commit index).
+    Entry { place: GroupPlace, term: u64 },
 }
 
 impl Check {
@@ -59,6 +77,7 @@ impl Check {
             Check::Header(segment) => ReadAt { segment, offset: 0, len: SEGMENT_HEADER_BYTES },
             Check::LastGroup(p) => ReadAt { segment: p.segment, offset: p.offset, len: p.len as usize },
             Check::Unwritten { segment, from } => ReadAt { segment, offset: from, len: END_PROBE_BYTES },
+            Check::Entry { place: p, .. } => ReadAt { segment: p.segment, offset: p.offset, len: p.len as usize },
         }
     }
 
@@ -75,6 +94,10 @@ impl Check {
             Check::Unwritten { .. } => {
                 bytes.iter().any(|b| *b != 0).then_some("bytes were written after the WAL's end the record names")
             }
+            Check::Entry { place, term } => match check_group(place.segment, place.lsn, bytes) {
+                Some((g, _)) if g.epoch == Epoch(term) => None,
+                _ => Some("a group of raft's log is not the one the stop record has at its place"),
+            },
         }
     }
 }
@@ -82,7 +105,9 @@ impl Check {
 impl StopRecord {
     /// Every segment the WAL must list, in order.
     pub fn listing(&self) -> Vec<SegmentId> {
-        let mut ids: Vec<SegmentId> = self.segments.iter().map(|s| s.id).chain(self.spares.iter().copied()).collect();
+        let raft = self.raft.iter().flat_map(|r| r.log.segments());
+        let mut ids: Vec<SegmentId> =
+            self.segments.iter().map(|s| s.id).chain(self.spares.iter().copied()).chain(raft).collect();
         ids.sort_unstable();
         ids.dedup();
         ids
@@ -94,7 +119,7 @@ impl StopRecord {
         for s in &self.segments {
             checks.push(Check::Header(s.id));
             checks.push(Check::LastGroup(s.last));
-            if self.active.is_some_and(|(id, _)| id == s.id) {
+            if self.raft.is_none() && self.active.is_some_and(|(id, _)| id == s.id) {
                 let from = self.active.expect("matched").1;
                 checks.push(Check::Unwritten { segment: s.id, from });
             }
@@ -102,6 +127,9 @@ impl StopRecord {
         for &spare in &self.spares {
             checks.push(Check::Header(spare));
             checks.push(Check::Unwritten { segment: spare, from: SEGMENT_HEADER_BYTES as u64 });
+        }
+        if let Some(raft) = &self.raft {
+            checks.extend(raft_checks(raft));
         }
         checks
     }
@@ -119,6 +147,13 @@ impl StopRecord {
             epoch_max: self.epoch,
             next_segment: self.next_segment,
         }
+    }
+
+    /// The record of a clustered host whose hard state saved `commit`
+    /// (raised to the first group on disk, as any restore does): one
+    /// written at another commit index describes another state.
+    pub fn matches_commit(&self, commit: u64) -> bool {
+        self.raft.as_ref().is_some_and(|r| r.commit == commit.max(r.log.base.0))
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -176,6 +211,14 @@ impl StopRecord {
                 w.u64(v);
             }
         }
+        match &self.raft {
+            None => w.u8(0),
+            Some(raft) => {
+                w.u8(1);
+                w.u64(raft.commit);
+                raft.log.encode(w);
+            }
+        }
         let mut out = Vec::with_capacity(16 + body.len());
         out.extend_from_slice(&STOP_RECORD_MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
@@ -198,6 +241,24 @@ impl StopRecord {
         }
         decode_body(body).map_err(|_| "the stop record does not decode")
     }
+}
+
+/// Raft's log, checked: each group past the commit index and the last
+/// one, each valid at its place with its term (raft's log matching: a log
+/// whose last entry has the same index and term as the record's holds the
+/// same entries), and nothing written after the log's end.
+fn raft_checks(raft: &RaftRecord) -> Vec<Check> {
+    let log = &raft.log;
+    let (base, last) = (log.base.0, log.last_index());
+    let mut checks: Vec<Check> = (base + 1..=last)
+        .filter(|&index| index > raft.commit || index == last)
+        .map(|index| Check::Entry { place: log.place(index), term: log.term(index) })
+        .collect();
+    let end = log.ends.last().unwrap_or(&log.base_end);
+    if !end.sealed {
+        checks.push(Check::Unwritten { segment: end.segment, from: end.end });
+    }
+    checks
 }
 
 fn put_place(w: &mut Writer<'_>, p: GroupPlace) {
@@ -256,10 +317,15 @@ fn decode_body(body: &[u8]) -> Result<StopRecord, DecodeError> {
         let (origin, first, last) = (Position(origin), Position(first), Position(last));
         held.push(HeldPlace { key, place, origin, first, last, count, bytes });
     }
+    let raft = match r.u8()? {
+        0 => None,
+        1 => Some(RaftRecord { commit: r.u64()?, log: LogRecord::decode(r)? }),
+        _ => return Err(DecodeError),
+    };
     if !r.is_empty() {
         return Err(DecodeError);
     }
-    Ok(StopRecord { config, state, epoch, next_lsn, next_segment, active, spares, segments, held })
+    Ok(StopRecord { config, state, epoch, next_lsn, next_segment, active, spares, segments, held, raft })
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The hosts' lives: the fault phase's plan, starts, crashes (kills,
-//! power cuts, freezes), a disk lost for good and the host's join under a
+//! power cuts, freezes), stops on SIGTERM, a disk lost for good and the host's join under a
 //! new id, and how each way a host stops is judged.
 
 use super::{identity, Event, Raft};
@@ -10,6 +10,9 @@ use crate::world::{self, World};
 use skippr_core::cluster::decode_file;
 use skippr_core::format::scan;
 use skippr_core::*;
+
+/// The share of crashes that are a SIGTERM instead.
+const SIGTERM: f64 = 0.25;
 
 impl World<Raft> {
     /// Crashes (kills, power cuts, freezes), partitions, the end of the
@@ -49,13 +52,20 @@ impl World<Raft> {
         if self.topo.members[node].starts > 0 && self.topo.members[node].wiped_from.is_none() {
             let id = self.topo.members[node].id;
             let alone = self.scenario.cluster_host_config(self.opts.mutations, node + 1, id, u64::MAX);
-            self.check_recovery_idempotent(alone, node, self.store(node));
+            self.check_recovery_idempotent(alone.clone(), node, self.store(node));
+            // A rotten disk: a scan finds the flipped bit at once, a start
+            // from a stop record when it reads the group back (for a sink
+            // or a lagging follower), as a single writer's does.
+            if !self.topo.members[node].rotten {
+                self.check_stop_record(alone, node, self.store(node));
+            }
         }
         self.stats.restarts += 1;
         let m = &mut self.topo.members[node];
         m.starts += 1;
         m.leader = false;
         m.finished = false;
+        m.terminating = false;
         let cfg = self.scenario.cluster_host_config(self.opts.mutations, node + 1, m.id, m.starts);
         let host = Host::new(cfg, self.now()).expect("the scenario's configuration is valid");
         self.trace.note(self.now(), &format!("h{} starts", node + 1));
@@ -63,7 +73,8 @@ impl World<Raft> {
     }
 
     /// A crash hits a host drawn at random (a leader more often): it is
-    /// killed, loses power, or freezes and wakes later.
+    /// killed, loses power, freezes and wakes later, or is sent a SIGTERM
+    /// (it stops by itself, leaving a stop record, and starts again).
     pub(super) fn crash(&mut self, power: bool) {
         let alive: Vec<usize> = (0..self.procs.len()).filter(|&i| self.procs[i].host.is_some()).collect();
         let leaders: Vec<usize> = alive.iter().copied().filter(|&i| self.topo.members[i].leader).collect();
@@ -77,6 +88,12 @@ impl World<Raft> {
             self.trace.note(self.now(), &format!("h{} freezes", node + 1));
             self.procs[node].frozen_until = Some(wake);
             return;
+        }
+        if self.dice.roll(Die::ClusterFault).chance(SIGTERM) && !self.topo.members[node].terminating {
+            self.stats.sigterms += 1;
+            self.topo.members[node].terminating = true;
+            self.trace.note(self.now(), &format!("h{} sent a SIGTERM", node + 1));
+            return self.feed(node, Input::Shutdown);
         }
         self.stats.crashes += 1;
         self.kill(node);
@@ -237,6 +254,16 @@ impl World<Raft> {
     /// A stop is judged: losing leadership, a failed write or read is an
     /// engine doing its job (it restarts); anything else is a failure.
     pub(super) fn on_stopped(&mut self, node: usize, reason: StopReason) {
+        if self.topo.members[node].terminating && matches!(reason, StopReason::Clean | StopReason::DrainTimedOut) {
+            // Stopped on the SIGTERM, as asked: the operator starts it again.
+            self.stats.sigterm_stops += 1;
+            self.retire(node);
+            self.procs[node].frozen_until = None;
+            self.topo.members[node].leader = false;
+            self.trace.note(self.now(), &format!("h{} stopped on its SIGTERM", node + 1));
+            let restart = self.scenario.latencies.restart;
+            return self.after(Die::Restart, restart, world::Event::Start { slot: node });
+        }
         match reason {
             // `--once`: the terminal entry applied, the host stops for good
             // (until the end of the fault phase starts it again, when it

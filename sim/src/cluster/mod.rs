@@ -79,6 +79,8 @@ struct Member {
     left_out: bool,
     /// A bit flipped on its disk since it was last replaced.
     rotten: bool,
+    /// Sent a SIGTERM, not stopped yet.
+    terminating: bool,
 }
 
 pub(crate) struct Raft {
@@ -130,6 +132,7 @@ pub(crate) fn world(seed: u64, opts: RunOptions) -> World<Raft> {
             ended: false,
             left_out: false,
             rotten: false,
+            terminating: false,
         })
         .collect();
     let raft = Raft {
@@ -236,7 +239,11 @@ impl Topology for Raft {
                 w.stats.elections += is_leader as u64;
             }
             Output::JoinRefused { .. } => w.stats.joins_refused += 1,
-            Output::LogRestored(_) => {}
+            Output::LogRestored(r) => match r.stop_record {
+                StopRecordUse::Absent => {}
+                StopRecordUse::Used => w.stats.stop_records_used += 1,
+                StopRecordUse::Stale(_) => w.stats.stop_records_stale += 1,
+            },
             Output::Stopped(reason) => {
                 w.on_stopped(node, reason);
                 return false;

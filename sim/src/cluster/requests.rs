@@ -167,6 +167,12 @@ impl World<Raft> {
                 self.stats.recovery_read_fails += failed as u64;
                 failed
             }
+            WalOp::WriteStopRecord(_) => {
+                let failed = self.fault(Die::FsyncFail, fsync_fail);
+                self.stats.stop_records_written += !failed as u64;
+                failed
+            }
+            WalOp::ReadStopRecord => self.fault(Die::ReadFail, read_fail / 10.0),
             _ => false,
         };
         let written = match &op {

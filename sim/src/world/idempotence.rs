@@ -8,7 +8,7 @@ use super::{Topology, World};
 use crate::checker::invariant;
 use crate::device::SimWal;
 use crate::plugins::SimOffsets;
-use skippr_core::testing::CommittedState;
+use skippr_core::testing::{CommittedState, LogRecord};
 use skippr_core::{Host, HostConfig, Input, Instant, IoOp, IoReply, Lsn, Output, StopReason};
 use skippr_core::{OffsetsOp, PluginOp, WalOp};
 use std::collections::VecDeque;
@@ -19,7 +19,11 @@ use std::collections::VecDeque;
 /// that is may differ (a first recovery that deleted junk at the end takes
 /// the next id for its fence, a second one reuses the freed id), and the
 /// fence itself is answered but not kept.
-type Recovered = Result<(CommittedState, (Lsn, Option<u64>), (usize, u64)), StopReason>;
+/// A clustered host adds raft's log as restored (see `Host::raft_log`), and
+/// counts only the batches some sink has not acknowledged wholly (how many,
+/// and the sum of their last positions: `Host::records_unacked`).
+type Recovered = Result<(CommittedState, (Lsn, Option<u64>), (usize, u64), Option<RaftLog>), StopReason>;
+type RaftLog = ((u64, u64, u64), LogRecord, u64);
 
 /// The generation the copies' requests carry: no engine of the run has it.
 const ALONE: u64 = u64::MAX;
@@ -53,8 +57,10 @@ impl<T: Topology> World<T> {
     /// Before an engine starts on WAL device `wal` (with offsets store
     /// `store`) that holds a stop record: recovering from copies with the
     /// record and without it must find the same committed state and the
-    /// same WAL head. A record that does not match the WAL is set aside, so
-    /// only one the engine wrongly trusts can differ.
+    /// same WAL head; a clustered host, the same committed state, records
+    /// held and raft log (its WAL head is where raft's log ends, in the
+    /// log). A record that does not match the WAL is set aside, so only one
+    /// the engine wrongly trusts can differ.
     pub fn check_stop_record(&mut self, config: HostConfig, wal: usize, store: usize) {
         if !self.wals[wal].has_stop_record() {
             return;
@@ -64,7 +70,14 @@ impl<T: Topology> World<T> {
         let mut without = self.wals[wal].clone();
         without.forget_stop_record();
         let scanned = recover_alone(config, &mut without, &mut self.stores[store].clone());
-        let key = |r: &Recovered| r.as_ref().map(|(state, head, _)| (state.clone(), *head)).map_err(Clone::clone);
+        let key = |r: &Recovered| {
+            r.as_ref()
+                .map(|(state, head, held, raft)| match raft {
+                    None => (state.clone(), Some(*head), None, None),
+                    Some(raft) => (state.clone(), None, Some(*held), Some(raft.clone())),
+                })
+                .map_err(Clone::clone)
+        };
         if key(&with) != key(&scanned) {
             let detail = format!("with the stop record {}, scanning {}", summary(&with), summary(&scanned));
             self.checker.fail(invariant::STOP_RECORD_UNFAITHFUL, detail);
@@ -74,8 +87,13 @@ impl<T: Topology> World<T> {
 
 fn summary(r: &Recovered) -> String {
     match r {
-        Ok((state, (lsn, head), held)) => {
-            format!("lsn {} head {head:?} partitions {} records held {held:?}", lsn.0, state.partitions.len())
+        Ok((state, (lsn, head), held, raft)) => {
+            let raft = raft.as_ref().map(|((term, vote, commit), log, tail)| {
+                let last = log.last_index();
+                format!(" raft term {term} vote {vote} commit {commit} last {last} tail bytes {tail}")
+            });
+            let (partitions, raft) = (state.partitions.len(), raft.unwrap_or_default());
+            format!("lsn {} head {head:?} partitions {partitions} records held {held:?}{raft}", lsn.0)
         }
         Err(e) => format!("{e:?}"),
     }
@@ -96,7 +114,7 @@ fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets)
                 Output::Io { id, op } => queue.push_back((id, op)),
                 Output::Recovered(_) => {
                     let (lsn, head) = host.wal_head();
-                    return Ok((host.committed().clone(), (lsn, head.map(|h| h.1)), host.records_held()));
+                    return Ok((host.committed().clone(), (lsn, head.map(|h| h.1)), host.records_held(), None));
                 }
                 Output::Stopped(reason) => return Err(reason),
                 Output::LeaseWait { .. } => unreachable!("recovering alone takes no lease"),
@@ -116,7 +134,8 @@ fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets)
                 // A clustered host has restored its log and state from its
                 // disk, and waits for raft: as far as it recovers alone.
                 let (lsn, head) = host.wal_head();
-                return Ok((host.committed().clone(), (lsn, head.map(|h| h.1)), host.records_held()));
+                let (state, head) = (host.committed().clone(), (lsn, head.map(|h| h.1)));
+                return Ok((state, head, host.records_unacked(), host.raft_log()));
             }
             // A retry after a failed read: its backoff passes at once.
             let Some((at, _)) = host.poll_timeout() else { panic!("recovery waits on nothing") };

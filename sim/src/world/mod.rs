@@ -124,6 +124,9 @@ pub struct RunStats {
     pub deposed: u64,
     pub partitions: u64,
     pub freezes: u64,
+    /// Clustered mode: hosts sent a SIGTERM, and those that stopped on it.
+    pub sigterms: u64,
+    pub sigterm_stops: u64,
     pub truncations: u64,
     /// Clustered mode: hosts wiped, disks replaced after they rotted,
     /// hosts rejoined under a new id, promoted to voter, and joins a host

@@ -105,3 +105,27 @@ fn clustered_mode_checks_dispatched_plans_and_truncation_remnants() {
     assert!(by.iter().any(|(invariant, n)| invariant == "truncation-left-bytes" && *n > 10), "{by:?}");
     assert!(stdout(&out).contains("a truncation zeroes or removes all it replaces"), "{}", stdout(&out));
 }
+
+/// Clustered hosts stopped on a SIGTERM start again from their stop
+/// record; at every start that finds one, recovering from copies of the
+/// host's disk with it and without it must agree (committed state, records
+/// some sink still needs, raft's log). A start that trusts a record no
+/// longer true (`trust-stale-stop-record`: written, then the host started
+/// from it and wrote more before a crash) fails that check.
+#[test]
+fn clustered_hosts_start_from_stop_records_that_a_scan_bears_out() {
+    let _cores = both_cores();
+    let out = skipprd(&["sim", "--wal", "clustered", "--seeds", "0..200", "--jobs", "2", "--stats"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let used = stdout(&out)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("stop records used: ").map(|v| v.parse::<f64>().unwrap()))
+        .expect("the stop-record line");
+    assert!(used > 0.2, "clustered hosts started from stop records: {used} a run");
+    let args =
+        ["sim", "--wal", "clustered", "--seeds", "0..200", "--jobs", "2", "--mutation", "trust-stale-stop-record"];
+    let out = skipprd(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let by = failures_by_invariant(&out);
+    assert!(by.iter().any(|(invariant, n)| invariant == "stop-record-unfaithful" && *n > 10), "{by:?}");
+}

@@ -118,15 +118,25 @@ impl LogBuilder {
             return Err(e);
         }
         assert!(self.newest.is_none(), "every group's segment is handed out after it");
-        let Some(mut log) = self.log else {
+        let Some(log) = self.log else {
             return match self.hard == HardState::default() {
                 true => Ok(None),
                 false => Err(RestoreError::NoGenesis),
             };
         };
-        let last = log.last_index();
-        if log.hard.commit > last {
-            return Err(RestoreError::CommitLost { commit: log.hard.commit, last });
+        log.finish_restore(self.tail).map(Some)
+    }
+}
+
+impl Log {
+    /// The last step of a restore, from a scan or a stop record: the
+    /// commit index checked against the log, the term raised to the log's,
+    /// and the groups past the commit index (`tail`: their bytes by LSN,
+    /// in order; earlier ones are skipped) made entries.
+    pub fn finish_restore(mut self, tail: Vec<(u64, Vec<u8>)>) -> Result<Log, RestoreError> {
+        let last = self.last_index();
+        if self.hard.commit > last {
+            return Err(RestoreError::CommitLost { commit: self.hard.commit, last });
         }
         // A `Ready`'s groups are made durable before its hard state, so a
         // crash between them leaves entries of a term the saved hard state
@@ -136,22 +146,22 @@ impl LogBuilder {
         // durable. So the term is raised to the log's, with no vote. Left
         // lower, raft-rs would answer in a term its log had passed (at term
         // 0 it panics answering a pre-vote) and could lead in it.
-        let last_term = log.terms.term(last).expect("the log holds its last index");
-        if log.hard.term < last_term {
-            log.hard.term = last_term;
-            log.hard.vote = 0;
+        let last_term = self.terms.term(last).expect("the log holds its last index");
+        if self.hard.term < last_term {
+            self.hard.term = last_term;
+            self.hard.vote = 0;
         }
-        log.held_from = log.hard.commit + 1;
-        log.durable = log.hard.commit;
+        self.held_from = self.hard.commit + 1;
+        self.durable = self.hard.commit;
         // Each group's bytes go as its entry is made.
-        let mut tail = self.tail.into_iter().filter(|(lsn, _)| *lsn >= log.held_from);
-        for index in log.held_from..=last {
-            let (lsn, bytes) = tail.next().expect("the scan hands out the bytes of every group past the commit index");
+        let mut tail = tail.into_iter().filter(|(lsn, _)| *lsn >= self.held_from);
+        for index in self.held_from..=last {
+            let (lsn, bytes) = tail.next().expect("the bytes of every group past the commit index");
             assert_eq!(lsn, index, "the bytes of each group past the commit index, in order");
-            let entry = log.entry_read_back(index, &bytes);
-            log.held.push_back(entry);
+            let entry = self.entry_read_back(index, &bytes);
+            self.held.push_back(entry);
         }
-        Ok(Some(log))
+        Ok(self)
     }
 }
 

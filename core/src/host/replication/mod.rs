@@ -275,6 +275,37 @@ impl Replication {
         false
     }
 
+    /// Stopping on SIGTERM, the raft node held still (no message in, no
+    /// tick): once nothing raft asked for is in flight and the hard-state
+    /// file holds the commit index applied (a save is asked for when it
+    /// does not), that index and raft's log, for a stop record. `None`
+    /// meanwhile, and when the node never started.
+    pub(super) fn settled(&mut self, fx: &mut Effects) -> Option<(u64, crate::consensus::log::LogRecord)> {
+        let Phase::Running(node) = &mut self.phase else { return None };
+        if !self.saves.idle() || self.fetching.is_some() {
+            return None;
+        }
+        let applied = node.replica.applied();
+        if !self.saves.saved_exactly(applied) {
+            let saved = node.replica.hard_to_save();
+            self.saves.save_alone(fx, saved);
+            return None;
+        }
+        Some((applied, node.replica.log().record()))
+    }
+
+    /// See `Host::raft_log`.
+    pub(super) fn log_view(&self) -> Option<((u64, u64, u64), crate::consensus::log::LogRecord, u64)> {
+        let log = self.replica()?.log();
+        let hard = log.hard_state();
+        Some(((hard.term, hard.vote, hard.commit), log.record(), log.held_bytes()))
+    }
+
+    /// The raft node started (the log restored).
+    pub(super) fn running(&self) -> bool {
+        self.node().is_some()
+    }
+
     pub(super) fn status(&self) -> Option<crate::consensus::replica::RaftStatus> {
         self.replica().map(|r| r.status())
     }

@@ -91,6 +91,11 @@ impl Saves {
         self.saved_commit >= at.0
     }
 
+    /// Whether the hard-state file holds exactly commit index `at`.
+    pub(super) fn saved_exactly(&self, at: u64) -> bool {
+        self.saved_commit == at
+    }
+
     /// Nothing is in flight or waiting.
     pub(super) fn idle(&self) -> bool {
         self.in_flight.is_none() && self.queued.is_empty()

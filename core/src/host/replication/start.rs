@@ -7,7 +7,7 @@ use super::{cluster_log, Node, Phase, Replication, Role};
 use crate::config::Limits;
 use crate::consensus::entry::{genesis, EntryGroup, Opening};
 use crate::consensus::hard_state::{decode_file, Members};
-use crate::consensus::log::{Log, LogBuilder, RestoreError};
+use crate::consensus::log::{Log, LogBuilder, LogRecord, RestoreError};
 use crate::consensus::replica::Replica;
 use crate::consensus::{ConfState, HardState};
 use crate::host::effects::Effects;
@@ -67,6 +67,24 @@ impl Replication {
     pub(in crate::host) fn log_builder(&self, sizes: BTreeMap<SegmentId, u64>) -> LogBuilder {
         let Phase::Loaded(loaded) = &self.phase else { panic!("the hard state is read before the segments") };
         LogBuilder::new(loaded.0.clone(), loaded.1.clone(), sizes)
+    }
+
+    /// The commit index the hard-state file read at start holds.
+    pub(in crate::host) fn saved_commit_at_start(&self) -> u64 {
+        let Phase::Loaded(loaded) = &self.phase else { panic!("the hard state is read before the segments") };
+        loaded.0.commit
+    }
+
+    /// Raft's log as the last run's stop record kept it, under the hard
+    /// state and membership read at start, its groups past the commit
+    /// index made entries from `tail`, their bytes read back.
+    pub(in crate::host) fn recorded_log(
+        &self,
+        record: LogRecord,
+        tail: Vec<(u64, Vec<u8>)>,
+    ) -> Result<Log, RestoreError> {
+        let Phase::Loaded(loaded) = &self.phase else { panic!("the hard state is read before the segments") };
+        Log::recorded(loaded.0.clone(), loaded.1.clone(), record).finish_restore(tail)
     }
 
     /// Starts the raft node on the log recovery's scan built from this

@@ -129,6 +129,7 @@ impl WalWriter {
             spares: self.spares.iter().copied().collect(),
             segments: self.segments.iter().cloned().collect(),
             held,
+            raft: None,
         }
     }
 

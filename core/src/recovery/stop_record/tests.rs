@@ -55,6 +55,7 @@ fn record_of(segments: &[(SegmentId, Vec<u8>)]) -> StopRecord {
         spares: r.spares.into(),
         segments: r.segments.into(),
         held: r.records.held(),
+        raft: None,
     }
 }
 
