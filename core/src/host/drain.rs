@@ -132,7 +132,10 @@ impl Host {
 
     /// Writes the stop record once raft's log is settled.
     pub(super) fn seal_step(&mut self) {
-        if !self.holds_still() || self.recorded != Recorded::No || !self.wal.idle() {
+        // A group this host proposed and raft has not committed is raft's
+        // (an entry past the commit index, in the log the record keeps);
+        // a deletion in flight is the writer's.
+        if !self.holds_still() || self.recorded != Recorded::No || !self.wal.idle_but_proposed() {
             return;
         }
         if self.wal.deletes_queued() {

@@ -347,6 +347,31 @@ fn a_sigtermed_leader_hands_leadership_over_before_it_exits() {
     for node in (1..=3).filter(|n| *n != leader) {
         assert_eq!(cluster.stop(node, Duration::from_secs(30)), Some(0), "node {node}: {}", cluster.tail(node));
     }
+    // Each host stopped on SIGTERM left a stop record holding raft's log:
+    // started again, each restores its log from it without scanning, and
+    // the cluster delivers on.
+    let logged: Vec<usize> = (1..=3).map(|n| std::fs::read_to_string(cluster.log(n)).map_or(0, |t| t.len())).collect();
+    cluster.start_all();
+    for node in 1..=3 {
+        let from = logged[node as usize - 1];
+        let deadline = Instant::now() + PATIENCE;
+        let line = loop {
+            if let Some(line) = restored_line(&cluster, node, from) {
+                break line;
+            }
+            assert!(Instant::now() < deadline, "node {node} did not restore its log: {}", cluster.tail(node));
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(line.contains("stop_record=\"used\""), "node {node}: {line}");
+        // What the checks read: headers, last groups, raft's last group.
+        let scanned = restored_field(&cluster, node, from, "scanned_bytes").unwrap();
+        assert!(scanned < 64 << 10, "node {node} read {scanned} bytes: {line}");
+    }
+    let held = records_in(&cluster.sink);
+    wait_until("records delivered after the restart", PATIENCE, || records_in(&cluster.sink) > held);
+    for node in 1..=3 {
+        assert_eq!(cluster.stop(node, Duration::from_secs(30)), Some(0), "node {node}: {}", cluster.tail(node));
+    }
 }
 
 /// The offsets items of `table` whose key names `identity`, as (key, item).
@@ -396,11 +421,17 @@ fn with_offsets_in_dynamodb_the_leader_killed_thrice_loses_and_duplicates_nothin
 const DOWN_SINK: &str = "#!/bin/sh\nread hello\necho '{\"type\":\"hello\",\"protocol\":1}'\nwhile read request; do \
                          echo '{\"type\":\"result\",\"outcome\":\"retryable\",\"rows\":0}'; done\n";
 
+/// The last `restored raft's log` line of host `node` since `from` bytes
+/// into its log.
+fn restored_line(cluster: &Cluster, node: u64, from: usize) -> Option<String> {
+    let text = std::fs::read_to_string(cluster.log(node)).unwrap_or_default();
+    text.get(from..)?.lines().rfind(|l| l.contains("restored raft's log")).map(str::to_string)
+}
+
 /// A field of the last `restored raft's log` line of host `node` since
 /// `from` bytes into its log.
 fn restored_field(cluster: &Cluster, node: u64, from: usize, name: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(cluster.log(node)).unwrap_or_default();
-    let line = text.get(from..)?.lines().rfind(|l| l.contains("restored raft's log"))?;
+    let line = restored_line(cluster, node, from)?;
     let at = line.find(&format!("{name}="))? + name.len() + 1;
     line[at..].split(|c: char| c.is_whitespace()).next()?.parse().ok()
 }

@@ -118,7 +118,7 @@ impl WalWriter {
     /// The stop record of the WAL as it stands, the configuration's names,
     /// committed state and held batches given: only while nothing is in flight.
     pub(super) fn describe(&self, config: Names, state: CommittedState, held: Vec<HeldPlace>) -> StopRecord {
-        assert!(self.idle(), "a stop record describes a WAL with nothing in flight");
+        assert!(self.idle_but_proposed(), "a stop record describes a WAL with nothing in flight");
         StopRecord {
             config,
             state,
@@ -254,6 +254,12 @@ impl WalWriter {
     /// Nothing waits for a commit and none is in flight.
     pub(super) fn committed_all(&self) -> bool {
         self.pending.is_empty() && self.commit.is_none()
+    }
+
+    /// No deletion or creation in flight, nor a commit but (clustered
+    /// mode) a group proposed to raft, which raft's log holds.
+    pub(super) fn idle_but_proposed(&self) -> bool {
+        (self.commit.is_none() || self.replicated) && !self.deleting && !self.creating
     }
 
     /// No commit, deletion or creation in flight.
