@@ -175,6 +175,13 @@ impl Host {
     /// sources resumed from committed positions).
     fn serve(&mut self, term: u64) {
         if self.phase != Phase::Recovering {
+            // Leading again after its handover deposed it (a SIGTERM's
+            // drain): what it holds is its old term's, and its writer's
+            // epoch too. It was asked to stop: it stops, never writing
+            // under the old epoch (seed 18193 of simulator version 23).
+            if self.handing_over {
+                self.seal(StopReason::Clean);
+            }
             return;
         }
         self.wal.set_epoch(Epoch(term));

@@ -140,3 +140,53 @@ fn a_damaged_record_is_refused() {
     longer.push(0);
     assert!(StopRecord::decode(&longer).is_err());
 }
+
+/// The record of a clustered host whose commit index is 2: raft's log of
+/// the four groups, with `term` as the last one's term.
+fn clustered_record(segments: &[(SegmentId, Vec<u8>)], term: u64) -> StopRecord {
+    use crate::consensus::entry::LogEnd;
+    let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+    let scanned = crate::wal::scan(&refs, false).unwrap();
+    let ends: Vec<LogEnd> = scanned
+        .iter()
+        .flat_map(|s| s.groups.iter().enumerate().map(move |(i, g)| (s, i, g)))
+        .map(|(s, i, g)| LogEnd {
+            lsn: g.lsn,
+            segment: s.id,
+            end: g.end,
+            sealed: s.sealed && i + 1 == s.groups.len(),
+            segment_bytes: SIZE as u64,
+        })
+        .collect();
+    let mut runs = vec![(0, EPOCH.0)];
+    if term != EPOCH.0 {
+        runs.push((3, term));
+    }
+    let log =
+        LogRecord { base: (0, EPOCH.0), base_end: ends[0], ends: ends[1..].to_vec(), runs, header_epochs: vec![] };
+    StopRecord { raft: Some(RaftRecord { commit: 2, log }), ..record_of(segments) }
+}
+
+#[test]
+fn a_clustered_record_keeps_raft_s_log_and_checks_its_groups_past_the_commit_index() {
+    let segments = wal();
+    let record = clustered_record(&segments, EPOCH.0);
+    assert_eq!(StopRecord::decode(&record.encode()), Ok(record.clone()));
+    assert!(record.matches_commit(2) && !record.matches_commit(3));
+    let entries: Vec<u64> = record
+        .checks()
+        .iter()
+        .filter_map(|c| match c {
+            Check::Entry { place, .. } => Some(place.lsn.0),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(entries, vec![3], "the group past the commit index, also the last");
+    assert_eq!(first_mismatch(&record, &segments), None);
+    // The same place and index under another term: another log.
+    let other = clustered_record(&segments, EPOCH.0 + 1);
+    assert_eq!(
+        first_mismatch(&other, &segments),
+        Some("a group of raft's log is not the one the stop record has at its place")
+    );
+}
