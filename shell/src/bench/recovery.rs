@@ -14,8 +14,8 @@
 //! says whether the record spared the scan. With `--wal-storage
 //! clustered` the daemon is a cluster of three hosts on 127.0.0.1 (their
 //! certificates and `cluster init` made here), all stopped and started
-//! together; the figures are the slowest host's, and a clustered host
-//! always scans (raft's state is not the engine's to summarize).
+//! together; the figures are the slowest host's, and each host's use of
+//! its stop record is named.
 
 use super::{median, prepare_dir};
 use crate::exit;
@@ -61,6 +61,9 @@ struct Restart {
     scan_mb_s: Option<f64>,
     /// The restart used the stop record the stop left (no scan).
     stop_record_used: bool,
+    /// What each host did with its stop record (`used`, `none`, `set
+    /// aside` and why), for a cluster.
+    stop_records: Vec<String>,
     first_delivery: f64,
     peak_rss_mib: f64,
 }
@@ -226,6 +229,9 @@ impl Bench<'_> {
                         (false, None) => "scanned at ? MB/s".to_string(),
                     },
                 );
+                if r.stop_records.len() > 1 {
+                    println!("  each host's stop record: {}", r.stop_records.join("; "));
+                }
                 recovered.extend(r.recovered);
                 ratios.extend(r.scan_mb_s.map(|s| s / cold));
                 direct_ratios.extend(r.scan_mb_s.map(|s| s / direct));
@@ -287,9 +293,10 @@ impl Bench<'_> {
     }
 
     /// Starts the daemon (every host) with the directory sink and measures
-    /// it until the first batch file appears; then kills it. A cluster's
-    /// figures are its slowest host's: the latest `recovered` line, the
-    /// slowest scan, the highest peak RSS.
+    /// it until the first batch file appears (peak RSS until then) and
+    /// every host has recovered; then kills it. A cluster's figures are its
+    /// slowest host's: the latest `recovered` line, the slowest scan, the
+    /// highest peak RSS.
     fn restart(&self) -> Result<Restart, String> {
         let sink = self.data.join("sink");
         let _ = std::fs::remove_dir_all(&sink);
@@ -298,12 +305,18 @@ impl Bench<'_> {
         let n = children.len();
         let (mut recovered, mut peak, mut scan_mb_s) = (vec![None; n], vec![0u64; n], vec![None; n]);
         let mut stop_record_used = vec![false; n];
+        let mut stop_records = vec![String::from("?"); n];
+        let mut first_delivery = None;
         let kill_all = |children: &mut Vec<Child>| children.iter_mut().for_each(|c| stop(c, Signal::SIGKILL));
         loop {
-            for (i, child) in children.iter().enumerate() {
+            for (i, child) in children.iter().enumerate().filter(|_| first_delivery.is_none()) {
                 peak[i] = peak[i].max(vm_hwm_kib(child.id()).unwrap_or(0));
             }
             while let Ok((i, line)) = lines.try_recv() {
+                // Logged before the recovery line, when a record is set aside.
+                if let Some(why) = line.split("why=\"").nth(1).and_then(|t| t.split('"').next()) {
+                    stop_records[i] = format!("set aside: {why}");
+                }
                 // A clustered host's own recovery ends when it has restored
                 // raft's log (serving waits for an election).
                 let done = line.contains("recovered") || line.contains("restored raft's log");
@@ -314,6 +327,10 @@ impl Bench<'_> {
                         line[at..].split(|c: char| c.is_whitespace()).next()?.parse().ok()
                     };
                     stop_record_used[i] = line.contains("stop_record=\"used\"");
+                    let used = line.split("stop_record=\"").nth(1).and_then(|t| t.split('"').next());
+                    if used != Some("set aside") {
+                        stop_records[i] = used.unwrap_or("?").to_string();
+                    }
                     if let (Some(bytes), Some(seconds), false) =
                         (field("scanned_bytes"), field("scan_seconds"), stop_record_used[i])
                     {
@@ -321,11 +338,16 @@ impl Bench<'_> {
                     }
                 }
             }
-            if any_file(&sink) {
-                let first_delivery = started.elapsed().as_secs_f64();
+            if first_delivery.is_none() && any_file(&sink) {
+                first_delivery = Some(started.elapsed().as_secs_f64());
                 for (i, child) in children.iter().enumerate() {
                     peak[i] = peak[i].max(vm_hwm_kib(child.id()).unwrap_or(0));
                 }
+            }
+            // A cluster delivers once a majority has recovered: the slowest
+            // host's own recovery is waited for (its RSS counted up to the
+            // first delivery only).
+            if let Some(first_delivery) = first_delivery.filter(|_| recovered.iter().all(Option::is_some)) {
                 kill_all(&mut children);
                 let recovered = recovered.iter().copied().collect::<Option<Vec<f64>>>();
                 return Ok(Restart {
@@ -336,6 +358,7 @@ impl Bench<'_> {
                         .collect::<Option<Vec<f64>>>()
                         .map(|s| s.into_iter().fold(f64::INFINITY, f64::min)),
                     stop_record_used: stop_record_used.iter().all(|u| *u),
+                    stop_records,
                     first_delivery,
                     peak_rss_mib: *peak.iter().max().unwrap_or(&0) as f64 / 1024.0,
                 });
