@@ -3,6 +3,7 @@
 //! still need, and where the writer continues. The host drives the I/O
 //! around it (listing, reading, the offsets check, replay, resuming sources).
 
+use crate::consensus::log::commit_on_disk;
 use crate::ids::*;
 use crate::records::RecordStore;
 use crate::state::CommittedState;
@@ -170,7 +171,7 @@ impl Recovery {
                             self.last = Some((segment, group.lsn));
                             if let Some(through) = &mut self.through {
                                 if first {
-                                    *through = (*through).max(group.lsn);
+                                    *through = Lsn(commit_on_disk(through.0, group.lsn.0));
                                 }
                                 if group.lsn > *through {
                                     self.cut = true;

@@ -19,7 +19,7 @@ mod restore;
 mod storage;
 
 pub use record::LogRecord;
-pub use restore::LogBuilder;
+pub use restore::{commit_on_disk, LogBuilder};
 
 use super::entry::{decode_entry, encode_entry, membership_change, EntryError, EntryGroup, LogEnd, Opening, Placement};
 use super::hard_state::Members;

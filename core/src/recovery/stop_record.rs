@@ -153,7 +153,7 @@ impl StopRecord {
     /// (raised to the first group on disk, as any restore does): one
     /// written at another commit index describes another state.
     pub fn matches_commit(&self, commit: u64) -> bool {
-        self.raft.as_ref().is_some_and(|r| r.commit == commit.max(r.log.base.0))
+        self.raft.as_ref().is_some_and(|r| r.commit == crate::consensus::log::commit_on_disk(commit, r.log.base.0))
     }
 
     pub fn encode(&self) -> Vec<u8> {

@@ -145,7 +145,7 @@ impl Log {
     /// the bytes of the groups past the commit index, read back from
     /// `place`.
     pub fn recorded(mut hard: HardState, conf: ConfState, record: LogRecord) -> Log {
-        hard.commit = hard.commit.max(record.base.0);
+        hard.commit = super::commit_on_disk(hard.commit, record.base.0);
         let mut log = Log::new(hard, conf, record.base, record.base_end);
         for end in record.ends.iter() {
             log.terms.push(end.lsn.0, record.term(end.lsn.0));

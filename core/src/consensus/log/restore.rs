@@ -16,6 +16,14 @@ use super::*;
 use crate::wal::stream::Scanned;
 use crate::wal::SEGMENT_HEADER_BYTES;
 
+/// The commit index a restore starts from: the one saved, raised to the
+/// first group on disk (every group up to it is committed: see above). The
+/// one place this rule lives; the scan's rebuild, the log, and a stop
+/// record's check all ask here.
+pub fn commit_on_disk(saved: u64, first_group: u64) -> u64 {
+    saved.max(first_group)
+}
+
 /// A group the scan admitted, held until the next group or its segment's
 /// end says whether it sealed its segment.
 #[derive(Clone, Copy)]
@@ -101,7 +109,7 @@ impl LogBuilder {
                 return;
             }
             let mut hard = self.hard.clone();
-            hard.commit = hard.commit.max(g.lsn.0);
+            hard.commit = commit_on_disk(hard.commit, g.lsn.0);
             self.log = Some(Log::new(hard, self.conf.clone(), (g.lsn.0, g.epoch.0), end));
             return;
         };
