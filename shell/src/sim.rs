@@ -77,7 +77,8 @@ pub struct SimArgs {
     /// and offsets in DynamoDB, frozen writers waking next to their
     /// replacements) or `clustered` (several hosts, each with its own
     /// disk, replicating by raft over a network that loses, duplicates,
-    /// delays and partitions; hosts killed, powered off and frozen).
+    /// delays and partitions; hosts killed, powered off, frozen, and
+    /// stopped with SIGTERM).
     #[arg(long, value_name = "MODE", default_value = "disk", value_parser = parse_wal)]
     wal: WalMode,
     /// With --wal clustered: the number of hosts (3 or 5; default 3).
