@@ -156,15 +156,17 @@ impl Recovery {
 
     /// `feed`, showing `see` each group and segment the scan admitted
     /// before it is folded in (what `wal verify` lists).
-    pub fn feed_seeing(&mut self, bytes: Vec<u8>, mut see: impl FnMut(&Scanned)) -> Result<(), WalDamage> {
+    pub fn feed_seeing(&mut self, bytes: Vec<u8>, mut see: impl FnMut(&mut Scanned)) -> Result<(), WalDamage> {
         // Records are decoded only while they may stay in memory; past that
         // they are checked and counted, and read back when a sink needs them.
         let keeps = self.rebuild.keep_records && self.rebuild.wal.records.has_room();
         self.scan.read_records(if keeps { RecordMode::Owned } else { RecordMode::Counted });
         match self.scan.feed(bytes) {
             Ok(scanned) => {
-                for item in scanned {
-                    see(&item);
+                for mut item in scanned {
+                    // `see` may take a group's bytes (`Scanned::Bytes`):
+                    // nothing here needs them.
+                    see(&mut item);
                     match item {
                         Scanned::Group(segment, group) => {
                             let first = self.last.is_none();

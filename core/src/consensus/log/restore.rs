@@ -63,13 +63,14 @@ impl LogBuilder {
         Lsn(self.hard.commit)
     }
 
-    /// What the scan hands out, in WAL order.
-    pub fn see(&mut self, item: &Scanned) {
+    /// What the scan hands out, in WAL order (the bytes of a group past
+    /// the commit index taken, not copied).
+    pub fn see(&mut self, item: &mut Scanned) {
         match item {
             Scanned::Group(segment, g) => {
                 self.group(Admitted { segment: *segment, lsn: g.lsn, epoch: g.epoch, offset: g.offset, end: g.end })
             }
-            Scanned::Bytes(bytes) => self.bytes(bytes.clone()),
+            Scanned::Bytes(bytes) => self.bytes(std::mem::take(bytes)),
             Scanned::Segment(seg) => self.segment_done(seg.id, seg.header_epoch, seg.sealed),
         }
     }
