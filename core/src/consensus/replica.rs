@@ -274,14 +274,14 @@ impl Replica {
         }
     }
 
-    /// The hard state to save now, out of raft-rs's `Ready`s (none may be
-    /// waiting or in flight): its term and vote, the commit index as far
-    /// as it is applied, the configuration and membership as of it.
     /// The last index applied (handed out as committed).
     pub fn applied(&self) -> u64 {
         self.raw.raft.raft_log.applied
     }
 
+    /// The hard state to save now, out of raft-rs's `Ready`s (none may be
+    /// waiting or in flight): its term and vote, the commit index as far
+    /// as it is applied, the configuration and membership as of it.
     pub fn hard_to_save(&mut self) -> (HardState, ConfState, Members) {
         let hs = self.raw.raft.hard_state();
         let commit = hs.commit.min(self.raw.raft.raft_log.applied);

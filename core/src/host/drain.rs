@@ -142,7 +142,7 @@ impl Host {
             // A segment queued for deletion has left the writer's
             // summaries while raft's log, held still, still holds it: a
             // record would lose it. The next start scans.
-            return self.seal_timed_out();
+            return self.stop_unrecorded();
         }
         let Some((commit, log)) = self.authority.held_raft().settled(&mut self.fx) else { return };
         let mut record = self.wal.describe(self.names.clone(), self.committed.clone(), self.records.held());
@@ -151,10 +151,10 @@ impl Host {
         self.recorded = Recorded::Writing;
     }
 
-    /// Clustered mode: raft's log did not settle in time (or cannot be
-    /// described). The host stops without a stop record, unless one is
+    /// Clustered mode: raft's log did not settle in time, or cannot be
+    /// described. The host stops without a stop record, unless one is
     /// being written.
-    pub(super) fn seal_timed_out(&mut self) {
+    pub(super) fn stop_unrecorded(&mut self) {
         self.drain_deadline = None;
         if self.recorded != Recorded::Writing {
             self.recorded = Recorded::Done;

@@ -13,7 +13,7 @@ impl Host {
             self.wal.request_seal();
         }
         if self.drain_deadline.is_some_and(|at| at <= self.fx.now) && self.holds_still() {
-            self.seal_timed_out();
+            self.stop_unrecorded();
         } else if self.drain_deadline.is_some_and(|at| at <= self.fx.now) {
             let stop = match self.handing_over {
                 // Drained already; the handover did not happen in time.

@@ -319,7 +319,14 @@ fn decode_body(body: &[u8]) -> Result<StopRecord, DecodeError> {
     }
     let raft = match r.u8()? {
         0 => None,
-        1 => Some(RaftRecord { commit: r.u64()?, log: LogRecord::decode(r)? }),
+        1 => {
+            let raft = RaftRecord { commit: r.u64()?, log: LogRecord::decode(r)? };
+            if raft.commit > raft.log.last_index() {
+                // Its state would stand at a commit index its log lacks.
+                return Err(DecodeError);
+            }
+            Some(raft)
+        }
         _ => return Err(DecodeError),
     };
     if !r.is_empty() {

@@ -1,6 +1,6 @@
 //! The hosts' lives: the fault phase's plan, starts, crashes (kills,
-//! power cuts, freezes), stops on SIGTERM, a disk lost for good and the host's join under a
-//! new id, and how each way a host stops is judged.
+//! power cuts, freezes), stops on SIGTERM, a disk lost for good and the
+//! host's join under a new id, and how each way a host stops is judged.
 
 use super::{identity, Event, Raft};
 use crate::checker::invariant;

@@ -75,17 +75,22 @@ impl LogRecord {
         record.consistent().then_some(record).ok_or(DecodeError)
     }
 
-    /// The indexes follow one another and the runs cover them, terms
-    /// rising: what `Log::recorded` relies on.
+    /// The indexes follow one another, each group ends inside its segment
+    /// and after the one before it (so every place has a length), and the
+    /// runs cover them, terms rising: what `Log::recorded` and `place`
+    /// rely on.
     fn consistent(&self) -> bool {
-        let ends_follow = std::iter::once(&self.base_end)
-            .chain(&self.ends)
-            .enumerate()
-            .all(|(i, e)| e.lsn.0 == self.base.0 + i as u64);
+        let all = || std::iter::once(&self.base_end).chain(&self.ends);
+        let ends_follow = all().enumerate().all(|(i, e)| e.lsn.0 == self.base.0 + i as u64);
+        let inside = all().all(|e| e.end > crate::wal::SEGMENT_HEADER_BYTES as u64 && e.end <= e.segment_bytes);
+        let placed = all().zip(&self.ends).all(|(a, b)| match a.segment == b.segment {
+            true => a.end < b.end,
+            false => a.segment < b.segment,
+        });
         let runs_rise = self.runs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1);
         let runs_cover = self.runs.first() == Some(&(self.base.0, self.base.1))
             && self.runs.last().is_some_and(|r| r.0 <= self.last_index());
-        ends_follow && runs_rise && runs_cover
+        ends_follow && inside && placed && runs_rise && runs_cover
     }
 
     /// The term of `index`, within the log.
@@ -214,7 +219,11 @@ mod tests {
         late.runs = vec![(6, 2), (8, 3)];
         let mut past = record();
         past.runs.push((10, 4));
-        for r in [gap, falling, late, past] {
+        let mut backwards = record();
+        backwards.ends[1].end = 350;
+        let mut outside = record();
+        outside.ends[3].end = 5000;
+        for r in [gap, falling, late, past, backwards, outside] {
             assert_eq!(roundtrip(&r), Err(DecodeError), "{r:?}");
         }
     }

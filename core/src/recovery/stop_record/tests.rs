@@ -173,6 +173,9 @@ fn a_clustered_record_keeps_raft_s_log_and_checks_its_groups_past_the_commit_ind
     let record = clustered_record(&segments, EPOCH.0);
     assert_eq!(StopRecord::decode(&record.encode()), Ok(record.clone()));
     assert!(record.matches_commit(2) && !record.matches_commit(3));
+    let mut ahead = record.clone();
+    ahead.raft.as_mut().unwrap().commit = 4;
+    assert!(StopRecord::decode(&ahead.encode()).is_err(), "a commit index past the log's last group");
     let entries: Vec<u64> = record
         .checks()
         .iter()
