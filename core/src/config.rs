@@ -154,6 +154,14 @@ impl Limits {
     pub fn for_segment_bytes(segment_bytes: u64) -> Limits {
         Limits { segment_bytes, group_bytes_max: (segment_bytes / 8).clamp(1024, 1 << 20), ..Limits::default() }
     }
+
+    /// What the record store keeps in memory, and how it folds the rest.
+    pub fn records(&self) -> crate::records::RecordLimits {
+        crate::records::RecordLimits {
+            cache_bytes: self.record_cache_bytes,
+            run_records: self.compaction_records_max as u64,
+        }
+    }
 }
 
 impl Default for Limits {

@@ -286,17 +286,21 @@ impl Host {
         (self.records.len(), self.records.bytes())
     }
 
-    /// Batches held that some sink has not acknowledged wholly: how many,
-    /// and the sum of their last positions. What a start must hold,
-    /// whichever way it came: a scan trims what every sink acknowledged at
-    /// each segment's end, a running host as acknowledgements commit, so
-    /// each may keep some the other does not, or more of a batch's front.
+    /// Partitions with records held that some sink has not acknowledged:
+    /// how many, and the sum of the newest position held for each. What a
+    /// start must hold, whichever way it came: a scan trims what every sink
+    /// acknowledged at each segment's end, a running host as
+    /// acknowledgements commit, and each folds into runs what its cache
+    /// left out, so each may keep some the other does not, or more of a
+    /// batch's front, in other runs.
     pub fn records_unacked(&self) -> (usize, u64) {
         let sinks = self.cfg.sinks.len() as u16;
         let floor = |key| (0..sinks).map(|s| self.committed.acked(SinkId(s), key)).min().unwrap_or_default();
-        let held = self.records.held();
-        let unacked: Vec<_> = held.iter().filter(|h| h.last >= floor(h.key)).collect();
-        (unacked.len(), unacked.iter().map(|h| h.last.0).sum())
+        let mut newest = BTreeMap::new();
+        for h in self.records.held().iter().filter(|h| h.last >= floor(h.key)) {
+            newest.insert(h.key, h.last.0);
+        }
+        (newest.len(), newest.values().sum())
     }
 
     /// Record bytes held for sinks: (in memory, in all).

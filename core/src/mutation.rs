@@ -48,6 +48,10 @@ pub enum Mutation {
     /// Matches the batches of a group read back from the WAL to the plan's
     /// ranges by source alone, so another partition's records can stand in.
     ReadBackWrongPartition,
+    /// Reads back a run of batches held only in the WAL as if its first
+    /// group were all of it: the groups after it are checked, their
+    /// records left out.
+    ReadBackOneGroupOfARun,
     /// Clustered mode: a host answers its leader's append (and votes)
     /// before the groups and hard state of that `Ready` are durable.
     AckBeforePersist,
@@ -98,6 +102,7 @@ impl Mutation {
         Mutation::OffsetsRegress,
         Mutation::IgnoreMissingSegments,
         Mutation::ReadBackWrongPartition,
+        Mutation::ReadBackOneGroupOfARun,
         Mutation::DropUnfinishedGroup,
         Mutation::TrustStaleStopRecord,
     ];
@@ -132,6 +137,7 @@ impl Mutation {
             Mutation::OffsetsRegress => "offsets-regress",
             Mutation::IgnoreMissingSegments => "ignore-missing-segments",
             Mutation::ReadBackWrongPartition => "read-back-wrong-partition",
+            Mutation::ReadBackOneGroupOfARun => "read-back-one-group-of-a-run",
             Mutation::AckBeforePersist => "ack-before-persist",
             Mutation::VoteNotPersisted => "vote-not-persisted",
             Mutation::NoTruncateOnConflict => "no-truncate-on-conflict",

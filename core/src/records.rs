@@ -8,13 +8,38 @@
 
 use crate::ids::*;
 use crate::io::Records;
-use crate::wal::{Counted, GroupPlace, Range, Record};
+use crate::wal::{Counted, GroupPlace, GroupSpan, Range, Record};
 use std::collections::{BTreeMap, VecDeque};
 
-/// One committed source batch, held until every sink has acknowledged it.
+/// Batches held only in the WAL fold into runs whose groups start within
+/// one block of this many bytes of their segment: what one read-back asks
+/// for at most (the groups between are read too), and what keeps the
+/// store's size a fraction of the WAL's whatever the batches' size.
+pub const RUN_BLOCK_BYTES: u64 = 4 << 20;
+
+/// How much the store keeps, and how it folds what it does not keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordLimits {
+    /// Record bytes in memory at most (`Limits::record_cache_bytes`).
+    pub cache_bytes: u64,
+    /// Records in one run at most: a compaction takes a run whole, so
+    /// this is the destination batch's bound (`Limits::compaction_records_max`).
+    pub run_records: u64,
+}
+
+impl RecordLimits {
+    /// No bound: everything in memory (tests).
+    pub const UNBOUNDED: RecordLimits = RecordLimits { cache_bytes: u64::MAX, run_records: u64::MAX };
+}
+
+/// Committed source batches of one partition, held until every sink has
+/// acknowledged them: one batch (in memory or not), or a run of
+/// consecutive batches held only in the WAL.
 #[derive(Clone, Debug)]
 struct Held {
-    place: GroupPlace,
+    /// The groups its records lie in: one, or for a run the consecutive
+    /// groups of one segment from its first batch's to its last's.
+    span: GroupSpan,
     /// The position of its first record as committed (how a read-back
     /// finds it), and of its first and last record still held.
     origin: Position,
@@ -26,12 +51,12 @@ struct Held {
     records: Option<VecDeque<Record>>,
 }
 
-/// A held batch as a stop record keeps it: where it lies and what of it is
-/// still held, without its records.
+/// What a stop record keeps of a batch or run held: where it lies and what
+/// of it is still held, without its records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldPlace {
     pub key: PartitionKey,
-    pub place: GroupPlace,
+    pub span: GroupSpan,
     pub origin: Position,
     pub first: Position,
     pub last: Position,
@@ -47,9 +72,9 @@ pub type ReadBack = BTreeMap<(PartitionKey, Position), Records>;
 #[derive(Clone, Debug)]
 pub struct RecordStore {
     parts: BTreeMap<PartitionKey, VecDeque<Held>>,
-    /// Record bytes in memory, and the bound they stay under.
+    limits: RecordLimits,
+    /// Record bytes in memory (at most `limits.cache_bytes`).
     cached: u64,
-    cache_max: u64,
     /// A batch did not fit since the cache last made room.
     spilled: bool,
     /// Every record held, in memory or not: count and bytes.
@@ -59,13 +84,13 @@ pub struct RecordStore {
 
 impl Default for RecordStore {
     fn default() -> Self {
-        RecordStore::new(u64::MAX)
+        RecordStore::new(RecordLimits::UNBOUNDED)
     }
 }
 
 impl RecordStore {
-    pub fn new(cache_max: u64) -> RecordStore {
-        RecordStore { parts: BTreeMap::new(), cached: 0, cache_max, spilled: false, count: 0, bytes: 0 }
+    pub fn new(limits: RecordLimits) -> RecordStore {
+        RecordStore { parts: BTreeMap::new(), limits, cached: 0, spilled: false, count: 0, bytes: 0 }
     }
 
     /// Bytes of every record held, in memory or only in the WAL.
@@ -81,14 +106,18 @@ impl RecordStore {
         self.count == 0
     }
 
-    /// The bound on record bytes in memory.
-    pub fn cache_max(&self) -> u64 {
-        self.cache_max
+    pub fn limits(&self) -> RecordLimits {
+        self.limits
     }
 
     /// Record bytes in memory.
     pub fn cached_bytes(&self) -> u64 {
         self.cached
+    }
+
+    /// Batches and runs held: how many entries the store keeps.
+    pub fn entries(&self) -> usize {
+        self.parts.values().map(VecDeque::len).sum()
     }
 
     /// A committed batch of `key` from the group at `place`. Its records
@@ -98,24 +127,57 @@ impl RecordStore {
         let (first, last) = (first.position, last.position);
         let bytes: u64 = records.iter().map(|r| r.bytes.len() as u64).sum();
         let count = records.len() as u64;
-        self.count += count;
-        self.bytes += bytes;
-        let fits = self.cached.saturating_add(bytes) <= self.cache_max;
-        if fits {
-            self.cached += bytes;
+        if self.cached.saturating_add(bytes) > self.limits.cache_bytes {
+            self.spilled = true;
+            return self.push_counted(key, place, Counted { first, last, count, bytes });
         }
-        self.spilled |= !fits;
-        let records = fits.then(|| records.into());
-        self.parts.entry(key).or_default().push_back(Held { place, origin: first, first, last, count, bytes, records });
+        (self.count, self.bytes, self.cached) = (self.count + count, self.bytes + bytes, self.cached + bytes);
+        let held = Held {
+            span: GroupSpan::of(place),
+            origin: first,
+            first,
+            last,
+            count,
+            bytes,
+            records: Some(records.into()),
+        };
+        self.parts.entry(key).or_default().push_back(held);
     }
 
-    /// Every batch held, by where it lies: what a stop record keeps.
+    /// A committed batch held only in the WAL (read counted, or past the
+    /// cache): it joins the partition's last run when it can.
+    pub fn push_counted(&mut self, key: PartitionKey, place: GroupPlace, c: Counted) {
+        if c.count == 0 {
+            return;
+        }
+        (self.count, self.bytes) = (self.count + c.count, self.bytes + c.bytes);
+        let part = self.parts.entry(key).or_default();
+        let run_records = self.limits.run_records;
+        if let Some(run) = part.back_mut().filter(|h| h.records.is_none() && h.count + c.count <= run_records) {
+            if run.span.reach(place, RUN_BLOCK_BYTES) {
+                (run.last, run.count, run.bytes) = (c.last, run.count + c.count, run.bytes + c.bytes);
+                return;
+            }
+        }
+        let held = Held {
+            span: GroupSpan::of(place),
+            origin: c.first,
+            first: c.first,
+            last: c.last,
+            count: c.count,
+            bytes: c.bytes,
+            records: None,
+        };
+        part.push_back(held);
+    }
+
+    /// Every batch and run held, by where it lies: what a stop record keeps.
     pub fn held(&self) -> Vec<HeldPlace> {
-        let mut out = Vec::with_capacity(self.parts.values().map(VecDeque::len).sum());
+        let mut out = Vec::with_capacity(self.entries());
         for (key, part) in &self.parts {
             out.extend(part.iter().map(|h| HeldPlace {
                 key: *key,
-                place: h.place,
+                span: h.span,
                 origin: h.origin,
                 first: h.first,
                 last: h.last,
@@ -126,14 +188,14 @@ impl RecordStore {
         out
     }
 
-    /// The batches a stop record names, held only in the WAL (their records
-    /// come back through the read-back path, checked there).
-    pub fn from_places(places: Vec<HeldPlace>, cache_max: u64) -> RecordStore {
-        let mut store = RecordStore::new(cache_max);
+    /// The batches and runs a stop record names, held only in the WAL
+    /// (their records come back through the read-back path, checked there).
+    pub fn from_places(places: Vec<HeldPlace>, limits: RecordLimits) -> RecordStore {
+        let mut store = RecordStore::new(limits);
         for h in places {
             (store.count, store.bytes) = (store.count + h.count, store.bytes + h.bytes);
             let held = Held {
-                place: h.place,
+                span: h.span,
                 origin: h.origin,
                 first: h.first,
                 last: h.last,
@@ -146,42 +208,23 @@ impl RecordStore {
         store
     }
 
-    /// A committed batch read counted (`RecordMode::Counted`): held only in
-    /// the WAL.
-    pub fn push_counted(&mut self, key: PartitionKey, place: GroupPlace, c: Counted) {
-        if c.count == 0 {
-            return;
-        }
-        (self.count, self.bytes) = (self.count + c.count, self.bytes + c.bytes);
-        let held = Held {
-            place,
-            origin: c.first,
-            first: c.first,
-            last: c.last,
-            count: c.count,
-            bytes: c.bytes,
-            records: None,
-        };
-        self.parts.entry(key).or_default().push_back(held);
-    }
-
     /// Whether a batch pushed now may stay in memory: none has been left
     /// out since the cache last made room.
     pub fn has_room(&self) -> bool {
-        !self.spilled && self.cached < self.cache_max
+        !self.spilled && self.cached < self.limits.cache_bytes
     }
 
-    /// Keeps at most `cache_max` bytes in memory from now on, dropping the
-    /// newest batches' records first (the oldest are compacted next).
-    pub fn set_cache_max(&mut self, cache_max: u64) {
-        self.cache_max = cache_max;
+    /// Holds to `limits` from now on, dropping the newest batches' records
+    /// first (the oldest are compacted next).
+    pub fn set_limits(&mut self, limits: RecordLimits) {
+        self.limits = limits;
         self.spilled = false;
-        let mut cached: Vec<(GroupPlace, PartitionKey, Position)> = Vec::new();
+        let mut cached: Vec<(GroupSpan, PartitionKey, Position)> = Vec::new();
         for (key, part) in &self.parts {
-            cached.extend(part.iter().filter(|h| h.records.is_some()).map(|h| (h.place, *key, h.first)));
+            cached.extend(part.iter().filter(|h| h.records.is_some()).map(|h| (h.span, *key, h.first)));
         }
         cached.sort();
-        while self.cached > self.cache_max {
+        while self.cached > self.limits.cache_bytes {
             let (_, key, first) = cached.pop().expect("cached bytes are in some batch");
             let part = self.parts.get_mut(&key).expect("listed above");
             let held = part.iter_mut().find(|h| h.first == first).expect("listed above");
@@ -190,8 +233,8 @@ impl RecordStore {
         }
     }
 
-    /// Drops the records of `key` below `below`: whole batches, and the
-    /// front of a batch in memory.
+    /// Drops the records of `key` below `below`: whole batches and runs,
+    /// and the front of a batch in memory.
     pub fn prune(&mut self, key: PartitionKey, below: Position) {
         let Some(part) = self.parts.get_mut(&key) else { return };
         let cached = self.cached;
@@ -228,9 +271,10 @@ impl RecordStore {
     }
 
     /// How many held records of `key` from `from` (below `end`) a batch of
-    /// at most `budget` takes, and the position it ends at. A batch only in
-    /// the WAL counts whole (all its records, even those below `from`); it
-    /// goes in whole when nothing came before it, so every range moves on.
+    /// at most `budget` takes, and the position it ends at. A batch or run
+    /// only in the WAL counts whole (all its records, even those below
+    /// `from`); it goes in whole when nothing came before it, so every
+    /// range moves on.
     pub fn take(&self, key: PartitionKey, from: Position, end: Position, budget: usize) -> (usize, Position) {
         let mut n = 0;
         for held in self.overlapping(key, from, end) {
@@ -252,23 +296,31 @@ impl RecordStore {
     }
 
     /// The groups a compaction of `ranges` must read back from the WAL,
-    /// in LSN order, each once.
-    pub fn places(&self, ranges: &[Range]) -> Vec<GroupPlace> {
-        let mut places: Vec<GroupPlace> = ranges
+    /// in LSN order, each once: spans that share a group are read as one
+    /// (a run's groups start within one block, so what is merged stays
+    /// within a block and a group).
+    pub fn spans(&self, ranges: &[Range]) -> Vec<GroupSpan> {
+        let mut spans: Vec<GroupSpan> = ranges
             .iter()
             .flat_map(|r| self.overlapping(r.key, r.from, r.to))
             .filter(|h| h.records.is_none())
-            .map(|h| h.place)
+            .map(|h| h.span)
             .collect();
-        places.sort();
-        places.dedup();
-        places
+        spans.sort();
+        let mut merged: Vec<GroupSpan> = Vec::with_capacity(spans.len());
+        for span in spans {
+            if !merged.last_mut().is_some_and(|last| last.merge(&span)) {
+                merged.push(span);
+            }
+        }
+        merged
     }
 
     /// The bytes of every record in `ranges`, in order: from memory, or from
     /// what was read back (already cut to the ranges). `Err` names a batch
-    /// the read-back lacks.
-    pub fn gather(&self, ranges: &[Range], read: &ReadBack) -> Result<Records, GroupPlace> {
+    /// or run the read-back lacks, or of which it holds fewer records than
+    /// the run counts where the range takes it whole.
+    pub fn gather(&self, ranges: &[Range], read: &ReadBack) -> Result<Records, GroupSpan> {
         let mut out = Records::default();
         for r in ranges {
             for held in self.overlapping(r.key, r.from, r.to) {
@@ -278,7 +330,19 @@ impl RecordStore {
                             out.push(&rec.bytes);
                         }
                     }
-                    None => out.extend_from(read.get(&(r.key, held.origin)).ok_or(held.place)?),
+                    None => {
+                        if !read.contains_key(&(r.key, held.origin)) {
+                            return Err(held.span);
+                        }
+                        let mut n = 0;
+                        for (_, batch) in read.range((r.key, held.origin)..=(r.key, held.last)) {
+                            n += batch.len() as u64;
+                            out.extend_from(batch);
+                        }
+                        if r.from <= held.first && held.last < r.to && n != held.count {
+                            return Err(held.span);
+                        }
+                    }
                 }
             }
         }
@@ -291,37 +355,134 @@ mod tests {
     use super::*;
 
     const KEY: PartitionKey = PartitionKey { source: SourceId(0), partition: 0 };
+    const OTHER: PartitionKey = PartitionKey { source: SourceId(0), partition: 1 };
 
+    fn limits(cache_bytes: u64, run_records: u64) -> RecordLimits {
+        RecordLimits { cache_bytes, run_records }
+    }
+
+    /// Groups of 100 bytes tiling segment 1 from offset 100.
     fn place(lsn: u64) -> GroupPlace {
-        GroupPlace { lsn: Lsn(lsn), segment: SegmentId(1), offset: 100 * lsn, len: 50 }
+        GroupPlace { lsn: Lsn(lsn), segment: SegmentId(1), offset: 100 * lsn, len: 100 }
+    }
+
+    fn span(lsn: u64, last: u64) -> GroupSpan {
+        GroupSpan {
+            lsn: Lsn(lsn),
+            last: Lsn(last),
+            segment: SegmentId(1),
+            offset: 100 * lsn,
+            len: 100 * (last - lsn + 1),
+        }
     }
 
     fn batch(positions: std::ops::Range<u64>) -> Vec<Record> {
         positions.map(|p| Record { position: Position(p), bytes: vec![p as u8; 10] }).collect()
     }
 
+    fn counted(positions: std::ops::Range<u64>) -> Counted {
+        let n = positions.end - positions.start;
+        Counted { first: Position(positions.start), last: Position(positions.end - 1), count: n, bytes: 10 * n }
+    }
+
     fn range(from: u64, to: u64) -> Range {
         Range { key: KEY, from: Position(from), to: Position(to) }
     }
 
+    fn records(positions: std::ops::Range<u64>) -> Records {
+        let bytes: Vec<[u8; 10]> = positions.map(|p| [p as u8; 10]).collect();
+        bytes.iter().map(|r| &r[..]).collect()
+    }
+
     #[test]
     fn batches_past_the_cache_are_only_placed_and_read_back() {
-        let mut s = RecordStore::new(30);
+        let mut s = RecordStore::new(limits(30, 100));
         s.push(KEY, place(1), batch(0..2)); // 20 bytes: cached
         s.push(KEY, place(2), batch(2..4)); // would make 40: WAL only
         s.push(KEY, place(3), batch(4..5)); // 30, the bound: cached
         assert_eq!((s.len(), s.bytes(), s.cached_bytes()), (5, 50, 30));
-        assert_eq!(s.places(&[range(0, 2)]), vec![]);
-        assert_eq!(s.places(&[range(1, 5)]), vec![place(2)]);
-        assert_eq!(s.gather(&[range(1, 5)], &ReadBack::new()), Err(place(2)));
-        let read = ReadBack::from([((KEY, Position(2)), [[2u8; 10], [3; 10]].iter().map(|r| &r[..]).collect())]);
+        assert_eq!(s.spans(&[range(0, 2)]), vec![]);
+        assert_eq!(s.spans(&[range(1, 5)]), vec![span(2, 2)]);
+        assert_eq!(s.gather(&[range(1, 5)], &ReadBack::new()), Err(span(2, 2)));
+        let read = ReadBack::from([((KEY, Position(2)), records(2..4))]);
         let got = s.gather(&[range(1, 5)], &read).unwrap();
         assert_eq!(got.iter().collect::<Vec<_>>(), vec![&[1u8; 10][..], &[2; 10], &[3; 10], &[4; 10]]);
     }
 
     #[test]
+    fn batches_only_in_the_wal_fold_into_runs_of_consecutive_groups() {
+        let mut s = RecordStore::new(limits(0, 6));
+        s.push_counted(KEY, place(1), counted(0..2));
+        s.push_counted(KEY, place(3), counted(2..4)); // group 2 holds none of KEY's
+        s.push(KEY, place(4), batch(4..6)); // past the cache too
+        assert_eq!(s.entries(), 1);
+        // At the run's bound of records the next batch starts a run...
+        s.push_counted(KEY, place(5), counted(6..7));
+        // ...as one in another segment does...
+        let elsewhere = GroupPlace { segment: SegmentId(2), ..place(6) };
+        s.push_counted(KEY, elsewhere, counted(7..8));
+        // ...and one starting in another block of its segment.
+        let far = GroupPlace { lsn: Lsn(7), offset: elsewhere.offset + RUN_BLOCK_BYTES, ..elsewhere };
+        s.push_counted(KEY, far, counted(8..9));
+        assert_eq!((s.entries(), s.len(), s.bytes()), (4, 9, 90));
+        let spans = s.spans(&[range(0, 9)]);
+        assert_eq!(&spans[..2], &[span(1, 4), span(5, 5)]);
+        assert_eq!(spans[2], GroupSpan::of(elsewhere));
+        // A batch in memory ends a run: the next starts another.
+        let mut s = RecordStore::new(limits(20, 100));
+        s.push_counted(KEY, place(1), counted(0..1));
+        s.push(KEY, place(2), batch(1..2));
+        s.push_counted(KEY, place(3), counted(2..3));
+        assert_eq!(s.spans(&[range(0, 9)]), vec![span(1, 1), span(3, 3)]);
+        // Two batches of a partition in one group are one run.
+        let mut s = RecordStore::new(limits(0, 100));
+        s.push_counted(KEY, place(1), counted(0..1));
+        s.push_counted(KEY, place(1), counted(1..2));
+        assert_eq!((s.entries(), s.spans(&[range(0, 9)])), (1, vec![span(1, 1)]));
+    }
+
+    #[test]
+    fn a_run_is_gathered_whole_from_what_its_span_gave() {
+        let mut s = RecordStore::new(limits(0, 100));
+        s.push_counted(KEY, place(1), counted(0..2));
+        s.push_counted(KEY, place(2), counted(2..3));
+        s.push_counted(KEY, place(3), counted(3..5));
+        let all = ReadBack::from([
+            ((KEY, Position(0)), records(0..2)),
+            ((KEY, Position(2)), records(2..3)),
+            ((KEY, Position(3)), records(3..5)),
+        ]);
+        let got = s.gather(&[range(0, 9)], &all).unwrap();
+        assert_eq!(got.len(), 5);
+        // A batch of the run missing from what was read back is caught.
+        let mut short = all.clone();
+        short.remove(&(KEY, Position(2)));
+        assert_eq!(s.gather(&[range(0, 9)], &short), Err(span(1, 3)));
+        // A range that takes only part of the run gets what the read-back
+        // kept of it (cut to the range there).
+        let cut = ReadBack::from([((KEY, Position(0)), records(1..2)), ((KEY, Position(2)), records(2..3))]);
+        assert_eq!(s.gather(&[range(1, 3)], &cut).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn spans_of_partitions_over_the_same_groups_are_read_once() {
+        let mut s = RecordStore::new(limits(0, 100));
+        for lsn in 1..=4 {
+            s.push_counted(KEY, place(lsn), counted(lsn * 10..lsn * 10 + 1));
+        }
+        for lsn in 3..=6 {
+            s.push_counted(OTHER, place(lsn), counted(lsn * 10..lsn * 10 + 1));
+        }
+        s.push_counted(OTHER, GroupPlace { segment: SegmentId(2), ..place(8) }, counted(80..81));
+        let ranges = [range(0, 99), Range { key: OTHER, from: Position(0), to: Position(99) }];
+        let spans = s.spans(&ranges);
+        assert_eq!(spans[0], span(1, 6));
+        assert_eq!(spans.len(), 2);
+    }
+
+    #[test]
     fn take_counts_records_and_whole_batches_in_the_wal() {
-        let mut s = RecordStore::new(20);
+        let mut s = RecordStore::new(limits(20, 100));
         s.push(KEY, place(1), batch(0..2));
         s.push(KEY, place(2), batch(2..5));
         s.push(KEY, place(3), batch(5..6));
@@ -329,7 +490,7 @@ mod tests {
         // A batch in the WAL goes in whole or waits for the next plan...
         assert_eq!(s.take(KEY, Position(0), Position(9), 3), (2, Position(2)));
         // ...unless it comes first.
-        assert_eq!(s.take(KEY, Position(2), Position(9), 1), (3, Position(5)));
+        assert_eq!(s.take(KEY, Position(2), Position(9), 1), (4, Position(9)));
         assert_eq!(s.take(KEY, Position(0), Position(9), 10), (6, Position(9)));
         assert_eq!(s.take(KEY, Position(6), Position(9), 10), (0, Position(9)));
     }
@@ -341,9 +502,9 @@ mod tests {
         s.push(KEY, place(2), batch(3..5));
         s.prune(KEY, Position(1));
         assert_eq!((s.len(), s.bytes(), s.cached_bytes()), (4, 40, 40));
-        s.set_cache_max(25);
+        s.set_limits(limits(25, 100));
         assert_eq!((s.len(), s.cached_bytes()), (4, 20));
-        assert_eq!(s.places(&[range(0, 9)]), vec![place(2)]);
+        assert_eq!(s.spans(&[range(0, 9)]), vec![span(2, 2)]);
         s.prune(KEY, Position(4));
         assert_eq!((s.len(), s.bytes(), s.cached_bytes()), (2, 20, 0));
         s.prune(KEY, Position(5));

@@ -5,7 +5,7 @@
 
 use crate::consensus::log::commit_on_disk;
 use crate::ids::*;
-use crate::records::RecordStore;
+use crate::records::{RecordLimits, RecordStore};
 use crate::state::CommittedState;
 use crate::wal::stream::{ReadAt, Scanned, StreamScan};
 use crate::wal::SEGMENTS_MISSING;
@@ -134,11 +134,12 @@ impl Recovery {
         self.scan.next_read()
     }
 
-    /// Keeps at most `bytes` of record bytes in memory while rebuilding,
-    /// the oldest first (they are compacted first), and forgets each
-    /// record all `sinks` acknowledged as the scan passes each segment.
-    pub fn with_record_cache(mut self, bytes: u64, sinks: u16) -> Recovery {
-        self.rebuild.wal.records = RecordStore::new(bytes);
+    /// Keeps records in memory within `limits` while rebuilding, the
+    /// oldest first (they are compacted first), the rest folded into runs
+    /// held only in the WAL, and forgets each record all `sinks`
+    /// acknowledged as the scan passes each segment.
+    pub fn with_record_cache(mut self, limits: RecordLimits, sinks: u16) -> Recovery {
+        self.rebuild.wal.records = RecordStore::new(limits);
         self.rebuild.sinks = Some(sinks);
         self
     }
@@ -209,7 +210,7 @@ impl Recovery {
     /// the same settings.
     fn restarted_at(&self, from: usize) -> Recovery {
         let mut fresh = Recovery::new(self.listed[from..].to_vec(), self.lenient_tail, self.trust_missing, self.window);
-        fresh.rebuild.wal.records = RecordStore::new(self.rebuild.wal.records.cache_max());
+        fresh.rebuild.wal.records = RecordStore::new(self.rebuild.wal.records.limits());
         (fresh.rebuild.sinks, fresh.rebuild.keep_records) = (self.rebuild.sinks, self.rebuild.keep_records);
         assert!(self.through.is_none(), "clustered mode never trusts missing segments");
         match self.drop_unfinished {

@@ -134,13 +134,23 @@ impl S3Wal {
         }
     }
 
-    /// One committed group: the object at its key, which must be exactly
-    /// its length (the engine verifies the bytes).
+    /// Committed groups: the object at the place's key and those after it
+    /// (each group's object is keyed by where the one before it ends),
+    /// until they make the place's length (the engine verifies the bytes).
     pub async fn read_group(&self, place: GroupPlace) -> Result<Vec<u8>, IoError> {
-        let key = self.key(place.segment, place.offset);
-        let bytes = self.get(&key).await?;
-        if bytes.len() as u64 != place.len {
-            warn!(key, len = bytes.len(), expected = place.len, "a committed WAL object has another length");
+        let end = place.offset + place.len;
+        let mut bytes = self.get(&self.key(place.segment, place.offset)).await?;
+        while (bytes.len() as u64) < place.len {
+            let key = self.key(place.segment, place.offset + bytes.len() as u64);
+            let next = self.get(&key).await?;
+            if next.is_empty() {
+                break;
+            }
+            bytes.extend_from_slice(&next);
+        }
+        if place.offset + bytes.len() as u64 != end {
+            let (key, len) = (self.key(place.segment, place.offset), bytes.len());
+            warn!(key, len, expected = place.len, "committed WAL objects have another length");
         }
         Ok(bytes)
     }

@@ -375,7 +375,7 @@ impl S3Wal {
             }
             WalOp::ReadGroups { places } => places
                 .iter()
-                .map(|p| self.bucket.object(p.segment, p.offset))
+                .map(|p| self.bucket.objects_from(p.segment, p.offset, p.len))
                 .collect::<Result<_, _>>()
                 .map(IoReply::Groups),
             WalOp::Create { segment, header, .. } => {

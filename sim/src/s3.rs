@@ -80,8 +80,23 @@ impl SimS3 {
     }
 
     /// The object at (segment, offset), or a 404.
-    pub fn object(&self, segment: SegmentId, offset: u64) -> Result<Vec<u8>, IoError> {
+    fn object(&self, segment: SegmentId, offset: u64) -> Result<Vec<u8>, IoError> {
         self.objects.get(&(segment, offset)).map(|b| b.to_vec()).ok_or(IoError::Failed)
+    }
+
+    /// The object at `offset` and those after it, each keyed by where the
+    /// one before ends, until they make `len` bytes (a read-back of
+    /// consecutive groups, as the driver does it).
+    pub fn objects_from(&self, segment: SegmentId, offset: u64, len: u64) -> Result<Vec<u8>, IoError> {
+        let mut bytes = self.object(segment, offset)?;
+        while (bytes.len() as u64) < len {
+            let next = self.object(segment, offset + bytes.len() as u64)?;
+            if next.is_empty() {
+                break;
+            }
+            bytes.extend_from_slice(&next);
+        }
+        Ok(bytes)
     }
 
     pub fn delete_header(&mut self, segment: SegmentId) {

@@ -74,7 +74,7 @@ impl Host {
             self.offsets.committed(*key, p, false);
         }
         self.records = wal.records;
-        self.records.set_cache_max(self.cfg.limits.record_cache_bytes);
+        self.records.set_limits(self.cfg.limits.records());
         if self.cfg.mutations.has(Mutation::DeleteDuringRecovery) {
             // The planted bug: the oldest sealed segment goes at once,
             // without raft's log moving past it.

@@ -14,7 +14,7 @@ use crate::io::PluginOp;
 use crate::io::{IoError, IoOp, SinkApply, SinkOutcome, StopReason, WalOp};
 use crate::records::{ReadBack, RecordStore};
 use crate::state::CommittedState;
-use crate::wal::{read_group_back, CompactionDone, CompactionPlan, Corruption, GroupPlace, Range, READ_BACK_INVALID};
+use crate::wal::{read_span_back, CompactionDone, CompactionPlan, Corruption, GroupSpan, Range, READ_BACK_INVALID};
 use std::collections::BTreeMap;
 
 #[derive(Default)]
@@ -40,9 +40,10 @@ enum Slot {
 }
 
 /// The groups a dispatch reads back from the WAL (records no longer in
-/// memory), in requests of at most `READ_BACK_BYTES_MAX`, and what they gave.
+/// memory), as spans of consecutive groups, in requests of at most
+/// `READ_BACK_BYTES_MAX`, and what they gave.
 struct Fetch {
-    places: Vec<GroupPlace>,
+    places: Vec<GroupSpan>,
     /// Read up to here; the request in flight reads `next..next + sent`.
     next: usize,
     sent: usize,
@@ -50,7 +51,7 @@ struct Fetch {
 }
 
 /// One read-back request asks for at most this many bytes of groups (and
-/// at least one group).
+/// at least one span: a run's, at most `RUN_BLOCK_BYTES` and a group).
 const READ_BACK_BYTES_MAX: u64 = 4 << 20;
 
 /// What a group read back means.
@@ -222,27 +223,27 @@ impl Compaction {
             return Ok(());
         };
         let fetch = fetch.get_or_insert_with(|| Fetch {
-            places: records.places(&plan.ranges),
+            places: records.spans(&plan.ranges),
             next: 0,
             sent: 0,
             read: ReadBack::new(),
         });
         if fetch.next < fetch.places.len() {
             let mut bytes = 0;
-            let places: Vec<GroupPlace> = fetch.places[fetch.next..]
+            let places: Vec<_> = fetch.places[fetch.next..]
                 .iter()
                 .take_while(|p| {
                     bytes += p.len;
                     bytes == p.len || bytes <= READ_BACK_BYTES_MAX
                 })
-                .copied()
+                .map(GroupSpan::place)
                 .collect();
             fetch.sent = places.len();
             *io = Some(fx.io(Pending::WalReadBack(sink, stream), IoOp::Wal(WalOp::ReadGroups { places })));
             return Ok(());
         }
-        let batch = records.gather(&plan.ranges, &fetch.read).map_err(|place| {
-            StopReason::Corrupt(Corruption { segment: place.segment, offset: place.offset, what: READ_BACK_INVALID })
+        let batch = records.gather(&plan.ranges, &fetch.read).map_err(|span| {
+            StopReason::Corrupt(Corruption { segment: span.segment, offset: span.offset, what: READ_BACK_INVALID })
         })?;
         let id = match unstable_id {
             Some(epoch) => CompactionId(plan.id.0 ^ epoch.0.wrapping_mul(0x9e37_79b9)),
@@ -255,15 +256,15 @@ impl Compaction {
 
     /// Groups read back for the dispatch of (sink, stream): keep the
     /// records of the plan's ranges. A read that keeps failing stops the
-    /// engine like one at recovery; bytes that are not the committed group
-    /// stop it as corruption. `by_source` is the planted bug
-    /// `read-back-wrong-partition`.
+    /// engine like one at recovery; bytes that are not the committed groups
+    /// stop it as corruption. `by_source` and `one_group` are the planted
+    /// bugs `read-back-wrong-partition` and `read-back-one-group-of-a-run`.
     pub(super) fn on_read_back(
         &mut self,
         fx: &mut Effects,
         (id, sink, stream): (IoId, SinkId, StreamId),
         result: Result<Vec<Vec<u8>>, IoError>,
-        by_source: bool,
+        (by_source, one_group): (bool, bool),
     ) -> ReadNews {
         let Some(Slot::Planned { plan, io, fetch: Some(fetch), .. }) = self.slots.get_mut(&(sink, stream)) else {
             return ReadNews::Quiet;
@@ -284,13 +285,13 @@ impl Compaction {
             }
         };
         fx.succeeded(retry);
-        assert_eq!(groups.len(), fetch.sent, "one answer per group asked for");
+        assert_eq!(groups.len(), fetch.sent, "one answer per span asked for");
         let ranges = &plan.ranges;
         let ours = |r: &Range, key: PartitionKey| r.key == key || (by_source && r.key.source == key.source);
-        for (place, bytes) in fetch.places[fetch.next..].iter().zip(groups) {
+        for (span, bytes) in fetch.places[fetch.next..].iter().zip(groups) {
             let read = &mut fetch.read;
-            let visited = read_group_back(
-                *place,
+            let visited = read_span_back(
+                *span,
                 &bytes,
                 |key| ranges.iter().any(|r| ours(r, key)),
                 |key, origin, position, record| {
@@ -302,6 +303,7 @@ impl Compaction {
                         kept.push(record);
                     }
                 },
+                one_group,
             );
             if let Err(c) = visited {
                 return ReadNews::Stop(StopReason::Corrupt(c));

@@ -67,7 +67,7 @@ impl Host {
         let lenient = self.cfg.mutations.has(Mutation::AdmitTornSegment);
         let trust = self.cfg.mutations.has(Mutation::IgnoreMissingSegments);
         let mut recovery = Recovery::new(listed, lenient, trust, window)
-            .with_record_cache(self.cfg.limits.record_cache_bytes, self.cfg.sinks.len() as u16);
+            .with_record_cache(self.cfg.limits.records(), self.cfg.sinks.len() as u16);
         if self.cfg.mutations.has(Mutation::DropUnfinishedGroup) {
             recovery = recovery.dropping_unfinished_groups();
         }
@@ -82,7 +82,7 @@ impl Host {
         let log = self.authority.held_raft().log_builder(self.startup.take_sizes());
         let window = self.cfg.limits.read_window_bytes;
         let recovery = Recovery::new(listed, false, false, window)
-            .with_record_cache(self.cfg.limits.record_cache_bytes, self.cfg.sinks.len() as u16)
+            .with_record_cache(self.cfg.limits.records(), self.cfg.sinks.len() as u16)
             .applying_through(log.saved_commit());
         self.startup.stream_cluster(&mut self.fx, recovery, log)
     }
@@ -117,12 +117,12 @@ impl Host {
     /// log built along), and the committed state rebuilt.
     fn on_all_read(&mut self) {
         if self.authority.raft_ref().is_some() {
-            let cache_max = self.cfg.limits.record_cache_bytes;
+            let limits = self.cfg.limits.records();
             let raft = self.authority.held_raft();
-            let (wal, log) = self.startup.take_cluster(cache_max, |record, tail| raft.recorded_log(record, tail));
+            let (wal, log) = self.startup.take_cluster(limits, |record, tail| raft.recorded_log(record, tail));
             return self.restore_cluster(wal, log);
         }
-        let mut wal = match self.startup.take_recovered(self.cfg.limits.record_cache_bytes) {
+        let mut wal = match self.startup.take_recovered(self.cfg.limits.records()) {
             Ok(wal) => wal,
             Err(damage) => return self.on_damage(damage),
         };
@@ -267,7 +267,7 @@ impl Host {
             let floor = (0..sinks).map(|s| self.committed.acked(SinkId(s), key)).min();
             self.records.prune(key, floor.unwrap_or_default());
         }
-        self.records.set_cache_max(self.cfg.limits.record_cache_bytes);
+        self.records.set_limits(self.cfg.limits.records());
         self.sources.restore(&self.committed);
         self.schemas.restore(&self.committed.schemas);
         let replay = !self.cfg.mutations.has(Mutation::SkipCompactionReplay);

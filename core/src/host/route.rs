@@ -166,8 +166,9 @@ impl Host {
     }
 
     fn on_read_back(&mut self, id: IoId, sink: SinkId, stream: StreamId, bytes: Result<Vec<Vec<u8>>, IoError>) {
-        let by_source = self.cfg.mutations.has(Mutation::ReadBackWrongPartition);
-        match self.compaction.on_read_back(&mut self.fx, (id, sink, stream), bytes, by_source) {
+        let m = &self.cfg.mutations;
+        let bugs = (m.has(Mutation::ReadBackWrongPartition), m.has(Mutation::ReadBackOneGroupOfARun));
+        match self.compaction.on_read_back(&mut self.fx, (id, sink, stream), bytes, bugs) {
             ReadNews::Quiet => {}
             ReadNews::Next => self.dispatch(sink, stream),
             ReadNews::Stop(stop) => self.stop(stop),

@@ -12,6 +12,7 @@ use crate::consensus::log::{Log, LogBuilder, LogRecord, RestoreError};
 use crate::ids::*;
 use crate::io::{IoOp, StopReason, StopRecordUse, WalListing};
 use crate::io::{PluginOp, WalOp};
+use crate::records::RecordLimits;
 use crate::recovery::stop_record::{Check, StopRecord};
 use crate::recovery::{RecoveredWal, Recovery, WalDamage};
 use crate::time::{Duration, Instant};
@@ -243,11 +244,11 @@ impl Startup {
 
     /// What the streaming scan rebuilt, once every segment is read; or
     /// what the stop record holds, once checked (its batches held only in
-    /// the WAL, under a cache of `cache_max` bytes).
-    pub(super) fn take_recovered(&mut self, cache_max: u64) -> Result<RecoveredWal, WalDamage> {
+    /// the WAL, under `limits`).
+    pub(super) fn take_recovered(&mut self, limits: RecordLimits) -> Result<RecoveredWal, WalDamage> {
         match std::mem::take(&mut self.reading) {
             Reading::Stream(recovery) => recovery.finish(),
-            Reading::Check { record, .. } => Ok(record.into_recovered(cache_max)),
+            Reading::Check { record, .. } => Ok(record.into_recovered(limits)),
             _ => unreachable!("taken once, after a streamed read"),
         }
     }
@@ -259,14 +260,14 @@ impl Startup {
     /// index.
     pub(super) fn take_cluster(
         &mut self,
-        cache_max: u64,
+        limits: RecordLimits,
         recorded: impl FnOnce(LogRecord, Vec<(u64, Vec<u8>)>) -> Result<Log, RestoreError>,
     ) -> (Result<RecoveredWal, WalDamage>, Result<Option<Log>, RestoreError>) {
         match std::mem::take(&mut self.reading) {
             Reading::Cluster { recovery, log } => (recovery.finish(), log.finish()),
             Reading::Check { mut record, tail, .. } => {
                 let raft = record.raft.take().expect("a clustered host uses a clustered record");
-                (Ok(record.into_recovered(cache_max)), recorded(raft.log, tail).map(Some))
+                (Ok(record.into_recovered(limits)), recorded(raft.log, tail).map(Some))
             }
             _ => unreachable!("taken once, after a clustered read"),
         }

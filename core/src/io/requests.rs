@@ -32,9 +32,11 @@ pub enum WalOp {
     /// ends (on disk its file, on S3 its last object): a short answer is
     /// how recovery finds a segment's end. Answer: `SegmentBytes`.
     ReadAt { segment: SegmentId, offset: u64, len: usize },
-    /// Read back exactly the bytes of the committed groups at `places`, for
-    /// a compaction whose records are no longer in memory. Answer: `Groups`,
-    /// in the same order.
+    /// Read back exactly the bytes at `places`, each one committed group or
+    /// consecutive ones of its segment (`len` bytes from `offset`; on S3
+    /// the objects from `offset` on, one after the other), for a
+    /// compaction whose records are no longer in memory, or a lagging
+    /// follower. Answer: `Groups`, one byte string per place, in order.
     ReadGroups { places: Vec<GroupPlace> },
     /// Create a segment of `size` bytes ahead of need, durably, starting
     /// with `header` (on disk a preallocated file; on S3 the header object).

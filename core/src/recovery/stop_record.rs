@@ -20,15 +20,15 @@
 use super::{Head, RecoveredWal, SegmentSummary};
 use crate::consensus::log::LogRecord;
 use crate::ids::*;
-use crate::records::{HeldPlace, RecordStore};
+use crate::records::{HeldPlace, RecordLimits, RecordStore};
 use crate::state::CommittedState;
 use crate::wal::codec::{DecodeError, Reader, Writer};
 use crate::wal::payload::{get_key, get_snapshot, put_key, put_snapshot};
 use crate::wal::stream::ReadAt;
-use crate::wal::{check_group, decode_header, read_group_back, GroupPlace, Names, SEGMENT_HEADER_BYTES};
+use crate::wal::{check_group, decode_header, read_span_back, GroupPlace, GroupSpan, Names, SEGMENT_HEADER_BYTES};
 
 pub const STOP_RECORD_MAGIC: [u8; 8] = *b"SKPRSTOP";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// How far past the WAL's end (or a spare's header) a start looks for
 /// bytes a later run wrote.
 pub const END_PROBE_BYTES: usize = 4096;
@@ -88,7 +88,7 @@ impl Check {
             Check::Header(segment) => {
                 decode_header(segment, bytes).err().map(|_| "a segment's header is not the one it names")
             }
-            Check::LastGroup(place) => read_group_back(place, bytes, |_| false, |_, _, _, _| {})
+            Check::LastGroup(place) => read_span_back(GroupSpan::of(place), bytes, |_| false, |_, _, _, _| {}, false)
                 .err()
                 .map(|_| "a segment's last group is not where the stop record has it"),
             Check::Unwritten { .. } => {
@@ -135,10 +135,10 @@ impl StopRecord {
     }
 
     /// What recovery would have found, records held only in the WAL.
-    pub fn into_recovered(self, cache_max: u64) -> RecoveredWal {
+    pub fn into_recovered(self, limits: RecordLimits) -> RecoveredWal {
         RecoveredWal {
             state: self.state,
-            records: RecordStore::from_places(self.held, cache_max),
+            records: RecordStore::from_places(self.held, limits),
             segments: self.segments.into(),
             active: self.active,
             spares: self.spares.into(),
@@ -206,8 +206,8 @@ impl StopRecord {
         w.u32(self.held.len() as u32);
         for h in &self.held {
             put_key(w, h.key);
-            put_place(w, h.place);
-            for v in [h.origin.0, h.first.0, h.last.0, h.count, h.bytes] {
+            put_place(w, h.span.place());
+            for v in [h.span.last.0, h.origin.0, h.first.0, h.last.0, h.count, h.bytes] {
                 w.u64(v);
             }
         }
@@ -311,11 +311,17 @@ fn decode_body(body: &[u8]) -> Result<StopRecord, DecodeError> {
         segments.push(s);
     }
     let mut held = Vec::new();
-    for _ in 0..r.count(78)? {
+    for _ in 0..r.count(86)? {
         let (key, place) = (get_key(r)?, get_place(r)?);
-        let [origin, first, last, count, bytes] = [r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?];
+        let [last_lsn, origin, first, last, count, bytes] =
+            [r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?];
+        let GroupPlace { lsn, segment, offset, len } = place;
+        if last_lsn < lsn.0 {
+            return Err(DecodeError);
+        }
+        let span = GroupSpan { lsn, last: Lsn(last_lsn), segment, offset, len };
         let (origin, first, last) = (Position(origin), Position(first), Position(last));
-        held.push(HeldPlace { key, place, origin, first, last, count, bytes });
+        held.push(HeldPlace { key, span, origin, first, last, count, bytes });
     }
     let raft = match r.u8()? {
         0 => None,

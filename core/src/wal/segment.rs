@@ -309,48 +309,102 @@ pub struct GroupPlace {
     pub len: u64,
 }
 
+/// Consecutive committed groups of one segment, read back as one: from the
+/// group at `lsn` (at `offset`) through the group at `last`, `len` bytes
+/// in all. Groups tile their segment, so the bytes between two committed
+/// groups are exactly the groups between them. What a run of batches held
+/// only in the WAL is read back from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GroupSpan {
+    pub lsn: Lsn,
+    pub last: Lsn,
+    pub segment: SegmentId,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl GroupSpan {
+    /// One group.
+    pub fn of(place: GroupPlace) -> GroupSpan {
+        let GroupPlace { lsn, segment, offset, len } = place;
+        GroupSpan { lsn, last: lsn, segment, offset, len }
+    }
+
+    /// Where the span lies, as a read asks for it (its first group's LSN).
+    pub fn place(&self) -> GroupPlace {
+        GroupPlace { lsn: self.lsn, segment: self.segment, offset: self.offset, len: self.len }
+    }
+
+    fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+
+    /// Takes in the committed group at `place` and the groups before it,
+    /// when it is the span's last group or lies later in the same segment
+    /// and starts within the same block of `block` bytes as the span's
+    /// first group (so spans of different partitions over the same groups
+    /// stop at the same places).
+    pub fn reach(&mut self, place: GroupPlace, block: u64) -> bool {
+        if place.lsn == self.last && place.segment == self.segment && place.offset + place.len == self.end() {
+            return true;
+        }
+        let fits = place.segment == self.segment
+            && place.lsn > self.last
+            && place.offset >= self.end()
+            && place.offset / block == self.offset / block;
+        if fits {
+            (self.last, self.len) = (place.lsn, place.offset + place.len - self.offset);
+        }
+        fits
+    }
+
+    /// Takes in `other` when the two share a group (then they lie in the
+    /// same segment, and together they are consecutive groups again).
+    pub fn merge(&mut self, other: &GroupSpan) -> bool {
+        let shared = other.lsn <= self.last && self.lsn <= other.last;
+        if shared {
+            let (start, end) = (self.offset.min(other.offset), self.end().max(other.end()));
+            (self.lsn, self.last, self.offset, self.len) =
+                (self.lsn.min(other.lsn), self.last.max(other.last), start, end - start);
+        }
+        shared
+    }
+}
+
 /// What a group read back says when it is not the group committed there.
 pub const READ_BACK_INVALID: &str = "a committed group read back for a sink fails validation";
 
-/// Visits the records of the partitions `wanted` in the committed group at
-/// `place`, in place: `each(partition, first position of its batch,
-/// position, bytes)`. Checks exactly its bytes first: every frame's
-/// checksum, one LSN (the one committed there) and one epoch throughout,
-/// the commit record counting the frames and closing the bytes; nothing is
-/// visited unless the whole group is valid.
-pub fn read_group_back(
-    place: GroupPlace,
+/// Visits the records of the partitions `wanted` in the committed groups of
+/// `span`, in place: `each(partition, first position of its batch,
+/// position, bytes)`. Checks exactly its bytes first: group after group,
+/// every frame's checksum, one LSN per group (the next one committed
+/// there) and one epoch throughout it, each commit record counting its
+/// frames and closing its group, the last group closing the bytes; nothing
+/// is visited unless every group is valid. `first_group_only` is the
+/// planted bug `read-back-one-group-of-a-run`.
+pub fn read_span_back(
+    span: GroupSpan,
     bytes: &[u8],
     wanted: impl Fn(PartitionKey) -> bool,
     mut each: impl FnMut(PartitionKey, Position, Position, &[u8]),
+    first_group_only: bool,
 ) -> Result<(), Corruption> {
-    let corrupt = || Corruption { segment: place.segment, offset: place.offset, what: READ_BACK_INVALID };
-    if bytes.len() as u64 != place.len {
-        return Err(corrupt());
+    let corrupt =
+        |at: usize| Corruption { segment: span.segment, offset: span.offset + at as u64, what: READ_BACK_INVALID };
+    if bytes.len() as u64 != span.len || span.last < span.lsn {
+        return Err(corrupt(0));
     }
-    let (mut at, mut frames, mut epoch, mut batches) = (0, 0u32, None, Vec::new());
-    loop {
-        if at >= bytes.len() || frames as usize >= GROUP_FRAMES_MAX {
-            return Err(corrupt());
+    let (mut at, mut batches) = (0, Vec::new());
+    for lsn in span.lsn.0..=span.last.0 {
+        let skip = first_group_only && lsn > span.lsn.0;
+        let kept = batches.len();
+        at += group_back(span.segment, Lsn(lsn), &bytes[at..], &wanted, &mut batches).ok_or_else(|| corrupt(at))?;
+        if skip {
+            batches.truncate(kept);
         }
-        let (lsn, e, kind, payload, len) = frame_parts(place.segment, &bytes[at..], true).map_err(|_| corrupt())?;
-        if lsn != place.lsn || epoch.is_some_and(|x| x != e) {
-            return Err(corrupt());
-        }
-        epoch = Some(e);
-        match kind {
-            FrameKind::Commit => {
-                let Ok(Frame::Commit(c)) = decode_payload(kind, payload) else { return Err(corrupt()) };
-                if c.frames != frames || c.bytes as usize != at || at + len != bytes.len() {
-                    return Err(corrupt());
-                }
-                break;
-            }
-            FrameKind::SourceBatch if batch_key(payload).is_some_and(&wanted) => batches.push(payload),
-            _ => {}
-        }
-        frames += 1;
-        at += len;
+    }
+    if at != bytes.len() {
+        return Err(corrupt(at));
     }
     for payload in batches {
         let key = batch_key(payload).expect("read above");
@@ -359,9 +413,42 @@ pub fn read_group_back(
             let first = *origin.get_or_insert(position);
             each(key, first, position, record);
         })
-        .map_err(|_| corrupt())?;
+        .map_err(|_| corrupt(0))?;
     }
     Ok(())
+}
+
+/// Checks the group at the start of `bytes` (committed at `lsn` in
+/// `segment`, which seeds its checksums) and keeps the payloads of its
+/// source batches of the partitions `wanted`; returns its length.
+fn group_back<'a>(
+    segment: SegmentId,
+    lsn: Lsn,
+    bytes: &'a [u8],
+    wanted: impl Fn(PartitionKey) -> bool,
+    batches: &mut Vec<&'a [u8]>,
+) -> Option<usize> {
+    let (mut at, mut frames, mut epoch) = (0, 0u32, None);
+    loop {
+        if at >= bytes.len() || frames as usize >= GROUP_FRAMES_MAX {
+            return None;
+        }
+        let (l, e, kind, payload, len) = frame_parts(segment, &bytes[at..], true).ok()?;
+        if l != lsn || epoch.is_some_and(|x| x != e) {
+            return None;
+        }
+        epoch = Some(e);
+        match kind {
+            FrameKind::Commit => {
+                let Ok(Frame::Commit(c)) = decode_payload(kind, payload) else { return None };
+                return (c.frames == frames && c.bytes as usize == at).then_some(at + len);
+            }
+            FrameKind::SourceBatch if batch_key(payload).is_some_and(&wanted) => batches.push(payload),
+            _ => {}
+        }
+        frames += 1;
+        at += len;
+    }
 }
 
 #[cfg(test)]

@@ -79,7 +79,7 @@ fn a_record_round_trips_and_rebuilds_what_a_scan_rebuilds() {
     assert_eq!(decoded, record);
     let refs: Vec<(SegmentId, &[u8])> = segments.iter().map(|(id, b)| (*id, b.as_slice())).collect();
     let scanned = recover(&refs, false, false).unwrap();
-    let rebuilt = decoded.into_recovered(0);
+    let rebuilt = decoded.into_recovered(RecordLimits { cache_bytes: 0, run_records: u64::MAX });
     assert_eq!(rebuilt.state, scanned.state);
     assert_eq!(rebuilt.segments, scanned.segments);
     assert_eq!((rebuilt.active, rebuilt.spares.clone()), (scanned.active, scanned.spares.clone()));

@@ -262,3 +262,57 @@ fn a_rotten_header_on_the_last_segment_is_corruption_not_junk() {
     let segs = scan(&[(SegmentId(1), &first), (SegmentId(2), &torn)], false).unwrap();
     assert_eq!(segs[1].header_epoch, None);
 }
+
+#[test]
+fn a_span_is_read_back_group_by_group_and_every_bit_of_it_is_checked() {
+    let groups = groups();
+    let (buf, ends) = segment_with(SEG, EPOCH, 5, &groups);
+    let start = SEGMENT_HEADER_BYTES;
+    let end = *ends.last().unwrap();
+    let span = GroupSpan { lsn: Lsn(5), last: Lsn(7), segment: SEG, offset: start as u64, len: (end - start) as u64 };
+    let visit = |bytes: &[u8], span: GroupSpan, one_group: bool| {
+        let mut seen = Vec::new();
+        read_span_back(span, bytes, |k| k == key(0), |k, origin, p, _| seen.push((k, origin.0, p.0)), one_group)
+            .map(|()| seen)
+    };
+    let all = visit(&buf[start..end], span, false).unwrap();
+    let expected = vec![(key(0), 0, 0), (key(0), 0, 1), (key(0), 0, 2), (key(0), 5, 5)];
+    assert_eq!(all, expected);
+    // The planted bug keeps the first group's records only.
+    assert_eq!(visit(&buf[start..end], span, true).unwrap(), expected[..3].to_vec());
+    // One group is a span of one.
+    let first = GroupSpan { last: Lsn(5), len: (ends[0] - start) as u64, ..span };
+    assert_eq!(visit(&buf[start..ends[0]], first, false).unwrap().len(), 3);
+    // Another last LSN, another length, or any bit flipped: nothing is visited.
+    for wrong in
+        [GroupSpan { last: Lsn(6), ..span }, GroupSpan { last: Lsn(8), ..span }, GroupSpan { lsn: Lsn(6), ..span }]
+    {
+        assert!(visit(&buf[start..end], wrong, false).is_err(), "{wrong:?}");
+    }
+    assert!(visit(&buf[start..end - 1], GroupSpan { len: span.len - 1, ..span }, false).is_err());
+    for bit in (0..(end - start) * 8).step_by(7) {
+        let mut bytes = buf[start..end].to_vec();
+        bytes[bit / 8] ^= 1 << (bit % 8);
+        let err = visit(&bytes, span, false).expect_err("a flipped bit fails the span");
+        let at =
+            ends.iter().map(|e| *e as u64).filter(|e| *e <= (start + bit / 8) as u64).max().unwrap_or(start as u64);
+        assert_eq!(err.offset, at, "the failing group's offset, bit {bit}");
+    }
+}
+
+#[test]
+fn spans_reach_later_groups_of_their_block_and_merge_where_they_share_one() {
+    let place = |lsn: u64, offset: u64| GroupPlace { lsn: Lsn(lsn), segment: SEG, offset, len: 100 };
+    let mut a = GroupSpan::of(place(1, 100));
+    assert!(a.reach(place(1, 100), 1000), "its own last group");
+    assert!(a.reach(place(3, 300), 1000));
+    assert_eq!((a.last, a.len), (Lsn(3), 300));
+    assert!(!a.reach(place(2, 200), 1000), "an earlier group");
+    assert!(!a.reach(place(4, 1000), 1000), "a group of the next block");
+    assert!(!a.reach(GroupPlace { segment: SegmentId(8), ..place(4, 400) }, 1000), "another segment");
+    let mut b = GroupSpan::of(place(3, 300));
+    assert!(b.reach(place(5, 500), 1000));
+    assert!(a.merge(&b));
+    assert_eq!(a, GroupSpan { lsn: Lsn(1), last: Lsn(5), segment: SEG, offset: 100, len: 500 });
+    assert!(!a.merge(&GroupSpan::of(place(6, 600))), "no group shared");
+}

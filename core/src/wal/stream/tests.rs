@@ -5,6 +5,7 @@
 //! scanned both ways and compared.
 
 use super::*;
+use crate::records::RecordLimits;
 use crate::wal::scan::SEGMENTS_MISSING;
 use whole::scan;
 
@@ -300,8 +301,8 @@ fn a_full_cache_counts_records_and_holds_the_same_ones() {
         let Ok(all) = crate::recovery::recover(&refs, false, false) else { continue };
         for cache in [0, 40, 400] {
             let listed = refs.iter().map(|(id, _)| *id).collect();
-            let mut rec =
-                Recovery::new(listed, false, false, 33 + (seed as usize * 7) % 300).with_record_cache(cache, 0);
+            let mut rec = Recovery::new(listed, false, false, 33 + (seed as usize * 7) % 300)
+                .with_record_cache(RecordLimits { cache_bytes: cache, run_records: 5 }, 0);
             while let Some(read) = rec.next_read() {
                 let bytes = refs.iter().find(|(id, _)| *id == read.segment).unwrap().1;
                 let from = (read.offset as usize).min(bytes.len());
