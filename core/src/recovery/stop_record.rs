@@ -1,8 +1,9 @@
 //! The stop record: what a run that stopped on SIGTERM, its WAL consistent,
 //! leaves for the next start, so that it need not scan the segments again.
 //! It holds the committed state, the write position, each segment's summary
-//! (with the place of its last group) and where every batch still held for
-//! a sink lies. It is only a cache of what the WAL says: the next start
+//! (with the place of its last group) and where every batch (or run of
+//! batches held only in the WAL) still held for a sink lies. It is only a
+//! cache of what the WAL says: the next start
 //! uses it only if the WAL still matches it (the same segments listed,
 //! each header valid and naming its segment, each segment's last group
 //! valid at its place with its LSN, nothing written after the WAL's end or

@@ -87,6 +87,7 @@ fn list_mutations_names_every_planted_bug() {
         "offsets-regress",
         "ignore-missing-segments",
         "read-back-wrong-partition",
+        "read-back-one-group-of-a-run",
         "drop-unfinished-group",
         "trust-stale-stop-record",
         "commit-before-quorum",
