@@ -10,6 +10,7 @@ use crate::state::CommittedState;
 use crate::wal::stream::{ReadAt, Scanned, StreamScan};
 use crate::wal::SEGMENTS_MISSING;
 use crate::wal::{Corruption, Frame, GroupPlace, RecordMode, ScannedGroup, ScannedSegment, Snapshot, SourceBatch};
+use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 
 pub mod stop_record;
@@ -151,13 +152,13 @@ impl Recovery {
     }
 
     /// The bytes `next_read` asked for.
-    pub fn feed(&mut self, bytes: Vec<u8>) -> Result<(), WalDamage> {
+    pub fn feed(&mut self, bytes: impl Into<Bytes>) -> Result<(), WalDamage> {
         self.feed_seeing(bytes, |_| {})
     }
 
     /// `feed`, showing `see` each group and segment the scan admitted
     /// before it is folded in (what `wal verify` lists).
-    pub fn feed_seeing(&mut self, bytes: Vec<u8>, mut see: impl FnMut(&mut Scanned)) -> Result<(), WalDamage> {
+    pub fn feed_seeing(&mut self, bytes: impl Into<Bytes>, mut see: impl FnMut(&mut Scanned)) -> Result<(), WalDamage> {
         // Records are decoded only while they may stay in memory; past that
         // they are checked and counted, and read back when a sink needs them.
         let keeps = self.rebuild.keep_records && self.rebuild.wal.records.has_room();

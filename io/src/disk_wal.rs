@@ -9,6 +9,7 @@
 //! and an `fdatasync` where the kernel or file system refuses the flag.
 //! Files that are not segments are left alone and reported.
 
+use bytes::Bytes;
 use skippr_core::format::GroupPlace;
 use skippr_core::{IoError, IoReply, SegmentId, WalListing, WalOp};
 use std::fs::{File, OpenOptions};
@@ -17,7 +18,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
 
 mod install;
@@ -41,9 +42,53 @@ pub struct DiskWal {
     no_dsync_flag: AtomicBool,
     /// Clustered mode: `DATA_DIR/raft-state`, opened at its first save.
     hard_state: Mutex<Option<File>>,
-    /// The buffer recovery's windows are read into, kept from one to the
-    /// next so that it is zeroed once.
-    window: Mutex<Vec<u8>>,
+    /// The buffers recovery's windows are read into, lent to the engine
+    /// and taken back, so that each is allocated and zeroed once.
+    windows: Windows,
+}
+
+/// Aligned buffers for `O_DIRECT` reads, lent to the engine as they are
+/// (a window is the part of one that holds the bytes asked for, no copy)
+/// and taken back when it drops them: two at most (the one the engine
+/// scans and the one the next read fills).
+#[derive(Clone, Default)]
+struct Windows(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl Windows {
+    const KEPT: usize = 2;
+
+    fn take(&self) -> Vec<u8> {
+        self.0.lock().expect("not poisoned").pop().unwrap_or_default()
+    }
+
+    /// `raw[at]`, lent out; `raw` comes back when the window is dropped.
+    fn lend(&self, raw: Vec<u8>, at: std::ops::Range<usize>) -> Bytes {
+        Bytes::from_owner(Lent { raw, at, home: self.clone() })
+    }
+}
+
+struct Lent {
+    raw: Vec<u8>,
+    at: std::ops::Range<usize>,
+    home: Windows,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        &self.raw[self.at.clone()]
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let raw = std::mem::take(&mut self.raw);
+        if raw.len() <= DiskWal::WINDOW_KEPT + 2 * ALIGN as usize {
+            let mut kept = self.home.0.lock().expect("not poisoned");
+            if kept.len() < Windows::KEPT {
+                kept.push(raw);
+            }
+        }
+    }
 }
 
 impl DiskWal {
@@ -56,7 +101,7 @@ impl DiskWal {
             open: Mutex::new(None),
             append_syncs: AtomicU64::new(0),
             no_dsync_flag: AtomicBool::new(false),
-            window: Mutex::new(Vec::new()),
+            windows: Windows::default(),
             hard_state: Mutex::new(None),
         };
         // A snapshot's install that committed before a crash is completed
@@ -94,27 +139,26 @@ impl DiskWal {
     /// normal read would return a group that is not on disk, and recovery
     /// would admit it. `O_DIRECT` reads past the cache (file systems without
     /// it, like tmpfs, have no device to be wrong about).
-    pub fn read(&self, segment: SegmentId) -> io::Result<Vec<u8>> {
+    pub fn read(&self, segment: SegmentId) -> io::Result<Bytes> {
         self.read_at(segment, 0, usize::MAX)
     }
 
-    /// Windows up to this size are read through a buffer kept between
-    /// reads; a larger read (a whole segment) gets its own.
+    /// Windows up to this size are read into buffers kept between reads;
+    /// a larger read (a whole segment) gets its own.
     const WINDOW_KEPT: usize = 16 << 20;
 
     /// `len` bytes of a segment from `offset` as the device holds them
     /// (`read`'s reason), fewer at the file's end: recovery's windows.
-    pub fn read_at(&self, segment: SegmentId, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    pub fn read_at(&self, segment: SegmentId, offset: u64, len: usize) -> io::Result<Bytes> {
         let path = self.path(segment);
         let file = match OpenOptions::new().read(true).custom_flags(nix::libc::O_DIRECT).open(&path) {
             Ok(file) => file,
             Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => File::open(&path)?,
             Err(e) => return Err(e),
         };
-        if len > Self::WINDOW_KEPT {
-            return read_direct(&file, offset, len, &mut Vec::new());
-        }
-        read_direct(&file, offset, len, &mut self.window.lock().expect("not poisoned"))
+        let raw = if len > Self::WINDOW_KEPT { Vec::new() } else { self.windows.take() };
+        let (raw, at) = read_direct(&file, offset, len, raw)?;
+        Ok(self.windows.lend(raw, at))
     }
 
     /// Performs one WAL request of the engine's.
@@ -345,17 +389,21 @@ fn dsync_flag_refused(e: &io::Error) -> bool {
 /// `len` bytes from `offset` (fewer at the end), read in whole aligned
 /// blocks into an aligned part of `raw` (grown as needed), as `O_DIRECT`
 /// requires (a file opened without it reads the same way).
-fn read_direct(file: &File, offset: u64, len: usize, raw: &mut Vec<u8>) -> io::Result<Vec<u8>> {
-    const ALIGN: u64 = 4096;
+fn read_direct(
+    file: &File,
+    offset: u64,
+    len: usize,
+    mut raw: Vec<u8>,
+) -> io::Result<(Vec<u8>, std::ops::Range<usize>)> {
     let size = file.metadata()?.len();
     let end = offset.saturating_add(len as u64).min(size);
     if end <= offset {
-        return Ok(Vec::new());
+        return Ok((raw, 0..0));
     }
     let first = offset / ALIGN * ALIGN;
     let padded = (end.div_ceil(ALIGN) * ALIGN - first) as usize;
     if raw.len() < padded + ALIGN as usize {
-        *raw = vec![0u8; padded + ALIGN as usize];
+        raw = vec![0u8; padded + ALIGN as usize];
     }
     let start = raw.as_ptr().align_offset(ALIGN as usize);
     let buf = &mut raw[start..start + padded];
@@ -369,8 +417,11 @@ fn read_direct(file: &File, offset: u64, len: usize, raw: &mut Vec<u8>) -> io::R
         at += n;
     }
     let skip = (offset - first) as usize;
-    Ok(buf[skip.min(at)..at.min(want)].to_vec())
+    Ok((raw, start + skip.min(at)..start + at.min(want)))
 }
+
+/// `O_DIRECT` reads and their buffers are aligned to this.
+const ALIGN: u64 = 4096;
 
 /// The file under DATA_DIR that names a disk WAL in stores it shares with
 /// others (a sink's keys, DynamoDB offsets).

@@ -117,7 +117,7 @@ impl S3Wal {
             WalOp::WriteStopRecord(bytes) => self.write_stop_record(bytes).await.map(|()| IoReply::Done),
             WalOp::List => self.list().await.map(IoReply::Segments),
             WalOp::ReadAt { segment, offset, len } => {
-                self.read_at(segment, offset, len).await.map(IoReply::SegmentBytes)
+                self.read_at(segment, offset, len).await.map(|b| IoReply::SegmentBytes(b.into()))
             }
             WalOp::ReadGroups { places } => {
                 let mut groups = Vec::with_capacity(places.len());

@@ -243,9 +243,11 @@ impl DiskWal {
                 Ok(IoReply::Done)
             }
             WalOp::ReadAt { .. } if fails => Err(IoError::Failed),
-            WalOp::ReadAt { segment, offset, len } => {
-                self.disk.read(segment).map(|b| IoReply::SegmentBytes(window(&b, offset, len))).ok_or(IoError::Failed)
-            }
+            WalOp::ReadAt { segment, offset, len } => self
+                .disk
+                .read(segment)
+                .map(|b| IoReply::SegmentBytes(window(&b, offset, len).into()))
+                .ok_or(IoError::Failed),
             WalOp::ReadGroups { .. } if fails => Err(IoError::Failed),
             WalOp::ReadGroups { places } => places
                 .iter()
@@ -371,7 +373,7 @@ impl S3Wal {
                 Ok(IoReply::Done)
             }
             WalOp::ReadAt { segment, offset, len } => {
-                self.bucket.read(segment).map(|b| IoReply::SegmentBytes(window(&b, offset, len)))
+                self.bucket.read(segment).map(|b| IoReply::SegmentBytes(window(&b, offset, len).into()))
             }
             WalOp::ReadGroups { places } => places
                 .iter()

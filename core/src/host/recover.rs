@@ -9,6 +9,7 @@ use super::*;
 use crate::io::{OffsetsOp, WalOp};
 use crate::recovery::{Recovery, WalDamage};
 use crate::wal::{Frame, Skipped};
+use bytes::Bytes;
 use offsets_writer::StoreCheck;
 use startup::Read;
 
@@ -87,7 +88,7 @@ impl Host {
         self.startup.stream_cluster(&mut self.fx, recovery, log)
     }
 
-    pub(super) fn on_segment_read(&mut self, segment: SegmentId, result: Result<Vec<u8>, IoError>) {
+    pub(super) fn on_segment_read(&mut self, segment: SegmentId, result: Result<Bytes, IoError>) {
         match result {
             Ok(bytes) => {
                 let read = self.startup.on_read(&mut self.fx, segment, bytes);

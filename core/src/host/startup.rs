@@ -18,6 +18,7 @@ use crate::recovery::{RecoveredWal, Recovery, WalDamage};
 use crate::time::{Duration, Instant};
 use crate::wal::stream::ReadAt;
 use crate::wal::{split_leftovers, Names};
+use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Default)]
@@ -215,7 +216,7 @@ impl Startup {
 
     /// A window came back: fed to the scan (whose damage ends the reading),
     /// or laid after the bytes read before it.
-    pub(super) fn on_read(&mut self, fx: &mut Effects, segment: SegmentId, bytes: Vec<u8>) -> Result<Read, WalDamage> {
+    pub(super) fn on_read(&mut self, fx: &mut Effects, segment: SegmentId, bytes: Bytes) -> Result<Read, WalDamage> {
         fx.succeeded(Retry::WalRead(segment));
         self.read_bytes += bytes.len() as u64;
         self.read_time = fx.now.saturating_since(self.listed_at);
@@ -231,7 +232,7 @@ impl Startup {
                 }
                 if let (Check::Entry { place, .. }, Some(raft)) = (check, &record.raft) {
                     if place.lsn.0 > raft.commit {
-                        tail.push((place.lsn.0, bytes));
+                        tail.push((place.lsn.0, bytes.to_vec()));
                     }
                 }
             }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 pub enum IoReply {
     Done,
     Segments(WalListing),
-    SegmentBytes(Vec<u8>),
+    SegmentBytes(bytes::Bytes),
     Groups(Vec<Vec<u8>>),
     /// The stop record's bytes, if there is one.
     StopRecord(Option<Vec<u8>>),

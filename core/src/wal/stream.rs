@@ -15,6 +15,7 @@ use super::frame::*;
 use super::scan::{read_torn_group, SEGMENTS_MISSING};
 use super::segment::*;
 use crate::ids::*;
+use bytes::Bytes;
 
 /// What the streaming scan hands out, in WAL order.
 #[derive(Debug)]
@@ -75,7 +76,7 @@ pub struct StreamScan {
     /// Bytes of the current segment from offset `base`; `eof` once a read
     /// came back short.
     base: usize,
-    buf: Vec<u8>,
+    buf: Bytes,
     eof: bool,
     /// At least this many bytes of the segment are needed before the scan
     /// can go on.
@@ -117,7 +118,7 @@ impl StreamScan {
             i: 0,
             step: Step::Header,
             base: 0,
-            buf: Vec::new(),
+            buf: Bytes::new(),
             eof: false,
             needed: SEGMENT_HEADER_BYTES,
             seg: fresh(first),
@@ -171,7 +172,8 @@ impl StreamScan {
 
     /// The bytes `next_read` asked for (fewer at the segment's end). Hands
     /// out what they complete, or the corruption the scan found.
-    pub fn feed(&mut self, bytes: Vec<u8>) -> Result<Vec<Scanned>, Corruption> {
+    pub fn feed(&mut self, bytes: impl Into<Bytes>) -> Result<Vec<Scanned>, Corruption> {
+        let bytes = bytes.into();
         let asked = self.next_read().expect("a read was asked for").len;
         self.eof = bytes.len() < asked;
         self.buf = bytes;
@@ -360,7 +362,7 @@ impl StreamScan {
     /// starts there, and the window held goes.
     fn keep_from(&mut self, pos: usize) {
         self.base = self.base.max(pos);
-        self.buf = Vec::new();
+        self.buf = Bytes::new();
     }
 
     fn next_segment(&mut self, out: &mut Vec<Scanned>) {

@@ -256,7 +256,7 @@ fn every_crash_state_of_a_snapshot_install_opens_to_the_old_wal_or_the_new_one_w
         let opened = DiskWal::open(&data).and_then(|wal| {
             let (ids, strays) = wal.list()?;
             let first = match ids.first() {
-                Some(id) => wal.read(*id)?,
+                Some(id) => wal.read(*id)?.to_vec(),
                 None => Vec::new(),
             };
             Ok((ids, strays, first, std::fs::read(data.join(FILE_NAME))?))

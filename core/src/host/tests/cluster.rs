@@ -306,7 +306,7 @@ impl Cluster {
                 IoReply::Segments(WalListing::Files(n.segments.iter().map(|(id, b)| (*id, b.len() as u64)).collect()))
             }
             IoOp::Wal(WalOp::ReadAt { segment, offset, len }) => {
-                IoReply::SegmentBytes(super::window(&n.segments[&segment], offset, len))
+                IoReply::SegmentBytes(super::window(&n.segments[&segment], offset, len).into())
             }
             IoOp::Wal(WalOp::ReadGroups { places }) => {
                 self.read_backs += places.len() as u64;

@@ -157,7 +157,7 @@ impl Harness {
             IoOp::Wal(WalOp::ReadAt { segment, offset, len }) => {
                 let bytes = window(&self.disk[&segment], offset, len);
                 self.reads.push((len, bytes.len()));
-                IoReply::SegmentBytes(bytes)
+                IoReply::SegmentBytes(bytes.into())
             }
             IoOp::Wal(WalOp::Create { segment, header, .. }) => {
                 let mut file = vec![0; config().limits.segment_bytes as usize];

@@ -177,7 +177,7 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
                     Err(IoError::Failed)
                 }
                 IoOp::Wal(WalOp::ReadAt { segment: s, offset, len }) => {
-                    Ok(IoReply::SegmentBytes(super::window(&disk[&s], offset, len)))
+                    Ok(IoReply::SegmentBytes(super::window(&disk[&s], offset, len).into()))
                 }
                 other => panic!("unexpected {other:?}"),
             };
