@@ -15,7 +15,12 @@
 //! clustered` the daemon is a cluster of three hosts on 127.0.0.1 (their
 //! certificates and `cluster init` made here), all stopped and started
 //! together; the figures are the slowest host's, and each host's use of
-//! its stop record is named.
+//! its stop record is named. With `--wal-storage s3` the WAL is in the
+//! bucket the environment names (`SKIPPR_WAL_S3_BUCKET`, the lease and
+//! offsets table, the endpoint and credentials, as the daemon takes them),
+//! under a prefix of its own per size; there is no plain read of files
+//! beside it (`tests/scripts/bench-recovery-s3.sh` runs it against the
+//! suite's local server).
 
 use super::{median, prepare_dir};
 use crate::exit;
@@ -43,9 +48,12 @@ pub struct BenchRecoveryArgs {
     /// How long one start may take to fill the WAL or to deliver, in seconds.
     #[arg(long, default_value_t = 600)]
     patience: u64,
-    /// Where the WAL lives: `disk`, or `clustered` (a cluster of three
-    /// hosts on 127.0.0.1, their DATA_DIRs under `clustered-<MiB>MiB`).
-    #[arg(long, value_name = "KIND", default_value = "disk", value_parser = ["disk", "clustered"])]
+    /// Where the WAL lives: `disk`, `clustered` (a cluster of three hosts
+    /// on 127.0.0.1, their DATA_DIRs under `clustered-<MiB>MiB`), or `s3`
+    /// (the bucket and table the environment names, as for `skipprd run`;
+    /// each size under the prefix `<SKIPPR_WAL_S3_PREFIX>bench-<MiB>MiB/`,
+    /// its pipeline `bench-<MiB>MiB`).
+    #[arg(long, value_name = "KIND", default_value = "disk", value_parser = ["disk", "clustered", "s3"])]
     wal_storage: String,
     /// The `skipprd` binary whose restarts are measured (another build,
     /// for a before-and-after table); this one by default.
@@ -61,6 +69,9 @@ struct Restart {
     scan_mb_s: Option<f64>,
     /// The restart used the stop record the stop left (no scan).
     stop_record_used: bool,
+    /// Then, seconds from the listing to the last of the record's checks
+    /// (the slowest host's).
+    checked_s: Option<f64>,
     /// What each host did with its stop record (`used`, `none`, `set
     /// aside` and why), for a cluster.
     stop_records: Vec<String>,
@@ -99,13 +110,16 @@ pub fn recovery(args: BenchRecoveryArgs) -> i32 {
         },
         _ => None,
     };
+    let s3 = args.wal_storage == "s3";
     for &mib in &args.sizes {
-        let name = match cluster {
-            Some(_) => format!("clustered-{mib}MiB"),
-            None => format!("wal-{mib}MiB"),
+        let name = match (&cluster, s3) {
+            (Some(_), _) => format!("clustered-{mib}MiB"),
+            (None, true) => format!("s3-{mib}MiB"),
+            (None, false) => format!("wal-{mib}MiB"),
         };
         let data = args.dir.join(name);
-        let bench = Bench { me: &me, data, bytes: mib << 20, sink: &sink, patience, cluster: cluster.as_ref() };
+        let s3 = s3.then(|| format!("bench-{mib}MiB"));
+        let bench = Bench { me: &me, data, bytes: mib << 20, sink: &sink, patience, cluster: cluster.as_ref(), s3 };
         if let Err(e) = bench.size(args.rounds) {
             eprintln!("skipprd bench recovery: {mib} MiB: {e}");
             return exit::FAILED;
@@ -121,6 +135,8 @@ struct Bench<'a> {
     sink: &'a Path,
     patience: Duration,
     cluster: Option<&'a Cluster>,
+    /// S3 mode: the pipeline, and the name under the WAL's prefix.
+    s3: Option<String>,
 }
 
 /// A cluster of three hosts on 127.0.0.1: their certificates and ports.
@@ -213,28 +229,42 @@ impl Bench<'_> {
             let (mut ratios, mut direct_ratios) = (Vec::new(), Vec::new());
             for round in 0..rounds {
                 let filled = self.fill(signal)?;
-                let (warm, cold, direct) = self.plain_read()?;
+                let plain = if self.s3.is_some() { None } else { Some(self.plain_read()?) };
                 let r = self.restart()?;
                 println!(
-                    "{mib} MiB, after a {kind}, round {round}: WAL {:.0} MiB filled in {filled:.1} s; recovered after \
-                     {} s, first delivery after {:.2} s, peak RSS {:.0} MiB; {}; a plain read of the segments \
-                     {warm:.0} MB/s warm, {cold:.0} MB/s cold, {direct:.0} MB/s direct",
-                    wal_bytes(&self.wal()) as f64 / (1 << 20) as f64,
+                    "{mib} MiB, after a {kind}, round {round}: WAL {} filled in {filled:.1} s; recovered after {} s, \
+                     first delivery after {:.2} s, peak RSS {:.0} MiB; {}; {}",
+                    match self.s3 {
+                        Some(_) => "in S3".to_string(),
+                        None => format!("{:.0} MiB", wal_bytes(&self.wal()) as f64 / (1 << 20) as f64),
+                    },
                     r.recovered.map_or("?".into(), |s| format!("{s:.2}")),
                     r.first_delivery,
                     r.peak_rss_mib,
                     match (r.stop_record_used, r.scan_mb_s) {
-                        (true, _) => "the stop record spared the scan".to_string(),
+                        (true, _) => format!(
+                            "the stop record spared the scan (checked {} s after the listing)",
+                            r.checked_s.map_or("?".into(), |s| format!("{s:.3}"))
+                        ),
                         (false, Some(s)) => format!("scanned at {s:.0} MB/s"),
                         (false, None) => "scanned at ? MB/s".to_string(),
+                    },
+                    match plain {
+                        Some((warm, cold, direct)) => format!(
+                            "a plain read of the segments {warm:.0} MB/s warm, {cold:.0} MB/s cold, {direct:.0} MB/s \
+                             direct"
+                        ),
+                        None => "no plain read beside it (S3)".to_string(),
                     },
                 );
                 if r.stop_records.len() > 1 {
                     println!("  each host's stop record: {}", r.stop_records.join("; "));
                 }
                 recovered.extend(r.recovered);
-                ratios.extend(r.scan_mb_s.map(|s| s / cold));
-                direct_ratios.extend(r.scan_mb_s.map(|s| s / direct));
+                if let (Some(s), Some((_, cold, direct))) = (r.scan_mb_s, plain) {
+                    ratios.push(s / cold);
+                    direct_ratios.push(s / direct);
+                }
                 first.push(r.first_delivery);
                 rss.push(r.peak_rss_mib);
             }
@@ -263,6 +293,11 @@ impl Bench<'_> {
             c.env("RUST_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
             if let Some(cluster) = self.cluster {
                 cluster.configure(&mut c, i + 1);
+            }
+            if let Some(name) = &self.s3 {
+                let prefix = std::env::var("SKIPPR_WAL_S3_PREFIX").unwrap_or_else(|_| "skipprd/wal/".into());
+                c.env("WAL_STORAGE", "s3").env("SKIPPR_WAL_S3_PREFIX", format!("{prefix}{name}/"));
+                c.args(["--pipeline", name]);
             }
             let mut child = match c.spawn() {
                 Ok(child) => child,
@@ -304,6 +339,7 @@ impl Bench<'_> {
         let (mut children, lines) = self.start(&["--sink-dir".as_ref(), sink.as_os_str()])?;
         let n = children.len();
         let (mut recovered, mut peak, mut scan_mb_s) = (vec![None; n], vec![0u64; n], vec![None; n]);
+        let mut checked_s: Vec<Option<f64>> = vec![None; n];
         let mut stop_record_used = vec![false; n];
         let mut stop_records = vec![String::from("?"); n];
         let mut first_delivery = None;
@@ -336,6 +372,9 @@ impl Bench<'_> {
                     {
                         scan_mb_s[i] = Some(bytes / 1e6 / seconds.max(1e-6));
                     }
+                    if stop_record_used[i] {
+                        checked_s[i] = field("scan_seconds");
+                    }
                 }
             }
             if first_delivery.is_none() && any_file(&sink) {
@@ -358,6 +397,11 @@ impl Bench<'_> {
                         .collect::<Option<Vec<f64>>>()
                         .map(|s| s.into_iter().fold(f64::INFINITY, f64::min)),
                     stop_record_used: stop_record_used.iter().all(|u| *u),
+                    checked_s: checked_s
+                        .iter()
+                        .copied()
+                        .collect::<Option<Vec<f64>>>()
+                        .map(|s| s.into_iter().fold(0.0, f64::max)),
                     stop_records,
                     first_delivery,
                     peak_rss_mib: *peak.iter().max().unwrap_or(&0) as f64 / 1024.0,
