@@ -48,14 +48,14 @@ pub struct S3Wal {
     client: Client,
     bucket: String,
     prefix: String,
-    /// The segment recovery is reading a window at a time.
-    reading: Mutex<Option<Reading>>,
+    /// The segments recovery is reading a window at a time (a stop
+    /// record's checks read several at once), each with its listing.
+    reading: Mutex<BTreeMap<SegmentId, Reading>>,
 }
 
 /// A segment's objects (offset and size) as listed for its first window,
 /// and the object the last window ended inside, fetched.
 struct Reading {
-    segment: SegmentId,
     objects: BTreeMap<u64, u64>,
     kept: Option<(u64, Vec<u8>)>,
 }
@@ -64,6 +64,9 @@ struct Reading {
 type Listed = BTreeMap<SegmentId, BTreeMap<u64, i64>>;
 
 impl S3Wal {
+    /// Listings kept for `read_at` at most (the oldest segment's goes first).
+    const READINGS_KEPT: usize = 16;
+
     /// Connects and checks that the bucket answers.
     pub async fn connect(sdk: &aws_config::SdkConfig, bucket: &str, prefix: &str) -> Result<S3Wal, String> {
         let custom = crate::aws::s3_endpoint(sdk);
@@ -72,7 +75,7 @@ impl S3Wal {
         let puts = Client::from_conf(base.clone().retry_config(aws_config::retry::RetryConfig::disabled()).build());
         let client = Client::from_conf(base.build());
         let prefix = normalize_prefix(prefix);
-        let wal = S3Wal { puts, client, bucket: bucket.to_string(), prefix, reading: Mutex::new(None) };
+        let wal = S3Wal { puts, client, bucket: bucket.to_string(), prefix, reading: Mutex::new(BTreeMap::new()) };
         // On the client without SDK retries (see `start_up_check`).
         let checked = start_up_check(|| async {
             let Err(e) = wal.puts.head_bucket().bucket(bucket).send().await else { return Check::Ready(()) };
@@ -320,7 +323,7 @@ impl S3Wal {
     /// (offset 0) lists the segment's objects; later ones fetch only the
     /// objects they cover.
     pub async fn read_at(&self, segment: SegmentId, offset: u64, len: usize) -> Result<Vec<u8>, IoError> {
-        let held = self.reading.lock().expect("not poisoned").take().filter(|r| r.segment == segment && offset > 0);
+        let held = self.reading.lock().expect("not poisoned").remove(&segment).filter(|_| offset > 0);
         let mut reading = match held {
             Some(reading) => reading,
             None => self.list_segment(segment).await?,
@@ -349,7 +352,11 @@ impl S3Wal {
             }
         }
         reading.kept = fetched.into_iter().last().filter(|(o, b)| o + b.len() as u64 > end);
-        *self.reading.lock().expect("not poisoned") = Some(reading);
+        let mut held = self.reading.lock().expect("not poisoned");
+        held.insert(segment, reading);
+        while held.len() > Self::READINGS_KEPT {
+            held.pop_first();
+        }
         Ok(out)
     }
 
@@ -371,7 +378,7 @@ impl S3Wal {
             );
             return Err(IoError::Failed);
         }
-        Ok(Reading { segment, objects, kept: None })
+        Ok(Reading { objects, kept: None })
     }
 
     async fn get_many(&self, keys: Vec<(u64, String)>) -> Result<Vec<(u64, Vec<u8>)>, IoError> {

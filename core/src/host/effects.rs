@@ -17,6 +17,8 @@ pub(super) enum Pending {
     WalSync,
     WalList,
     WalRead(SegmentId),
+    /// The read of the stop record's check at this index.
+    WalCheck(u32),
     StopRecordRead,
     StopRecordWrite,
     WalCreate(SegmentId),
@@ -55,6 +57,7 @@ impl Pending {
             Pending::WalSync
             | Pending::WalList
             | Pending::WalRead(_)
+            | Pending::WalCheck(_)
             | Pending::StopRecordRead
             | Pending::StopRecordWrite
             | Pending::WalCreate(_)
@@ -76,6 +79,7 @@ pub(super) enum Retry {
     WalSync,
     WalList,
     WalRead(SegmentId),
+    WalCheck(u32),
     OffsetsRead,
     Commit,
     Create,

@@ -101,6 +101,27 @@ impl Host {
         }
     }
 
+    /// The read of the stop record's check `index` came back. A read that
+    /// keeps failing stops the engine like a scan's; an answer that comes
+    /// after the record was set aside is dropped.
+    pub(super) fn on_check_read(&mut self, index: u32, result: Result<Bytes, IoError>) {
+        match result {
+            Ok(bytes) => {
+                if let Some(read) = self.startup.on_check_read(&mut self.fx, index, bytes) {
+                    self.on_reading(Ok(read))
+                }
+            }
+            Err(_) => {
+                let Some(segment) = self.startup.check_segment(index) else { return };
+                if self.fx.attempts(Retry::WalCheck(index)) + 1 >= WAL_READ_ATTEMPTS {
+                    self.stop(StopReason::WalReadFailed { segment })
+                } else {
+                    self.fx.retry_later(Retry::WalCheck(index))
+                }
+            }
+        }
+    }
+
     /// Where the reading stands after a read was sent or answered.
     fn on_reading(&mut self, read: Result<Read, WalDamage>) {
         match read {

@@ -49,6 +49,7 @@ impl Host {
             Retry::WalRead(_) => {
                 self.startup.send_read(fx);
             }
+            Retry::WalCheck(index) => self.startup.resend_check(fx, index),
             Retry::OffsetsRead => {
                 fx.io(Pending::OffsetsRead, IoOp::Offsets(OffsetsOp::Read));
             }
@@ -96,6 +97,7 @@ impl Host {
             Pending::WalSync => self.on_synced(done(result)),
             Pending::WalList => self.on_listed(answer!(IoReply::Segments(listing) => listing)),
             Pending::WalRead(segment) => self.on_segment_read(segment, answer!(IoReply::SegmentBytes(b) => b)),
+            Pending::WalCheck(index) => self.on_check_read(index, answer!(IoReply::SegmentBytes(b) => b)),
             Pending::StopRecordRead => self.on_stop_record_read(answer!(IoReply::StopRecord(b) => b)),
             Pending::StopRecordWrite => self.on_stop_recorded(),
             Pending::OffsetsRead => self.on_offsets_read(answer!(IoReply::Offsets(entries) => entries)),

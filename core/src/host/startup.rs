@@ -53,7 +53,8 @@ pub(super) struct Startup {
     progress_pending: BTreeSet<SinkId>,
 }
 
-/// How the listed segments are read, one window in flight at a time.
+/// How the listed segments are read: a scan's windows one at a time, a
+/// stop record's checks several at once.
 #[derive(Default)]
 enum Reading {
     #[default]
@@ -61,14 +62,69 @@ enum Reading {
     /// Through recovery's streaming scan, which asks for each window and
     /// keeps only what it rebuilt.
     Stream(Box<Recovery>),
-    /// The last run's stop record, checked against the WAL a read at a
-    /// time (the next check last); in clustered mode, the bytes of raft's
-    /// groups past the commit index kept as they are read (by LSN).
-    Check { record: Box<StopRecord>, checks: Vec<Check>, tail: Vec<(u64, Vec<u8>)>, trust: bool },
+    /// The last run's stop record, checked against the WAL, the checks'
+    /// reads sent in order, several at once; in clustered mode, the bytes
+    /// of raft's groups past the commit index kept as they are read (by
+    /// LSN).
+    Check { record: Box<StopRecord>, checks: Checks, tail: Vec<(u64, Vec<u8>)>, trust: bool },
     /// Clustered mode: the streaming scan rebuilds the committed state
     /// through raft's commit index, and everything it admits builds raft's
     /// log.
     Cluster { recovery: Box<Recovery>, log: Box<LogBuilder> },
+}
+
+/// A stop record's checks and their reads: sent in order, several at
+/// once but one per segment at a time (an object store's driver lists a
+/// segment at its first read and reads on from that listing), at most
+/// `CHECK_BYTES_IN_FLIGHT` bytes asked for at once (one read at least),
+/// each answered once.
+#[derive(Default)]
+pub(super) struct Checks {
+    all: Vec<Check>,
+    sent: Vec<bool>,
+    /// Every check before this one was sent.
+    unsent: usize,
+    answered: usize,
+    /// Segments with a check's read in flight.
+    busy: BTreeSet<SegmentId>,
+    /// Bytes asked for and not answered.
+    in_flight: u64,
+}
+
+/// How many bytes of a stop record's check reads may be asked for at once:
+/// on an object store each read is a request, whose latency the checks
+/// would otherwise pay one after the other.
+const CHECK_BYTES_IN_FLIGHT: u64 = 16 << 20;
+
+impl Checks {
+    fn new(all: Vec<Check>) -> Checks {
+        Checks { sent: vec![false; all.len()], all, ..Checks::default() }
+    }
+
+    /// Sends the next checks' reads, in order, within the bounds: a check
+    /// whose segment is busy waits (and the later ones of that segment with
+    /// it); one past the bytes bound stops the sending.
+    fn send(&mut self, fx: &mut Effects) {
+        for i in self.unsent..self.all.len() {
+            let ReadAt { segment, offset, len } = self.all[i].read();
+            if self.sent[i] || self.busy.contains(&segment) {
+                continue;
+            }
+            if self.in_flight > 0 && self.in_flight + len as u64 > CHECK_BYTES_IN_FLIGHT {
+                break;
+            }
+            (self.sent[i], self.in_flight) = (true, self.in_flight + len as u64);
+            self.busy.insert(segment);
+            fx.io(Pending::WalCheck(i as u32), IoOp::Wal(WalOp::ReadAt { segment, offset, len }));
+        }
+        while self.sent.get(self.unsent).is_some_and(|s| *s) {
+            self.unsent += 1;
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.answered == self.all.len()
+    }
 }
 
 /// What a read that came back leaves to do.
@@ -167,8 +223,8 @@ impl Startup {
             let commit = record.raft.as_ref().map_or(u64::MAX, |r| r.commit);
             checks.retain(|c| matches!(c, Check::Entry { place, .. } if place.lsn.0 > commit));
         }
-        checks.reverse();
         self.stop_record = StopRecordUse::Used;
+        let checks = Checks::new(checks);
         self.reading = Reading::Check { record: Box::new(record), checks, tail: Vec::new(), trust };
         Some(self.send_read(fx))
     }
@@ -203,12 +259,17 @@ impl Startup {
         match &self.reading {
             Reading::Idle => None,
             Reading::Stream(recovery) | Reading::Cluster { recovery, .. } => recovery.next_read(),
-            Reading::Check { checks, .. } => checks.last().map(Check::read),
+            Reading::Check { .. } => None,
         }
     }
 
-    /// Asks for the next window (again, after a failed read), if any.
+    /// Asks for the next window (again, after a failed read), if any; or
+    /// for the stop record's checks, as many as may be in flight.
     pub(super) fn send_read(&mut self, fx: &mut Effects) -> Read {
+        if let Reading::Check { checks, .. } = &mut self.reading {
+            checks.send(fx);
+            return if checks.done() { Read::Done } else { Read::More };
+        }
         let Some(ReadAt { segment, offset, len }) = self.next_read() else { return Read::Done };
         fx.io(Pending::WalRead(segment), IoOp::Wal(WalOp::ReadAt { segment, offset, len }));
         Read::More
@@ -223,24 +284,54 @@ impl Startup {
         match &mut self.reading {
             Reading::Idle => unreachable!("a read is answered only while reading"),
             Reading::Stream(recovery) => recovery.feed(bytes).inspect_err(|_| self.reading = Reading::Idle)?,
-            Reading::Check { record, checks, tail, trust } => {
-                let check = checks.pop().expect("a check's read was answered");
-                if let Some(why) = check.mismatch(&bytes).filter(|_| !*trust) {
-                    self.stop_record = StopRecordUse::Stale(why);
-                    self.reading = Reading::Idle;
-                    return Ok(Read::Stale);
-                }
-                if let (Check::Entry { place, .. }, Some(raft)) = (check, &record.raft) {
-                    if place.lsn.0 > raft.commit {
-                        tail.push((place.lsn.0, bytes.to_vec()));
-                    }
-                }
-            }
+            Reading::Check { .. } => unreachable!("a check's read is answered as one"),
             Reading::Cluster { recovery, log } => {
                 recovery.feed_seeing(bytes, |item| log.see(item)).inspect_err(|_| self.reading = Reading::Idle)?
             }
         }
         Ok(self.send_read(fx))
+    }
+
+    /// The read of check `index` came back; `None` if the reading has
+    /// moved on (a mismatch set the record aside while it was in flight).
+    pub(super) fn on_check_read(&mut self, fx: &mut Effects, index: u32, bytes: Bytes) -> Option<Read> {
+        let Reading::Check { record, checks, tail, trust } = &mut self.reading else { return None };
+        fx.succeeded(Retry::WalCheck(index));
+        self.read_bytes += bytes.len() as u64;
+        self.read_time = fx.now.saturating_since(self.listed_at);
+        let check = checks.all[index as usize];
+        let ReadAt { segment, len, .. } = check.read();
+        checks.in_flight -= len as u64;
+        checks.answered += 1;
+        checks.busy.remove(&segment);
+        if let Some(why) = check.mismatch(&bytes).filter(|_| !*trust) {
+            self.stop_record = StopRecordUse::Stale(why);
+            self.reading = Reading::Idle;
+            return Some(Read::Stale);
+        }
+        if let (Check::Entry { place, .. }, Some(raft)) = (check, &record.raft) {
+            if place.lsn.0 > raft.commit {
+                tail.push((place.lsn.0, bytes.to_vec()));
+            }
+        }
+        Some(self.send_read(fx))
+    }
+
+    /// Sends the read of check `index` again (after it failed); its
+    /// segment, to name if it keeps failing.
+    pub(super) fn resend_check(&mut self, fx: &mut Effects, index: u32) {
+        if let Reading::Check { checks, .. } = &self.reading {
+            let ReadAt { segment, offset, len } = checks.all[index as usize].read();
+            fx.io(Pending::WalCheck(index), IoOp::Wal(WalOp::ReadAt { segment, offset, len }));
+        }
+    }
+
+    /// The segment check `index` reads, while the record is being checked.
+    pub(super) fn check_segment(&self, index: u32) -> Option<SegmentId> {
+        match &self.reading {
+            Reading::Check { checks, .. } => Some(checks.all[index as usize].read().segment),
+            _ => None,
+        }
     }
 
     /// What the streaming scan rebuilt, once every segment is read; or
@@ -266,7 +357,8 @@ impl Startup {
     ) -> (Result<RecoveredWal, WalDamage>, Result<Option<Log>, RestoreError>) {
         match std::mem::take(&mut self.reading) {
             Reading::Cluster { recovery, log } => (recovery.finish(), log.finish()),
-            Reading::Check { mut record, tail, .. } => {
+            Reading::Check { mut record, mut tail, .. } => {
+                tail.sort_unstable_by_key(|(lsn, _)| *lsn);
                 let raft = record.raft.take().expect("a clustered host uses a clustered record");
                 (Ok(record.into_recovered(limits)), recorded(raft.log, tail).map(Some))
             }

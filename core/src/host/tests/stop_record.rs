@@ -6,6 +6,7 @@
 
 use super::*;
 use crate::io::StopRecordUse;
+use std::collections::BTreeSet;
 
 /// A run that commits records `0..4`, then stops on SIGTERM; the sink
 /// applies the compaction when `sink_answers`, and otherwise never answers
@@ -135,4 +136,41 @@ fn a_sink_added_since_the_stop_sets_the_record_aside_and_gets_every_record_the_w
     let scanned = restart(&first, None, cfg);
     assert_eq!(added.host.records_held(), scanned.host.records_held());
     assert_eq!(added.host.records_held().0, 4, "the new sink's four records");
+}
+
+/// On an object store every check is a request: they are sent together
+/// (within a bound of bytes), one per segment at a time (a segment's first
+/// read lists its objects, the next ones read on from that listing).
+#[test]
+fn a_stop_records_checks_are_read_several_at_once_one_per_segment() {
+    let first = run_then_stop(true);
+    let mut h = Harness::unsettled(config(), first.disk.clone(), first.offsets.clone(), Vec::new());
+    h.stop_record = first.stop_record.clone();
+    let at_once = loop {
+        while let Some(out) = h.host.poll_output() {
+            if let Output::Io { id, op } = out {
+                h.held.push((id, op));
+            }
+        }
+        let reads: Vec<SegmentId> = h
+            .held
+            .iter()
+            .filter_map(|(_, op)| match op {
+                IoOp::Wal(WalOp::ReadAt { segment, .. }) => Some(*segment),
+                _ => None,
+            })
+            .collect();
+        if !reads.is_empty() {
+            break reads;
+        }
+        let i = h.held.iter().position(|(_, op)| is_storage(op)).expect("recovery goes on");
+        let (id, op) = h.held.remove(i);
+        let result = h.perform(op);
+        h.host.handle(h.now, Input::IoDone { id, result });
+    };
+    let segments: BTreeSet<SegmentId> = at_once.iter().copied().collect();
+    assert!(at_once.len() >= 2, "the segment and a spare at once: {at_once:?}");
+    assert_eq!(segments.len(), at_once.len(), "one read per segment at a time: {at_once:?}");
+    h.settle();
+    assert_eq!(used(&h), StopRecordUse::Used);
 }
