@@ -90,16 +90,29 @@ impl Host {
     }
 
     /// The drain ran out of time: stop, after the stop record when the
-    /// WAL allows one (a lagging sink need not make the next start scan).
+    /// WAL allows one (a lagging sink need not make the next start scan),
+    /// and after giving the writer lease up when nothing is in flight to
+    /// the WAL (so that the next start need not wait for it to lapse).
     pub(super) fn close(&mut self, stop: StopReason) {
         self.drain_deadline = None;
         if self.authority.raft_ref().is_some() {
             return self.seal(stop);
         }
-        if self.record_stop(false) {
+        self.closing = Some(stop);
+        self.close_when_done();
+    }
+
+    /// Closing after a drain that ran out of time: stops once the stop
+    /// record is written (or none may be) and the lease is given up, or at
+    /// once when a write to the WAL is in flight (the lease then lapses, as
+    /// after a crash).
+    pub(super) fn close_when_done(&mut self) {
+        if self.closing.is_none() || self.authority.raft_ref().is_some() || !self.record_stop(false) {
+            return;
+        }
+        if !self.wal.idle() || self.release_authority() {
+            let stop = self.closing.take().expect("closing");
             self.stop(stop);
-        } else {
-            self.closing = Some(stop);
         }
     }
 
@@ -166,6 +179,9 @@ impl Host {
     /// The stop record is written (or failed to be: the next start scans).
     pub(super) fn on_stop_recorded(&mut self) {
         self.recorded = Recorded::Done;
+        if self.authority.raft_ref().is_none() {
+            return self.close_when_done();
+        }
         if let Some(stop) = self.closing.take() {
             self.stop(stop);
         }

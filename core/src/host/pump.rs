@@ -21,8 +21,12 @@ impl Host {
             self.materialize_offsets();
             self.stop_if_finished();
         }
-        if matches!(self.phase, Phase::Recovering | Phase::Stopped) || self.closing.is_some() {
+        if matches!(self.phase, Phase::Recovering | Phase::Stopped) {
             return;
+        }
+        if self.closing.is_some() {
+            // The lease's release may wait for a renewal in flight.
+            return self.close_when_done();
         }
         if self.recorded == drain::Recorded::Writing {
             // Nothing changes the WAL the stop record describes.

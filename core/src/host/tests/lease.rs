@@ -261,3 +261,35 @@ fn a_shutdown_while_waiting_for_another_holder_stops_at_once() {
     h.settle();
     assert_eq!(h.stopped, Some(StopReason::Clean), "nothing of ours to drain");
 }
+
+/// A drain that runs out of time behind a lagging sink, the WAL idle:
+/// the run gives the lease up before it stops, so that the next start
+/// need not wait for it to lapse.
+#[test]
+fn a_drain_that_times_out_still_releases_the_lease_when_the_wal_is_idle() {
+    let mut h = Harness::start_leased();
+    h.acquire_and_recover();
+    h.feed(0, 3);
+    h.host.handle(h.now, Input::Shutdown);
+    h.settle();
+    let (read, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
+    h.answer(read, Ok(IoReply::Batches { batches: vec![], exhausted: false }));
+    // The sink never answers; renewals keep the lease until the deadline.
+    let release = loop {
+        assert_eq!(h.stopped, None, "stopped only once the release lands");
+        if h.has_lease_write() {
+            let (id, _, written) = h.lease_write();
+            if written.holder == 0 {
+                break id;
+            }
+            h.answer(id, Ok(IoReply::Done));
+            continue;
+        }
+        assert!(h.now < secs(300), "no release by {:?}", h.now);
+        let (at, _) = h.host.poll_timeout().expect("a deadline");
+        h.tick_to(at);
+    };
+    h.answer(release, Ok(IoReply::Done));
+    assert_eq!(h.stopped, Some(StopReason::DrainTimedOut));
+    assert!(h.stop_record.is_some(), "the stop record, written first");
+}
