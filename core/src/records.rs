@@ -28,7 +28,8 @@ pub struct RecordLimits {
 }
 
 impl RecordLimits {
-    /// No bound: everything in memory (tests).
+    /// No bound: everything in memory (the store an engine starts with,
+    /// replaced by the one recovery rebuilds; tests).
     pub const UNBOUNDED: RecordLimits = RecordLimits { cache_bytes: u64::MAX, run_records: u64::MAX };
 }
 

@@ -106,7 +106,7 @@ impl Checks {
     /// it); one past the bytes bound stops the sending.
     fn send(&mut self, fx: &mut Effects) {
         for i in self.unsent..self.all.len() {
-            let ReadAt { segment, offset, len } = self.all[i].read();
+            let ReadAt { segment, len, .. } = self.all[i].read();
             if self.sent[i] || self.busy.contains(&segment) {
                 continue;
             }
@@ -115,11 +115,17 @@ impl Checks {
             }
             (self.sent[i], self.in_flight) = (true, self.in_flight + len as u64);
             self.busy.insert(segment);
-            fx.io(Pending::WalCheck(i as u32), IoOp::Wal(WalOp::ReadAt { segment, offset, len }));
+            self.ask(fx, i as u32);
         }
         while self.sent.get(self.unsent).is_some_and(|s| *s) {
             self.unsent += 1;
         }
+    }
+
+    /// Sends the read of check `index`.
+    fn ask(&self, fx: &mut Effects, index: u32) {
+        let ReadAt { segment, offset, len } = self.all[index as usize].read();
+        fx.io(Pending::WalCheck(index), IoOp::Wal(WalOp::ReadAt { segment, offset, len }));
     }
 
     fn done(&self) -> bool {
@@ -321,8 +327,7 @@ impl Startup {
     /// segment, to name if it keeps failing.
     pub(super) fn resend_check(&mut self, fx: &mut Effects, index: u32) {
         if let Reading::Check { checks, .. } = &self.reading {
-            let ReadAt { segment, offset, len } = checks.all[index as usize].read();
-            fx.io(Pending::WalCheck(index), IoOp::Wal(WalOp::ReadAt { segment, offset, len }));
+            checks.ask(fx, index);
         }
     }
 
