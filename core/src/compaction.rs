@@ -7,7 +7,7 @@
 //! per (sink, stream) a sink can keep just its highest applied number.
 
 use crate::ids::CompactionId;
-use crate::wal::Range;
+use crate::wal::{Range, RefusedRecord};
 use xxhash_rust::xxh3::Xxh3;
 
 /// Names a range's partition for hashing: the source's name and the partition.
@@ -30,6 +30,32 @@ pub fn compaction_id(sink: &str, stream: &str, schema: u64, named: NamedRanges<'
         h.update(&r.from.0.to_le_bytes());
         h.update(&r.to.0.to_le_bytes());
     }
+    CompactionId(h.digest())
+}
+
+/// The id of attempt `id` sent again without the records it refused (by
+/// partition and position, in batch order; sources are named by their index,
+/// which the WAL's names pin): a pure function of the two, so a replay of
+/// the refusal sends the same id.
+pub fn without(id: CompactionId, refused: &[RefusedRecord]) -> CompactionId {
+    let mut h = Xxh3::new();
+    h.update(b"skippr-refused-v1\0");
+    h.update(&id.0.to_le_bytes());
+    h.update(&(refused.len() as u64).to_le_bytes());
+    for r in refused {
+        h.update(&r.key.source.0.to_le_bytes());
+        h.update(&r.key.partition.to_le_bytes());
+        h.update(&r.position.0.to_le_bytes());
+    }
+    CompactionId(h.digest())
+}
+
+/// The id of the dead-letter batch that the refusal of attempt `refused`
+/// makes.
+pub fn letters_id(refused: CompactionId) -> CompactionId {
+    let mut h = Xxh3::new();
+    h.update(b"skippr-dead-letters-v1\0");
+    h.update(&refused.0.to_le_bytes());
     CompactionId(h.digest())
 }
 

@@ -28,6 +28,13 @@ pub struct HostConfig {
     /// Input an operator gives up (`run --skip-input`), recorded in the WAL
     /// at the start of the run.
     pub skips: Vec<SkipRequest>,
+    /// Records a sink refuses go to a dead-letter destination (`run
+    /// --dead-letter`); off, a refusal stops the engine.
+    pub dead_letters: bool,
+    /// The Unix time, in milliseconds, of the engine's `Instant::ZERO`: the
+    /// time a refusal is decided is this plus `now` (the daemon's wall
+    /// clock at start; a fixed value in the simulator).
+    pub wall_origin_ms: u64,
 }
 
 /// The input of one partition from `at` (included) to `next` (not
@@ -345,6 +352,8 @@ mod tests {
             cluster: None,
             mutations: Mutations::NONE,
             skips: Vec::new(),
+            dead_letters: false,
+            wall_origin_ms: 0,
         }
     }
 

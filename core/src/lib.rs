@@ -27,6 +27,8 @@ mod config;
 /// format, snapshots and membership. The engine's part that uses it is
 /// `host::replication`.
 mod consensus;
+/// Dead letters: the line a refused record becomes.
+mod dead_letters;
 /// The engine: `Host`, a coordinator over parts that own their state.
 mod host;
 /// Typed ids and positions.
@@ -53,14 +55,15 @@ mod wal;
 pub use config::{ClusterConfig, SkipRequest, SKIP_REASON_BYTES_MAX};
 pub use config::{ConfigError, HostConfig, LeaseConfig, Limits};
 pub use consensus::replica::{PeerProgress, RaftStatus};
+pub use dead_letters::{kept_reason, Letter, REASON_BYTES_MAX};
 pub use host::{Host, RarePaths};
 pub use ids::{
     CompactionId, CompactionSeq, Epoch, IoId, Lsn, PartitionKey, Position, SegmentId, SinkId, SourceId, StreamId,
 };
 pub use io::{
     Input, Install, IoError, IoOp, IoReply, LeaseOp, LeaseRow, LogRestored, OffsetEntry, OffsetRow, OffsetsOp, Output,
-    PeerMessage, PeerMessageType, PluginOp, Records, RecoverySummary, Replicate, ResumePoint, SinkApply, SinkOutcome,
-    SourceBatchIn, Stall, StopReason, StopRecordUse, Timer, WalListing, WalOp,
+    PeerMessage, PeerMessageType, PluginOp, Records, RecoverySummary, RefusedIndex, Replicate, ResumePoint, SinkApply,
+    SinkOutcome, SourceBatchIn, Stall, StopReason, StopRecordUse, Timer, WalListing, WalOp,
 };
 pub use mutation::{Mutation, Mutations};
 pub use offsets::OffsetValue;

@@ -68,7 +68,28 @@ pub struct HeldPlace {
 /// Records read back from the WAL for one compaction: per partition and
 /// the position of their batch's first record as committed, the records
 /// inside the plan's range.
-pub type ReadBack = BTreeMap<(PartitionKey, Position), Records>;
+pub type ReadBack = BTreeMap<(PartitionKey, Position), Kept>;
+
+/// Records of one committed batch read back: their positions and bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Kept {
+    pub positions: Vec<Position>,
+    pub records: Records,
+}
+
+impl Kept {
+    pub fn push(&mut self, position: Position, record: &[u8]) {
+        self.positions.push(position);
+        self.records.push(record);
+    }
+}
+
+/// A destination batch's records in batch order, and where each is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Gathered {
+    pub records: Records,
+    pub places: Vec<(PartitionKey, Position)>,
+}
 
 #[derive(Clone, Debug)]
 pub struct RecordStore {
@@ -321,14 +342,15 @@ impl RecordStore {
     /// what was read back (already cut to the ranges). `Err` names a batch
     /// or run the read-back lacks, or of which it holds fewer records than
     /// the run counts where the range takes it whole.
-    pub fn gather(&self, ranges: &[Range], read: &ReadBack) -> Result<Records, GroupSpan> {
-        let mut out = Records::default();
+    pub fn gather(&self, ranges: &[Range], read: &ReadBack) -> Result<Gathered, GroupSpan> {
+        let mut out = Gathered::default();
         for r in ranges {
             for held in self.overlapping(r.key, r.from, r.to) {
                 match &held.records {
                     Some(records) => {
                         for rec in records.iter().filter(|rec| rec.position >= r.from && rec.position < r.to) {
-                            out.push(&rec.bytes);
+                            out.records.push(&rec.bytes);
+                            out.places.push((r.key, rec.position));
                         }
                     }
                     None => {
@@ -337,8 +359,9 @@ impl RecordStore {
                         }
                         let mut n = 0;
                         for (_, batch) in read.range((r.key, held.origin)..=(r.key, held.last)) {
-                            n += batch.len() as u64;
-                            out.extend_from(batch);
+                            n += batch.records.len() as u64;
+                            out.records.extend_from(&batch.records);
+                            out.places.extend(batch.positions.iter().map(|&p| (r.key, p)));
                         }
                         if r.from <= held.first && held.last < r.to && n != held.count {
                             return Err(held.span);
@@ -390,9 +413,12 @@ mod tests {
         Range { key: KEY, from: Position(from), to: Position(to) }
     }
 
-    fn records(positions: std::ops::Range<u64>) -> Records {
-        let bytes: Vec<[u8; 10]> = positions.map(|p| [p as u8; 10]).collect();
-        bytes.iter().map(|r| &r[..]).collect()
+    fn records(positions: std::ops::Range<u64>) -> Kept {
+        let mut kept = Kept::default();
+        for p in positions {
+            kept.push(Position(p), &[p as u8; 10]);
+        }
+        kept
     }
 
     #[test]
@@ -407,7 +433,8 @@ mod tests {
         assert_eq!(s.gather(&[range(1, 5)], &ReadBack::new()), Err(span(2, 2)));
         let read = ReadBack::from([((KEY, Position(2)), records(2..4))]);
         let got = s.gather(&[range(1, 5)], &read).unwrap();
-        assert_eq!(got.iter().collect::<Vec<_>>(), vec![&[1u8; 10][..], &[2; 10], &[3; 10], &[4; 10]]);
+        assert_eq!(got.records.iter().collect::<Vec<_>>(), vec![&[1u8; 10][..], &[2; 10], &[3; 10], &[4; 10]]);
+        assert_eq!(got.places, (1..5).map(|p| (KEY, Position(p))).collect::<Vec<_>>());
     }
 
     #[test]
@@ -454,7 +481,7 @@ mod tests {
             ((KEY, Position(3)), records(3..5)),
         ]);
         let got = s.gather(&[range(0, 9)], &all).unwrap();
-        assert_eq!(got.len(), 5);
+        assert_eq!(got.records.len(), 5);
         // A batch of the run missing from what was read back is caught.
         let mut short = all.clone();
         short.remove(&(KEY, Position(2)));
@@ -462,7 +489,7 @@ mod tests {
         // A range that takes only part of the run gets what the read-back
         // kept of it (cut to the range there).
         let cut = ReadBack::from([((KEY, Position(0)), records(1..2)), ((KEY, Position(2)), records(2..3))]);
-        assert_eq!(s.gather(&[range(1, 3)], &cut).unwrap().len(), 2);
+        assert_eq!(s.gather(&[range(1, 3)], &cut).unwrap().records.len(), 2);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use crate::ids::*;
 pub use crate::wal::PartitionState;
-use crate::wal::{CompactionPlan, Frame, Names, SchemaDecision, Skipped, Snapshot};
+use crate::wal::{CompactionPlan, Frame, Names, Refusal, SchemaDecision, Skipped, Snapshot};
 use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,6 +23,10 @@ pub struct CommittedState {
     /// member had learnt of it.
     pub finished: Option<Lsn>,
     pub all_finished: Option<Lsn>,
+    /// The refusals committed for each open plan, in order.
+    pub refusals: BTreeMap<(SinkId, StreamId), Vec<Refusal>>,
+    /// The next dead-letter batch number per (sink, stream).
+    pub next_letters: BTreeMap<(SinkId, StreamId), CompactionSeq>,
 }
 
 impl CommittedState {
@@ -52,14 +56,19 @@ impl CommittedState {
                 self.open.insert((plan.sink, plan.stream), plan.clone());
             }
             Frame::CompactionDone(done) => {
-                let plan = self
-                    .open
-                    .remove(&(done.sink, done.stream))
-                    .expect("a committed compaction-done frame follows its committed plan");
-                assert_eq!(plan.id, done.id, "compaction-done names the open plan");
+                let slot = (done.sink, done.stream);
+                assert_eq!(self.attempt(slot), Some(done.id), "compaction-done names the open plan's attempt");
+                let plan = self.open.remove(&slot).expect("an attempt is of an open plan");
+                self.refusals.remove(&slot);
                 for r in &plan.ranges {
                     self.acked.insert((plan.sink, r.key), r.to);
                 }
+            }
+            Frame::Refused(r) => {
+                let slot = (r.sink, r.stream);
+                assert_eq!(self.attempt(slot), Some(r.id), "a refusal names the open plan's attempt");
+                self.next_letters.insert(slot, CompactionSeq(r.letters.0 + 1));
+                self.refusals.entry(slot).or_default().push(r.clone());
             }
             Frame::Snapshot(s) => self.restore(s),
             Frame::Finished => {
@@ -112,6 +121,8 @@ impl CommittedState {
             open: self.open.values().cloned().collect(),
             finished: self.finished,
             all_finished: self.all_finished,
+            next_letters: self.next_letters.iter().map(|(&(sink, stream), &seq)| (sink, stream, seq)).collect(),
+            refusals: self.refusals.values().flatten().cloned().collect(),
         }
     }
 
@@ -131,6 +142,23 @@ impl CommittedState {
         self.names = s.names.clone();
         self.finished = s.finished;
         self.all_finished = s.all_finished;
+        self.next_letters = s.next_letters.iter().map(|&(sink, stream, seq)| ((sink, stream), seq)).collect();
+        self.refusals = BTreeMap::new();
+        for r in &s.refusals {
+            self.refusals.entry((r.sink, r.stream)).or_default().push(r.clone());
+        }
+    }
+
+    /// The id the open plan of `slot` is sent under: its own until a sink
+    /// refuses records of it, then that of its last refusal.
+    pub fn attempt(&self, slot: (SinkId, StreamId)) -> Option<CompactionId> {
+        let plan = self.open.get(&slot)?;
+        Some(self.refusals.get(&slot).and_then(|r| r.last()).map_or(plan.id, |r| r.then))
+    }
+
+    /// The refusals committed for the open plan of `slot`.
+    pub fn refusals_of(&self, slot: (SinkId, StreamId)) -> &[Refusal] {
+        self.refusals.get(&slot).map_or(&[], Vec::as_slice)
     }
 
     pub fn acked(&self, sink: SinkId, key: PartitionKey) -> Position {

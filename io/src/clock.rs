@@ -26,6 +26,14 @@ impl Clock {
         Instant::from_micros(boottime().saturating_sub(self.start).as_micros() as u64)
     }
 
+    /// The Unix time, in milliseconds, of this clock's zero: the wall
+    /// clock now less the time since the start (what the engine adds its
+    /// `now` to for the times it records, such as a refusal's).
+    pub fn wall_origin_ms(&self) -> u64 {
+        let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        (wall.as_millis() as u64).saturating_sub(self.now().as_micros() / 1_000)
+    }
+
     /// The moment to sleep until for an engine instant (tokio sleeps on the
     /// monotonic clock; the distance from now is what carries over).
     pub fn to_std(&self, at: Instant) -> std::time::Instant {

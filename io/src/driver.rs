@@ -49,6 +49,8 @@ pub struct Backends {
     pub lease: Option<Arc<Dynamo>>,
     pub sources: Vec<SharedSource>,
     pub sinks: Vec<SharedSink>,
+    /// Where refused records go (`--dead-letter`), if anywhere.
+    pub dead_letters: Option<SharedSink>,
     /// The declared streams by id and by name, built once at start.
     pub streams: Arc<StreamNames>,
     /// Sink names by `SinkId`.
@@ -169,6 +171,27 @@ pub async fn drive(
                     uncommitted_bytes = r.uncommitted_bytes,
                     "restored raft's log from this host's disk"
                 ),
+                Output::Refused { sink, stream, seq, letters, reasons } => {
+                    let stream = backends.streams.name(stream).to_string();
+                    let mut classes = BTreeMap::<String, u64>::new();
+                    for r in &reasons {
+                        *classes.entry(crate::metrics::reason_class(r)).or_default() += 1;
+                    }
+                    for (class, n) in &classes {
+                        let labels = vec![("stream".into(), stream.clone()), ("reason".into(), class.clone())];
+                        backends.metrics.dead_letters.get_or_create(&labels).inc_by(*n);
+                    }
+                    warn!(
+                        sink = backends.sink_names[sink.0 as usize],
+                        stream,
+                        seq = seq.0,
+                        dead_letter_batch = letters.0,
+                        refused = reasons.len(),
+                        first_reason = reasons.first().map(String::as_str).unwrap_or_default(),
+                        "the sink refused records of a batch: they go to the dead letters (the decision is in the WAL), \
+                         the rest to the sink"
+                    );
+                }
                 Output::Skip { key, at, next, position, recorded } => {
                     let (partition, at, next) = (key.partition, at.0, next.0);
                     if recorded {
@@ -611,9 +634,20 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                 SinkOutcome::AlreadyApplied => "already_applied",
                 SinkOutcome::Retryable => "retryable",
                 SinkOutcome::Fatal => "fatal",
+                SinkOutcome::Refused(_) => "refused",
             };
             b.metrics.compactions.get_or_create(&vec![("outcome".into(), label.into())]).inc();
             totals.compactions.fetch_add(1, Ordering::Relaxed);
+            Ok(IoReply::Sink { outcome, rows: a.records.len() as u64 })
+        }
+        PluginOp::DeadLetters(a) => {
+            // The engine sends dead letters only where a destination is
+            // configured.
+            let Some(letters) = &b.dead_letters else { return Err(IoError::Failed) };
+            let mut letters = letters.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let stream = b.streams.name(a.stream);
+            let outcome =
+                letters.apply(stream, a.seq.0, a.id, &a.records).map_err(|e| plugin_failed("dead letters", e))?;
             Ok(IoReply::Sink { outcome, rows: a.records.len() as u64 })
         }
     }
@@ -699,6 +733,7 @@ fn op_name(op: &IoOp) -> &'static str {
         IoOp::Plugin(PluginOp::SourceRead { .. }) => "source-read",
         IoOp::Plugin(PluginOp::SourceAck { .. }) => "source-ack",
         IoOp::Plugin(PluginOp::SinkApply(_)) => "sink-apply",
+        IoOp::Plugin(PluginOp::DeadLetters(_)) => "dead-letters",
         IoOp::Plugin(PluginOp::SinkProgress { .. }) => "sink-progress",
         IoOp::Plugin(PluginOp::SchemaDecide { .. }) => "schema-decide",
         IoOp::Lease(LeaseOp::Read) => "lease-read",

@@ -27,6 +27,9 @@ pub struct Metrics {
     pub wal_bytes_written: Counter,
     pub records: Counter,
     pub compactions: Family<Labels, Counter>,
+    /// Records a sink refused whose refusal committed, by stream and
+    /// reason class (`reason_class`).
+    pub dead_letters: Family<Labels, Counter>,
     pub recovery_seconds: Gauge<f64, AtomicU64>,
     pub compaction_lag: Family<Labels, Gauge>,
     wal_bytes: Gauge,
@@ -64,6 +67,13 @@ impl Metrics {
         let wal_bytes_written = Counter::default();
         let records = Counter::default();
         let compactions = Family::<Labels, Counter>::default();
+        let dead_letters = Family::<Labels, Counter>::default();
+        registry.register(
+            "dead_letters",
+            "Records a sink refused, sent to the dead letters (the refusal committed to the WAL), by stream and reason \
+             class (a reason's text before its first ':')",
+            dead_letters.clone(),
+        );
         let recovery_seconds = Gauge::<f64, AtomicU64>::default();
         let compaction_lag = Family::<Labels, Gauge>::default();
         let wal_bytes = Gauge::default();
@@ -150,6 +160,7 @@ impl Metrics {
             wal_bytes_written,
             records,
             compactions,
+            dead_letters,
             recovery_seconds,
             compaction_lag,
             wal_bytes,
@@ -253,4 +264,11 @@ pub fn serve(metrics: Arc<Metrics>, addr: SocketAddr) -> std::io::Result<()> {
         }
     })?;
     Ok(())
+}
+
+/// A refusal reason's class, for a metric label: its text before the first
+/// `:` (sinks put a stable class there, such as `SQLSTATE 22P02`), at most 64
+/// characters, so record values never become label values.
+pub fn reason_class(reason: &str) -> String {
+    reason.split(':').next().unwrap_or_default().trim().chars().take(64).collect()
 }

@@ -123,7 +123,7 @@ fn two_appliers_at_once_apply_each_batch_once() {
             .collect();
         let answers: Vec<Vec<SinkOutcome>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         for (i, (a, b)) in answers[0].iter().zip(&answers[1]).enumerate() {
-            let pair = [*a, *b];
+            let pair = [a.clone(), b.clone()];
             assert!(
                 pair.contains(&SinkOutcome::Applied) && pair.contains(&SinkOutcome::AlreadyApplied),
                 "round {round} batch {i}: {pair:?}"

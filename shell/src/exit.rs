@@ -53,7 +53,10 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         | StopReason::OffsetsMalformed { .. }
         | StopReason::SinkAheadOfWal { .. } => OFFSETS,
         StopReason::WalWriteFailed { .. } | StopReason::WalReadFailed { .. } => WAL_WRITE,
-        StopReason::SinkFatal { .. } => SINK_FATAL,
+        StopReason::SinkFatal { .. }
+        | StopReason::SinkRefused { .. }
+        | StopReason::SinkProtocol { .. }
+        | StopReason::DeadLettersFatal { .. } => SINK_FATAL,
         StopReason::SourceProtocol { .. } | StopReason::SourceRefused { .. } => SOURCE_PROTOCOL,
         StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } | StopReason::NotMember { .. } => CONFIG,
         StopReason::SkipNotNext { .. } => CONFIG,

@@ -143,6 +143,25 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
              destination, then start again: the batch is replayed with the same id",
             sink.0, stream.0
         ),
+        StopReason::SinkRefused { sink, stream, id, key, position, reason, refused } => format!(
+            "sink {} refused {refused} record(s) of compaction {id} of stream {}, the first at partition {} position \
+             {}: {reason}. Nothing of the batch took effect. Fix the record's destination (a column type, a \
+             constraint), or start with --dead-letter dir to send such records to the dead letters (exactly once, \
+             the decision kept in the WAL) and the rest on to the sink",
+            sink.0, stream.0, key.partition, position.0
+        ),
+        StopReason::SinkProtocol { sink, stream, what } => format!(
+            "sink {} broke the runtime protocol answering a batch of stream {}: {what}. Nothing of the batch is \
+             counted as done; fix the sink, then start again",
+            sink.0, stream.0
+        ),
+        StopReason::DeadLettersFatal { sink, stream, letters } => format!(
+            "the dead-letter destination answered `fatal` for dead-letter batch {} (sink {}, stream {}): it holds \
+             other bytes under that number (another pipeline or WAL writing the same place?). Nothing is lost: the \
+             refusal is in the WAL and the batch is sent again at the next start. Fix the destination, then start \
+             again",
+            letters.0, sink.0, stream.0
+        ),
         StopReason::SourceProtocol { source, partition, what } => {
             format!("source {} partition {partition} broke the protocol: {what}", source.0)
         }

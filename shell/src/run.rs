@@ -4,7 +4,9 @@
 //! source and the sink, and drives the engine until it stops; then maps the
 //! stop to an exit code and prints one summary line.
 
-use crate::config::{resolve, InputSkip, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig, WalConfig};
+use crate::config::{
+    resolve, DeadLetterConfig, InputSkip, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig, WalConfig,
+};
 use crate::exit;
 use crate::explain::{explain, WalPlace};
 use skippr_core::ledger::Scope;
@@ -131,6 +133,7 @@ struct Plugins {
     source: Box<dyn Source>,
     sink: Box<dyn Sink>,
     schema: Option<SharedSchema>,
+    dead_letters: Option<SharedSink>,
 }
 
 fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) -> Result<Plugins, (i32, String)> {
@@ -201,7 +204,15 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
             Some(Arc::new(Mutex::new(Box::new(s) as Box<dyn SchemaPlugin>)))
         }
     };
-    Ok(Plugins { source, sink, schema })
+    let dead_letters = match &cfg.dead_letter {
+        None => None,
+        Some(DeadLetterConfig::Dir(dir)) => {
+            let scope = Scope::new(&cfg.pipeline, wal_identity);
+            let letters = DirSink::open(dir, &scope).map_err(|e| (exit::DATA_DIR, e.to_string()))?;
+            Some(Arc::new(Mutex::new(Box::new(letters) as Box<dyn Sink>)) as SharedSink)
+        }
+    };
+    Ok(Plugins { source, sink, schema, dead_letters })
 }
 
 async fn run(cfg: RunConfig) -> i32 {
@@ -243,7 +254,7 @@ async fn run(cfg: RunConfig) -> i32 {
     };
     let clock = Clock::start();
     let reason = loop {
-        let Plugins { source, sink, schema } = match plugins(&cfg, &wal_identity, s3_sink.as_ref()) {
+        let Plugins { source, sink, schema, dead_letters } = match plugins(&cfg, &wal_identity, s3_sink.as_ref()) {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
@@ -265,6 +276,8 @@ async fn run(cfg: RunConfig) -> i32 {
             cluster: cluster.as_ref().map(|c| c.config.clone()),
             mutations: Mutations::NONE,
             skips,
+            dead_letters: cfg.dead_letter.is_some(),
+            wall_origin_ms: clock.wall_origin_ms(),
         };
         let host = match Host::new(host_config, clock.now()) {
             Ok(h) => h,
@@ -276,6 +289,7 @@ async fn run(cfg: RunConfig) -> i32 {
             lease: lease.clone(),
             sources: vec![Arc::new(Mutex::new(source)) as SharedSource],
             sinks: vec![Arc::new(Mutex::new(sink)) as SharedSink],
+            dead_letters,
             streams: Arc::new(skippr_io::driver::StreamNames::new(streams)),
             sink_names: vec!["sink".into()],
             schema,

@@ -483,6 +483,8 @@ impl Scenario {
             cluster: None,
             mutations,
             skips: Vec::new(),
+            dead_letters: false,
+            wall_origin_ms: 0,
         }
     }
 

@@ -3,7 +3,7 @@
 //! of the same seed must give the same hash.
 
 use skippr_core::Instant;
-use skippr_core::{Input, IoOp, IoReply, Output, WalListing};
+use skippr_core::{Input, IoOp, IoReply, Output, SinkOutcome, WalListing};
 use skippr_core::{LeaseOp, OffsetsOp, PluginOp, WalOp};
 use std::fmt::Write as _;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
@@ -126,6 +126,12 @@ impl Trace {
                 self.u64(16);
                 self.u64(*bytes);
             }
+            Output::Refused { seq, letters, reasons, .. } => {
+                self.u64(62);
+                self.u64(seq.0);
+                self.u64(letters.0);
+                self.u64(reasons.len() as u64);
+            }
             Output::WalRoom { bytes } => {
                 self.u64(17);
                 self.u64(*bytes);
@@ -234,7 +240,19 @@ impl Trace {
                 }
             }
             IoReply::Sink { outcome, rows } => {
-                self.u64(26 + *outcome as u64);
+                let code = match outcome {
+                    SinkOutcome::Applied => 0,
+                    SinkOutcome::AlreadyApplied => 1,
+                    SinkOutcome::Retryable => 2,
+                    SinkOutcome::Fatal => 3,
+                    SinkOutcome::Refused(list) => {
+                        for r in list {
+                            self.u64(r.index as u64);
+                        }
+                        4
+                    }
+                };
+                self.u64(26 + code);
                 self.u64(*rows);
             }
             IoReply::Schema { accept, .. } => self.u64(40 + *accept as u64),
@@ -265,7 +283,10 @@ impl Trace {
                 self.u64(lsn.0);
                 self.u64(xxh3_64(bytes));
             }
-            IoOp::Plugin(PluginOp::SinkApply(a)) => {
+            IoOp::Plugin(PluginOp::SinkApply(a) | PluginOp::DeadLetters(a)) => {
+                if matches!(op, IoOp::Plugin(PluginOp::DeadLetters(_))) {
+                    self.u64(61);
+                }
                 self.u64(a.id.0);
                 self.u64(a.seq.0);
                 // One-shot hashes: many small updates would copy every
@@ -449,6 +470,15 @@ pub fn describe_output(output: &Output) -> String {
         Output::Unstalled => "stall over".into(),
         Output::WalFull { bytes, limit } => format!("WAL full: {bytes} B of {limit}"),
         Output::WalRoom { bytes } => format!("WAL has room: {bytes} B"),
+        Output::Refused { sink, stream, seq, letters, reasons } => format!(
+            "refused by sink {} of stream {}, batch {}: {} records to dead-letter batch {} ({})",
+            sink.0,
+            stream.0,
+            seq.0,
+            reasons.len(),
+            letters.0,
+            reasons.first().map(String::as_str).unwrap_or_default()
+        ),
         Output::Skip { key, at, next, position, recorded } => {
             format!("skip {key:?} {}..{} at {} recorded {recorded}", at.0, next.0, position.0)
         }
@@ -532,6 +562,14 @@ pub fn describe_op(op: &IoOp) -> String {
         IoOp::Lease(LeaseOp::Write { expected, row }) => format!(
             "lease-write if-version={expected:?} gen={} holder={:x} version={}",
             row.generation, row.holder, row.version
+        ),
+        IoOp::Plugin(PluginOp::DeadLetters(a)) => format!(
+            "dead-letters sink={} stream={} id={} seq={} records={}",
+            a.sink.0,
+            a.stream.0,
+            a.id,
+            a.seq.0,
+            a.records.len()
         ),
         IoOp::Plugin(PluginOp::SinkApply(a)) => format!(
             "sink-apply sink={} stream={} id={} seq={} records={}",

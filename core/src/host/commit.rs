@@ -65,6 +65,14 @@ impl Host {
                 }
             }
             Frame::CompactionDone(done) => self.prune_acked(done.stream),
+            Frame::Refused(r) => {
+                let reasons = r.records.iter().map(|x| x.reason.clone()).collect();
+                let (sink, stream, seq, letters) = (r.sink, r.stream, r.seq, r.letters);
+                self.fx.emit(Output::Refused { sink, stream, seq, letters, reasons });
+                if self.compaction.refusal_committed(r.sink, r.stream) {
+                    self.dispatch(r.sink, r.stream);
+                }
+            }
             Frame::Skipped(k) => {
                 // Where it moved the partition on, the source and the
                 // offsets store learn the new position.

@@ -32,6 +32,8 @@ pub(super) enum Pending {
     SourceRead(SourceId),
     SourceAck(SourceId),
     SinkApply(SinkId, StreamId),
+    /// The dead letters of (sink, stream)'s open plan.
+    DeadLetters(SinkId, StreamId),
     /// A group read back from the WAL for the dispatch of (sink, stream).
     WalReadBack(SinkId, StreamId),
     SinkProgress(SinkId),

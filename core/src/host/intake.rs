@@ -66,7 +66,7 @@ impl Host {
             Decided::Retry => {}
             Decided::Rejected(stop) => self.stop(stop),
             Decided::Accepted { decision, batches } => {
-                self.wal.push(decision);
+                self.wal.push(*decision);
                 for (source, batch) in batches {
                     if let Err(stop) = self.accept(source, batch) {
                         return self.stop(stop);

@@ -133,7 +133,9 @@ impl Host {
 
     pub(super) fn dispatch(&mut self, sink: SinkId, stream: StreamId) {
         let unstable = self.cfg.mutations.has(Mutation::UnstableCompactionId).then(|| self.wal.epoch());
-        if let Err(stop) = self.compaction.dispatch(&mut self.fx, &self.records, sink, stream, unstable) {
+        let refusals = self.committed.refusals_of((sink, stream));
+        let fx = (&mut self.fx, &self.cfg);
+        if let Err(stop) = self.compaction.dispatch(fx, &self.records, (sink, stream), refusals, unstable) {
             self.stop(stop);
         }
     }

@@ -127,6 +127,12 @@ impl Host {
             Pending::SinkApply(sink, stream) => {
                 self.on_sink_applied(id, sink, stream, answer!(IoReply::Sink { outcome, .. } => outcome))
             }
+            Pending::DeadLetters(sink, stream) => {
+                let outcome = answer!(IoReply::Sink { outcome, .. } => outcome);
+                let refusals = self.committed.refusals_of((sink, stream));
+                let news = self.compaction.on_letters(&mut self.fx, (id, sink, stream), outcome, refusals);
+                self.on_sink_news(sink, stream, news);
+            }
             Pending::WalReadBack(sink, stream) => {
                 self.on_read_back(id, sink, stream, answer!(IoReply::Groups(groups) => groups))
             }
@@ -160,9 +166,22 @@ impl Host {
     }
 
     fn on_sink_applied(&mut self, id: IoId, sink: SinkId, stream: StreamId, outcome: Result<SinkOutcome, IoError>) {
-        match self.compaction.on_reply(&mut self.fx, id, sink, stream, outcome) {
+        let slot = (sink, stream);
+        let decided = self.cfg.dead_letters.then(|| compact::Decided {
+            next_letters: self.committed.next_letters.get(&slot).copied().unwrap_or_default(),
+            at_ms: self.cfg.wall_origin_ms.saturating_add(self.fx.now.as_micros() / 1_000),
+        });
+        let refusals = self.committed.refusals_of(slot);
+        let news = self.compaction.on_reply(&mut self.fx, (id, sink, stream), outcome, (refusals, decided));
+        self.on_sink_news(sink, stream, news);
+    }
+
+    fn on_sink_news(&mut self, sink: SinkId, stream: StreamId, news: SinkNews) {
+        match news {
             SinkNews::Quiet => {}
             SinkNews::Done(done) => self.wal.push(crate::wal::Frame::CompactionDone(done)),
+            SinkNews::Refused(refusal) => self.wal.push(crate::wal::Frame::Refused(refusal)),
+            SinkNews::Next => self.dispatch(sink, stream),
             SinkNews::Fatal(stop) => self.stop(stop),
         }
     }

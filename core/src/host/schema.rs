@@ -36,7 +36,7 @@ pub(super) enum Decided {
     Rejected(StopReason),
     /// Accepted: commit `decision`, then let the held batches in, in order.
     Accepted {
-        decision: Frame,
+        decision: Box<Frame>,
         batches: VecDeque<(SourceId, SourceBatchIn)>,
     },
 }
@@ -98,7 +98,7 @@ impl Schemas {
             let fingerprint = wait.fingerprint;
             return Decided::Rejected(StopReason::SchemaRejected { stream, fingerprint, reason });
         }
-        Decided::Accepted { decision: self.decide(stream, wait.fingerprint), batches: wait.batches }
+        Decided::Accepted { decision: Box::new(self.decide(stream, wait.fingerprint)), batches: wait.batches }
     }
 
     fn decide(&mut self, stream: StreamId, fingerprint: u64) -> Frame {

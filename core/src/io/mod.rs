@@ -132,6 +132,16 @@ pub enum Output {
         position: Position,
         recorded: bool,
     },
+    /// A sink's refusal of records of batch `seq` of (sink, stream) is
+    /// committed: they go to the dead letters as that pair's batch
+    /// `letters`, with these reasons (one per record, in batch order).
+    Refused {
+        sink: SinkId,
+        stream: StreamId,
+        seq: CompactionSeq,
+        letters: CompactionSeq,
+        reasons: Vec<String>,
+    },
     /// The engine stopped; no further output follows.
     Stopped(StopReason),
 }

@@ -57,12 +57,24 @@ pub enum WalListing {
 /// healthy), checkpoint.
 pub type OffsetRow = (PartitionKey, Vec<u8>, Option<Vec<u8>>);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SinkOutcome {
     Applied,
     AlreadyApplied,
     Retryable,
     Fatal,
+    /// Nothing of the batch took effect, and these records of it never
+    /// will (runtime protocol version 2): the engine commits the refusal,
+    /// sends them to the dead letters and the rest again. Sorted by index,
+    /// each index once, within the batch, at least one.
+    Refused(Vec<RefusedIndex>),
+}
+
+/// A record of a batch a sink refused: its index in the batch, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusedIndex {
+    pub index: u32,
+    pub reason: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -130,6 +130,10 @@ pub enum PluginOp {
     SourceAck { source: SourceId, acks: Vec<(u32, Position)> },
     /// Hand a destination batch to a sink. Answer: `Sink`.
     SinkApply(SinkApply),
+    /// Hand a batch of dead letters (`dead_letters::Letter` lines) to the
+    /// dead-letter destination: the records `sink` refused of `stream`,
+    /// numbered densely per (sink, stream). Answer: `Sink`.
+    DeadLetters(SinkApply),
     /// Ask a sink, at recovery, for the highest sequence number it has
     /// applied, per stream, where it can tell. Answer: `SinkProgress` (empty
     /// when it cannot tell; an error counts as that too).

@@ -41,6 +41,24 @@ pub enum StopReason {
     LeaseLost { holder: u64, generation: u64 },
     /// A sink answered `fatal`.
     SinkFatal { sink: SinkId, stream: StreamId, id: CompactionId },
+    /// A sink refused records and dead letters are off: the first of them,
+    /// where it is and why, and how many the batch held.
+    SinkRefused {
+        sink: SinkId,
+        stream: StreamId,
+        id: CompactionId,
+        key: PartitionKey,
+        position: Position,
+        reason: String,
+        refused: usize,
+    },
+    /// A sink's answer broke the protocol in a way a retry cannot mend (a
+    /// refusal naming a record the batch does not hold).
+    SinkProtocol { sink: SinkId, stream: StreamId, what: String },
+    /// The dead-letter destination answered `fatal` (or refused a dead
+    /// letter) for the dead-letter batch `letters` of (sink, stream).
+    DeadLettersFatal { sink: SinkId, stream: StreamId, letters: CompactionSeq },
+
     /// A source broke the protocol (positions going backwards, a record too
     /// large for a commit group, a partition changing stream).
     SourceProtocol { source: SourceId, partition: u32, what: &'static str },

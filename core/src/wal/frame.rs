@@ -34,6 +34,7 @@ pub enum FrameKind {
     Finished = 10,
     AllFinished = 11,
     Skipped = 12,
+    Refused = 13,
 }
 
 impl FrameKind {
@@ -51,6 +52,7 @@ impl FrameKind {
             10 => FrameKind::Finished,
             11 => FrameKind::AllFinished,
             12 => FrameKind::Skipped,
+            13 => FrameKind::Refused,
             _ => return None,
         })
     }
@@ -112,6 +114,39 @@ pub struct Skipped {
     pub stream: StreamId,
     pub at: Position,
     pub next: Position,
+    pub reason: String,
+}
+
+/// Records of an open compaction that its sink refused, and why
+/// (`run --dead-letter`): the decision, committed before the compaction can
+/// count as done. From then on the plan is sent without these records, as
+/// attempt `then` under the same sequence number, and they go to the
+/// dead-letter destination as its batch `letters` of (sink, stream).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub sink: SinkId,
+    pub stream: StreamId,
+    /// The attempt refused: the plan's id, or the `then` of the plan's last
+    /// refusal.
+    pub id: CompactionId,
+    pub seq: CompactionSeq,
+    /// The id the plan is sent under from now on (`compaction::without`).
+    pub then: CompactionId,
+    /// The dead-letter batch these records make: dense per (sink, stream).
+    pub letters: CompactionSeq,
+    /// When the refusal was decided, in milliseconds since the Unix epoch,
+    /// by the driver's clock: dead letters carry it, the same on every
+    /// replay.
+    pub at_ms: u64,
+    /// In batch order.
+    pub records: Vec<RefusedRecord>,
+}
+
+/// One refused record: where it is, and the sink's reason.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RefusedRecord {
+    pub key: PartitionKey,
+    pub position: Position,
     pub reason: String,
 }
 
@@ -195,6 +230,11 @@ pub struct Snapshot {
     /// their bytes).
     pub finished: Option<Lsn>,
     pub all_finished: Option<Lsn>,
+    /// `run --dead-letter`: the next dead-letter batch number per (sink,
+    /// stream), and the refusals of the open plans (both written only when
+    /// there are any, so other snapshots keep their bytes).
+    pub next_letters: Vec<(SinkId, StreamId, CompactionSeq)>,
+    pub refusals: Vec<Refusal>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -253,6 +293,8 @@ pub enum Frame {
     /// deliver); elsewhere it only records the decision, and the source
     /// batch that passes over the gap follows it.
     Skipped(Skipped),
+    /// A sink refused records of the open plan of (sink, stream).
+    Refused(Refusal),
 }
 
 impl Frame {
@@ -270,6 +312,7 @@ impl Frame {
             Frame::Finished => FrameKind::Finished,
             Frame::AllFinished => FrameKind::AllFinished,
             Frame::Skipped(_) => FrameKind::Skipped,
+            Frame::Refused(_) => FrameKind::Refused,
         }
     }
 

@@ -27,10 +27,11 @@ impl Frame {
                     + 4
                     + s.open.iter().map(plan_len).sum::<usize>()
                     + s.names.encoded_len()
-                    + s.finished.map_or(0, |_| 16)
+                    + letters_len(s)
             }
             Frame::Seal | Frame::Fence | Frame::Finished | Frame::AllFinished => 0,
             Frame::Skipped(k) => 2 + 4 + 2 + 8 + 8 + 4 + k.reason.len(),
+            Frame::Refused(r) => refusal_len(r),
             Frame::Membership(cc) => cc.len(),
             Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
         }
@@ -59,6 +60,7 @@ impl Frame {
                 w.u64(k.next.0);
                 w.bytes(k.reason.as_bytes());
             }
+            Frame::Refused(r) => put_refusal(w, r),
             Frame::Membership(cc) => w.buf.extend_from_slice(cc),
             Frame::Commit(c) => {
                 w.u32(c.frames);
@@ -147,6 +149,7 @@ pub(super) fn decode_payload_as(kind: FrameKind, payload: &[u8], mode: RecordMod
             next: Position(r.u64()?),
             reason: String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?,
         }),
+        FrameKind::Refused => Frame::Refused(get_refusal(&mut r)?),
         FrameKind::Membership => Frame::Membership(r.take_up_to(r.remaining()).to_vec()),
         FrameKind::Commit => Frame::Commit(CommitRecord { frames: r.u32()?, bytes: r.u32()? }),
     };
@@ -236,9 +239,35 @@ pub(crate) fn put_snapshot(w: &mut Writer<'_>, s: &Snapshot) {
             w.bytes(name.as_bytes());
         }
     }
-    if let Some(lsn) = s.finished {
-        w.u64(lsn.0);
+    let letters = !s.next_letters.is_empty() || !s.refusals.is_empty();
+    if s.finished.is_some() || letters {
+        // Zero where there is none: no group at LSN 0 is a terminal entry.
+        w.u64(s.finished.map_or(0, |l| l.0));
         w.u64(s.all_finished.map_or(0, |l| l.0));
+    }
+    if letters {
+        w.u32(s.next_letters.len() as u32);
+        for (sink, stream, seq) in &s.next_letters {
+            w.u16(sink.0);
+            w.u16(stream.0);
+            w.u64(seq.0);
+        }
+        w.u32(s.refusals.len() as u32);
+        for r in &s.refusals {
+            put_refusal(w, r);
+        }
+    }
+}
+
+/// The snapshot's tail: the terminal entries (16 bytes), then the
+/// dead-letter state; a snapshot with neither ends at its names, one with
+/// only the first (as before dead letters) 16 bytes later.
+fn letters_len(s: &Snapshot) -> usize {
+    let letters = !s.next_letters.is_empty() || !s.refusals.is_empty();
+    let tail = if s.finished.is_some() || letters { 16 } else { 0 };
+    match letters {
+        true => tail + 4 + s.next_letters.len() * 12 + 4 + s.refusals.iter().map(refusal_len).sum::<usize>(),
+        false => tail,
     }
 }
 
@@ -273,10 +302,53 @@ pub(crate) fn get_snapshot(r: &mut Reader<'_>) -> Result<Snapshot, DecodeError> 
         }
     }
     if !r.is_empty() {
-        s.finished = Some(Lsn(r.u64()?));
+        s.finished = Some(Lsn(r.u64()?)).filter(|l| l.0 != 0);
         s.all_finished = Some(Lsn(r.u64()?)).filter(|l| l.0 != 0);
     }
+    if !r.is_empty() {
+        for _ in 0..r.count(12)? {
+            s.next_letters.push((SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?)));
+        }
+        for _ in 0..r.count(REFUSAL_BYTES_MIN)? {
+            s.refusals.push(get_refusal(r)?);
+        }
+    }
     Ok(s)
+}
+
+const REFUSAL_BYTES_MIN: usize = 2 + 2 + 8 + 8 + 8 + 8 + 8 + 4;
+
+fn refusal_len(r: &Refusal) -> usize {
+    REFUSAL_BYTES_MIN + r.records.iter().map(|x| 6 + 8 + 4 + x.reason.len()).sum::<usize>()
+}
+
+fn put_refusal(w: &mut Writer<'_>, r: &Refusal) {
+    w.u16(r.sink.0);
+    w.u16(r.stream.0);
+    w.u64(r.id.0);
+    w.u64(r.seq.0);
+    w.u64(r.then.0);
+    w.u64(r.letters.0);
+    w.u64(r.at_ms);
+    w.u32(r.records.len() as u32);
+    for x in &r.records {
+        put_key(w, x.key);
+        w.u64(x.position.0);
+        w.bytes(x.reason.as_bytes());
+    }
+}
+
+fn get_refusal(r: &mut Reader<'_>) -> Result<Refusal, DecodeError> {
+    let (sink, stream) = (SinkId(r.u16()?), StreamId(r.u16()?));
+    let (id, seq, then) = (CompactionId(r.u64()?), CompactionSeq(r.u64()?), CompactionId(r.u64()?));
+    let (letters, at_ms) = (CompactionSeq(r.u64()?), r.u64()?);
+    let mut records = Vec::new();
+    for _ in 0..r.count(18)? {
+        let (key, position) = (get_key(r)?, Position(r.u64()?));
+        let reason = String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?;
+        records.push(RefusedRecord { key, position, reason });
+    }
+    Ok(Refusal { sink, stream, id, seq, then, letters, at_ms, records })
 }
 
 fn opt_len(v: &Option<Vec<u8>>) -> usize {

@@ -133,6 +133,17 @@ pub struct Settings {
     /// none: every schema is accepted].
     #[arg(long, value_name = "CMD")]
     pub schema_command: Option<String>,
+    /// Where records a sink refuses go (a value the destination cannot
+    /// store): `off`, and a refusal stops the daemon (exit 8); or `dir`, a
+    /// file per dead-letter batch under --dead-letter-dir, each refused
+    /// record with its reason, exactly once (the decision is kept in the WAL)
+    /// [default: off].
+    #[arg(long = "dead-letter", env = "SKIPPR_DEAD_LETTER", value_name = "KIND")]
+    pub dead_letter: Option<String>,
+    /// The `dir` dead-letter destination's directory [default:
+    /// DATA_DIR/dead-letters].
+    #[arg(long, env = "SKIPPR_DEAD_LETTER_DIR", value_name = "DIR")]
+    pub dead_letter_dir: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics; a bare port binds
     /// 127.0.0.1 [default: off].
     #[arg(long, env = "SKIPPR_METRICS_ADDR", value_name = "ADDR")]
@@ -177,6 +188,24 @@ pub struct RunConfig {
     pub schema_command: Option<String>,
     pub source: SourceConfig,
     pub sink: SinkConfig,
+    /// Where refused records go; `None`: nowhere, a refusal stops the run.
+    pub dead_letter: Option<DeadLetterConfig>,
+}
+
+/// The dead-letter destination.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeadLetterConfig {
+    /// A directory, written as the directory sink writes.
+    Dir(PathBuf),
+}
+
+fn dead_letter(s: &Settings, data_dir: &std::path::Path) -> Result<Option<DeadLetterConfig>, String> {
+    let dir = || s.dead_letter_dir.clone().unwrap_or_else(|| data_dir.join("dead-letters"));
+    match s.dead_letter.as_deref().unwrap_or("off") {
+        "off" => Ok(None),
+        "dir" => Ok(Some(DeadLetterConfig::Dir(dir()))),
+        other => Err(format!("unknown dead-letter destination '{other}': use off or dir")),
+    }
 }
 
 /// Under `--once`, how long WAL or lease requests may fail before exit 15.
@@ -225,6 +254,7 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
     let plugin_timeout_seconds = s.plugin_timeout.unwrap_or(PLUGIN_TIMEOUT_SECONDS);
     positive("--plugin-timeout", plugin_timeout_seconds)?;
     let sink = s.sink.resolve(&data_dir)?;
+    let dead_letter = dead_letter(&s, &data_dir)?;
     if matches!(stores.wal, WalConfig::Clustered(_)) && sink == SinkConfig::Stdout {
         return Err("the stdout sink cannot be used in clustered mode: whichever host leads applies the batches, so \
                     the sink must be one every host reaches (a shared directory with --sink dir, or a command)"
@@ -255,6 +285,7 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         plugin_timeout_seconds,
         metrics_addr,
         schema_command: s.schema_command.clone(),
+        dead_letter,
     })
 }
 

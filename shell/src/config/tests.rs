@@ -219,3 +219,16 @@ fn a_bad_peer_list_is_named() {
     assert!(err(" , ").contains("empty"));
     assert_eq!(parse_peers("1=db-1:7001,2=[::1]:7002").unwrap().len(), 2);
 }
+
+#[test]
+fn dead_letters_are_off_by_default_and_go_to_a_directory_under_the_data_dir_when_asked() {
+    assert_eq!(resolve(&run(Settings::default())).unwrap().dead_letter, None);
+    let dir = |kind: &str| Settings { dead_letter: Some(kind.into()), ..Settings::default() };
+    assert_eq!(
+        resolve(&run(dir("dir"))).unwrap().dead_letter,
+        Some(DeadLetterConfig::Dir(PathBuf::from("./data/dead-letters")))
+    );
+    let (_tmp, args) = with_file("dead_letter = \"dir\"\ndead_letter_dir = \"/var/letters\"\n");
+    assert_eq!(resolve(&args).unwrap().dead_letter, Some(DeadLetterConfig::Dir(PathBuf::from("/var/letters"))));
+    assert_eq!(resolve(&run(dir("kafka"))).unwrap_err(), "unknown dead-letter destination 'kafka': use off or dir");
+}

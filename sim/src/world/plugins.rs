@@ -63,6 +63,7 @@ impl<T: Topology> World<T> {
                 Ok(IoReply::Schema { accept: true, reason: String::new() })
             }
             PluginOp::SinkApply(_) => unreachable!("sink applies go through sink_effect"),
+            PluginOp::DeadLetters(_) => unreachable!("the simulator's runs send no dead letters"),
             PluginOp::SinkProgress { sink } => Ok(IoReply::SinkProgress(self.sinks[sink.0 as usize].progress())),
         }
     }

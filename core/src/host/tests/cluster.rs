@@ -25,6 +25,8 @@ fn cluster_config(node: u64, seed: u64, mutations: Mutations) -> HostConfig {
         seed: seed * 10 + node,
         mutations,
         skips: Vec::new(),
+        dead_letters: false,
+        wall_origin_ms: 0,
         limits,
         cluster: Some(ClusterConfig { node, voters: (1..=HOSTS).collect(), tick: TICK, shared_offsets: false }),
         ..config()

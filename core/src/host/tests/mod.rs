@@ -26,6 +26,8 @@ fn config() -> HostConfig {
         cluster: None,
         mutations: crate::Mutations::NONE,
         skips: Vec::new(),
+        dead_letters: false,
+        wall_origin_ms: 0,
     }
 }
 
@@ -56,6 +58,8 @@ struct Harness {
     stop_record: Option<Vec<u8>>,
     /// Every recovery's summary.
     recovered: Vec<RecoverySummary>,
+    /// Every `Refused` output's reasons, in order.
+    refused: Vec<Vec<String>>,
 }
 
 impl Harness {
@@ -106,6 +110,7 @@ impl Harness {
             reads: vec![],
             stop_record: None,
             recovered: vec![],
+            refused: vec![],
         }
     }
 
@@ -120,6 +125,7 @@ impl Harness {
                     Output::WalFull { .. } => self.wal_full.push(true),
                     Output::WalRoom { .. } => self.wal_full.push(false),
                     Output::Skip { recorded, .. } => self.skips.push(recorded),
+                    Output::Refused { reasons, .. } => self.refused.push(reasons),
                     Output::Recovered(summary) => self.recovered.push(summary),
                     Output::Stalled { .. } | Output::Unstalled => {}
                     Output::Send(_)
@@ -328,6 +334,7 @@ fn key0() -> PartitionKey {
 }
 
 mod cluster;
+mod dead_letters;
 mod engine;
 mod lease;
 mod memory;

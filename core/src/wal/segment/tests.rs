@@ -37,10 +37,23 @@ fn plan() -> Frame {
     })
 }
 
+fn refusal() -> Refusal {
+    Refusal {
+        sink: SinkId(0),
+        stream: StreamId(0),
+        id: CompactionId(0xfeed),
+        seq: CompactionSeq(0),
+        then: CompactionId(0xbeef),
+        letters: CompactionSeq(2),
+        at_ms: 1_764_990_000_123,
+        records: vec![RefusedRecord { key: key(0), position: Position(1), reason: "SQLSTATE 22P02: é".into() }],
+    }
+}
+
 fn groups() -> Vec<Vec<Frame>> {
     vec![
         vec![Frame::Snapshot(Snapshot::default()), batch(0, 0, 3)],
-        vec![batch(1, 0, 2), plan()],
+        vec![batch(1, 0, 2), plan(), Frame::Refused(refusal())],
         vec![
             Frame::CompactionDone(CompactionDone {
                 sink: SinkId(0),
@@ -93,6 +106,24 @@ fn round_trip() {
         assert_eq!(g.lsn, Lsn(i as u64));
         assert_eq!(g.epoch, EPOCH);
         assert_eq!(g.frames, groups[i]);
+    }
+}
+
+#[test]
+fn snapshots_keep_their_bytes_without_dead_letters_and_carry_them_with() {
+    let names = Names { sources: vec!["s".into()], sinks: vec!["k".into()], streams: vec!["t".into()] };
+    let plain = Snapshot { names, ..Snapshot::default() };
+    let finished = Snapshot { finished: Some(Lsn(9)), ..plain.clone() };
+    let letters = Snapshot { next_letters: vec![(SinkId(0), StreamId(0), CompactionSeq(3))], ..plain.clone() };
+    let both = Snapshot { refusals: vec![refusal()], all_finished: Some(Lsn(12)), ..finished.clone() };
+    let len = |s: &Snapshot| Frame::Snapshot(s.clone()).encoded_len();
+    // As before dead letters: a snapshot with only terminal entries is 16
+    // bytes longer than one without.
+    assert_eq!(len(&finished), len(&plain) + 16);
+    for s in [plain, finished, letters, both] {
+        let (buf, _) = segment_with(SEG, EPOCH, 0, &[vec![Frame::Snapshot(s.clone())]]);
+        let scanned = scan_one(&buf).unwrap();
+        assert_eq!(scanned[0].groups[0].frames, vec![Frame::Snapshot(s)]);
     }
 }
 

@@ -2,19 +2,25 @@
 //! (sink, partition) and the next sequence number per (sink, stream). It
 //! plans destination batches with stable ids from committed records, sends
 //! each to its sink once its plan is committed, and turns the sink's answer
-//! into a `CompactionDone` frame. It reads the committed state and the
+//! into a `CompactionDone` frame, or, where it refuses records, into a
+//! `Refusal` frame, the dead letters that follow from it (`letters.rs`) and
+//! the plan sent again without them. It reads the committed state and the
 //! record store it is handed and talks only to [`Effects`].
+
+mod letters;
 
 use super::effects::{Effects, Pending, Retry};
 use super::WAL_READ_ATTEMPTS;
+use crate::compaction::letters_id;
 use crate::compaction::{compaction_id, NamedRanges};
 use crate::config::HostConfig;
 use crate::ids::*;
 use crate::io::PluginOp;
 use crate::io::{IoError, IoOp, SinkApply, SinkOutcome, StopReason, WalOp};
-use crate::records::{ReadBack, RecordStore};
+use crate::records::{Gathered, ReadBack, RecordStore};
 use crate::state::CommittedState;
-use crate::wal::{read_span_back, CompactionDone, CompactionPlan, Corruption, GroupSpan, Range, READ_BACK_INVALID};
+use crate::wal::READ_BACK_INVALID;
+use crate::wal::{read_span_back, CompactionDone, CompactionPlan, Corruption, GroupSpan, Range, Refusal};
 use std::collections::BTreeMap;
 
 #[derive(Default)]
@@ -30,13 +36,36 @@ pub(super) struct Compaction {
 enum Slot {
     Idle,
     /// Planned; `committed` once its frame is durable. `io` while a sink
-    /// apply or a read-back is outstanding; `fetch` once dispatched.
+    /// apply, a dead-letter batch or a read-back is outstanding; `fetch`
+    /// once dispatched.
     Planned {
         plan: CompactionPlan,
         committed: bool,
         io: Option<IoId>,
         fetch: Option<Fetch>,
+        refused: Refused,
     },
+}
+
+/// Where an open plan stands with its refusals in this run.
+#[derive(Default)]
+struct Refused {
+    /// How many of its committed refusals have had their dead letters
+    /// delivered (each is sent again after a restart: the destination
+    /// dedupes).
+    delivered: usize,
+    /// A refusal is on its way into the WAL: nothing is sent until it
+    /// commits.
+    deciding: bool,
+    /// Where each record of the attempt last sent is.
+    sent: Vec<(PartitionKey, Position)>,
+}
+
+/// With dead letters on, what a refusal of a slot's plan needs: the next
+/// dead-letter number, and the time.
+pub(super) struct Decided {
+    pub next_letters: CompactionSeq,
+    pub at_ms: u64,
 }
 
 /// The groups a dispatch reads back from the WAL (records no longer in
@@ -69,6 +98,10 @@ pub(super) enum SinkNews {
     Quiet,
     /// Applied (or already applied): record it done.
     Done(CompactionDone),
+    /// Records refused: record the decision.
+    Refused(Refusal),
+    /// A dead-letter batch delivered: send what comes next.
+    Next,
     Fatal(StopReason),
 }
 
@@ -100,7 +133,9 @@ impl Compaction {
         for plan in committed.open.values() {
             let key = (plan.sink, plan.stream);
             if replay {
-                self.slots.insert(key, Slot::Planned { plan: plan.clone(), committed: true, io: None, fetch: None });
+                let refused = Refused::default();
+                self.slots
+                    .insert(key, Slot::Planned { plan: plan.clone(), committed: true, io: None, fetch: None, refused });
                 open.push(key);
             }
         }
@@ -146,8 +181,9 @@ impl Compaction {
         }
         self.next_seq.insert((sink, stream), CompactionSeq(seq.0 + 1));
         let plan = CompactionPlan { sink, stream, id, seq, schema, ranges };
+        let (refused, fetch) = (Refused::default(), None);
         self.slots
-            .insert((sink, stream), Slot::Planned { plan: plan.clone(), committed: false, io: None, fetch: None });
+            .insert((sink, stream), Slot::Planned { plan: plan.clone(), committed: false, io: None, fetch, refused });
         Some(plan)
     }
 
@@ -197,6 +233,18 @@ impl Compaction {
         }
     }
 
+    /// A refusal of the open plan of (sink, stream) committed: true when
+    /// the slot may send again (its dead letters first).
+    pub(super) fn refusal_committed(&mut self, sink: SinkId, stream: StreamId) -> bool {
+        match self.slots.get_mut(&(sink, stream)) {
+            Some(Slot::Planned { refused, .. }) => {
+                refused.deciding = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The planted bug `dispatch-before-plan-commit`: counts the plan of
     /// (sink, stream) as committed before it is.
     pub(super) fn assume_committed(&mut self, sink: SinkId, stream: StreamId) {
@@ -208,20 +256,26 @@ impl Compaction {
     /// Sends the open compaction of (sink, stream) to its sink, with its
     /// original id and number; replays are harmless because the sink
     /// dedupes. Records no longer in memory are read back from the WAL
-    /// first, one request of groups at a time. `unstable_id` is the planted bug
+    /// first, one request of groups at a time. Where records of it were
+    /// refused, each refusal's dead letters go first, then the attempt
+    /// without them. `unstable_id` is the planted bug
     /// `unstable-compaction-id`.
     pub(super) fn dispatch(
         &mut self,
-        fx: &mut Effects,
+        (fx, cfg): (&mut Effects, &HostConfig),
         records: &RecordStore,
-        sink: SinkId,
-        stream: StreamId,
+        (sink, stream): (SinkId, StreamId),
+        refusals: &[Refusal],
         unstable_id: Option<Epoch>,
     ) -> Result<(), StopReason> {
-        let Some(Slot::Planned { plan, committed: true, io: io @ None, fetch }) = self.slots.get_mut(&(sink, stream))
+        let Some(Slot::Planned { plan, committed: true, io: io @ None, fetch, refused }) =
+            self.slots.get_mut(&(sink, stream))
         else {
             return Ok(());
         };
+        if refused.deciding {
+            return Ok(());
+        }
         let fetch = fetch.get_or_insert_with(|| Fetch {
             places: records.spans(&plan.ranges),
             next: 0,
@@ -242,12 +296,21 @@ impl Compaction {
             *io = Some(fx.io(Pending::WalReadBack(sink, stream), IoOp::Wal(WalOp::ReadGroups { places })));
             return Ok(());
         }
-        let batch = records.gather(&plan.ranges, &fetch.read).map_err(|span| {
+        let gathered = records.gather(&plan.ranges, &fetch.read).map_err(|span| {
             StopReason::Corrupt(Corruption { segment: span.segment, offset: span.offset, what: READ_BACK_INVALID })
         })?;
+        if let Some(r) = refusals.get(refused.delivered) {
+            let letters = letters::letters(cfg, r, &gathered);
+            let batch = SinkApply { sink, stream, id: letters_id(r.id), seq: r.letters, records: letters };
+            *io = Some(fx.io(Pending::DeadLetters(sink, stream), IoOp::Plugin(PluginOp::DeadLetters(batch))));
+            return Ok(());
+        }
+        let Gathered { records: batch, places } = letters::attempt(gathered, refusals);
+        refused.sent = places;
+        let attempt = refusals.last().map_or(plan.id, |r| r.then);
         let id = match unstable_id {
-            Some(epoch) => CompactionId(plan.id.0 ^ epoch.0.wrapping_mul(0x9e37_79b9)),
-            None => plan.id,
+            Some(epoch) => CompactionId(attempt.0 ^ epoch.0.wrapping_mul(0x9e37_79b9)),
+            None => attempt,
         };
         let op = IoOp::Plugin(PluginOp::SinkApply(SinkApply { sink, stream, id, seq: plan.seq, records: batch }));
         *io = Some(fx.io(Pending::SinkApply(sink, stream), op));
@@ -300,7 +363,7 @@ impl Compaction {
                     // the range (positions need not be dense).
                     let kept = read.entry((r.key, origin)).or_default();
                     if position >= r.from && position < r.to {
-                        kept.push(record);
+                        kept.push(position, record);
                     }
                 },
                 one_group,
@@ -313,30 +376,93 @@ impl Compaction {
         ReadNews::Next
     }
 
+    /// A sink's answer to the attempt sent. A refusal, with dead letters
+    /// on, becomes a `Refusal` frame to commit (`decided` says what it
+    /// needs); off, it stops the engine naming the first record refused.
     pub(super) fn on_reply(
         &mut self,
         fx: &mut Effects,
-        id: IoId,
-        sink: SinkId,
-        stream: StreamId,
+        (id, sink, stream): (IoId, SinkId, StreamId),
         result: Result<SinkOutcome, IoError>,
+        (refusals, decided): (&[Refusal], Option<Decided>),
     ) -> SinkNews {
-        let Some(Slot::Planned { plan, io, .. }) = self.slots.get_mut(&(sink, stream)) else {
+        let Some(Slot::Planned { plan, io, refused, .. }) = self.slots.get_mut(&(sink, stream)) else {
             return SinkNews::Quiet; // a stale reply from an early dispatch
         };
         if *io != Some(id) {
             return SinkNews::Quiet;
         }
         *io = None;
-        let (plan_id, seq) = (plan.id, plan.seq);
+        let attempt = refusals.last().map_or(plan.id, |r| r.then);
         match result {
             Ok(SinkOutcome::Applied | SinkOutcome::AlreadyApplied) => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
+                let seq = plan.seq;
                 self.slots.insert((sink, stream), Slot::Idle);
                 self.fresh = true;
-                SinkNews::Done(CompactionDone { sink, stream, id: plan_id, seq })
+                SinkNews::Done(CompactionDone { sink, stream, id: attempt, seq })
             }
-            Ok(SinkOutcome::Fatal) => SinkNews::Fatal(StopReason::SinkFatal { sink, stream, id: plan_id }),
+            Ok(SinkOutcome::Fatal) => SinkNews::Fatal(StopReason::SinkFatal { sink, stream, id: attempt }),
+            Ok(SinkOutcome::Refused(list)) => {
+                fx.succeeded(Retry::SinkApply(sink, stream));
+                let Some(d) = decided else {
+                    let first = list.first().and_then(|r| refused.sent.get(r.index as usize).map(|p| (p, &r.reason)));
+                    let Some((&(key, position), reason)) = first else {
+                        let what = "a refusal that names no record of the batch".to_string();
+                        return SinkNews::Fatal(StopReason::SinkProtocol { sink, stream, what });
+                    };
+                    let (reason, refused) = (reason.clone(), list.len());
+                    return SinkNews::Fatal(StopReason::SinkRefused {
+                        sink,
+                        stream,
+                        id: attempt,
+                        key,
+                        position,
+                        reason,
+                        refused,
+                    });
+                };
+                match letters::decide((plan, attempt), &refused.sent, list, (d.next_letters, d.at_ms)) {
+                    Ok(refusal) => {
+                        refused.deciding = true;
+                        SinkNews::Refused(refusal)
+                    }
+                    Err(stop) => SinkNews::Fatal(stop),
+                }
+            }
+            Ok(SinkOutcome::Retryable) | Err(_) => {
+                fx.retry_later(Retry::SinkApply(sink, stream));
+                SinkNews::Quiet
+            }
+        }
+    }
+
+    /// The dead-letter destination's answer to the dead letters of the
+    /// `refused.delivered`-th refusal of the open plan.
+    pub(super) fn on_letters(
+        &mut self,
+        fx: &mut Effects,
+        (id, sink, stream): (IoId, SinkId, StreamId),
+        result: Result<SinkOutcome, IoError>,
+        refusals: &[Refusal],
+    ) -> SinkNews {
+        let Some(Slot::Planned { io, refused, .. }) = self.slots.get_mut(&(sink, stream)) else {
+            return SinkNews::Quiet;
+        };
+        if *io != Some(id) {
+            return SinkNews::Quiet;
+        }
+        *io = None;
+        match result {
+            Ok(SinkOutcome::Applied | SinkOutcome::AlreadyApplied) => {
+                fx.succeeded(Retry::SinkApply(sink, stream));
+                refused.delivered += 1;
+                SinkNews::Next
+            }
+            Ok(SinkOutcome::Fatal | SinkOutcome::Refused(_)) => {
+                let letters = refusals.get(refused.delivered).map_or(CompactionSeq(0), |r| r.letters);
+                SinkNews::Fatal(StopReason::DeadLettersFatal { sink, stream, letters })
+            }
             Ok(SinkOutcome::Retryable) | Err(_) => {
                 fx.retry_later(Retry::SinkApply(sink, stream));
                 SinkNews::Quiet

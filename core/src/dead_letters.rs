@@ -1,0 +1,118 @@
+//! Dead letters: what a record a sink refused becomes. Each is one JSON line
+//! that carries the record's exact bytes and where it came from (stream,
+//! source, partition, position), the batch that held it (sink,
+//! `compaction_id`, sequence number), the sink's reason and when the refusal
+//! was decided. Everything in it comes from the WAL's refusal, so a replay
+//! writes identical bytes and the dead-letter destination's ledger judges it
+//! a replay.
+
+use crate::ids::*;
+use std::fmt::Write as _;
+
+/// The longest reason a refusal keeps, in bytes (a longer one is cut at a
+/// character boundary): the WAL holds one per refused record.
+pub const REASON_BYTES_MAX: usize = 512;
+
+/// One refused record and where it came from, by name.
+pub struct Letter<'a> {
+    pub stream: &'a str,
+    pub sink: &'a str,
+    pub source: &'a str,
+    pub partition: u32,
+    pub position: Position,
+    /// The attempt the sink refused, and its batch's number.
+    pub compaction_id: CompactionId,
+    pub seq: CompactionSeq,
+    pub reason: &'a str,
+    pub at_ms: u64,
+    pub record: &'a [u8],
+}
+
+impl Letter<'_> {
+    /// The dead letter's bytes: a JSON object on one line, the record
+    /// embedded as the source sent it (a JSON value without a line break,
+    /// as intake checked), last.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let mut head = String::with_capacity(256);
+        let text = |s: &str| serde_json::to_string(s).expect("a string serializes");
+        let _ = write!(
+            head,
+            "{{\"stream\":{},\"sink\":{},\"source\":{},\"partition\":{},\"position\":{},\"compaction_id\":\"{}\",\
+             \"seq\":{},\"reason\":{},\"decided_at\":\"{}\",\"decided_at_ms\":{},\"record\":",
+            text(self.stream),
+            text(self.sink),
+            text(self.source),
+            self.partition,
+            self.position.0,
+            self.compaction_id,
+            self.seq.0,
+            text(self.reason),
+            rfc3339(self.at_ms),
+            self.at_ms,
+        );
+        out.extend_from_slice(head.as_bytes());
+        out.extend_from_slice(self.record);
+        out.push(b'}');
+    }
+}
+
+/// A reason as the WAL keeps it: at most `REASON_BYTES_MAX` bytes, cut at
+/// a character boundary; an empty one says so.
+pub fn kept_reason(reason: &str) -> String {
+    if reason.is_empty() {
+        return "(the sink gave no reason)".to_string();
+    }
+    let mut end = reason.len().min(REASON_BYTES_MAX);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason[..end].to_string()
+}
+
+/// Milliseconds since the Unix epoch as RFC 3339 in UTC (fractions of a
+/// second without trailing zeros).
+pub fn rfc3339(ms: u64) -> String {
+    let at = ::time::OffsetDateTime::UNIX_EPOCH + ::time::Duration::milliseconds(ms.min(i64::MAX as u64) as i64);
+    at.format(&::time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| format!("{ms} ms after the Unix epoch"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_letter_is_one_json_line_with_the_record_as_sent() {
+        let letter = Letter {
+            stream: "orders",
+            sink: "postgres",
+            source: "file",
+            partition: 3,
+            position: Position(1201),
+            compaction_id: CompactionId(0x51fa_c6e8_d4f3_338e),
+            seq: CompactionSeq(41),
+            reason: "invalid input syntax for type bigint: \"x\"\nline 2",
+            at_ms: 1_764_990_000_123,
+            record: br#"{"id": "x" ,"n":1}"#,
+        };
+        let mut out = Vec::new();
+        letter.write(&mut out);
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(!text.contains('\n'), "one line: {text}");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(v["reason"], "invalid input syntax for type bigint: \"x\"\nline 2");
+        assert_eq!(v["compaction_id"], "51fac6e8d4f3338e");
+        assert_eq!(v["decided_at"], "2025-12-06T03:00:00.123Z");
+        assert_eq!(v["record"]["id"], "x");
+        assert!(text.ends_with(r#""record":{"id": "x" ,"n":1}}"#), "the record's bytes as sent: {text}");
+    }
+
+    #[test]
+    fn reasons_are_cut_at_a_character_boundary() {
+        let long = "é".repeat(REASON_BYTES_MAX);
+        let kept = kept_reason(&long);
+        assert!(kept.len() <= REASON_BYTES_MAX && kept.len() >= REASON_BYTES_MAX - 1);
+        assert_eq!(kept_reason(""), "(the sink gave no reason)");
+        assert_eq!(kept_reason("short"), "short");
+    }
+}

@@ -1,0 +1,173 @@
+//! Records a sink refuses (`run --dead-letter`): the refusal committed to
+//! the WAL before anything follows from it, the refused records sent to the
+//! dead-letter destination and the rest to the sink under the same number,
+//! both again with the same ids and bytes after a restart; without dead
+//! letters a refusal stops the engine naming the record.
+
+use super::*;
+use crate::compaction::letters_id;
+use crate::io::{PluginOp, RefusedIndex};
+use crate::wal::{CompactionDone, Refusal};
+
+const WALL: u64 = 1_764_990_000_000;
+
+fn with_dead_letters() -> HostConfig {
+    HostConfig { dead_letters: true, wall_origin_ms: WALL, ..config() }
+}
+
+fn refuse(indices: &[(u32, &str)]) -> Result<IoReply, IoError> {
+    let list = indices.iter().map(|&(index, reason)| RefusedIndex { index, reason: reason.into() }).collect();
+    Ok(IoReply::Sink { outcome: SinkOutcome::Refused(list), rows: 0 })
+}
+
+fn applied() -> Result<IoReply, IoError> {
+    Ok(IoReply::Sink { outcome: SinkOutcome::Applied, rows: 0 })
+}
+
+/// Every refusal and compaction-done frame the WAL holds, in order.
+fn decisions(h: &Harness) -> (Vec<Refusal>, Vec<CompactionDone>) {
+    let files: Vec<(SegmentId, &[u8])> = h.disk.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    let (mut refusals, mut done) = (Vec::new(), Vec::new());
+    for frame in scan(&files, false).unwrap().into_iter().flat_map(|s| s.groups).flat_map(|g| g.frames) {
+        match frame {
+            Frame::Refused(r) => refusals.push(r),
+            Frame::CompactionDone(d) => done.push(d),
+            _ => {}
+        }
+    }
+    (refusals, done)
+}
+
+/// The dead-letter batch sent: (request, id, seq, lines). The harness's
+/// records are not JSON: each line's `record` is checked to be the
+/// record's bytes and read as its first byte (the position).
+fn letters_sent(h: &mut Harness) -> (IoId, CompactionId, CompactionSeq, Vec<serde_json::Value>) {
+    let (io, (id, seq, lines)) = h.take(|op| match op {
+        IoOp::Plugin(PluginOp::DeadLetters(a)) => Some((a.id, a.seq, a.records.iter().map(letter).collect())),
+        _ => None,
+    });
+    (io, id, seq, lines)
+}
+
+fn letter(line: &[u8]) -> serde_json::Value {
+    let at = line.windows(9).position(|w| w == b"\"record\":").expect("a record") + 9;
+    let record = &line[at..line.len() - 1];
+    assert_eq!((record.len(), line.last()), (3, Some(&b'}')), "the record's bytes, then the end");
+    assert!(record.iter().all(|&b| b == record[0]));
+    let mut json = line[..at].to_vec();
+    json.extend_from_slice(format!("{}}}", record[0]).as_bytes());
+    serde_json::from_slice(&json).expect("a dead letter is JSON")
+}
+
+/// Positions of the records of the sink apply in flight, from their bytes.
+fn applied_positions(h: &Harness) -> Vec<u8> {
+    h.held
+        .iter()
+        .find_map(|(_, op)| match op {
+            IoOp::Plugin(PluginOp::SinkApply(a)) => Some(a.records.iter().map(|r| r[0]).collect()),
+            _ => None,
+        })
+        .expect("a sink apply in flight")
+}
+
+#[test]
+fn refused_records_are_decided_in_the_wal_then_sent_to_the_dead_letters_and_the_rest_to_the_sink() {
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    h.feed(0, 4);
+    let (apply, id, seq, n) = h.sink_apply();
+    assert_eq!(n, 4);
+    h.now = Instant::from_micros(2_500_000);
+    h.answer(apply, refuse(&[(1, "SQLSTATE 22P02: bad"), (3, "worse")]));
+    // The decision is in the WAL before anything follows from it.
+    let (refusals, done) = decisions(&h);
+    assert_eq!(refusals.len(), 1);
+    let r = &refusals[0];
+    assert_eq!((r.id, r.seq, r.letters, r.at_ms), (id, seq, CompactionSeq(0), WALL + 2_500));
+    let where_ = r.records.iter().map(|x| (x.position.0, x.reason.as_str())).collect::<Vec<_>>();
+    assert_eq!(where_, vec![(1, "SQLSTATE 22P02: bad"), (3, "worse")]);
+    assert!(done.is_empty());
+    assert_eq!(h.refused, vec![vec!["SQLSTATE 22P02: bad".to_string(), "worse".to_string()]]);
+    // The dead letters go first, then the rest under the same number.
+    assert!(!h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SinkApply(_)))));
+    let (io, letters, letters_seq, lines) = letters_sent(&mut h);
+    assert_eq!((letters, letters_seq), (letters_id(id), CompactionSeq(0)));
+    assert_eq!(lines.len(), 2);
+    assert_eq!((&lines[0]["position"], &lines[0]["record"]), (&1.into(), &1.into()));
+    assert_eq!(lines[0]["reason"], "SQLSTATE 22P02: bad");
+    assert_eq!(lines[0]["compaction_id"], format!("{id}"));
+    assert_eq!(lines[1]["decided_at_ms"], WALL + 2_500);
+    assert_eq!((lines[1]["stream"].as_str(), lines[1]["source"].as_str()), (Some("orders"), Some("src")));
+    h.answer(io, applied());
+    assert_eq!(applied_positions(&h), vec![0, 2]);
+    let (apply, then, seq2, n2) = h.sink_apply();
+    assert_eq!((then, seq2, n2), (r.then, seq, 2));
+    assert_ne!(then, id);
+    h.answer(apply, applied());
+    let (_, done) = decisions(&h);
+    assert_eq!(done, vec![CompactionDone { sink: SinkId(0), stream: StreamId(0), id: then, seq }]);
+    assert!(h.host.committed().open.is_empty() && h.host.committed().refusals.is_empty());
+    assert_eq!(h.host.committed().acked(SinkId(0), key0()), Position(4));
+}
+
+#[test]
+fn after_a_restart_the_same_dead_letters_and_the_same_attempt_are_sent_again() {
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    h.feed(0, 4);
+    let (apply, ..) = h.sink_apply();
+    h.answer(apply, refuse(&[(2, "bad")]));
+    let (_, first_id, _, first) = letters_sent(&mut h);
+    // A crash before the dead letters' answer: the next start sends the
+    // same bytes under the same id, then the same attempt.
+    let mut again = Harness::start_full(with_dead_letters(), h.disk.clone(), h.offsets.clone(), Vec::new());
+    let (io, id, seq, lines) = letters_sent(&mut again);
+    assert_eq!((id, seq, &lines), (first_id, CompactionSeq(0), &first));
+    again.answer(io, applied());
+    let (apply, then, ..) = again.sink_apply();
+    assert_eq!(then, decisions(&again).0[0].then);
+    // Refused again on this attempt: a second decision, a second
+    // dead-letter batch with the next number.
+    again.answer(apply, refuse(&[(0, "also bad")]));
+    let (refusals, _) = decisions(&again);
+    assert_eq!(refusals.len(), 2);
+    assert_eq!((refusals[1].id, refusals[1].letters), (then, CompactionSeq(1)));
+    assert_eq!(refusals[1].records[0].position, Position(0));
+    let (io, _, seq, _) = letters_sent(&mut again);
+    assert_eq!(seq, CompactionSeq(1));
+    again.answer(io, applied());
+    assert_eq!(applied_positions(&again), vec![1, 3]);
+}
+
+#[test]
+fn without_dead_letters_a_refusal_stops_the_engine_naming_the_first_record() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 4);
+    let (apply, id, ..) = h.sink_apply();
+    h.answer(apply, refuse(&[(2, "bad"), (3, "worse")]));
+    let expected = StopReason::SinkRefused {
+        sink: SinkId(0),
+        stream: StreamId(0),
+        id,
+        key: key0(),
+        position: Position(2),
+        reason: "bad".into(),
+        refused: 2,
+    };
+    assert_eq!(h.stopped, Some(expected));
+    assert!(decisions(&h).0.is_empty(), "nothing of it is committed");
+}
+
+#[test]
+fn a_refusal_that_names_no_record_of_the_batch_in_order_breaks_the_protocol() {
+    for bad in [&[(4, "past the end")][..], &[(2, "a"), (1, "b")], &[(1, "a"), (1, "a")]] {
+        let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+        h.open_source();
+        h.feed(0, 4);
+        let (apply, ..) = h.sink_apply();
+        h.answer(apply, refuse(bad));
+        assert!(matches!(h.stopped, Some(StopReason::SinkProtocol { .. })), "{bad:?}: {:?}", h.stopped);
+        assert!(decisions(&h).0.is_empty());
+    }
+}
