@@ -8,7 +8,7 @@ use crate::scenario::Scenario;
 use skippr_core::ledger::Verdict;
 use skippr_core::{CompactionId, OffsetValue, PartitionKey, Position, SinkId, SourceId, StreamId};
 use skippr_core::{ResumePoint, SinkApply};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// The invariants, by the names failures carry.
@@ -35,6 +35,8 @@ pub mod invariant {
     pub const NONDETERMINISM: &str = "nondeterminism";
     pub const LOST_SEGMENT_UNNOTICED: &str = "lost-segment-unnoticed";
     pub const STOP_RECORD_UNFAITHFUL: &str = "stop-record-unfaithful";
+    pub const DEAD_LETTER_CONFLICT: &str = "dead-letter-conflict";
+    pub const DEAD_LETTER_MALFORMED: &str = "dead-letter-malformed";
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +60,12 @@ struct Apply {
 }
 
 pub struct Checker {
+    /// Per (sink, partition): dead letters ahead of the sink's next
+    /// position.
+    ahead: BTreeMap<(SinkId, PartitionKey), BTreeSet<u64>>,
+    /// The next dead-letter batch number per (sink, stream).
+    next_letters: BTreeMap<(SinkId, StreamId), u64>,
+    dead_letters: u64,
     seed: u64,
     /// Records and stream of every partition, as the scenario defines them.
     partitions: BTreeMap<PartitionKey, (u64, StreamId)>,
@@ -93,6 +101,9 @@ impl Checker {
             seq_owner: BTreeMap::new(),
             next_seq: BTreeMap::new(),
             next_pos: BTreeMap::new(),
+            ahead: BTreeMap::new(),
+            next_letters: BTreeMap::new(),
+            dead_letters: 0,
             delivered: 0,
             scratch: Vec::with_capacity(64),
             total: scenario.total_records() * scenario.sinks as u64,
@@ -209,13 +220,55 @@ impl Checker {
         }
         *next += 1;
         for bytes in &a.records {
-            if let Err(v) = self.check_record(a.sink, a.stream, bytes) {
+            if let Err(v) = self.check_record(a.sink, a.stream, bytes, false) {
                 return self.fail(v.invariant, v.detail);
             }
         }
     }
 
-    fn check_record(&mut self, sink: SinkId, stream: StreamId, bytes: &[u8]) -> Result<(), Violation> {
+    /// A batch of dead letters the destination was handed, and its
+    /// ledger's verdict. A new one must be the next number of its (sink,
+    /// stream), and each line a dead letter of a record the source emitted
+    /// that reached neither the sink nor the dead letters before.
+    pub fn on_letters(&mut self, a: &SinkApply, verdict: Verdict) {
+        match verdict {
+            Verdict::Same => return,
+            Verdict::Conflict(c) => {
+                let detail = format!("dead-letter batch {} of sink {} stream {}: {c}", a.seq.0, a.sink, a.stream);
+                return self.fail(invariant::DEAD_LETTER_CONFLICT, detail);
+            }
+            Verdict::New => {}
+        }
+        let next = self.next_letters.entry((a.sink, a.stream)).or_insert(0);
+        if a.seq.0 != *next {
+            let detail =
+                format!("sink {} stream {} got dead-letter batch {} when {} was next", a.sink, a.stream, a.seq.0, next);
+            return self.fail(invariant::SEQUENCE_GAP, detail);
+        }
+        *next += 1;
+        for line in &a.records {
+            let Some(bytes) = letter_record(line) else {
+                let detail = format!("a dead letter without a reason or a record: {}", String::from_utf8_lossy(line));
+                return self.fail(invariant::DEAD_LETTER_MALFORMED, detail);
+            };
+            if let Err(v) = self.check_record(a.sink, a.stream, bytes, true) {
+                return self.fail(v.invariant, v.detail);
+            }
+            self.dead_letters += 1;
+        }
+    }
+
+    /// Records that went to the dead letters.
+    pub fn dead_letters(&self) -> u64 {
+        self.dead_letters
+    }
+
+    /// Checks a record that reached sink `sink` (or, `letter`, its dead
+    /// letters): each record of each partition goes to exactly one of the
+    /// two, once. The sink receives a partition's records in order; a
+    /// plan's dead letters arrive before the rest of it, so they may be
+    /// ahead of the sink, and the sink passes over them.
+    fn check_record(&mut self, sink: SinkId, stream: StreamId, bytes: &[u8], letter: bool) -> Result<(), Violation> {
         let foreign = |why: &str| Violation { invariant: invariant::FOREIGN_BYTES, detail: why.to_string() };
         if bytes.len() < 6 {
             return Err(foreign("a record shorter than any the sources emit"));
@@ -236,15 +289,25 @@ impl Checker {
             return Err(Violation { invariant: invariant::WRONG_STREAM, detail });
         }
         let next = self.next_pos.entry((sink, key)).or_insert(0);
-        if pos < *next {
-            let detail = format!("sink {sink} got {key} position {pos} again (next expected {next})");
+        let ahead = self.ahead.entry((sink, key)).or_default();
+        if pos < *next || ahead.contains(&pos) {
+            let what = if letter { "a dead letter of" } else { "" };
+            let detail = format!("sink {sink} got {what} {key} position {pos} again (next expected {next})");
             return Err(Violation { invariant: invariant::DUPLICATE_DELIVERY, detail });
         }
-        if pos > *next {
-            let detail = format!("sink {sink} got {key} position {pos}, skipping {}..{pos}", next);
-            return Err(Violation { invariant: invariant::LOST_RECORD, detail });
+        if letter {
+            ahead.insert(pos);
+        } else {
+            if let Some(gap) = (*next..pos).find(|p| !ahead.contains(p)) {
+                let detail = format!("sink {sink} got {key} position {pos}, skipping {gap} (next expected {next})");
+                return Err(Violation { invariant: invariant::LOST_RECORD, detail });
+            }
+            *next = pos + 1;
         }
-        *next += 1;
+        while ahead.first().is_some_and(|&p| p <= *next) {
+            let p = ahead.pop_first().expect("first exists");
+            *next = (*next).max(p + 1);
+        }
         self.delivered += 1;
         Ok(())
     }
@@ -291,6 +354,15 @@ impl Checker {
     pub fn compactions(&self) -> usize {
         self.applies.len()
     }
+}
+
+/// A dead letter's record bytes, if the line carries a reason and a
+/// record: what follows `"record":`, less the closing brace.
+fn letter_record(line: &[u8]) -> Option<&[u8]> {
+    const KEY: &[u8] = b"\"record\":";
+    let reason = line.windows(10).any(|w| w == b"\"reason\":\"");
+    let at = line.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    (reason && line.last() == Some(&b'}')).then(|| &line[at..line.len() - 1])
 }
 
 fn digest(records: &skippr_core::Records) -> u64 {

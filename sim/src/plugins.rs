@@ -7,11 +7,12 @@
 //! real sink keeps (core's `sink_ledger`). The offsets store applies a write only when its LSN is
 //! higher, as the real stores do.
 
-use crate::scenario::SourceSpec;
+use crate::scenario::{LettersSpec, SourceSpec};
 use skippr_core::format::Record;
 use skippr_core::ledger::{judge, Digest, Entry, Verdict};
 use skippr_core::{
-    CompactionId, CompactionSeq, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, Records, StreamId,
+    CompactionId, CompactionSeq, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, Records, RefusedIndex,
+    StreamId,
 };
 use skippr_core::{ResumePoint, SourceBatchIn};
 use std::collections::BTreeMap;
@@ -173,9 +174,19 @@ pub struct SimSink {
     held: BTreeMap<(StreamId, CompactionSeq), Entry>,
     /// The highest sequence number applied, per stream.
     highest: BTreeMap<StreamId, CompactionSeq>,
+    /// Records refused once (by their first six bytes: source, partition,
+    /// position), for a sink that refuses each only the first time.
+    refused_once: std::collections::BTreeSet<[u8; 6]>,
 }
 
 impl SimSink {
+    /// Whether the ledger holds nothing under this batch's number (what a
+    /// real sink looks at first: a batch it holds is a replay, whatever its
+    /// records would say now).
+    pub fn is_new(&self, stream: StreamId, seq: CompactionSeq) -> bool {
+        !self.held.contains_key(&(stream, seq))
+    }
+
     /// The rule's verdict on this batch; a new one is applied.
     pub fn apply(&mut self, id: CompactionId, stream: StreamId, seq: CompactionSeq, records: &Records) -> Verdict {
         let claim = Entry { id, digest: Some(Digest::of_records(records)) };
@@ -186,6 +197,22 @@ impl SimSink {
             *highest = (*highest).max(seq);
         }
         verdict
+    }
+
+    /// The records of a batch this sink refuses, by index, with a reason:
+    /// those whose hash falls under the spec's share, every time or only
+    /// the first time each is seen. Nothing of a batch with one is applied.
+    pub fn refusals(&mut self, spec: &LettersSpec, seed: u64, records: &Records) -> Vec<RefusedIndex> {
+        let mut out = Vec::new();
+        for (i, r) in records.iter().enumerate() {
+            let refused = xxh3_64_with_seed(r, seed ^ 0x5ead_1e77) % 1000 < spec.share_permille;
+            let first = r.len() >= 6 && self.refused_once.insert(r[..6].try_into().expect("six bytes"));
+            if refused && (spec.always || first) {
+                let reason = format!("SIM 22P02: {i}");
+                out.push(RefusedIndex { index: i as u32, reason });
+            }
+        }
+        out
     }
 
     /// What the sink can tell the host at recovery.

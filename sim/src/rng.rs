@@ -27,6 +27,8 @@ pub enum Stream {
     Cluster = 12,
     /// How a frozen process's requests fare.
     Frozen = 13,
+    /// Records sinks refuse, and the dead-letter destination's faults.
+    Letters = 14,
 }
 
 #[derive(Clone)]
@@ -104,10 +106,13 @@ pub enum Die {
     ClusterFault,
     /// Clustered mode: a crash in the middle of a truncation, and where.
     Truncation,
+    /// Which records a sink refuses the first time, and the dead-letter
+    /// destination's faults.
+    Letters,
 }
 
 impl Die {
-    pub const ALL: [Die; 23] = [
+    pub const ALL: [Die; 24] = [
         Die::DiskLatency,
         Die::S3Latency,
         Die::OffsetsLatency,
@@ -131,6 +136,7 @@ impl Die {
         Die::Network,
         Die::ClusterFault,
         Die::Truncation,
+        Die::Letters,
     ];
 }
 

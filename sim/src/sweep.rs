@@ -108,7 +108,7 @@ const FAULT_KINDS: usize = 25;
 
 /// The faults of a run and the rare engine paths it took, by the names
 /// `--stats` prints them under.
-fn faults(s: &RunStats) -> [(&'static str, u64); 42] {
+fn faults(s: &RunStats) -> [(&'static str, u64); 43] {
     [
         ("crashes", s.crashes),
         ("crashes that cut the power", s.power_cuts),
@@ -123,6 +123,7 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 42] {
         ("bit rot", s.rot),
         ("sink retryable", s.sink_retryable),
         ("sink lost replies", s.sink_lost_replies),
+        ("sink refusals", s.sink_refusals),
         ("offsets ambiguous", s.offsets_ambiguous),
         ("source request failures", s.source_failures),
         ("segments deleted by an operator", s.lost_segments),
@@ -190,6 +191,7 @@ impl Totals {
         t.rot += s.rot;
         t.sink_retryable += s.sink_retryable;
         t.sink_lost_replies += s.sink_lost_replies;
+        t.sink_refusals += s.sink_refusals;
         t.offsets_ambiguous += s.offsets_ambiguous;
         t.source_failures += s.source_failures;
         t.shutdowns += s.shutdowns;
@@ -262,6 +264,7 @@ impl Totals {
             ("faults: bit rot", t.rot as f64 / n),
             ("faults: sink retryable", t.sink_retryable as f64 / n),
             ("faults: sink lost replies", t.sink_lost_replies as f64 / n),
+            ("faults: batches with records a sink refused", t.sink_refusals as f64 / n),
             ("faults: offsets ambiguous", t.offsets_ambiguous as f64 / n),
             ("faults: source request failures", t.source_failures as f64 / n),
             ("faults: segments deleted by an operator", t.lost_segments as f64 / n),

@@ -41,7 +41,10 @@ impl World<Raft> {
             }
             IoOp::Plugin(PluginOp::SinkApply(apply)) => {
                 self.topo.model.on_dispatch(node, &apply);
-                self.after(Die::SinkLatency, lat.sink, world::Event::SinkEffect { gen, id, apply });
+                self.after(Die::SinkLatency, lat.sink, world::Event::SinkEffect { gen, id, apply, letters: false });
+            }
+            IoOp::Plugin(PluginOp::DeadLetters(apply)) => {
+                self.after(Die::SinkLatency, lat.sink, world::Event::SinkEffect { gen, id, apply, letters: true });
             }
             IoOp::Plugin(PluginOp::SourceAck { source, acks }) => {
                 self.topo.model.on_ack(node, source, &acks);

@@ -84,6 +84,8 @@ pub struct RunStats {
     pub rot: u64,
     pub sink_retryable: u64,
     pub sink_lost_replies: u64,
+    /// Batches a sink refused records of (dead letters on).
+    pub sink_refusals: u64,
     pub offsets_ambiguous: u64,
     pub source_failures: u64,
     pub shutdowns: u64,
@@ -235,6 +237,8 @@ pub(crate) struct World<T: Topology> {
     pub wals: Vec<SimWal>,
     pub stores: Vec<SimOffsets>,
     pub sinks: Vec<SimSink>,
+    /// The dead-letter destination, per sink.
+    pub letters: Vec<SimSink>,
     pub checker: Checker,
     pub trace: Trace,
     pub stats: RunStats,
@@ -262,6 +266,7 @@ impl<T: Topology> World<T> {
         let seed = scenario.seed;
         World {
             sinks: (0..scenario.sinks).map(|_| SimSink::default()).collect(),
+            letters: (0..scenario.sinks).map(|_| SimSink::default()).collect(),
             checker: Checker::new(&scenario),
             trace: Trace::new(opts.trace),
             dice: Dice::new(seed),
@@ -399,12 +404,12 @@ impl<T: Topology> World<T> {
                 }
                 None => T::in_flight(self, slot, gen, op),
             },
-            Event::SinkEffect { gen, id, apply } => {
+            Event::SinkEffect { gen, id, apply, letters } => {
                 if let Some(wake) = self.owner(gen).and_then(|owner| self.stuck(owner)) {
-                    return self.hold(wake, Event::SinkEffect { gen, id, apply });
+                    return self.hold(wake, Event::SinkEffect { gen, id, apply, letters });
                 }
                 if T::may_apply(self, gen, &apply) {
-                    let (delay, result) = self.sink_effect(&apply);
+                    let (delay, result) = if letters { self.letters_effect(&apply) } else { self.sink_effect(&apply) };
                     let input = Input::IoDone { id, result };
                     self.at(self.now() + delay, Event::Reply { gen, input });
                 }
@@ -505,6 +510,9 @@ impl<T: Topology> World<T> {
                 }
                 Output::WalRoom { .. } => true,
                 Output::Skip { .. } => unreachable!("the simulator's runs skip nothing"),
+                // Counted where the sink refuses; the checker judges what
+                // reaches the dead letters.
+                Output::Refused { .. } => true,
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
                 output => T::on_output(self, slot, output),
             };

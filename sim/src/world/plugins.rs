@@ -63,7 +63,7 @@ impl<T: Topology> World<T> {
                 Ok(IoReply::Schema { accept: true, reason: String::new() })
             }
             PluginOp::SinkApply(_) => unreachable!("sink applies go through sink_effect"),
-            PluginOp::DeadLetters(_) => unreachable!("the simulator's runs send no dead letters"),
+            PluginOp::DeadLetters(_) => unreachable!("dead letters go through letters_effect"),
             PluginOp::SinkProgress { sink } => Ok(IoReply::SinkProgress(self.sinks[sink.0 as usize].progress())),
         }
     }
@@ -83,10 +83,39 @@ impl<T: Topology> World<T> {
             let result = Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, rows: 0 });
             return (self.delay(Die::SinkLatency, reply_latency), result);
         }
+        if self.scenario.letters.on && self.sinks[apply.sink.0 as usize].is_new(apply.stream, apply.seq) {
+            let (spec, seed) = (&self.scenario.letters, self.scenario.seed);
+            let refused = self.sinks[apply.sink.0 as usize].refusals(spec, seed, &apply.records);
+            if !refused.is_empty() {
+                self.stats.sink_refusals += 1;
+                let result = Ok(IoReply::Sink { outcome: SinkOutcome::Refused(refused), rows: 0 });
+                return (self.delay(Die::SinkLatency, reply_latency), result);
+            }
+        }
         let verdict = self.sinks[apply.sink.0 as usize].apply(apply.id, apply.stream, apply.seq, &apply.records);
         self.checker.on_apply(apply, verdict);
         let result = if self.fault(Die::SinkLostReply, lost_reply) {
             self.stats.sink_lost_replies += 1;
+            Err(IoError::Ambiguous)
+        } else {
+            Ok(IoReply::Sink { outcome: verdict.outcome(), rows: apply.records.len() as u64 })
+        };
+        (self.delay(Die::SinkLatency, reply_latency), result)
+    }
+
+    /// The dead-letter destination applies a batch of dead letters, as a
+    /// sink does (its own ledger), with faults of its own.
+    pub fn letters_effect(&mut self, apply: &SinkApply) -> (Duration, Result<IoReply, IoError>) {
+        let (retryable, lost_reply) = (self.scenario.letters.retryable, self.scenario.letters.lost_reply);
+        let latency = self.scenario.latencies.sink;
+        let reply_latency = (latency.0 / 2, latency.0);
+        if self.fault(Die::Letters, retryable) {
+            let result = Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, rows: 0 });
+            return (self.delay(Die::SinkLatency, reply_latency), result);
+        }
+        let verdict = self.letters[apply.sink.0 as usize].apply(apply.id, apply.stream, apply.seq, &apply.records);
+        self.checker.on_letters(apply, verdict);
+        let result = if self.fault(Die::Letters, lost_reply) {
             Err(IoError::Ambiguous)
         } else {
             Ok(IoReply::Sink { outcome: verdict.outcome(), rows: apply.records.len() as u64 })

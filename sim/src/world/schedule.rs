@@ -16,11 +16,13 @@ pub(crate) enum Event<E> {
         id: IoId,
         op: IoOp,
     },
-    /// A sink applies a batch; its reply follows.
+    /// A sink applies a batch (or, `letters`, the dead-letter destination
+    /// a batch of dead letters); its reply follows.
     SinkEffect {
         gen: u64,
         id: IoId,
         apply: SinkApply,
+        letters: bool,
     },
     /// What comes back to the engine of generation `gen` (a request's
     /// answer, a transfer's end): it waits while that engine is frozen,

@@ -23,7 +23,10 @@ impl World<Writer> {
                 self.after(Die::OffsetsLatency, offsets, world::Event::Complete { slot, gen, id, op })
             }
             IoOp::Plugin(PluginOp::SinkApply(apply)) => {
-                self.after(Die::SinkLatency, sink, world::Event::SinkEffect { gen, id, apply })
+                self.after(Die::SinkLatency, sink, world::Event::SinkEffect { gen, id, apply, letters: false })
+            }
+            IoOp::Plugin(PluginOp::DeadLetters(apply)) => {
+                self.after(Die::SinkLatency, sink, world::Event::SinkEffect { gen, id, apply, letters: true })
             }
             // Sources, the schema plugin, and a look at a sink's progress (not
             // a write: as quick as a source request).

@@ -65,6 +65,14 @@ impl WalWriter {
         len = self.fill(&mut frames, len, at.room.min(limits.group_bytes_max.max(len)), &at, limits);
         seal_now |= self.must_seal(&at, &frames, len, limits)?;
         let full = at.offset + len + limits.group_bytes_max + SEAL_RESERVE > limits.segment_bytes;
+        let only_snapshot = frames.iter().all(|f| matches!(f, Frame::Snapshot(_)));
+        if at.fresh && full && only_snapshot && !self.pending.is_empty() {
+            // Every segment would open with this snapshot and seal at once,
+            // for ever: no segment of this size holds it and a group.
+            return Err(StopReason::SegmentTooSmall {
+                needed: at.offset + len + limits.group_bytes_max + SEAL_RESERVE,
+            });
+        }
         if seal_due || full || seal_now {
             self.seals_ahead += (full && !seal_due && !seal_now) as u64;
             self.seals_no_room += (seal_now && !seal_due) as u64;
