@@ -81,6 +81,15 @@ pub enum Mutation {
     /// A start takes the stop record as it finds it, without checking it
     /// against the WAL (a record a later run made stale is trusted).
     TrustStaleStopRecord,
+    /// Dead letters: the refused records go to the dead letters as soon as
+    /// the sink refuses them, before the refusal is committed.
+    LettersBeforeDecision,
+    /// Dead letters: a restarted engine forgets an open plan's committed
+    /// refusals, sends the plan whole again and decides anew.
+    ReplayDecidesAgain,
+    /// Dead letters: a restarted engine sends a settled plan's dead letters
+    /// under the next number instead of the one committed.
+    LettersRenumbered,
 }
 
 impl Mutation {
@@ -105,6 +114,9 @@ impl Mutation {
         Mutation::ReadBackOneGroupOfARun,
         Mutation::DropUnfinishedGroup,
         Mutation::TrustStaleStopRecord,
+        Mutation::LettersBeforeDecision,
+        Mutation::ReplayDecidesAgain,
+        Mutation::LettersRenumbered,
     ];
 
     /// The planted bugs of clustered mode, which only its runs can reach.
@@ -147,6 +159,9 @@ impl Mutation {
             Mutation::FinishBeforeDrained => "finish-before-drained",
             Mutation::DropUnfinishedGroup => "drop-unfinished-group",
             Mutation::TrustStaleStopRecord => "trust-stale-stop-record",
+            Mutation::LettersBeforeDecision => "dead-letters-before-decision",
+            Mutation::ReplayDecidesAgain => "replay-decides-again",
+            Mutation::LettersRenumbered => "dead-letters-renumbered",
         }
     }
 

@@ -4,7 +4,7 @@
 
 use crate::ids::*;
 pub use crate::wal::PartitionState;
-use crate::wal::{CompactionPlan, Frame, Names, Refusal, SchemaDecision, Skipped, Snapshot};
+use crate::wal::{CompactionPlan, Frame, Names, Refusal, SchemaDecision, Settled, Skipped, Snapshot};
 use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -25,6 +25,9 @@ pub struct CommittedState {
     pub all_finished: Option<Lsn>,
     /// The refusals committed for each open plan, in order.
     pub refusals: BTreeMap<(SinkId, StreamId), Vec<Refusal>>,
+    /// Which attempt the sink holds, for open plans with refusals, once
+    /// known.
+    pub settled: BTreeMap<(SinkId, StreamId), Settled>,
     /// The next dead-letter batch number per (sink, stream).
     pub next_letters: BTreeMap<(SinkId, StreamId), CompactionSeq>,
 }
@@ -57,18 +60,28 @@ impl CommittedState {
             }
             Frame::CompactionDone(done) => {
                 let slot = (done.sink, done.stream);
-                assert_eq!(self.attempt(slot), Some(done.id), "compaction-done names the open plan's attempt");
+                let held = self.settled.get(&slot).map(|x| x.held).or_else(|| self.attempt(slot));
+                assert_eq!(held, Some(done.id), "compaction-done names the attempt the sink holds");
                 let plan = self.open.remove(&slot).expect("an attempt is of an open plan");
                 self.refusals.remove(&slot);
+                self.settled.remove(&slot);
                 for r in &plan.ranges {
                     self.acked.insert((plan.sink, r.key), r.to);
                 }
             }
             Frame::Refused(r) => {
                 let slot = (r.sink, r.stream);
-                assert_eq!(self.attempt(slot), Some(r.id), "a refusal names the open plan's attempt");
-                self.next_letters.insert(slot, CompactionSeq(r.letters.0 + 1));
+                assert_eq!(self.attempt(slot), Some(r.id), "a refusal names the open plan's last attempt");
+                assert!(!self.settled.contains_key(&slot), "no refusal after the plan settled");
                 self.refusals.entry(slot).or_default().push(r.clone());
+            }
+            Frame::Settled(x) => {
+                let slot = (x.sink, x.stream);
+                assert!(self.attempts(slot).contains(&x.held), "the sink holds an attempt of the open plan");
+                if let Some(letters) = x.letters {
+                    self.next_letters.insert(slot, CompactionSeq(letters.0 + 1));
+                }
+                self.settled.insert(slot, x.clone());
             }
             Frame::Snapshot(s) => self.restore(s),
             Frame::Finished => {
@@ -123,6 +136,7 @@ impl CommittedState {
             all_finished: self.all_finished,
             next_letters: self.next_letters.iter().map(|(&(sink, stream), &seq)| (sink, stream, seq)).collect(),
             refusals: self.refusals.values().flatten().cloned().collect(),
+            settled: self.settled.values().cloned().collect(),
         }
     }
 
@@ -147,10 +161,18 @@ impl CommittedState {
         for r in &s.refusals {
             self.refusals.entry((r.sink, r.stream)).or_default().push(r.clone());
         }
+        self.settled = s.settled.iter().map(|x| ((x.sink, x.stream), x.clone())).collect();
     }
 
-    /// The id the open plan of `slot` is sent under: its own until a sink
-    /// refuses records of it, then that of its last refusal.
+    /// Every attempt of the open plan of `slot`, oldest first: its own id,
+    /// then the `then` of each refusal.
+    pub fn attempts(&self, slot: (SinkId, StreamId)) -> Vec<CompactionId> {
+        let Some(plan) = self.open.get(&slot) else { return Vec::new() };
+        std::iter::once(plan.id).chain(self.refusals_of(slot).iter().map(|r| r.then)).collect()
+    }
+
+    /// The open plan's last attempt: its own id until a sink refuses
+    /// records of it, then the `then` of its last refusal.
     pub fn attempt(&self, slot: (SinkId, StreamId)) -> Option<CompactionId> {
         let plan = self.open.get(&slot)?;
         Some(self.refusals.get(&slot).and_then(|r| r.last()).map_or(plan.id, |r| r.then))

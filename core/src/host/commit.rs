@@ -65,12 +65,19 @@ impl Host {
                 }
             }
             Frame::CompactionDone(done) => self.prune_acked(done.stream),
-            Frame::Refused(r) => {
-                let reasons = r.records.iter().map(|x| x.reason.clone()).collect();
-                let (sink, stream, seq, letters) = (r.sink, r.stream, r.seq, r.letters);
-                self.fx.emit(Output::Refused { sink, stream, seq, letters, reasons });
-                if self.compaction.refusal_committed(r.sink, r.stream) {
-                    self.dispatch(r.sink, r.stream);
+            Frame::Refused(r) if self.compaction.decision_committed(r.sink, r.stream) => {
+                self.dispatch(r.sink, r.stream);
+            }
+            Frame::Settled(x) => {
+                if let Some(letters) = x.letters {
+                    let slot = (x.sink, x.stream);
+                    let standing = self.committed.refusals_of(slot).iter().take_while(|r| r.id != x.held);
+                    let reasons = standing.flat_map(|r| r.records.iter().map(|x| x.reason.clone())).collect();
+                    let (sink, stream, seq) = (x.sink, x.stream, x.seq);
+                    self.fx.emit(Output::Refused { sink, stream, seq, letters, reasons });
+                }
+                if self.compaction.decision_committed(x.sink, x.stream) {
+                    self.dispatch(x.sink, x.stream);
                 }
             }
             Frame::Skipped(k) => {

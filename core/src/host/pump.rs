@@ -131,12 +131,25 @@ impl Host {
         }
     }
 
+    /// The planted bugs of dead letters that are on.
+    pub(super) fn letter_bugs(&self) -> compact::LetterBugs {
+        let m = &self.cfg.mutations;
+        compact::LetterBugs {
+            before_decision: m.has(Mutation::LettersBeforeDecision),
+            decide_again: m.has(Mutation::ReplayDecidesAgain),
+            renumbered: m.has(Mutation::LettersRenumbered),
+        }
+    }
+
     pub(super) fn dispatch(&mut self, sink: SinkId, stream: StreamId) {
         let unstable = self.cfg.mutations.has(Mutation::UnstableCompactionId).then(|| self.wal.epoch());
-        let refusals = self.committed.refusals_of((sink, stream));
+        let chain = compact::Chain::of(&self.committed, (sink, stream));
+        let bugs = (unstable, self.letter_bugs());
         let fx = (&mut self.fx, &self.cfg);
-        if let Err(stop) = self.compaction.dispatch(fx, &self.records, (sink, stream), refusals, unstable) {
-            self.stop(stop);
+        match self.compaction.dispatch(fx, &self.records, (sink, stream), chain, bugs) {
+            Ok(None) => {}
+            Ok(Some(done)) => self.wal.push(crate::wal::Frame::CompactionDone(done)),
+            Err(stop) => self.stop(stop),
         }
     }
 }

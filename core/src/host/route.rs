@@ -129,8 +129,8 @@ impl Host {
             }
             Pending::DeadLetters(sink, stream) => {
                 let outcome = answer!(IoReply::Sink { outcome, .. } => outcome);
-                let refusals = self.committed.refusals_of((sink, stream));
-                let news = self.compaction.on_letters(&mut self.fx, (id, sink, stream), outcome, refusals);
+                let settled = self.committed.settled.get(&(sink, stream));
+                let news = self.compaction.on_letters(&mut self.fx, (id, sink, stream), outcome, settled);
                 self.on_sink_news(sink, stream, news);
             }
             Pending::WalReadBack(sink, stream) => {
@@ -171,8 +171,9 @@ impl Host {
             next_letters: self.committed.next_letters.get(&slot).copied().unwrap_or_default(),
             at_ms: self.cfg.wall_origin_ms.saturating_add(self.fx.now.as_micros() / 1_000),
         });
-        let refusals = self.committed.refusals_of(slot);
-        let news = self.compaction.on_reply(&mut self.fx, (id, sink, stream), outcome, (refusals, decided));
+        let chain = compact::Chain::of(&self.committed, slot);
+        let bugs = self.letter_bugs();
+        let news = self.compaction.on_reply(&mut self.fx, (id, sink, stream), outcome, (chain, decided, bugs));
         self.on_sink_news(sink, stream, news);
     }
 
@@ -180,7 +181,7 @@ impl Host {
         match news {
             SinkNews::Quiet => {}
             SinkNews::Done(done) => self.wal.push(crate::wal::Frame::CompactionDone(done)),
-            SinkNews::Refused(refusal) => self.wal.push(crate::wal::Frame::Refused(refusal)),
+            SinkNews::Decided(frame) => self.wal.push(frame),
             SinkNews::Next => self.dispatch(sink, stream),
             SinkNews::Fatal(stop) => self.stop(stop),
         }

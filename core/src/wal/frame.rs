@@ -35,6 +35,7 @@ pub enum FrameKind {
     AllFinished = 11,
     Skipped = 12,
     Refused = 13,
+    Settled = 14,
 }
 
 impl FrameKind {
@@ -53,6 +54,7 @@ impl FrameKind {
             11 => FrameKind::AllFinished,
             12 => FrameKind::Skipped,
             13 => FrameKind::Refused,
+            14 => FrameKind::Settled,
             _ => return None,
         })
     }
@@ -118,10 +120,10 @@ pub struct Skipped {
 }
 
 /// Records of an open compaction that its sink refused, and why
-/// (`run --dead-letter`): the decision, committed before the compaction can
-/// count as done. From then on the plan is sent without these records, as
-/// attempt `then` under the same sequence number, and they go to the
-/// dead-letter destination as its batch `letters` of (sink, stream).
+/// (`run --dead-letter`): the decision, committed before anything follows
+/// from it. From then on the plan is sent without these records, as attempt
+/// `then` under the same sequence number, until the sink holds one of the
+/// plan's attempts (`Settled`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
     pub sink: SinkId,
@@ -132,14 +134,28 @@ pub struct Refusal {
     pub seq: CompactionSeq,
     /// The id the plan is sent under from now on (`compaction::without`).
     pub then: CompactionId,
-    /// The dead-letter batch these records make: dense per (sink, stream).
-    pub letters: CompactionSeq,
     /// When the refusal was decided, in milliseconds since the Unix epoch,
     /// by the driver's clock: dead letters carry it, the same on every
     /// replay.
     pub at_ms: u64,
     /// In batch order.
     pub records: Vec<RefusedRecord>,
+}
+
+/// Which attempt of an open plan with refusals the sink holds, found by
+/// its answer: the last one sent, or (a refused attempt that landed after
+/// all, sent by a process that has since died) an earlier one, found by
+/// sending them again newest first. The refusals before `held` stand and
+/// their records go to the dead letters as batch `letters` of (sink,
+/// stream); those after it are void (their records are in the sink).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settled {
+    pub sink: SinkId,
+    pub stream: StreamId,
+    pub seq: CompactionSeq,
+    pub held: CompactionId,
+    /// `None` where no refusal stands (the sink holds the plan's own id).
+    pub letters: Option<CompactionSeq>,
 }
 
 /// One refused record: where it is, and the sink's reason.
@@ -231,10 +247,11 @@ pub struct Snapshot {
     pub finished: Option<Lsn>,
     pub all_finished: Option<Lsn>,
     /// `run --dead-letter`: the next dead-letter batch number per (sink,
-    /// stream), and the refusals of the open plans (both written only when
-    /// there are any, so other snapshots keep their bytes).
+    /// stream), and the refusals and settlements of the open plans (written
+    /// only when there are any, so other snapshots keep their bytes).
     pub next_letters: Vec<(SinkId, StreamId, CompactionSeq)>,
     pub refusals: Vec<Refusal>,
+    pub settled: Vec<Settled>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -295,6 +312,8 @@ pub enum Frame {
     Skipped(Skipped),
     /// A sink refused records of the open plan of (sink, stream).
     Refused(Refusal),
+    /// The sink holds this attempt of the open plan of (sink, stream).
+    Settled(Settled),
 }
 
 impl Frame {
@@ -313,6 +332,7 @@ impl Frame {
             Frame::AllFinished => FrameKind::AllFinished,
             Frame::Skipped(_) => FrameKind::Skipped,
             Frame::Refused(_) => FrameKind::Refused,
+            Frame::Settled(_) => FrameKind::Settled,
         }
     }
 

@@ -32,6 +32,7 @@ impl Frame {
             Frame::Seal | Frame::Fence | Frame::Finished | Frame::AllFinished => 0,
             Frame::Skipped(k) => 2 + 4 + 2 + 8 + 8 + 4 + k.reason.len(),
             Frame::Refused(r) => refusal_len(r),
+            Frame::Settled(_) => SETTLED_BYTES,
             Frame::Membership(cc) => cc.len(),
             Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
         }
@@ -61,6 +62,7 @@ impl Frame {
                 w.bytes(k.reason.as_bytes());
             }
             Frame::Refused(r) => put_refusal(w, r),
+            Frame::Settled(x) => put_settled(w, x),
             Frame::Membership(cc) => w.buf.extend_from_slice(cc),
             Frame::Commit(c) => {
                 w.u32(c.frames);
@@ -90,6 +92,16 @@ pub(super) fn plan_head(payload: &[u8]) -> Option<PlannedBatch> {
     let (sink, stream) = (SinkId(r.u16().ok()?), StreamId(r.u16().ok()?));
     let id = CompactionId(r.u64().ok()?);
     Some(PlannedBatch { sink, stream, id, seq: CompactionSeq(r.u64().ok()?) })
+}
+
+/// The attempt a refusal payload makes of its plan (sink, stream, the id
+/// it is sent under next, number), read without its records.
+pub(super) fn refusal_head(payload: &[u8]) -> Option<PlannedBatch> {
+    let mut r = Reader::new(payload);
+    let (sink, stream) = (SinkId(r.u16().ok()?), StreamId(r.u16().ok()?));
+    let _refused = r.u64().ok()?;
+    let seq = CompactionSeq(r.u64().ok()?);
+    Some(PlannedBatch { sink, stream, id: CompactionId(r.u64().ok()?), seq })
 }
 
 /// Visits the records of a source-batch payload in place, (position,
@@ -150,6 +162,7 @@ pub(super) fn decode_payload_as(kind: FrameKind, payload: &[u8], mode: RecordMod
             reason: String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?,
         }),
         FrameKind::Refused => Frame::Refused(get_refusal(&mut r)?),
+        FrameKind::Settled => Frame::Settled(get_settled(&mut r)?),
         FrameKind::Membership => Frame::Membership(r.take_up_to(r.remaining()).to_vec()),
         FrameKind::Commit => Frame::Commit(CommitRecord { frames: r.u32()?, bytes: r.u32()? }),
     };
@@ -239,7 +252,7 @@ pub(crate) fn put_snapshot(w: &mut Writer<'_>, s: &Snapshot) {
             w.bytes(name.as_bytes());
         }
     }
-    let letters = !s.next_letters.is_empty() || !s.refusals.is_empty();
+    let letters = has_letters(s);
     if s.finished.is_some() || letters {
         // Zero where there is none: no group at LSN 0 is a terminal entry.
         w.u64(s.finished.map_or(0, |l| l.0));
@@ -256,17 +269,32 @@ pub(crate) fn put_snapshot(w: &mut Writer<'_>, s: &Snapshot) {
         for r in &s.refusals {
             put_refusal(w, r);
         }
+        w.u32(s.settled.len() as u32);
+        for x in &s.settled {
+            put_settled(w, x);
+        }
     }
+}
+
+fn has_letters(s: &Snapshot) -> bool {
+    !s.next_letters.is_empty() || !s.refusals.is_empty() || !s.settled.is_empty()
 }
 
 /// The snapshot's tail: the terminal entries (16 bytes), then the
 /// dead-letter state; a snapshot with neither ends at its names, one with
 /// only the first (as before dead letters) 16 bytes later.
 fn letters_len(s: &Snapshot) -> usize {
-    let letters = !s.next_letters.is_empty() || !s.refusals.is_empty();
+    let letters = has_letters(s);
     let tail = if s.finished.is_some() || letters { 16 } else { 0 };
     match letters {
-        true => tail + 4 + s.next_letters.len() * 12 + 4 + s.refusals.iter().map(refusal_len).sum::<usize>(),
+        true => {
+            tail + 4
+                + s.next_letters.len() * 12
+                + 4
+                + s.refusals.iter().map(refusal_len).sum::<usize>()
+                + 4
+                + s.settled.len() * SETTLED_BYTES
+        }
         false => tail,
     }
 }
@@ -312,11 +340,35 @@ pub(crate) fn get_snapshot(r: &mut Reader<'_>) -> Result<Snapshot, DecodeError> 
         for _ in 0..r.count(REFUSAL_BYTES_MIN)? {
             s.refusals.push(get_refusal(r)?);
         }
+        for _ in 0..r.count(SETTLED_BYTES)? {
+            s.settled.push(get_settled(r)?);
+        }
     }
     Ok(s)
 }
 
-const REFUSAL_BYTES_MIN: usize = 2 + 2 + 8 + 8 + 8 + 8 + 8 + 4;
+const REFUSAL_BYTES_MIN: usize = 2 + 2 + 8 + 8 + 8 + 8 + 4;
+const SETTLED_BYTES: usize = 2 + 2 + 8 + 8 + 1 + 8;
+
+fn put_settled(w: &mut Writer<'_>, x: &Settled) {
+    w.u16(x.sink.0);
+    w.u16(x.stream.0);
+    w.u64(x.seq.0);
+    w.u64(x.held.0);
+    w.u8(x.letters.is_some() as u8);
+    w.u64(x.letters.map_or(0, |l| l.0));
+}
+
+fn get_settled(r: &mut Reader<'_>) -> Result<Settled, DecodeError> {
+    let (sink, stream, seq, held) =
+        (SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?), CompactionId(r.u64()?));
+    let letters = match (r.u8()?, r.u64()?) {
+        (0, _) => None,
+        (1, l) => Some(CompactionSeq(l)),
+        _ => return Err(DecodeError),
+    };
+    Ok(Settled { sink, stream, seq, held, letters })
+}
 
 fn refusal_len(r: &Refusal) -> usize {
     REFUSAL_BYTES_MIN + r.records.iter().map(|x| 6 + 8 + 4 + x.reason.len()).sum::<usize>()
@@ -328,7 +380,6 @@ fn put_refusal(w: &mut Writer<'_>, r: &Refusal) {
     w.u64(r.id.0);
     w.u64(r.seq.0);
     w.u64(r.then.0);
-    w.u64(r.letters.0);
     w.u64(r.at_ms);
     w.u32(r.records.len() as u32);
     for x in &r.records {
@@ -341,14 +392,14 @@ fn put_refusal(w: &mut Writer<'_>, r: &Refusal) {
 fn get_refusal(r: &mut Reader<'_>) -> Result<Refusal, DecodeError> {
     let (sink, stream) = (SinkId(r.u16()?), StreamId(r.u16()?));
     let (id, seq, then) = (CompactionId(r.u64()?), CompactionSeq(r.u64()?), CompactionId(r.u64()?));
-    let (letters, at_ms) = (CompactionSeq(r.u64()?), r.u64()?);
+    let at_ms = r.u64()?;
     let mut records = Vec::new();
     for _ in 0..r.count(18)? {
         let (key, position) = (get_key(r)?, Position(r.u64()?));
         let reason = String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?;
         records.push(RefusedRecord { key, position, reason });
     }
-    Ok(Refusal { sink, stream, id, seq, then, letters, at_ms, records })
+    Ok(Refusal { sink, stream, id, seq, then, at_ms, records })
 }
 
 fn opt_len(v: &Option<Vec<u8>>) -> usize {

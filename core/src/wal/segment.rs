@@ -11,7 +11,7 @@
 //! rot there after an acknowledgement loses it; see docs/ARCHITECTURE.md).
 
 use super::frame::*;
-use super::payload::{batch_end, batch_key, decode_payload, plan_head, visit_batch};
+use super::payload::{batch_end, batch_key, decode_payload, plan_head, refusal_head, visit_batch};
 use crate::ids::*;
 
 pub const SEGMENT_MAGIC: [u8; 8] = *b"SKPRWAL\0";
@@ -144,7 +144,8 @@ pub fn group_shape(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<GroupSh
 
 /// What a checker needs of a group `group_shape` accepts: the partition
 /// and end of each source batch, and the batches its compaction plans
-/// name, read without decoding records or ranges.
+/// name (and the attempts its refusals make of them), read without
+/// decoding records or ranges.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GroupFacts {
     pub ends: Vec<(PartitionKey, Position)>,
@@ -161,6 +162,10 @@ pub fn group_facts(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<GroupFa
         },
         FrameKind::CompactionPlanned => match plan_head(payload) {
             Some(plan) => facts.plans.push(plan),
+            None => bad = true,
+        },
+        FrameKind::Refused => match refusal_head(payload) {
+            Some(attempt) => facts.plans.push(attempt),
             None => bad = true,
         },
         _ => {}

@@ -456,6 +456,9 @@ fn facts_of(frames: &[Frame]) -> GroupFacts {
             Frame::CompactionPlanned(p) => {
                 facts.plans.push(PlannedBatch { sink: p.sink, stream: p.stream, id: p.id, seq: p.seq })
             }
+            Frame::Refused(r) => {
+                facts.plans.push(PlannedBatch { sink: r.sink, stream: r.stream, id: r.then, seq: r.seq })
+            }
             _ => {}
         }
     }

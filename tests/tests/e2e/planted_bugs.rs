@@ -17,6 +17,9 @@ fn flags_for(name: &str) -> (&'static str, Vec<&'static str>) {
         | "serve-before-term-commit"
         | "wiped-peer-votes"
         | "finish-before-drained" => ("0..10000", vec!["--wal", "clustered"]),
+        // Dead letters are on in three seeds of ten; each of these is
+        // caught in about one seed of eight.
+        "dead-letters-before-decision" | "replay-decides-again" | "dead-letters-renumbered" => ("0..2000", vec![]),
         _ => ("0..10000", vec![]),
     }
 }
@@ -26,7 +29,7 @@ fn every_planted_bug_is_caught_by_a_checker_invariant() {
     let _cores = both_cores();
     let list = skipprd(&["sim", "--list-mutations"]);
     let names: Vec<String> = stdout(&list).lines().map(str::to_string).collect();
-    assert_eq!(names.len(), 27, "{names:?}");
+    assert_eq!(names.len(), 30, "{names:?}");
     let mut report = Vec::new();
     for name in &names {
         let (range, extra) = flags_for(name);

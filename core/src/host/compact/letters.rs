@@ -1,8 +1,8 @@
 //! Refusals, as the compaction part handles them: a sink's answer that
 //! refuses records turned into the `Refusal` frame that records the
-//! decision, the attempt that is sent after it (the plan's records without
-//! every record refused so far), and the dead-letter batch each refusal
-//! makes. Pure functions of the plan, its committed refusals and the
+//! decision, each attempt of a plan (its records without those refused
+//! before it), and the dead-letter batch of the refusals that stand once the
+//! plan settles. Pure functions of the plan, its committed refusals and the
 //! records gathered for it, so a replay sends the same bytes under the same
 //! ids.
 
@@ -15,8 +15,8 @@ use crate::records::Gathered;
 use crate::wal::{CompactionPlan, Refusal, RefusedRecord};
 use std::collections::BTreeSet;
 
-/// What the sink is sent for `plan` after `refusals`: the records gathered
-/// for it less every record refused, and where each of those is.
+/// The attempt that follows `refusals`: the records gathered for the plan
+/// less every record they refused, and where each of those is.
 pub(super) fn attempt(gathered: Gathered, refusals: &[Refusal]) -> Gathered {
     if refusals.is_empty() {
         return gathered;
@@ -41,7 +41,7 @@ pub(super) fn decide(
     (plan, attempt): (&CompactionPlan, CompactionId),
     sent: &[(PartitionKey, Position)],
     refused: Vec<RefusedIndex>,
-    (letters, at_ms): (CompactionSeq, u64),
+    at_ms: u64,
 ) -> Result<Refusal, StopReason> {
     let in_order = refused.windows(2).all(|w| w[0].index < w[1].index);
     let last = refused.last().map(|r| r.index as usize);
@@ -61,30 +61,59 @@ pub(super) fn decide(
         })
         .collect();
     let then = without(attempt, &records);
-    Ok(Refusal { sink: plan.sink, stream: plan.stream, id: attempt, seq: plan.seq, then, letters, at_ms, records })
+    Ok(Refusal { sink: plan.sink, stream: plan.stream, id: attempt, seq: plan.seq, then, at_ms, records })
 }
 
-/// The dead-letter batch of `refusal`: one line per refused record, from
-/// the records gathered for its plan.
-pub(super) fn letters(cfg: &HostConfig, refusal: &Refusal, gathered: &Gathered) -> Records {
+/// The dead-letter batch of the refusals that stand: one line per refused
+/// record, from the records gathered for their plan.
+pub(super) fn letters(cfg: &HostConfig, standing: &[Refusal], gathered: &Gathered) -> Records {
+    let mut out = Records::default();
+    let mut line = Vec::new();
+    for refusal in standing {
+        for x in &refusal.records {
+            let i = gathered
+                .places
+                .binary_search(&(x.key, x.position))
+                .expect("a refused record is among its plan's records, which a replay gathers again");
+            let letter = Letter {
+                stream: &cfg.streams[refusal.stream.0 as usize],
+                sink: &cfg.sinks[refusal.sink.0 as usize],
+                source: &cfg.sources[x.key.source.0 as usize],
+                partition: x.key.partition,
+                position: x.position,
+                compaction_id: refusal.id,
+                seq: refusal.seq,
+                reason: &x.reason,
+                at_ms: refusal.at_ms,
+                record: gathered.records.get(i).expect("an index of the batch"),
+            };
+            line.clear();
+            letter.write(&mut line);
+            out.push(&line);
+        }
+    }
+    out
+}
+
+/// The planted bug `dead-letters-before-decision`: the dead letters of a
+/// refusal not yet committed, from the attempt's records as sent (names
+/// left out).
+pub(super) fn early(refusal: &Refusal, sent: &[(PartitionKey, Position)], records: &Records) -> Records {
     let mut out = Records::default();
     let mut line = Vec::new();
     for x in &refusal.records {
-        let i = gathered
-            .places
-            .binary_search(&(x.key, x.position))
-            .expect("a refused record is among its plan's records, which a replay gathers again");
+        let i = sent.iter().position(|&p| p == (x.key, x.position)).expect("a record of the attempt");
         let letter = Letter {
-            stream: &cfg.streams[refusal.stream.0 as usize],
-            sink: &cfg.sinks[refusal.sink.0 as usize],
-            source: &cfg.sources[x.key.source.0 as usize],
+            stream: "?",
+            sink: "?",
+            source: "?",
             partition: x.key.partition,
             position: x.position,
             compaction_id: refusal.id,
             seq: refusal.seq,
             reason: &x.reason,
             at_ms: refusal.at_ms,
-            record: gathered.records.get(i).expect("an index of the batch"),
+            record: records.get(i).expect("an index of the batch"),
         };
         line.clear();
         letter.write(&mut line);

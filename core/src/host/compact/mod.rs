@@ -20,7 +20,9 @@ use crate::io::{IoError, IoOp, SinkApply, SinkOutcome, StopReason, WalOp};
 use crate::records::{Gathered, ReadBack, RecordStore};
 use crate::state::CommittedState;
 use crate::wal::READ_BACK_INVALID;
-use crate::wal::{read_span_back, CompactionDone, CompactionPlan, Corruption, GroupSpan, Range, Refusal};
+use crate::wal::{
+    read_span_back, CompactionDone, CompactionPlan, Corruption, Frame, GroupSpan, Range, Refusal, Settled,
+};
 use std::collections::BTreeMap;
 
 #[derive(Default)]
@@ -43,26 +45,76 @@ enum Slot {
         committed: bool,
         io: Option<IoId>,
         fetch: Option<Fetch>,
-        refused: Refused,
+        refused: Box<Refused>,
     },
 }
 
 /// Where an open plan stands with its refusals in this run.
 #[derive(Default)]
 struct Refused {
-    /// How many of its committed refusals have had their dead letters
-    /// delivered (each is sent again after a restart: the destination
-    /// dedupes).
-    delivered: usize,
-    /// A refusal is on its way into the WAL: nothing is sent until it
-    /// commits.
+    /// The dead letters of its settlement were delivered (sent again after
+    /// a restart: the destination dedupes).
+    delivered: bool,
+    /// A refusal or settlement is on its way into the WAL: nothing is sent
+    /// until it commits.
     deciding: bool,
-    /// Where each record of the attempt last sent is.
+    /// The sink answered `fatal` to a later attempt: the attempt at this
+    /// index is sent to learn whether the sink holds it.
+    probing: Option<usize>,
+    /// The index of the attempt last sent, and where each of its records
+    /// is.
+    attempt: usize,
     sent: Vec<(PartitionKey, Position)>,
+    /// Sent again by a restarted engine (its plan came from the WAL).
+    replayed: bool,
+    /// The planted bug `dead-letters-before-decision`: the records of the
+    /// attempt last sent.
+    records: Option<crate::io::Records>,
 }
 
-/// With dead letters on, what a refusal of a slot's plan needs: the next
-/// dead-letter number, and the time.
+/// The planted bugs of dead letters.
+#[derive(Clone, Copy, Default)]
+pub(super) struct LetterBugs {
+    pub before_decision: bool,
+    pub decide_again: bool,
+    pub renumbered: bool,
+}
+
+/// What the committed WAL says of a slot's open plan: its refusals, and
+/// which attempt the sink holds, once known.
+#[derive(Clone, Copy)]
+pub(super) struct Chain<'a> {
+    pub refusals: &'a [Refusal],
+    pub settled: Option<&'a Settled>,
+}
+
+impl Chain<'_> {
+    /// The planted bug `replay-decides-again`: a replayed plan's chain as
+    /// if nothing had been decided.
+    fn forgotten(self, refused: &Refused, bugs: LetterBugs) -> Self {
+        match bugs.decide_again && refused.replayed {
+            true => Chain { refusals: &[], settled: None },
+            false => self,
+        }
+    }
+
+    /// What the committed WAL says of the open plan of `slot`.
+    pub(super) fn of(committed: &CommittedState, slot: (SinkId, StreamId)) -> Chain<'_> {
+        Chain { refusals: committed.refusals_of(slot), settled: committed.settled.get(&slot) }
+    }
+
+    /// The id of the plan's attempt at `index`.
+    fn attempt(&self, plan: &CompactionPlan, index: usize) -> CompactionId {
+        if index == 0 {
+            plan.id
+        } else {
+            self.refusals[index - 1].then
+        }
+    }
+}
+
+/// With dead letters on, what a decision about a slot's plan needs: the
+/// next dead-letter number, and the time.
 pub(super) struct Decided {
     pub next_letters: CompactionSeq,
     pub at_ms: u64,
@@ -98,9 +150,11 @@ pub(super) enum SinkNews {
     Quiet,
     /// Applied (or already applied): record it done.
     Done(CompactionDone),
-    /// Records refused: record the decision.
-    Refused(Refusal),
-    /// A dead-letter batch delivered: send what comes next.
+    /// Records refused, or the attempt the sink holds found: record the
+    /// decision.
+    Decided(Frame),
+    /// Send what comes next (dead letters delivered; an earlier attempt
+    /// to try).
     Next,
     Fatal(StopReason),
 }
@@ -133,7 +187,7 @@ impl Compaction {
         for plan in committed.open.values() {
             let key = (plan.sink, plan.stream);
             if replay {
-                let refused = Refused::default();
+                let refused = Box::new(Refused { replayed: true, ..Refused::default() });
                 self.slots
                     .insert(key, Slot::Planned { plan: plan.clone(), committed: true, io: None, fetch: None, refused });
                 open.push(key);
@@ -181,7 +235,7 @@ impl Compaction {
         }
         self.next_seq.insert((sink, stream), CompactionSeq(seq.0 + 1));
         let plan = CompactionPlan { sink, stream, id, seq, schema, ranges };
-        let (refused, fetch) = (Refused::default(), None);
+        let (refused, fetch) = (Box::default(), None);
         self.slots
             .insert((sink, stream), Slot::Planned { plan: plan.clone(), committed: false, io: None, fetch, refused });
         Some(plan)
@@ -233,9 +287,9 @@ impl Compaction {
         }
     }
 
-    /// A refusal of the open plan of (sink, stream) committed: true when
-    /// the slot may send again (its dead letters first).
-    pub(super) fn refusal_committed(&mut self, sink: SinkId, stream: StreamId) -> bool {
+    /// A refusal or settlement of the open plan of (sink, stream)
+    /// committed: true when the slot may send again.
+    pub(super) fn decision_committed(&mut self, sink: SinkId, stream: StreamId) -> bool {
         match self.slots.get_mut(&(sink, stream)) {
             Some(Slot::Planned { refused, .. }) => {
                 refused.deciding = false;
@@ -257,25 +311,26 @@ impl Compaction {
     /// original id and number; replays are harmless because the sink
     /// dedupes. Records no longer in memory are read back from the WAL
     /// first, one request of groups at a time. Where records of it were
-    /// refused, each refusal's dead letters go first, then the attempt
-    /// without them. `unstable_id` is the planted bug
-    /// `unstable-compaction-id`.
+    /// refused, the attempt sent is the last (or the one being probed);
+    /// once the plan settled, its dead letters go out, and then it is done
+    /// (returned). `unstable_id` is the planted bug `unstable-compaction-id`.
     pub(super) fn dispatch(
         &mut self,
         (fx, cfg): (&mut Effects, &HostConfig),
         records: &RecordStore,
         (sink, stream): (SinkId, StreamId),
-        refusals: &[Refusal],
-        unstable_id: Option<Epoch>,
-    ) -> Result<(), StopReason> {
+        chain: Chain<'_>,
+        (unstable_id, bugs): (Option<Epoch>, LetterBugs),
+    ) -> Result<Option<CompactionDone>, StopReason> {
         let Some(Slot::Planned { plan, committed: true, io: io @ None, fetch, refused }) =
             self.slots.get_mut(&(sink, stream))
         else {
-            return Ok(());
+            return Ok(None);
         };
         if refused.deciding {
-            return Ok(());
+            return Ok(None);
         }
+        let chain = chain.forgotten(refused, bugs);
         let fetch = fetch.get_or_insert_with(|| Fetch {
             places: records.spans(&plan.ranges),
             next: 0,
@@ -294,27 +349,37 @@ impl Compaction {
                 .collect();
             fetch.sent = places.len();
             *io = Some(fx.io(Pending::WalReadBack(sink, stream), IoOp::Wal(WalOp::ReadGroups { places })));
-            return Ok(());
+            return Ok(None);
         }
         let gathered = records.gather(&plan.ranges, &fetch.read).map_err(|span| {
             StopReason::Corrupt(Corruption { segment: span.segment, offset: span.offset, what: READ_BACK_INVALID })
         })?;
-        if let Some(r) = refusals.get(refused.delivered) {
-            let letters = letters::letters(cfg, r, &gathered);
-            let batch = SinkApply { sink, stream, id: letters_id(r.id), seq: r.letters, records: letters };
-            *io = Some(fx.io(Pending::DeadLetters(sink, stream), IoOp::Plugin(PluginOp::DeadLetters(batch))));
-            return Ok(());
+        if let Some(x) = chain.settled {
+            let held = (0..=chain.refusals.len()).find(|&i| chain.attempt(plan, i) == x.held).expect("settled");
+            if let (Some(seq), false) = (x.letters, refused.delivered) {
+                let seq = CompactionSeq(seq.0 + (bugs.renumbered && refused.replayed) as u64);
+                let letters = letters::letters(cfg, &chain.refusals[..held], &gathered);
+                let batch = SinkApply { sink, stream, id: letters_id(x.held), seq, records: letters };
+                *io = Some(fx.io(Pending::DeadLetters(sink, stream), IoOp::Plugin(PluginOp::DeadLetters(batch))));
+                return Ok(None);
+            }
+            let done = CompactionDone { sink, stream, id: x.held, seq: plan.seq };
+            self.slots.insert((sink, stream), Slot::Idle);
+            self.fresh = true;
+            return Ok(Some(done));
         }
-        let Gathered { records: batch, places } = letters::attempt(gathered, refusals);
-        refused.sent = places;
-        let attempt = refusals.last().map_or(plan.id, |r| r.then);
+        let index = refused.probing.unwrap_or(chain.refusals.len());
+        let Gathered { records: batch, places } = letters::attempt(gathered, &chain.refusals[..index]);
+        (refused.attempt, refused.sent) = (index, places);
+        refused.records = bugs.before_decision.then(|| batch.clone());
+        let attempt = chain.attempt(plan, index);
         let id = match unstable_id {
             Some(epoch) => CompactionId(attempt.0 ^ epoch.0.wrapping_mul(0x9e37_79b9)),
             None => attempt,
         };
         let op = IoOp::Plugin(PluginOp::SinkApply(SinkApply { sink, stream, id, seq: plan.seq, records: batch }));
         *io = Some(fx.io(Pending::SinkApply(sink, stream), op));
-        Ok(())
+        Ok(None)
     }
 
     /// Groups read back for the dispatch of (sink, stream): keep the
@@ -376,15 +441,18 @@ impl Compaction {
         ReadNews::Next
     }
 
-    /// A sink's answer to the attempt sent. A refusal, with dead letters
-    /// on, becomes a `Refusal` frame to commit (`decided` says what it
-    /// needs); off, it stops the engine naming the first record refused.
+    /// A sink's answer to the attempt sent. With refusals committed, an
+    /// attempt the sink holds settles the plan, and `fatal` (the number
+    /// held by another attempt) sends the one before. A refusal, with dead
+    /// letters on, becomes a `Refusal` frame to commit (`decided` says
+    /// what it needs); off, it stops the engine naming the first record
+    /// refused.
     pub(super) fn on_reply(
         &mut self,
         fx: &mut Effects,
         (id, sink, stream): (IoId, SinkId, StreamId),
         result: Result<SinkOutcome, IoError>,
-        (refusals, decided): (&[Refusal], Option<Decided>),
+        (chain, decided, bugs): (Chain<'_>, Option<Decided>, LetterBugs),
     ) -> SinkNews {
         let Some(Slot::Planned { plan, io, refused, .. }) = self.slots.get_mut(&(sink, stream)) else {
             return SinkNews::Quiet; // a stale reply from an early dispatch
@@ -393,18 +461,40 @@ impl Compaction {
             return SinkNews::Quiet;
         }
         *io = None;
-        let attempt = refusals.last().map_or(plan.id, |r| r.then);
+        let chain = chain.forgotten(refused, bugs);
+        let index = refused.attempt;
+        let attempt = chain.attempt(plan, index);
         match result {
             Ok(SinkOutcome::Applied | SinkOutcome::AlreadyApplied) => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
-                let seq = plan.seq;
-                self.slots.insert((sink, stream), Slot::Idle);
-                self.fresh = true;
-                SinkNews::Done(CompactionDone { sink, stream, id: attempt, seq })
+                if chain.refusals.is_empty() {
+                    let seq = plan.seq;
+                    self.slots.insert((sink, stream), Slot::Idle);
+                    self.fresh = true;
+                    return SinkNews::Done(CompactionDone { sink, stream, id: attempt, seq });
+                }
+                refused.deciding = true;
+                let letters = (index > 0).then(|| decided.map_or(CompactionSeq(0), |d| d.next_letters));
+                SinkNews::Decided(Frame::Settled(Settled { sink, stream, seq: plan.seq, held: attempt, letters }))
+            }
+            Ok(SinkOutcome::Fatal) if index > 0 => {
+                // The number is held by another attempt: one that was
+                // refused may have landed after all (sent by a process
+                // that has died since). Ask about the one before.
+                fx.succeeded(Retry::SinkApply(sink, stream));
+                refused.probing = Some(index - 1);
+                SinkNews::Next
             }
             Ok(SinkOutcome::Fatal) => SinkNews::Fatal(StopReason::SinkFatal { sink, stream, id: attempt }),
             Ok(SinkOutcome::Refused(list)) => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
+                if refused.probing.is_some() {
+                    let what = format!(
+                        "it refused records of {attempt}, which it had answered another under the \
+                                        same number before"
+                    );
+                    return SinkNews::Fatal(StopReason::SinkProtocol { sink, stream, what });
+                }
                 let Some(d) = decided else {
                     let first = list.first().and_then(|r| refused.sent.get(r.index as usize).map(|p| (p, &r.reason)));
                     let Some((&(key, position), reason)) = first else {
@@ -422,10 +512,24 @@ impl Compaction {
                         refused,
                     });
                 };
-                match letters::decide((plan, attempt), &refused.sent, list, (d.next_letters, d.at_ms)) {
+                match letters::decide((plan, attempt), &refused.sent, list, d.at_ms) {
                     Ok(refusal) => {
                         refused.deciding = true;
-                        SinkNews::Refused(refusal)
+                        if let Some(records) = refused.records.take() {
+                            // The planted bug: the dead letters go now.
+                            let letters = letters::early(&refusal, &refused.sent, &records);
+                            let batch = SinkApply {
+                                sink,
+                                stream,
+                                id: letters_id(attempt),
+                                seq: d.next_letters,
+                                records: letters,
+                            };
+                            *io = Some(
+                                fx.io(Pending::DeadLetters(sink, stream), IoOp::Plugin(PluginOp::DeadLetters(batch))),
+                            );
+                        }
+                        SinkNews::Decided(Frame::Refused(refusal))
                     }
                     Err(stop) => SinkNews::Fatal(stop),
                 }
@@ -438,13 +542,13 @@ impl Compaction {
     }
 
     /// The dead-letter destination's answer to the dead letters of the
-    /// `refused.delivered`-th refusal of the open plan.
+    /// open plan's settlement.
     pub(super) fn on_letters(
         &mut self,
         fx: &mut Effects,
         (id, sink, stream): (IoId, SinkId, StreamId),
         result: Result<SinkOutcome, IoError>,
-        refusals: &[Refusal],
+        settled: Option<&Settled>,
     ) -> SinkNews {
         let Some(Slot::Planned { io, refused, .. }) = self.slots.get_mut(&(sink, stream)) else {
             return SinkNews::Quiet;
@@ -456,11 +560,11 @@ impl Compaction {
         match result {
             Ok(SinkOutcome::Applied | SinkOutcome::AlreadyApplied) => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
-                refused.delivered += 1;
+                refused.delivered = true;
                 SinkNews::Next
             }
             Ok(SinkOutcome::Fatal | SinkOutcome::Refused(_)) => {
-                let letters = refusals.get(refused.delivered).map_or(CompactionSeq(0), |r| r.letters);
+                let letters = settled.and_then(|x| x.letters).unwrap_or_default();
                 SinkNews::Fatal(StopReason::DeadLettersFatal { sink, stream, letters })
             }
             Ok(SinkOutcome::Retryable) | Err(_) => {

@@ -1,13 +1,15 @@
 //! Records a sink refuses (`run --dead-letter`): the refusal committed to
-//! the WAL before anything follows from it, the refused records sent to the
-//! dead-letter destination and the rest to the sink under the same number,
-//! both again with the same ids and bytes after a restart; without dead
-//! letters a refusal stops the engine naming the record.
+//! the WAL before anything follows from it, the rest sent to the sink under
+//! the same number, then, once the sink holds an attempt (committed as the
+//! plan's settlement), the refused records to the dead-letter destination,
+//! all again with the same ids and bytes after a restart; a refused attempt
+//! that landed after all voids the refusals after it; without dead letters
+//! a refusal stops the engine naming the record.
 
 use super::*;
 use crate::compaction::letters_id;
 use crate::io::{PluginOp, RefusedIndex};
-use crate::wal::{CompactionDone, Refusal};
+use crate::wal::{CompactionDone, Refusal, Settled};
 
 const WALL: u64 = 1_764_990_000_000;
 
@@ -24,18 +26,20 @@ fn applied() -> Result<IoReply, IoError> {
     Ok(IoReply::Sink { outcome: SinkOutcome::Applied, rows: 0 })
 }
 
-/// Every refusal and compaction-done frame the WAL holds, in order.
-fn decisions(h: &Harness) -> (Vec<Refusal>, Vec<CompactionDone>) {
+/// Every refusal, settlement and compaction-done frame the WAL holds, in
+/// order.
+fn decisions(h: &Harness) -> (Vec<Refusal>, Vec<Settled>, Vec<CompactionDone>) {
     let files: Vec<(SegmentId, &[u8])> = h.disk.iter().map(|(k, v)| (*k, v.as_slice())).collect();
-    let (mut refusals, mut done) = (Vec::new(), Vec::new());
+    let (mut refusals, mut settled, mut done) = (Vec::new(), Vec::new(), Vec::new());
     for frame in scan(&files, false).unwrap().into_iter().flat_map(|s| s.groups).flat_map(|g| g.frames) {
         match frame {
             Frame::Refused(r) => refusals.push(r),
+            Frame::Settled(x) => settled.push(x),
             Frame::CompactionDone(d) => done.push(d),
             _ => {}
         }
     }
-    (refusals, done)
+    (refusals, settled, done)
 }
 
 /// The dead-letter batch sent: (request, id, seq, lines). The harness's
@@ -71,7 +75,7 @@ fn applied_positions(h: &Harness) -> Vec<u8> {
 }
 
 #[test]
-fn refused_records_are_decided_in_the_wal_then_sent_to_the_dead_letters_and_the_rest_to_the_sink() {
+fn refused_records_are_decided_in_the_wal_then_the_rest_go_to_the_sink_and_they_to_the_dead_letters() {
     let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
     h.open_source();
     h.feed(0, 4);
@@ -80,18 +84,28 @@ fn refused_records_are_decided_in_the_wal_then_sent_to_the_dead_letters_and_the_
     h.now = Instant::from_micros(2_500_000);
     h.answer(apply, refuse(&[(1, "SQLSTATE 22P02: bad"), (3, "worse")]));
     // The decision is in the WAL before anything follows from it.
-    let (refusals, done) = decisions(&h);
+    let (refusals, settled, done) = decisions(&h);
     assert_eq!(refusals.len(), 1);
     let r = &refusals[0];
-    assert_eq!((r.id, r.seq, r.letters, r.at_ms), (id, seq, CompactionSeq(0), WALL + 2_500));
+    assert_eq!((r.id, r.seq, r.at_ms), (id, seq, WALL + 2_500));
     let where_ = r.records.iter().map(|x| (x.position.0, x.reason.as_str())).collect::<Vec<_>>();
     assert_eq!(where_, vec![(1, "SQLSTATE 22P02: bad"), (3, "worse")]);
-    assert!(done.is_empty());
+    assert!(settled.is_empty() && done.is_empty());
+    // The rest goes to the sink under the same number...
+    assert_eq!(applied_positions(&h), vec![0, 2]);
+    let (apply, then, seq2, n2) = h.sink_apply();
+    assert_eq!((then, seq2, n2), (r.then, seq, 2));
+    assert_ne!(then, id);
+    assert!(!h.has(|op| matches!(op, IoOp::Plugin(PluginOp::DeadLetters(_)))));
+    h.answer(apply, applied());
+    // ...and once the sink holds it, that is committed, and the refused
+    // records go to the dead letters.
+    let (_, settled, done) = decisions(&h);
+    let x = Settled { sink: SinkId(0), stream: StreamId(0), seq, held: then, letters: Some(CompactionSeq(0)) };
+    assert_eq!((settled, done.len()), (vec![x], 0));
     assert_eq!(h.refused, vec![vec!["SQLSTATE 22P02: bad".to_string(), "worse".to_string()]]);
-    // The dead letters go first, then the rest under the same number.
-    assert!(!h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SinkApply(_)))));
     let (io, letters, letters_seq, lines) = letters_sent(&mut h);
-    assert_eq!((letters, letters_seq), (letters_id(id), CompactionSeq(0)));
+    assert_eq!((letters, letters_seq), (letters_id(then), CompactionSeq(0)));
     assert_eq!(lines.len(), 2);
     assert_eq!((&lines[0]["position"], &lines[0]["record"]), (&1.into(), &1.into()));
     assert_eq!(lines[0]["reason"], "SQLSTATE 22P02: bad");
@@ -99,44 +113,76 @@ fn refused_records_are_decided_in_the_wal_then_sent_to_the_dead_letters_and_the_
     assert_eq!(lines[1]["decided_at_ms"], WALL + 2_500);
     assert_eq!((lines[1]["stream"].as_str(), lines[1]["source"].as_str()), (Some("orders"), Some("src")));
     h.answer(io, applied());
-    assert_eq!(applied_positions(&h), vec![0, 2]);
-    let (apply, then, seq2, n2) = h.sink_apply();
-    assert_eq!((then, seq2, n2), (r.then, seq, 2));
-    assert_ne!(then, id);
-    h.answer(apply, applied());
-    let (_, done) = decisions(&h);
+    let (_, _, done) = decisions(&h);
     assert_eq!(done, vec![CompactionDone { sink: SinkId(0), stream: StreamId(0), id: then, seq }]);
-    assert!(h.host.committed().open.is_empty() && h.host.committed().refusals.is_empty());
-    assert_eq!(h.host.committed().acked(SinkId(0), key0()), Position(4));
+    let c = h.host.committed();
+    assert!(c.open.is_empty() && c.refusals.is_empty() && c.settled.is_empty());
+    assert_eq!(c.acked(SinkId(0), key0()), Position(4));
 }
 
 #[test]
-fn after_a_restart_the_same_dead_letters_and_the_same_attempt_are_sent_again() {
+fn after_a_restart_the_same_attempt_and_the_same_dead_letters_are_sent_again() {
     let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
     h.open_source();
     h.feed(0, 4);
     let (apply, ..) = h.sink_apply();
     h.answer(apply, refuse(&[(2, "bad")]));
-    let (_, first_id, _, first) = letters_sent(&mut h);
-    // A crash before the dead letters' answer: the next start sends the
-    // same bytes under the same id, then the same attempt.
+    let (_, then, ..) = h.sink_apply();
+    // A crash before the sink's answer: the next start sends the same
+    // attempt; refused again, a second decision.
     let mut again = Harness::start_full(with_dead_letters(), h.disk.clone(), h.offsets.clone(), Vec::new());
-    let (io, id, seq, lines) = letters_sent(&mut again);
-    assert_eq!((id, seq, &lines), (first_id, CompactionSeq(0), &first));
-    again.answer(io, applied());
-    let (apply, then, ..) = again.sink_apply();
-    assert_eq!(then, decisions(&again).0[0].then);
-    // Refused again on this attempt: a second decision, a second
-    // dead-letter batch with the next number.
+    let (apply, id, ..) = again.sink_apply();
+    assert_eq!(id, then);
     again.answer(apply, refuse(&[(0, "also bad")]));
-    let (refusals, _) = decisions(&again);
+    let (refusals, ..) = decisions(&again);
     assert_eq!(refusals.len(), 2);
-    assert_eq!((refusals[1].id, refusals[1].letters), (then, CompactionSeq(1)));
-    assert_eq!(refusals[1].records[0].position, Position(0));
-    let (io, _, seq, _) = letters_sent(&mut again);
-    assert_eq!(seq, CompactionSeq(1));
-    again.answer(io, applied());
+    assert_eq!((refusals[1].id, refusals[1].records[0].position), (then, Position(0)));
     assert_eq!(applied_positions(&again), vec![1, 3]);
+    let (apply, last, ..) = again.sink_apply();
+    again.answer(apply, applied());
+    let (_, first_id, letters_seq, first) = letters_sent(&mut again);
+    assert_eq!((first_id, letters_seq, first.len()), (letters_id(last), CompactionSeq(0), 2));
+    // A crash before the dead letters' answer: the same bytes under the
+    // same id, and nothing sent to the sink (it holds the attempt).
+    let mut third = Harness::start_full(with_dead_letters(), again.disk.clone(), again.offsets.clone(), Vec::new());
+    let (io, id, seq, lines) = letters_sent(&mut third);
+    assert_eq!((id, seq, &lines), (first_id, CompactionSeq(0), &first));
+    assert!(!third.has(|op| matches!(op, IoOp::Plugin(PluginOp::SinkApply(_)))));
+    third.answer(io, applied());
+    assert_eq!(decisions(&third).2.last().map(|d| d.id), Some(last));
+}
+
+#[test]
+fn a_refused_attempt_that_landed_after_all_voids_the_refusals_after_it() {
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    h.feed(0, 4);
+    let (apply, id, ..) = h.sink_apply();
+    h.answer(apply, refuse(&[(1, "bad")]));
+    // The sink holds another batch under the number: the plan's own
+    // attempt, sent by a process that died, landed after the refusal.
+    let (apply, ..) = h.sink_apply();
+    h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::Fatal, rows: 0 }));
+    let (apply, probe, _, n) = h.sink_apply();
+    assert_eq!((probe, n), (id, 4), "the attempt before, whole");
+    h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::AlreadyApplied, rows: 0 }));
+    let (_, settled, done) = decisions(&h);
+    assert_eq!(settled[0].held, id);
+    assert_eq!(settled[0].letters, None, "no refusal stands: every record is in the sink");
+    assert!(!h.has(|op| matches!(op, IoOp::Plugin(PluginOp::DeadLetters(_)))));
+    assert_eq!(done.last().map(|d| d.id), Some(id));
+    assert!(h.refused.is_empty());
+    // Another batch under the number and no attempt of ours: a conflict.
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    h.feed(0, 4);
+    let (apply, id, ..) = h.sink_apply();
+    h.answer(apply, refuse(&[(1, "bad")]));
+    for _ in 0..2 {
+        let (apply, ..) = h.sink_apply();
+        h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::Fatal, rows: 0 }));
+    }
+    assert_eq!(h.stopped, Some(StopReason::SinkFatal { sink: SinkId(0), stream: StreamId(0), id }));
 }
 
 #[test]

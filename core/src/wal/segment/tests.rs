@@ -44,16 +44,20 @@ fn refusal() -> Refusal {
         id: CompactionId(0xfeed),
         seq: CompactionSeq(0),
         then: CompactionId(0xbeef),
-        letters: CompactionSeq(2),
         at_ms: 1_764_990_000_123,
         records: vec![RefusedRecord { key: key(0), position: Position(1), reason: "SQLSTATE 22P02: é".into() }],
     }
 }
 
+fn settled() -> Settled {
+    let (sink, stream, seq, held) = (SinkId(0), StreamId(0), CompactionSeq(0), CompactionId(0xbeef));
+    Settled { sink, stream, seq, held, letters: Some(CompactionSeq(2)) }
+}
+
 fn groups() -> Vec<Vec<Frame>> {
     vec![
         vec![Frame::Snapshot(Snapshot::default()), batch(0, 0, 3)],
-        vec![batch(1, 0, 2), plan(), Frame::Refused(refusal())],
+        vec![batch(1, 0, 2), plan(), Frame::Refused(refusal()), Frame::Settled(settled())],
         vec![
             Frame::CompactionDone(CompactionDone {
                 sink: SinkId(0),
@@ -115,7 +119,12 @@ fn snapshots_keep_their_bytes_without_dead_letters_and_carry_them_with() {
     let plain = Snapshot { names, ..Snapshot::default() };
     let finished = Snapshot { finished: Some(Lsn(9)), ..plain.clone() };
     let letters = Snapshot { next_letters: vec![(SinkId(0), StreamId(0), CompactionSeq(3))], ..plain.clone() };
-    let both = Snapshot { refusals: vec![refusal()], all_finished: Some(Lsn(12)), ..finished.clone() };
+    let both = Snapshot {
+        refusals: vec![refusal()],
+        settled: vec![settled()],
+        all_finished: Some(Lsn(12)),
+        ..finished.clone()
+    };
     let len = |s: &Snapshot| Frame::Snapshot(s.clone()).encoded_len();
     // As before dead letters: a snapshot with only terminal entries is 16
     // bytes longer than one without.
