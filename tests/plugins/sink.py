@@ -1,5 +1,10 @@
 #!/usr/bin/env python3
-"""A runtime-protocol (version 1) sink for the end-to-end tests.
+"""A runtime-protocol sink for the end-to-end tests (version 1, or 2 with
+PROTOCOL=2).
+
+With REFUSE_FIELD=F (version 2) it refuses every record whose field F is
+true, naming each with the reason "<F> is set" (nothing of such a batch is
+applied, as the protocol asks).
 
 With REFUSE=retryable (or fatal) it answers that to every batch; with
 LAG_SECONDS=S it answers retryable for S seconds after it starts, then
@@ -68,14 +73,24 @@ def main():
     for line in sys.stdin:
         msg = json.loads(line)
         if msg["type"] == "hello":
-            send({"type": "hello", "protocol": 1})
+            send({"type": "hello", "protocol": int(os.environ.get("PROTOCOL", "1"))})
         elif msg["type"] == "apply":
             applies += 1
             refuse = os.environ.get("REFUSE") or (time.monotonic() < lag_until and "retryable")
             if misbehave and applies == 2 and os.environ.get("RETRYABLE_SECOND"):
                 refuse = "retryable"
+            field = os.environ.get("REFUSE_FIELD")
+            bad = [i for i, r in enumerate(msg["records"]) if field and isinstance(r, dict) and r.get(field) is True]
+            # The ledger first: a number already held is a replay (or a
+            # conflict), never refused.
+            held = OUT_DIR and os.path.isdir(os.path.join(OUT_DIR, msg["stream"])) and any(
+                n.startswith(f"{msg['seq']:020}-") for n in os.listdir(os.path.join(OUT_DIR, msg["stream"])))
+            if bad and not refuse and not held:
+                refuse = "refused"
             outcome = refuse if refuse else apply(msg)
             result = {"type": "result", "outcome": outcome, "rows": len(msg["records"])}
+            if outcome == "refused":
+                result["refused"] = [{"index": i, "reason": f"{field} is set"} for i in bad]
             if not os.environ.get("NO_ECHO"):
                 result.update(seq=msg["seq"], compaction_id=msg["compaction_id"])
             send(result)

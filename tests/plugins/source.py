@@ -2,6 +2,7 @@
 """A runtime-protocol (version 1) source for the end-to-end tests.
 
 PARTITIONS partitions of stream STREAM, RECORDS records each (0: endless).
+With BAD_EVERY=N every N-th record of a partition also has "bad": true.
 Each record is {"stream","partition","seq","note"} at position seq.
 RAW_DATA=1 writes each record's data with unusual spacing and key order, to
 show the host keeps the exact bytes. SCHEMA, when set, is sent as the stream's schema (a JSON value) with every
@@ -38,6 +39,9 @@ MISBEHAVE_AT = int(os.environ.get("MISBEHAVE_AT", "3"))
 MARKER = os.environ.get("MARKER")
 SCHEMA = json.loads(os.environ["SCHEMA"]) if os.environ.get("SCHEMA") else None
 RATE = float(os.environ.get("RATE", "0"))
+# Every BAD_EVERY-th record of a partition carries "bad": true (a sink
+# run with REFUSE_FIELD=bad refuses it).
+BAD_EVERY = int(os.environ.get("BAD_EVERY", "0"))
 
 
 def send(obj):
@@ -150,6 +154,10 @@ def main():
                     {"position": s, "data": {"stream": STREAM, "partition": p, "seq": s, "note": "x"}}
                     for s in range(start, end)
                 ]
+                if BAD_EVERY:
+                    for r in records:
+                        if r["position"] % BAD_EVERY == BAD_EVERY - 1:
+                            r["data"]["bad"] = True
                 stream = os.environ.get("UNDECLARED_STREAM", STREAM)
                 batch = {"partition": p, "stream": stream, "records": records, "end": end, "checkpoint": f"cp-{p}-{end}"}
                 if SCHEMA is not None:

@@ -11,6 +11,7 @@ mod chaos_s3;
 mod cluster_cli;
 mod cluster_run;
 mod crash_states;
+mod dead_letters;
 mod file_rotation;
 mod forgetfs;
 mod fuzz_input;

@@ -1,5 +1,7 @@
 //! External plugins: child processes speaking the runtime protocol, version
-//! 1 (docs/PROTOCOL.md), as JSON lines on stdin and stdout, logs on stderr.
+//! 2 or 1 (docs/PROTOCOL.md), as JSON lines on stdin and stdout, logs on
+//! stderr. Version 2 lets a sink refuse records of a batch (`refused`) and
+//! requires a result's echoes.
 //!
 //! A plugin that exits, hangs past its timeout, or breaks the protocol is
 //! killed with every process it started; the request fails with an error
@@ -7,8 +9,9 @@
 //! backoff. Breaking the protocol means: a line that is not protocol JSON or
 //! not UTF-8, a line longer than the role's bound, a line sent while no
 //! request was in flight (a second answer, or one nobody asked for), a reply
-//! of another type than the request asks, or a `result` whose echoed `seq`
-//! or `compaction_id` is not the request's. The next request starts the
+//! of another type than the request asks, a `result` whose echoed `seq`
+//! or `compaction_id` is not the request's (or, in version 2, is missing),
+//! or a refusal that does not name records of the batch in order. The next request starts the
 //! plugin again and re-opens it from host-provided state: the positions the
 //! host acked, never anything the plugin kept itself.
 //!
@@ -24,7 +27,7 @@ use super::{Batch, PluginError, SchemaPlugin, Sink, Source};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use skippr_core::format::Record;
-use skippr_core::{CompactionId, Position, Records, ResumePoint, SinkOutcome};
+use skippr_core::{CompactionId, Position, Records, RefusedIndex, ResumePoint, SinkOutcome};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -32,7 +35,10 @@ use std::sync::mpsc;
 use std::time::Duration;
 use tracing::{info, warn};
 
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The protocol this host speaks; a plugin may answer this or any version
+/// down to `PROTOCOL_OLDEST` (docs/PROTOCOL.md).
+pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_OLDEST: u32 = 1;
 
 /// The longest line a sink or schema plugin may send.
 const REPLY_LINE_BYTES_MAX: usize = 1 << 20;
@@ -63,6 +69,8 @@ struct Running {
     child: Child,
     stdin: ChildStdin,
     lines: Lines,
+    /// The protocol version the plugin answered its hello with.
+    speaks: u32,
 }
 
 #[derive(Deserialize)]
@@ -121,11 +129,22 @@ struct WireRecord {
 #[derive(Deserialize)]
 struct ResultReply {
     outcome: String,
-    /// Echoes of the request's, checked when present.
+    /// Echoes of the request's, checked when present (required from
+    /// version 2 on).
     #[serde(default)]
     seq: Option<u64>,
     #[serde(default)]
     compaction_id: Option<String>,
+    /// Version 2, with the outcome `refused`: the records refused.
+    #[serde(default)]
+    refused: Vec<WireRefused>,
+}
+
+#[derive(Deserialize)]
+struct WireRefused {
+    index: u32,
+    #[serde(default)]
+    reason: String,
 }
 
 /// A sink's `apply` request.
@@ -187,7 +206,7 @@ impl Process {
         let stderr = child.stderr.take().expect("piped");
         let lines = stdout_lines(stdout, self.line_bytes_max, self.line_bytes_max);
         log_stderr(stderr, self.name.clone());
-        self.running = Some(Running { child, stdin, lines });
+        self.running = Some(Running { child, stdin, lines, speaks: PROTOCOL_OLDEST });
         // A process that does not complete its hello is not kept: the next
         // request starts a new one and says hello again.
         let hello = format!(r#"{{"type":"hello","protocol":{PROTOCOL_VERSION},"role":"{}"}}"#, self.role);
@@ -199,10 +218,14 @@ impl Process {
                 return Err(e);
             }
         };
-        if reply.protocol != PROTOCOL_VERSION {
+        if !(PROTOCOL_OLDEST..=PROTOCOL_VERSION).contains(&reply.protocol) {
             self.stop();
-            return Err(self.err(format!("speaks protocol {}, this host speaks {PROTOCOL_VERSION}", reply.protocol)));
+            return Err(self.err(format!(
+                "speaks protocol {}, this host speaks {PROTOCOL_OLDEST} to {PROTOCOL_VERSION}",
+                reply.protocol
+            )));
         }
+        self.running.as_mut().expect("started").speaks = reply.protocol;
         Ok(Some(reply.streams))
     }
 
@@ -501,6 +524,14 @@ impl Sink for ExternalSink {
         let reply = self.process.request(&line, "result")?;
         let result: ResultReply = self.process.parse(&reply)?;
         let id_text = id.to_string();
+        let speaks = self.process.running.as_ref().map_or(PROTOCOL_OLDEST, |r| r.speaks);
+        if speaks >= 2 && (result.seq.is_none() || result.compaction_id.is_none()) {
+            self.process.stop();
+            return Err(self.process.err(format!(
+                "broke the protocol: a version {speaks} result must echo the request's seq and compaction_id; \
+                 restarted"
+            )));
+        }
         if result.seq.is_some_and(|s| s != seq) || result.compaction_id.as_ref().is_some_and(|c| *c != id_text) {
             self.process.stop();
             return Err(self.process.err(format!(
@@ -514,7 +545,21 @@ impl Sink for ExternalSink {
             "already_applied" => SinkOutcome::AlreadyApplied,
             "retryable" => SinkOutcome::Retryable,
             "fatal" => SinkOutcome::Fatal,
-            other => return Err(self.process.err(format!("unknown outcome '{other}'"))),
+            "refused" if speaks >= 2 => {
+                let in_order = result.refused.windows(2).all(|w| w[0].index < w[1].index);
+                let within = result.refused.last().is_some_and(|r| (r.index as usize) < records.len());
+                if !in_order || !within {
+                    self.process.stop();
+                    return Err(self.process.err(format!(
+                        "broke the protocol: `refused` must name records of the batch of {} by index, at least one, \
+                         each once and in order; restarted",
+                        records.len()
+                    )));
+                }
+                let refused = result.refused.into_iter().map(|r| RefusedIndex { index: r.index, reason: r.reason });
+                SinkOutcome::Refused(refused.collect())
+            }
+            other => return Err(self.process.err(format!("unknown outcome '{other}' (protocol {speaks})"))),
         };
         Ok(outcome)
     }
