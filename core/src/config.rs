@@ -29,8 +29,9 @@ pub struct HostConfig {
     /// at the start of the run.
     pub skips: Vec<SkipRequest>,
     /// Records a sink refuses go to a dead-letter destination (`run
-    /// --dead-letter`); off, a refusal stops the engine.
-    pub dead_letters: bool,
+    /// --dead-letter`), within the breaker's bound; `None`: a refusal
+    /// stops the engine.
+    pub dead_letters: Option<DeadLetters>,
     /// The Unix time, in milliseconds, of the engine's `Instant::ZERO`: the
     /// time a refusal is decided is this plus `now` (the daemon's wall
     /// clock at start; a fixed value in the simulator).
@@ -47,6 +48,21 @@ pub struct SkipRequest {
     pub at: crate::ids::Position,
     pub next: crate::ids::Position,
     pub reason: String,
+}
+
+/// The dead-letter breaker: the engine stops (`StopReason::DeadLetterLimit`)
+/// rather than let more than `max` records be refused among the last
+/// `window` decided (held by the sink or refused), counted from the WAL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeadLetters {
+    pub max: u64,
+    pub window: u64,
+}
+
+impl Default for DeadLetters {
+    fn default() -> Self {
+        DeadLetters { max: 100, window: 10_000 }
+    }
 }
 
 /// The longest reason a skip may carry, in bytes.
@@ -352,7 +368,7 @@ mod tests {
             cluster: None,
             mutations: Mutations::NONE,
             skips: Vec::new(),
-            dead_letters: false,
+            dead_letters: None,
             wall_origin_ms: 0,
         }
     }

@@ -53,7 +53,7 @@ mod time;
 mod wal;
 
 pub use config::{ClusterConfig, SkipRequest, SKIP_REASON_BYTES_MAX};
-pub use config::{ConfigError, HostConfig, LeaseConfig, Limits};
+pub use config::{ConfigError, DeadLetters, HostConfig, LeaseConfig, Limits};
 pub use consensus::replica::{PeerProgress, RaftStatus};
 pub use dead_letters::{kept_reason, Letter, REASON_BYTES_MAX};
 pub use host::{Host, RarePaths};
@@ -78,7 +78,7 @@ pub mod format {
         encode_group, encode_header, first_overlap, lay_out, scan, split_leftovers, taken_key, unreadable_tail, Frame,
         GroupPlace, Record, ScannedSegment, SourceBatch, SEGMENT_HEADER_BYTES, UNREADABLE_TAIL,
     };
-    pub use crate::wal::{tail_segment, tail_unreadable, UnreadableTail, TAIL_PROBE_BYTES};
+    pub use crate::wal::{tail_segment, tail_unreadable, UnreadableTail, BREAKER_WINDOW_MAX, TAIL_PROBE_BYTES};
 }
 
 /// What a clustered host keeps and exchanges besides its segments: the

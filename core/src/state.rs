@@ -4,7 +4,9 @@
 
 use crate::ids::*;
 pub use crate::wal::PartitionState;
-use crate::wal::{CompactionPlan, Frame, Names, Refusal, SchemaDecision, Settled, Skipped, Snapshot};
+use crate::wal::{
+    Breaker, CompactionPlan, Frame, LetterState, Names, Refusal, SchemaDecision, Settled, Skipped, Snapshot,
+};
 use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -30,6 +32,8 @@ pub struct CommittedState {
     pub settled: BTreeMap<(SinkId, StreamId), Settled>,
     /// The next dead-letter batch number per (sink, stream).
     pub next_letters: BTreeMap<(SinkId, StreamId), CompactionSeq>,
+    /// Records decided and refused, for the dead-letter breaker.
+    pub breaker: Breaker,
 }
 
 impl CommittedState {
@@ -63,8 +67,12 @@ impl CommittedState {
                 let held = self.settled.get(&slot).map(|x| x.held).or_else(|| self.attempt(slot));
                 assert_eq!(held, Some(done.id), "compaction-done names the attempt the sink holds");
                 let plan = self.open.remove(&slot).expect("an attempt is of an open plan");
-                self.refusals.remove(&slot);
-                self.settled.remove(&slot);
+                let refusals = self.refusals.remove(&slot).unwrap_or_default();
+                let standing = refusals.iter().take_while(|r| Some(r.id) != held).map(|r| r.records.len() as u64);
+                let standing: u64 = if self.settled.remove(&slot).is_some() { standing.sum() } else { 0 };
+                if let Some(n) = done.records {
+                    self.breaker.decide(n, standing);
+                }
                 for r in &plan.ranges {
                     self.acked.insert((plan.sink, r.key), r.to);
                 }
@@ -134,9 +142,12 @@ impl CommittedState {
             open: self.open.values().cloned().collect(),
             finished: self.finished,
             all_finished: self.all_finished,
-            next_letters: self.next_letters.iter().map(|(&(sink, stream), &seq)| (sink, stream, seq)).collect(),
-            refusals: self.refusals.values().flatten().cloned().collect(),
-            settled: self.settled.values().cloned().collect(),
+            letters: Box::new(LetterState {
+                next_letters: self.next_letters.iter().map(|(&(sink, stream), &seq)| (sink, stream, seq)).collect(),
+                refusals: self.refusals.values().flatten().cloned().collect(),
+                settled: self.settled.values().cloned().collect(),
+                breaker: self.breaker.clone(),
+            }),
         }
     }
 
@@ -156,12 +167,14 @@ impl CommittedState {
         self.names = s.names.clone();
         self.finished = s.finished;
         self.all_finished = s.all_finished;
-        self.next_letters = s.next_letters.iter().map(|&(sink, stream, seq)| ((sink, stream), seq)).collect();
+        let l = &s.letters;
+        self.next_letters = l.next_letters.iter().map(|&(sink, stream, seq)| ((sink, stream), seq)).collect();
         self.refusals = BTreeMap::new();
-        for r in &s.refusals {
+        for r in &l.refusals {
             self.refusals.entry((r.sink, r.stream)).or_default().push(r.clone());
         }
-        self.settled = s.settled.iter().map(|x| ((x.sink, x.stream), x.clone())).collect();
+        self.settled = l.settled.iter().map(|x| ((x.sink, x.stream), x.clone())).collect();
+        self.breaker = l.breaker.clone();
     }
 
     /// Every attempt of the open plan of `slot`, oldest first: its own id,

@@ -56,7 +56,8 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::SinkFatal { .. }
         | StopReason::SinkRefused { .. }
         | StopReason::SinkProtocol { .. }
-        | StopReason::DeadLettersFatal { .. } => SINK_FATAL,
+        | StopReason::DeadLettersFatal { .. }
+        | StopReason::DeadLetterLimit { .. } => SINK_FATAL,
         StopReason::SourceProtocol { .. } | StopReason::SourceRefused { .. } => SOURCE_PROTOCOL,
         StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } | StopReason::NotMember { .. } => CONFIG,
         StopReason::SkipNotNext { .. } => CONFIG,

@@ -162,6 +162,14 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
              again",
             letters.0, sink.0, stream.0
         ),
+        StopReason::DeadLetterLimit { sink, stream, refused, max, window } => format!(
+            "sink {} refused records of stream {} past the dead-letter breaker: {refused} would be refused among \
+             the last {window} decided, and --dead-letter-max allows {max}. Nothing of the batch is done (the \
+             next start asks the sink again). A destination that refuses this much is likely misconfigured (a \
+             column type, a table): fix it, or raise --dead-letter-max (or narrow --dead-letter-window) if these \
+             records really belong in the dead letters",
+            sink.0, stream.0
+        ),
         StopReason::SourceProtocol { source, partition, what } => {
             format!("source {} partition {partition} broke the protocol: {what}", source.0)
         }

@@ -5,7 +5,8 @@
 //! stop to an exit code and prints one summary line.
 
 use crate::config::{
-    resolve, DeadLetterConfig, InputSkip, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig, WalConfig,
+    resolve, DeadLetterConfig, DeadLetterTo, InputSkip, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig,
+    WalConfig,
 };
 use crate::exit;
 use crate::explain::{explain, WalPlace};
@@ -206,7 +207,7 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
     };
     let dead_letters = match &cfg.dead_letter {
         None => None,
-        Some(DeadLetterConfig::Dir(dir)) => {
+        Some(DeadLetterConfig { to: DeadLetterTo::Dir(dir), .. }) => {
             let scope = Scope::new(&cfg.pipeline, wal_identity);
             let letters = DirSink::open(dir, &scope).map_err(|e| (exit::DATA_DIR, e.to_string()))?;
             Some(Arc::new(Mutex::new(Box::new(letters) as Box<dyn Sink>)) as SharedSink)
@@ -276,7 +277,7 @@ async fn run(cfg: RunConfig) -> i32 {
             cluster: cluster.as_ref().map(|c| c.config.clone()),
             mutations: Mutations::NONE,
             skips,
-            dead_letters: cfg.dead_letter.is_some(),
+            dead_letters: cfg.dead_letter.as_ref().map(|d| d.limits),
             wall_origin_ms: clock.wall_origin_ms(),
         };
         let host = match Host::new(host_config, clock.now()) {

@@ -131,6 +131,16 @@ impl Host {
         }
     }
 
+    /// A plan done: its frame goes into the WAL, with the count of records
+    /// the sink holds only where dead letters are on (the breaker counts
+    /// it; other WALs keep their bytes).
+    pub(super) fn done(&mut self, mut done: crate::wal::CompactionDone) {
+        if self.cfg.dead_letters.is_none() {
+            done.records = None;
+        }
+        self.wal.push(crate::wal::Frame::CompactionDone(done));
+    }
+
     /// The planted bugs of dead letters that are on.
     pub(super) fn letter_bugs(&self) -> compact::LetterBugs {
         let m = &self.cfg.mutations;
@@ -148,7 +158,7 @@ impl Host {
         let fx = (&mut self.fx, &self.cfg);
         match self.compaction.dispatch(fx, &self.records, (sink, stream), chain, bugs) {
             Ok(None) => {}
-            Ok(Some(done)) => self.wal.push(crate::wal::Frame::CompactionDone(done)),
+            Ok(Some(done)) => self.done(done),
             Err(stop) => self.stop(stop),
         }
     }

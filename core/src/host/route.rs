@@ -167,7 +167,7 @@ impl Host {
 
     fn on_sink_applied(&mut self, id: IoId, sink: SinkId, stream: StreamId, outcome: Result<SinkOutcome, IoError>) {
         let slot = (sink, stream);
-        let decided = self.cfg.dead_letters.then(|| compact::Decided {
+        let decided = self.cfg.dead_letters.map(|_| compact::Decided {
             next_letters: self.committed.next_letters.get(&slot).copied().unwrap_or_default(),
             at_ms: self.cfg.wall_origin_ms.saturating_add(self.fx.now.as_micros() / 1_000),
         });
@@ -180,7 +180,19 @@ impl Host {
     fn on_sink_news(&mut self, sink: SinkId, stream: StreamId, news: SinkNews) {
         match news {
             SinkNews::Quiet => {}
-            SinkNews::Done(done) => self.wal.push(crate::wal::Frame::CompactionDone(done)),
+            SinkNews::Done(done) => self.done(done),
+            SinkNews::Decided(crate::wal::Frame::Settled(x)) if x.letters.is_some() => {
+                // The breaker: refusals stand only within its bound.
+                let limits = self.cfg.dead_letters.unwrap_or_default();
+                let standing = self.committed.refusals_of((sink, stream)).iter().take_while(|r| r.id != x.held);
+                let standing: u64 = standing.map(|r| r.records.len() as u64).sum();
+                let refused = self.committed.breaker.refused_within(limits.window) + standing;
+                if refused > limits.max {
+                    let (max, window) = (limits.max, limits.window);
+                    return self.stop(StopReason::DeadLetterLimit { sink, stream, refused, max, window });
+                }
+                self.wal.push(crate::wal::Frame::Settled(x));
+            }
             SinkNews::Decided(frame) => self.wal.push(frame),
             SinkNews::Next => self.dispatch(sink, stream),
             SinkNews::Fatal(stop) => self.stop(stop),

@@ -58,6 +58,10 @@ pub enum StopReason {
     /// The dead-letter destination answered `fatal` (or refused a dead
     /// letter) for the dead-letter batch `letters` of (sink, stream).
     DeadLettersFatal { sink: SinkId, stream: StreamId, letters: CompactionSeq },
+    /// Settling a batch would put more than `max` records refused among
+    /// the last `window` decided (`--dead-letter-max`): nothing of it is
+    /// done; the next start asks the sink again.
+    DeadLetterLimit { sink: SinkId, stream: StreamId, refused: u64, max: u64, window: u64 },
 
     /// A source broke the protocol (positions going backwards, a record too
     /// large for a commit group, a partition changing stream).

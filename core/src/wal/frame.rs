@@ -210,6 +210,9 @@ pub struct CompactionDone {
     pub stream: StreamId,
     pub id: CompactionId,
     pub seq: CompactionSeq,
+    /// With dead letters on: how many records the sink holds of it (what
+    /// the dead-letter breaker counts as decided, beside those refused).
+    pub records: Option<u64>,
 }
 
 /// A partition's committed state: what the engine keeps per partition and
@@ -246,13 +249,53 @@ pub struct Snapshot {
     /// their bytes).
     pub finished: Option<Lsn>,
     pub all_finished: Option<Lsn>,
-    /// `run --dead-letter`: the next dead-letter batch number per (sink,
-    /// stream), and the refusals and settlements of the open plans (written
-    /// only when there are any, so other snapshots keep their bytes).
+    /// `run --dead-letter`'s state (written only where there is any, so
+    /// other snapshots keep their bytes).
+    pub letters: Box<LetterState>,
+}
+
+/// What a snapshot keeps of dead letters: the next dead-letter batch
+/// number per (sink, stream), the refusals and settlements of the open
+/// plans, and the breaker's count.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct LetterState {
     pub next_letters: Vec<(SinkId, StreamId, CompactionSeq)>,
     pub refusals: Vec<Refusal>,
     pub settled: Vec<Settled>,
+    pub breaker: Breaker,
 }
+
+/// What the dead-letter breaker counts, from the WAL: records decided
+/// (held by a sink or refused) so far, and, for each plan whose refusals
+/// stood, the count decided when it was done and how many it refused. The
+/// engine sums those within its window (`--dead-letter-window`).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Breaker {
+    pub decided: u64,
+    pub refusals: Vec<(u64, u64)>,
+}
+
+impl Breaker {
+    /// Records refused among the last `window` decided.
+    pub fn refused_within(&self, window: u64) -> u64 {
+        let from = self.decided.saturating_sub(window);
+        self.refusals.iter().filter(|(at, _)| *at > from).map(|(_, n)| n).sum()
+    }
+
+    /// A plan done: `held` records in the sink, `refused` in the dead
+    /// letters. Counts further back than any window may reach are dropped.
+    pub fn decide(&mut self, held: u64, refused: u64) {
+        self.decided += held + refused;
+        if refused > 0 {
+            self.refusals.push((self.decided, refused));
+        }
+        let from = self.decided.saturating_sub(BREAKER_WINDOW_MAX);
+        self.refusals.retain(|(at, _)| *at > from);
+    }
+}
+
+/// The longest window the breaker may count over, in records.
+pub const BREAKER_WINDOW_MAX: u64 = 100_000_000;
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Names {

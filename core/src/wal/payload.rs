@@ -15,7 +15,7 @@ impl Frame {
             }
             Frame::SchemaDecision(_) => 2 + 8,
             Frame::CompactionPlanned(p) => plan_len(p),
-            Frame::CompactionDone(_) => 2 + 2 + 8 + 8,
+            Frame::CompactionDone(d) => 2 + 2 + 8 + 8 + d.records.map_or(0, |_| 8),
             Frame::Snapshot(s) => {
                 4 + s.partitions.iter().map(|(_, p)| 2 + 4 + 2 + 8 + 8 + 8 + opt_len(&p.checkpoint)).sum::<usize>()
                     + 4
@@ -51,6 +51,9 @@ impl Frame {
                 w.u16(d.stream.0);
                 w.u64(d.id.0);
                 w.u64(d.seq.0);
+                if let Some(n) = d.records {
+                    w.u64(n);
+                }
             }
             Frame::Snapshot(s) => put_snapshot(w, s),
             Frame::Seal | Frame::Fence | Frame::Finished | Frame::AllFinished => {}
@@ -148,6 +151,7 @@ pub(super) fn decode_payload_as(kind: FrameKind, payload: &[u8], mode: RecordMod
             stream: StreamId(r.u16()?),
             id: CompactionId(r.u64()?),
             seq: CompactionSeq(r.u64()?),
+            records: if r.is_empty() { None } else { Some(r.u64()?) },
         }),
         FrameKind::Snapshot => Frame::Snapshot(get_snapshot(&mut r)?),
         FrameKind::Seal => Frame::Seal,
@@ -259,25 +263,34 @@ pub(crate) fn put_snapshot(w: &mut Writer<'_>, s: &Snapshot) {
         w.u64(s.all_finished.map_or(0, |l| l.0));
     }
     if letters {
-        w.u32(s.next_letters.len() as u32);
-        for (sink, stream, seq) in &s.next_letters {
+        w.u32(s.letters.next_letters.len() as u32);
+        for (sink, stream, seq) in &s.letters.next_letters {
             w.u16(sink.0);
             w.u16(stream.0);
             w.u64(seq.0);
         }
-        w.u32(s.refusals.len() as u32);
-        for r in &s.refusals {
+        w.u32(s.letters.refusals.len() as u32);
+        for r in &s.letters.refusals {
             put_refusal(w, r);
         }
-        w.u32(s.settled.len() as u32);
-        for x in &s.settled {
+        w.u32(s.letters.settled.len() as u32);
+        for x in &s.letters.settled {
             put_settled(w, x);
+        }
+        w.u64(s.letters.breaker.decided);
+        w.u32(s.letters.breaker.refusals.len() as u32);
+        for (at, n) in &s.letters.breaker.refusals {
+            w.u64(*at);
+            w.u64(*n);
         }
     }
 }
 
 fn has_letters(s: &Snapshot) -> bool {
-    !s.next_letters.is_empty() || !s.refusals.is_empty() || !s.settled.is_empty()
+    !s.letters.next_letters.is_empty()
+        || !s.letters.refusals.is_empty()
+        || !s.letters.settled.is_empty()
+        || s.letters.breaker != Breaker::default()
 }
 
 /// The snapshot's tail: the terminal entries (16 bytes), then the
@@ -289,11 +302,14 @@ fn letters_len(s: &Snapshot) -> usize {
     match letters {
         true => {
             tail + 4
-                + s.next_letters.len() * 12
+                + s.letters.next_letters.len() * 12
                 + 4
-                + s.refusals.iter().map(refusal_len).sum::<usize>()
+                + s.letters.refusals.iter().map(refusal_len).sum::<usize>()
                 + 4
-                + s.settled.len() * SETTLED_BYTES
+                + s.letters.settled.len() * SETTLED_BYTES
+                + 8
+                + 4
+                + s.letters.breaker.refusals.len() * 16
         }
         false => tail,
     }
@@ -335,13 +351,17 @@ pub(crate) fn get_snapshot(r: &mut Reader<'_>) -> Result<Snapshot, DecodeError> 
     }
     if !r.is_empty() {
         for _ in 0..r.count(12)? {
-            s.next_letters.push((SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?)));
+            s.letters.next_letters.push((SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?)));
         }
         for _ in 0..r.count(REFUSAL_BYTES_MIN)? {
-            s.refusals.push(get_refusal(r)?);
+            s.letters.refusals.push(get_refusal(r)?);
         }
         for _ in 0..r.count(SETTLED_BYTES)? {
-            s.settled.push(get_settled(r)?);
+            s.letters.settled.push(get_settled(r)?);
+        }
+        s.letters.breaker.decided = r.u64()?;
+        for _ in 0..r.count(16)? {
+            s.letters.breaker.refusals.push((r.u64()?, r.u64()?));
         }
     }
     Ok(s)

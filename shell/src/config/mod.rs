@@ -144,6 +144,17 @@ pub struct Settings {
     /// DATA_DIR/dead-letters].
     #[arg(long, env = "SKIPPR_DEAD_LETTER_DIR", value_name = "DIR")]
     pub dead_letter_dir: Option<PathBuf>,
+    /// The breaker: the daemon stops (exit 8) rather than let more than
+    /// this many records be refused among the last --dead-letter-window
+    /// decided, counted from the WAL (a restart does not reset it), so a
+    /// destination that refuses everything cannot drain the input into the
+    /// dead letters [default: 100].
+    #[arg(long, env = "SKIPPR_DEAD_LETTER_MAX", value_name = "N")]
+    pub dead_letter_max: Option<u64>,
+    /// The breaker's window, in records decided (held by the sink or
+    /// refused); at most 100000000 [default: 10000].
+    #[arg(long, env = "SKIPPR_DEAD_LETTER_WINDOW", value_name = "N")]
+    pub dead_letter_window: Option<u64>,
     /// Serve Prometheus metrics at http://ADDR/metrics; a bare port binds
     /// 127.0.0.1 [default: off].
     #[arg(long, env = "SKIPPR_METRICS_ADDR", value_name = "ADDR")]
@@ -192,20 +203,40 @@ pub struct RunConfig {
     pub dead_letter: Option<DeadLetterConfig>,
 }
 
-/// The dead-letter destination.
+/// The dead-letter destination, and the breaker's bound.
 #[derive(Debug, Clone, PartialEq)]
-pub enum DeadLetterConfig {
+pub struct DeadLetterConfig {
+    pub to: DeadLetterTo,
+    pub limits: skippr_core::DeadLetters,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeadLetterTo {
     /// A directory, written as the directory sink writes.
     Dir(PathBuf),
 }
 
 fn dead_letter(s: &Settings, data_dir: &std::path::Path) -> Result<Option<DeadLetterConfig>, String> {
     let dir = || s.dead_letter_dir.clone().unwrap_or_else(|| data_dir.join("dead-letters"));
-    match s.dead_letter.as_deref().unwrap_or("off") {
-        "off" => Ok(None),
-        "dir" => Ok(Some(DeadLetterConfig::Dir(dir()))),
-        other => Err(format!("unknown dead-letter destination '{other}': use off or dir")),
+    let to = match s.dead_letter.as_deref().unwrap_or("off") {
+        "off" => return Ok(None),
+        "dir" => DeadLetterTo::Dir(dir()),
+        other => return Err(format!("unknown dead-letter destination '{other}': use off or dir")),
+    };
+    let defaults = skippr_core::DeadLetters::default();
+    let limits = skippr_core::DeadLetters {
+        max: s.dead_letter_max.unwrap_or(defaults.max),
+        window: s.dead_letter_window.unwrap_or(defaults.window),
+    };
+    if limits.window == 0 || limits.window > skippr_core::format::BREAKER_WINDOW_MAX {
+        return Err(format!(
+            "{} is {}: it must be between 1 and {} records",
+            named("--dead-letter-window", "SKIPPR_DEAD_LETTER_WINDOW", "dead_letter_window"),
+            limits.window,
+            skippr_core::format::BREAKER_WINDOW_MAX
+        ));
     }
+    Ok(Some(DeadLetterConfig { to, limits }))
 }
 
 /// Under `--once`, how long WAL or lease requests may fail before exit 15.

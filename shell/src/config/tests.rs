@@ -224,11 +224,18 @@ fn a_bad_peer_list_is_named() {
 fn dead_letters_are_off_by_default_and_go_to_a_directory_under_the_data_dir_when_asked() {
     assert_eq!(resolve(&run(Settings::default())).unwrap().dead_letter, None);
     let dir = |kind: &str| Settings { dead_letter: Some(kind.into()), ..Settings::default() };
+    let limits = skippr_core::DeadLetters { max: 100, window: 10_000 };
     assert_eq!(
         resolve(&run(dir("dir"))).unwrap().dead_letter,
-        Some(DeadLetterConfig::Dir(PathBuf::from("./data/dead-letters")))
+        Some(DeadLetterConfig { to: DeadLetterTo::Dir(PathBuf::from("./data/dead-letters")), limits })
     );
-    let (_tmp, args) = with_file("dead_letter = \"dir\"\ndead_letter_dir = \"/var/letters\"\n");
-    assert_eq!(resolve(&args).unwrap().dead_letter, Some(DeadLetterConfig::Dir(PathBuf::from("/var/letters"))));
+    let (_tmp, args) = with_file(
+        "dead_letter = \"dir\"\ndead_letter_dir = \"/var/letters\"\ndead_letter_max = 5\ndead_letter_window = 50\n",
+    );
+    let limits = skippr_core::DeadLetters { max: 5, window: 50 };
+    let to = DeadLetterTo::Dir(PathBuf::from("/var/letters"));
+    assert_eq!(resolve(&args).unwrap().dead_letter, Some(DeadLetterConfig { to, limits }));
+    let zero = Settings { dead_letter_window: Some(0), ..dir("dir") };
+    assert!(resolve(&run(zero)).unwrap_err().contains("dead_letter_window (the configuration file) is 0"));
     assert_eq!(resolve(&run(dir("kafka"))).unwrap_err(), "unknown dead-letter destination 'kafka': use off or dir");
 }

@@ -363,7 +363,8 @@ impl Compaction {
                 *io = Some(fx.io(Pending::DeadLetters(sink, stream), IoOp::Plugin(PluginOp::DeadLetters(batch))));
                 return Ok(None);
             }
-            let done = CompactionDone { sink, stream, id: x.held, seq: plan.seq };
+            let records = Some(letters::attempt(gathered, &chain.refusals[..held]).records.len() as u64);
+            let done = CompactionDone { sink, stream, id: x.held, seq: plan.seq, records };
             self.slots.insert((sink, stream), Slot::Idle);
             self.fresh = true;
             return Ok(Some(done));
@@ -468,10 +469,10 @@ impl Compaction {
             Ok(SinkOutcome::Applied | SinkOutcome::AlreadyApplied) => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
                 if chain.refusals.is_empty() {
-                    let seq = plan.seq;
+                    let (seq, records) = (plan.seq, Some(refused.sent.len() as u64));
                     self.slots.insert((sink, stream), Slot::Idle);
                     self.fresh = true;
-                    return SinkNews::Done(CompactionDone { sink, stream, id: attempt, seq });
+                    return SinkNews::Done(CompactionDone { sink, stream, id: attempt, seq, records });
                 }
                 refused.deciding = true;
                 let letters = (index > 0).then(|| decided.map_or(CompactionSeq(0), |d| d.next_letters));

@@ -25,7 +25,7 @@ fn cluster_config(node: u64, seed: u64, mutations: Mutations) -> HostConfig {
         seed: seed * 10 + node,
         mutations,
         skips: Vec::new(),
-        dead_letters: false,
+        dead_letters: None,
         wall_origin_ms: 0,
         limits,
         cluster: Some(ClusterConfig { node, voters: (1..=HOSTS).collect(), tick: TICK, shared_offsets: false }),

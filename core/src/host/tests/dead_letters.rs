@@ -8,13 +8,15 @@
 
 use super::*;
 use crate::compaction::letters_id;
+use crate::config::DeadLetters;
 use crate::io::{PluginOp, RefusedIndex};
 use crate::wal::{CompactionDone, Refusal, Settled};
 
 const WALL: u64 = 1_764_990_000_000;
 
 fn with_dead_letters() -> HostConfig {
-    HostConfig { dead_letters: true, wall_origin_ms: WALL, ..config() }
+    let limits = DeadLetters { max: 1_000, window: 10_000 };
+    HostConfig { dead_letters: Some(limits), wall_origin_ms: WALL, ..config() }
 }
 
 fn refuse(indices: &[(u32, &str)]) -> Result<IoReply, IoError> {
@@ -114,7 +116,8 @@ fn refused_records_are_decided_in_the_wal_then_the_rest_go_to_the_sink_and_they_
     assert_eq!((lines[1]["stream"].as_str(), lines[1]["source"].as_str()), (Some("orders"), Some("src")));
     h.answer(io, applied());
     let (_, _, done) = decisions(&h);
-    assert_eq!(done, vec![CompactionDone { sink: SinkId(0), stream: StreamId(0), id: then, seq }]);
+    let records = Some(2);
+    assert_eq!(done, vec![CompactionDone { sink: SinkId(0), stream: StreamId(0), id: then, seq, records }]);
     let c = h.host.committed();
     assert!(c.open.is_empty() && c.refusals.is_empty() && c.settled.is_empty());
     assert_eq!(c.acked(SinkId(0), key0()), Position(4));
@@ -216,4 +219,49 @@ fn a_refusal_that_names_no_record_of_the_batch_in_order_breaks_the_protocol() {
         assert!(matches!(h.stopped, Some(StopReason::SinkProtocol { .. })), "{bad:?}: {:?}", h.stopped);
         assert!(decisions(&h).0.is_empty());
     }
+}
+
+#[test]
+fn the_breaker_stops_before_more_are_refused_than_allowed_counting_from_the_wal_across_restarts() {
+    let limits = DeadLetters { max: 2, window: 100 };
+    let cfg = || HostConfig { dead_letters: Some(limits), ..with_dead_letters() };
+    let mut h = Harness::start_full(cfg(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    h.feed(0, 4);
+    let (apply, ..) = h.sink_apply();
+    h.answer(apply, refuse(&[(1, "bad")]));
+    let (apply, ..) = h.sink_apply();
+    h.answer(apply, applied());
+    let (io, ..) = letters_sent(&mut h);
+    h.answer(io, applied());
+    assert_eq!(h.host.committed().breaker.refused_within(100), 1);
+    // A restart counts on from the WAL: two more refused make three of the
+    // last eight decided, past the bound of two.
+    let mut again = Harness::start_full(cfg(), h.disk.clone(), h.offsets.clone(), Vec::new());
+    assert_eq!(again.host.committed().breaker.decided, 4);
+    again.open_source();
+    again.feed(4, 8);
+    let (apply, ..) = again.sink_apply();
+    again.answer(apply, refuse(&[(0, "bad"), (1, "bad")]));
+    let (apply, ..) = again.sink_apply();
+    again.answer(apply, applied());
+    let (sink, stream) = (SinkId(0), StreamId(0));
+    assert_eq!(again.stopped, Some(StopReason::DeadLetterLimit { sink, stream, refused: 3, max: 2, window: 100 }));
+    assert!(!again.has(|op| matches!(op, IoOp::Plugin(PluginOp::DeadLetters(_)))), "nothing of it goes on");
+    assert_eq!(decisions(&again).1.len(), 1, "the second plan did not settle");
+    // Once four more records are decided, a window of three no longer
+    // reaches the first refusal.
+    let narrow = HostConfig { dead_letters: Some(DeadLetters { max: 2, window: 3 }), ..with_dead_letters() };
+    let mut narrow = Harness::start_full(narrow, h.disk.clone(), h.offsets.clone(), Vec::new());
+    narrow.open_source();
+    narrow.feed(4, 8);
+    let (apply, ..) = narrow.sink_apply();
+    narrow.answer(apply, applied());
+    narrow.feed(8, 12);
+    let (apply, ..) = narrow.sink_apply();
+    narrow.answer(apply, refuse(&[(0, "bad"), (1, "bad")]));
+    let (apply, ..) = narrow.sink_apply();
+    narrow.answer(apply, applied());
+    assert_eq!(narrow.stopped, None);
+    assert!(narrow.has(|op| matches!(op, IoOp::Plugin(PluginOp::DeadLetters(_)))));
 }

@@ -26,7 +26,7 @@ fn config() -> HostConfig {
         cluster: None,
         mutations: crate::Mutations::NONE,
         skips: Vec::new(),
-        dead_letters: false,
+        dead_letters: None,
         wall_origin_ms: 0,
     }
 }

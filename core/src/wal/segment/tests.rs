@@ -64,6 +64,7 @@ fn groups() -> Vec<Vec<Frame>> {
                 stream: StreamId(0),
                 id: CompactionId(0xfeed),
                 seq: CompactionSeq(0),
+                records: Some(3),
             }),
             Frame::SchemaDecision(SchemaDecision { stream: StreamId(0), fingerprint: 1 }),
             Frame::Skipped(Skipped {
@@ -118,13 +119,11 @@ fn snapshots_keep_their_bytes_without_dead_letters_and_carry_them_with() {
     let names = Names { sources: vec!["s".into()], sinks: vec!["k".into()], streams: vec!["t".into()] };
     let plain = Snapshot { names, ..Snapshot::default() };
     let finished = Snapshot { finished: Some(Lsn(9)), ..plain.clone() };
-    let letters = Snapshot { next_letters: vec![(SinkId(0), StreamId(0), CompactionSeq(3))], ..plain.clone() };
-    let both = Snapshot {
-        refusals: vec![refusal()],
-        settled: vec![settled()],
-        all_finished: Some(Lsn(12)),
-        ..finished.clone()
-    };
+    let next_letters = vec![(SinkId(0), StreamId(0), CompactionSeq(3))];
+    let letters = Snapshot { letters: Box::new(LetterState { next_letters, ..Default::default() }), ..plain.clone() };
+    let breaker = Breaker { decided: 40, refusals: vec![(12, 2), (40, 1)] };
+    let state = LetterState { refusals: vec![refusal()], settled: vec![settled()], breaker, ..Default::default() };
+    let both = Snapshot { letters: Box::new(state), all_finished: Some(Lsn(12)), ..finished.clone() };
     let len = |s: &Snapshot| Frame::Snapshot(s.clone()).encoded_len();
     // As before dead letters: a snapshot with only terminal entries is 16
     // bytes longer than one without.
