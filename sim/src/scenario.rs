@@ -313,7 +313,7 @@ impl Scenario {
         scenario.lean_on_rare_paths(seed);
         scenario.draw_memory(seed);
         scenario.faults.stuck_when_frozen = [0.0, 0.5, 1.0][Rng::new(seed, Stream::Frozen).range(0, 2) as usize];
-        scenario.letters = draw_letters(seed);
+        scenario.letters = draw_letters(seed, scenario.limits.segment_bytes);
         scenario
     }
 
@@ -519,15 +519,18 @@ impl Scenario {
 /// The Unix time the simulator's clock starts at (2026-01-01).
 pub const WALL_ORIGIN_MS: u64 = 1_767_225_600_000;
 
-/// The share of seeds with dead letters on. Zero for now: with 0.3, seeds
-/// 2334 and 3525 of the first 5,000 fail `duplicate-delivery` (a record
-/// both applied and dead-lettered, or dead-lettered twice), not yet
-/// explained; the model runs only where a test turns it on.
-pub const LETTERS_SHARE: f64 = 0.3;
+/// The share of seeds (of those with segments large enough) with dead
+/// letters on.
+pub const LETTERS_SHARE: f64 = 0.5;
 
-fn draw_letters(seed: u64) -> LettersSpec {
+/// Dead letters need room: every snapshot carries the open plans'
+/// refusals, and the smallest segments drawn cannot hold that beside a
+/// group (the engine stops, `SegmentTooSmall`, as it should).
+const LETTERS_SEGMENT_BYTES_MIN: u64 = 7168;
+
+fn draw_letters(seed: u64, segment_bytes: u64) -> LettersSpec {
     let mut r = Rng::new(seed, Stream::Letters);
-    let on = r.chance(0.3) && LETTERS_SHARE > 0.0;
+    let on = r.chance(LETTERS_SHARE) && segment_bytes >= LETTERS_SEGMENT_BYTES_MIN;
     LettersSpec {
         on,
         share_permille: r.range(5, 80),

@@ -283,7 +283,10 @@ impl Breaker {
     }
 
     /// A plan done: `held` records in the sink, `refused` in the dead
-    /// letters. Counts further back than any window may reach are dropped.
+    /// letters. Counts further back than any window may reach are dropped;
+    /// past `BREAKER_ENTRIES` the two oldest are merged (at the later
+    /// place), so the count stays bounded and only ever errs towards
+    /// tripping early.
     pub fn decide(&mut self, held: u64, refused: u64) {
         self.decided += held + refused;
         if refused > 0 {
@@ -291,8 +294,15 @@ impl Breaker {
         }
         let from = self.decided.saturating_sub(BREAKER_WINDOW_MAX);
         self.refusals.retain(|(at, _)| *at > from);
+        if self.refusals.len() > BREAKER_ENTRIES {
+            let (_, n) = self.refusals.remove(0);
+            self.refusals[0].1 += n;
+        }
     }
 }
+
+/// The most plans with refusals the breaker keeps apart.
+pub const BREAKER_ENTRIES: usize = 16;
 
 /// The longest window the breaker may count over, in records.
 pub const BREAKER_WINDOW_MAX: u64 = 100_000_000;

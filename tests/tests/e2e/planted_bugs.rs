@@ -17,7 +17,7 @@ fn flags_for(name: &str) -> (&'static str, Vec<&'static str>) {
         | "serve-before-term-commit"
         | "wiped-peer-votes"
         | "finish-before-drained" => ("0..10000", vec!["--wal", "clustered"]),
-        // Dead letters are on in three seeds of ten; each of these is
+        // Dead letters are on in about one seed in four; each of these is
         // caught in about one seed of eight.
         "dead-letters-before-decision" | "replay-decides-again" | "dead-letters-renumbered" => ("0..2000", vec![]),
         _ => ("0..10000", vec![]),

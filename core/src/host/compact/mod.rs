@@ -131,6 +131,10 @@ struct Fetch {
     read: ReadBack,
 }
 
+/// With dead letters on, a `fatal` that no refusal explains stands after
+/// this many answers.
+const FATAL_ATTEMPTS: u32 = 8;
+
 /// One read-back request asks for at most this many bytes of groups (and
 /// at least one span: a run's, at most `RUN_BLOCK_BYTES` and a group).
 const READ_BACK_BYTES_MAX: u64 = 4 << 20;
@@ -485,6 +489,17 @@ impl Compaction {
                 fx.succeeded(Retry::SinkApply(sink, stream));
                 refused.probing = Some(index - 1);
                 SinkNews::Next
+            }
+            // With dead letters on, another process's attempt of this plan
+            // (one this engine's committed state does not know yet: a
+            // leader's successor, a writer's that took the lease over) may
+            // hold the number: a few retries give this engine time to learn
+            // it was superseded and stop for that, before `fatal` stands.
+            Ok(SinkOutcome::Fatal)
+                if decided.is_some() && fx.attempts(Retry::SinkApply(sink, stream)) + 1 < FATAL_ATTEMPTS =>
+            {
+                fx.retry_later(Retry::SinkApply(sink, stream));
+                SinkNews::Quiet
             }
             Ok(SinkOutcome::Fatal) => SinkNews::Fatal(StopReason::SinkFatal { sink, stream, id: attempt }),
             Ok(SinkOutcome::Refused(list)) => {
