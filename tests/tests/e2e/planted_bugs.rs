@@ -18,7 +18,7 @@ fn flags_for(name: &str) -> (&'static str, Vec<&'static str>) {
         | "wiped-peer-votes"
         | "finish-before-drained" => ("0..10000", vec!["--wal", "clustered"]),
         // Dead letters are on in about one seed in four; each of these is
-        // caught in about one seed of eight.
+        // caught in about one seed of nine.
         "dead-letters-before-decision" | "replay-decides-again" | "dead-letters-renumbered" => ("0..2000", vec![]),
         _ => ("0..10000", vec![]),
     }
