@@ -68,8 +68,8 @@ impl CommittedState {
                 assert_eq!(held, Some(done.id), "compaction-done names the attempt the sink holds");
                 let plan = self.open.remove(&slot).expect("an attempt is of an open plan");
                 let refusals = self.refusals.remove(&slot).unwrap_or_default();
-                let standing = refusals.iter().take_while(|r| Some(r.id) != held).map(|r| r.records.len() as u64);
-                let standing: u64 = if self.settled.remove(&slot).is_some() { standing.sum() } else { 0 };
+                let standing = self.settled.remove(&slot).map_or(&[][..], |x| x.standing(&refusals));
+                let standing: u64 = standing.iter().map(|r| r.records.len() as u64).sum();
                 if let Some(n) = done.records {
                     self.breaker.decide(n, standing);
                 }

@@ -71,7 +71,7 @@ impl Host {
             Frame::Settled(x) => {
                 if let Some(letters) = x.letters {
                     let slot = (x.sink, x.stream);
-                    let standing = self.committed.refusals_of(slot).iter().take_while(|r| r.id != x.held);
+                    let standing = x.standing(self.committed.refusals_of(slot)).iter();
                     let reasons = standing.flat_map(|r| r.records.iter().map(|x| x.reason.clone())).collect();
                     let (sink, stream, seq) = (x.sink, x.stream, x.seq);
                     self.fx.emit(Output::Refused { sink, stream, seq, letters, reasons });

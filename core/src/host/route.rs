@@ -184,7 +184,7 @@ impl Host {
             SinkNews::Decided(crate::wal::Frame::Settled(x)) if x.letters.is_some() => {
                 // The breaker: refusals stand only within its bound.
                 let limits = self.cfg.dead_letters.unwrap_or_default();
-                let standing = self.committed.refusals_of((sink, stream)).iter().take_while(|r| r.id != x.held);
+                let standing = x.standing(self.committed.refusals_of((sink, stream))).iter();
                 let standing: u64 = standing.map(|r| r.records.len() as u64).sum();
                 let refused = self.committed.breaker.refused_within(limits.window) + standing;
                 if refused > limits.max {

@@ -132,9 +132,10 @@ pub enum Output {
         position: Position,
         recorded: bool,
     },
-    /// A sink's refusal of records of batch `seq` of (sink, stream) is
-    /// committed: they go to the dead letters as that pair's batch
-    /// `letters`, with these reasons (one per record, in batch order).
+    /// Batch `seq` of (sink, stream) settled with refusals standing (the
+    /// `Settled` frame committed): the refused records go to the dead
+    /// letters as that pair's batch `letters`, with these reasons (one per
+    /// record, in batch order).
     Refused {
         sink: SinkId,
         stream: StreamId,

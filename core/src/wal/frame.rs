@@ -158,6 +158,15 @@ pub struct Settled {
     pub letters: Option<CompactionSeq>,
 }
 
+impl Settled {
+    /// The refusals that stand: those of `refusals` (the plan's, in order)
+    /// made before the attempt the sink holds.
+    pub fn standing<'a>(&self, refusals: &'a [Refusal]) -> &'a [Refusal] {
+        let held = refusals.iter().position(|r| r.id == self.held).unwrap_or(refusals.len());
+        &refusals[..held]
+    }
+}
+
 /// One refused record: where it is, and the sink's reason.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct RefusedRecord {

@@ -68,29 +68,14 @@ pub(super) fn decide(
 /// record, from the records gathered for their plan.
 pub(super) fn letters(cfg: &HostConfig, standing: &[Refusal], gathered: &Gathered) -> Records {
     let mut out = Records::default();
-    let mut line = Vec::new();
     for refusal in standing {
-        for x in &refusal.records {
-            let i = gathered
-                .places
-                .binary_search(&(x.key, x.position))
-                .expect("a refused record is among its plan's records, which a replay gathers again");
-            let letter = Letter {
-                stream: &cfg.streams[refusal.stream.0 as usize],
-                sink: &cfg.sinks[refusal.sink.0 as usize],
-                source: &cfg.sources[x.key.source.0 as usize],
-                partition: x.key.partition,
-                position: x.position,
-                compaction_id: refusal.id,
-                seq: refusal.seq,
-                reason: &x.reason,
-                at_ms: refusal.at_ms,
-                record: gathered.records.get(i).expect("an index of the batch"),
-            };
-            line.clear();
-            letter.write(&mut line);
-            out.push(&line);
-        }
+        let names = (
+            cfg.streams[refusal.stream.0 as usize].as_str(),
+            cfg.sinks[refusal.sink.0 as usize].as_str(),
+            |source: SourceId| cfg.sources[source.0 as usize].as_str(),
+        );
+        let at = |x: &RefusedRecord| gathered.places.binary_search(&(x.key, x.position)).ok();
+        push_letters(&mut out, refusal, names, at, &gathered.records);
     }
     out
 }
@@ -100,13 +85,27 @@ pub(super) fn letters(cfg: &HostConfig, standing: &[Refusal], gathered: &Gathere
 /// left out).
 pub(super) fn early(refusal: &Refusal, sent: &[(PartitionKey, Position)], records: &Records) -> Records {
     let mut out = Records::default();
+    let at = |x: &RefusedRecord| sent.iter().position(|&p| p == (x.key, x.position));
+    push_letters(&mut out, refusal, ("?", "?", |_| "?"), at, records);
+    out
+}
+
+/// Appends a dead letter for each record of `refusal`, found in `records`
+/// at the index `at` gives.
+fn push_letters<'a>(
+    out: &mut Records,
+    refusal: &Refusal,
+    (stream, sink, source): (&str, &str, impl Fn(SourceId) -> &'a str),
+    at: impl Fn(&RefusedRecord) -> Option<usize>,
+    records: &Records,
+) {
     let mut line = Vec::new();
     for x in &refusal.records {
-        let i = sent.iter().position(|&p| p == (x.key, x.position)).expect("a record of the attempt");
+        let i = at(x).expect("a refused record is among its plan's records, which a replay gathers again");
         let letter = Letter {
-            stream: "?",
-            sink: "?",
-            source: "?",
+            stream,
+            sink,
+            source: source(x.key.source),
             partition: x.key.partition,
             position: x.position,
             compaction_id: refusal.id,
@@ -119,5 +118,4 @@ pub(super) fn early(refusal: &Refusal, sent: &[(PartitionKey, Position)], record
         letter.write(&mut line);
         out.push(&line);
     }
-    out
 }

@@ -359,15 +359,15 @@ impl Compaction {
             StopReason::Corrupt(Corruption { segment: span.segment, offset: span.offset, what: READ_BACK_INVALID })
         })?;
         if let Some(x) = chain.settled {
-            let held = (0..=chain.refusals.len()).find(|&i| chain.attempt(plan, i) == x.held).expect("settled");
+            let standing = x.standing(chain.refusals);
             if let (Some(seq), false) = (x.letters, refused.delivered) {
                 let seq = CompactionSeq(seq.0 + (bugs.renumbered && refused.replayed) as u64);
-                let letters = letters::letters(cfg, &chain.refusals[..held], &gathered);
+                let letters = letters::letters(cfg, standing, &gathered);
                 let batch = SinkApply { sink, stream, id: letters_id(x.held), seq, records: letters };
                 *io = Some(fx.io(Pending::DeadLetters(sink, stream), IoOp::Plugin(PluginOp::DeadLetters(batch))));
                 return Ok(None);
             }
-            let records = Some(letters::attempt(gathered, &chain.refusals[..held]).records.len() as u64);
+            let records = Some(letters::attempt(gathered, standing).records.len() as u64);
             let done = CompactionDone { sink, stream, id: x.held, seq: plan.seq, records };
             self.slots.insert((sink, stream), Slot::Idle);
             self.fresh = true;
