@@ -146,7 +146,7 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
         StopReason::SinkRefused { sink, stream, id, key, position, reason, refused } => format!(
             "sink {} refused {refused} record(s) of compaction {id} of stream {}, the first at partition {} position \
              {}: {reason}. Nothing of the batch took effect. Fix the record's destination (a column type, a \
-             constraint), or start with --dead-letter dir to send such records to the dead letters (exactly once, \
+             constraint), or start with --dead-letter dir (or postgres) to send such records to the dead letters (exactly once, \
              the decision kept in the WAL) and the rest on to the sink",
             sink.0, stream.0, key.partition, position.0
         ),

@@ -212,6 +212,17 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
             let letters = DirSink::open(dir, &scope).map_err(|e| (exit::DATA_DIR, e.to_string()))?;
             Some(Arc::new(Mutex::new(Box::new(letters) as Box<dyn Sink>)) as SharedSink)
         }
+        Some(DeadLetterConfig { to: DeadLetterTo::Postgres(p), .. }) => {
+            let streams = source.streams();
+            let settings = p.settings(&[]).map_err(|e| (exit::CONFIG, e))?;
+            let opened = std::thread::scope(|s| {
+                s.spawn(|| PostgresSink::open(settings, &cfg.pipeline, wal_identity, &streams)).join()
+            });
+            let letters = opened
+                .expect("opening the postgres dead-letter destination panicked")
+                .map_err(|Refused(why)| (exit::CONFIG, format!("the dead-letter destination: {why}")))?;
+            Some(Arc::new(Mutex::new(Box::new(letters) as Box<dyn Sink>)) as SharedSink)
+        }
     };
     Ok(Plugins { source, sink, schema, dead_letters })
 }

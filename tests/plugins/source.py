@@ -2,7 +2,8 @@
 """A runtime-protocol (version 1) source for the end-to-end tests.
 
 PARTITIONS partitions of stream STREAM, RECORDS records each (0: endless).
-With BAD_EVERY=N every N-th record of a partition also has "bad": true.
+With BAD_EVERY=N every record of a partition also has "amount": its seq,
+except every N-th, which has "bad": true and "amount": "n/a" (not a number).
 Each record is {"stream","partition","seq","note"} at position seq.
 RAW_DATA=1 writes each record's data with unusual spacing and key order, to
 show the host keeps the exact bytes. SCHEMA, when set, is sent as the stream's schema (a JSON value) with every
@@ -158,6 +159,9 @@ def main():
                     for r in records:
                         if r["position"] % BAD_EVERY == BAD_EVERY - 1:
                             r["data"]["bad"] = True
+                            r["data"]["amount"] = "n/a"
+                        else:
+                            r["data"]["amount"] = r["position"]
                 stream = os.environ.get("UNDECLARED_STREAM", STREAM)
                 batch = {"partition": p, "stream": stream, "records": records, "end": end, "checkpoint": f"cp-{p}-{end}"}
                 if SCHEMA is not None:

@@ -134,16 +134,22 @@ pub struct Settings {
     #[arg(long, value_name = "CMD")]
     pub schema_command: Option<String>,
     /// Where records a sink refuses go (a value the destination cannot
-    /// store): `off`, and a refusal stops the daemon (exit 8); or `dir`, a
-    /// file per dead-letter batch under --dead-letter-dir, each refused
-    /// record with its reason, exactly once (the decision is kept in the WAL)
-    /// [default: off].
+    /// store): `off`, and a refusal stops the daemon (exit 8); `dir`, a
+    /// file per dead-letter batch under --dead-letter-dir; or `postgres`, a
+    /// table per stream in --dead-letter-schema of the --postgres-url
+    /// database. Each refused record with its reason, exactly once (the
+    /// decision is kept in the WAL) [default: off].
     #[arg(long = "dead-letter", env = "SKIPPR_DEAD_LETTER", value_name = "KIND")]
     pub dead_letter: Option<String>,
     /// The `dir` dead-letter destination's directory [default:
     /// DATA_DIR/dead-letters].
     #[arg(long, env = "SKIPPR_DEAD_LETTER_DIR", value_name = "DIR")]
     pub dead_letter_dir: Option<PathBuf>,
+    /// The `postgres` dead-letter destination's schema, in the database of
+    /// --postgres-url; not the sink's --postgres-schema [default:
+    /// skippr_dead_letters].
+    #[arg(long, env = "SKIPPR_DEAD_LETTER_SCHEMA", value_name = "NAME")]
+    pub dead_letter_schema: Option<String>,
     /// The breaker: the daemon stops (exit 8) rather than let more than
     /// this many records be refused among the last --dead-letter-window
     /// decided, counted from the WAL (a restart does not reset it), so a
@@ -214,6 +220,10 @@ pub struct DeadLetterConfig {
 pub enum DeadLetterTo {
     /// A directory, written as the directory sink writes.
     Dir(PathBuf),
+    /// A schema of a PostgreSQL database, written as the postgres sink
+    /// writes (no columns, no keys): one table per stream, the letter in
+    /// `data`.
+    Postgres(skippr_io::plugin::postgres_sink::settings::PostgresConfig),
 }
 
 fn dead_letter(s: &Settings, data_dir: &std::path::Path) -> Result<Option<DeadLetterConfig>, String> {
@@ -221,7 +231,8 @@ fn dead_letter(s: &Settings, data_dir: &std::path::Path) -> Result<Option<DeadLe
     let to = match s.dead_letter.as_deref().unwrap_or("off") {
         "off" => return Ok(None),
         "dir" => DeadLetterTo::Dir(dir()),
-        other => return Err(format!("unknown dead-letter destination '{other}': use off or dir")),
+        "postgres" => DeadLetterTo::Postgres(postgres_letters(s)?),
+        other => return Err(format!("unknown dead-letter destination '{other}': use off, dir or postgres")),
     };
     let defaults = skippr_core::DeadLetters::default();
     let limits = skippr_core::DeadLetters {
@@ -237,6 +248,33 @@ fn dead_letter(s: &Settings, data_dir: &std::path::Path) -> Result<Option<DeadLe
         ));
     }
     Ok(Some(DeadLetterConfig { to, limits }))
+}
+
+/// The `postgres` dead-letter destination: the sink's database settings
+/// (URL, password, TLS) with a schema of its own and plain tables.
+fn postgres_letters(s: &Settings) -> Result<skippr_io::plugin::postgres_sink::settings::PostgresConfig, String> {
+    let sink = &s.sink.postgres;
+    if sink.postgres_url.is_none() {
+        return Err("--dead-letter postgres writes into the database of --postgres-url (SKIPPR_POSTGRES_URL, or \
+                    `postgres_url` in [sink]): give it, even when the sink is not postgres"
+            .into());
+    }
+    let schema = s.dead_letter_schema.clone().unwrap_or_else(|| "skippr_dead_letters".into());
+    let letters = skippr_io::plugin::postgres_sink::settings::PostgresArgs {
+        postgres_schema: Some(schema.clone()),
+        postgres_columns: None,
+        postgres_upsert: None,
+        ..sink.clone()
+    };
+    let config = letters.resolve().map_err(|e| format!("--dead-letter postgres: {e}"))?;
+    let sink_schema = sink.postgres_schema.as_deref().unwrap_or("public");
+    if s.sink.kind.as_deref() == Some("postgres") && schema == sink_schema {
+        return Err(format!(
+            "--dead-letter-schema '{schema}' is the postgres sink's schema too: the dead letters of a stream and \
+             its records would share a table and a progress row per batch number; name another schema"
+        ));
+    }
+    Ok(config)
 }
 
 /// Under `--once`, how long WAL or lease requests may fail before exit 15.

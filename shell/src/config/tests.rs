@@ -237,5 +237,32 @@ fn dead_letters_are_off_by_default_and_go_to_a_directory_under_the_data_dir_when
     assert_eq!(resolve(&args).unwrap().dead_letter, Some(DeadLetterConfig { to, limits }));
     let zero = Settings { dead_letter_window: Some(0), ..dir("dir") };
     assert!(resolve(&run(zero)).unwrap_err().contains("dead_letter_window (the configuration file) is 0"));
-    assert_eq!(resolve(&run(dir("kafka"))).unwrap_err(), "unknown dead-letter destination 'kafka': use off or dir");
+    assert_eq!(
+        resolve(&run(dir("kafka"))).unwrap_err(),
+        "unknown dead-letter destination 'kafka': use off, dir or postgres"
+    );
+}
+
+#[test]
+fn postgres_dead_letters_use_the_sinks_database_in_a_schema_of_their_own() {
+    let letters = |url: Option<&str>, sink: Option<&str>, schemas: (Option<&str>, Option<&str>)| {
+        let mut s = Settings {
+            dead_letter: Some("postgres".into()),
+            dead_letter_schema: schemas.1.map(Into::into),
+            ..Settings::default()
+        };
+        s.sink.kind = sink.map(Into::into);
+        s.sink.postgres.postgres_url = url.map(Into::into);
+        s.sink.postgres.postgres_schema = schemas.0.map(Into::into);
+        s.sink.postgres.postgres_columns = Some("amount:bigint".into());
+        resolve(&run(s)).map(|c| c.dead_letter.unwrap().to)
+    };
+    let url = Some("postgresql://app@db:5432/warehouse");
+    let Ok(DeadLetterTo::Postgres(p)) = letters(url, Some("postgres"), (None, None)) else { panic!() };
+    assert_eq!((p.url.as_str(), p.schema.as_str(), p.columns.len()), (url.unwrap(), "skippr_dead_letters", 0));
+    let Ok(DeadLetterTo::Postgres(p)) = letters(url, None, (None, Some("letters"))) else { panic!() };
+    assert_eq!(p.schema, "letters", "any sink, the database of --postgres-url");
+    assert!(letters(None, None, (None, None)).unwrap_err().contains("--postgres-url"));
+    let same = letters(url, Some("postgres"), (Some("app"), Some("app"))).unwrap_err();
+    assert!(same.contains("--dead-letter-schema 'app' is the postgres sink's schema too"), "{same}");
 }

@@ -3,7 +3,9 @@
 //! each refused record lands once in the dead-letter directory, with its
 //! reason, and every other record once in the sink, through SIGKILLs at any
 //! moment. Without dead letters the same refusal stops the daemon (exit 8)
-//! naming the record.
+//! naming the record. The PostgreSQL sink the same way, into the
+//! `postgres` dead-letter destination: a typed column refuses the records
+//! whose value it cannot hold, both tables checked by SQL.
 
 use skippr_tests::*;
 use std::collections::BTreeMap;
@@ -17,21 +19,28 @@ fn plugin(name: &str) -> String {
     format!("python3 {}", repo_root().join("tests").join("plugins").join(name).display())
 }
 
-fn daemon(data: &Path, out: &Path, extra: &[&str], rate: Option<u64>) -> Command {
-    let (source, sink) = (plugin("source.py"), plugin("sink.py"));
+/// The daemon with the test source (every `BAD_EVERY`-th record bad) into
+/// the sink `sink` names.
+fn with_sink(data: &Path, sink: &[&str], extra: &[&str], rate: Option<u64>) -> Command {
     let mut cmd = Command::new(skipprd_bin());
     cmd.args(["run", "--once", "--data-dir", data.to_str().unwrap()])
-        .args(["--source", "command", "--source-command", &source, "--sink", "command", "--sink-command", &sink])
+        .args(["--source", "command", "--source-command", &plugin("source.py")])
+        .args(sink)
         .args(["--wal-bytes-per-file", "4194304"])
         .args(extra)
         .env("RECORDS", RECORDS.to_string())
-        .env("BAD_EVERY", BAD_EVERY.to_string())
-        .env("PROTOCOL", "2")
-        .env("REFUSE_FIELD", "bad")
-        .env("OUT_DIR", out);
+        .env("BAD_EVERY", BAD_EVERY.to_string());
     if let Some(rate) = rate {
         cmd.env("RATE", rate.to_string());
     }
+    cmd
+}
+
+/// Into the test's external sink, speaking version 2, refusing bad records.
+fn daemon(data: &Path, out: &Path, extra: &[&str], rate: Option<u64>) -> Command {
+    let sink = plugin("sink.py");
+    let mut cmd = with_sink(data, &["--sink", "command", "--sink-command", &sink], extra, rate);
+    cmd.env("PROTOCOL", "2").env("REFUSE_FIELD", "bad").env("OUT_DIR", out);
     cmd
 }
 
@@ -111,4 +120,80 @@ fn without_dead_letters_a_refused_record_stops_the_daemon_naming_it() {
     let again = daemon(&data, &out, &["--dead-letter", "dir"], None).output().unwrap();
     assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
     assert_each_record_once(&out, &data.join("dead-letters"));
+}
+
+/// The PostgreSQL sink with a `bigint` column for `amount`, which the bad
+/// records give as "n/a": through SIGKILLs, each good record is in the
+/// stream's table once and each bad one in the dead-letter table once,
+/// with the server's reason, checked by SQL.
+#[test]
+fn postgres_refuses_bad_values_into_the_postgres_dead_letters_once_through_sigkills() {
+    let _cores = both_cores();
+    let (schema, letters) = (pg::fresh_schema("dl_rows"), pg::fresh_schema("dl_letters"));
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let sink = [
+        "--sink",
+        "postgres",
+        "--postgres-schema",
+        &schema,
+        "--postgres-columns",
+        "amount:bigint",
+        "--dead-letter",
+        "postgres",
+        "--dead-letter-schema",
+        &letters,
+    ];
+    let postgres = |rate: Option<u64>| {
+        let mut cmd = with_sink(&data, &sink, &[], rate);
+        cmd.env("SKIPPR_POSTGRES_URL", pg::url());
+        cmd
+    };
+    let work = Work::Paced { rate: 30_000, total: 2 * RECORDS };
+    let killed = chaos_runs(8, "0.1", "0.4", work, || postgres(Some(30_000)));
+    assert_eq!(killed, 8, "every run was killed with work in flight");
+    let done = postgres(None).output().unwrap();
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    let bad_each = RECORDS / BAD_EVERY;
+    let mut client = pg::client();
+    for p in 0..2i64 {
+        // The table: every good record once (count = distinct = all good
+        // ones, none bad, each within range), its amount in the column.
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT count(*), count(DISTINCT data->>'seq'), count(*) FILTER (WHERE data ? 'bad'), \
+                     count(*) FILTER (WHERE amount = (data->>'seq')::bigint AND amount < $2) \
+                     FROM \"{schema}\".orders WHERE (data->>'partition')::bigint = $1"
+                ),
+                &[&p, &(RECORDS as i64)],
+            )
+            .unwrap();
+        let good = (RECORDS - bad_each) as i64;
+        let got: (i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
+        assert_eq!(got, (good, good, 0, good), "partition {p}: (rows, distinct, bad, amount = seq)");
+        // The dead letters: each bad record once, with the server's reason.
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT (data->'record'->>'seq')::bigint, count(*), min(data->>'reason'), \
+                     bool_and((data->>'position')::bigint = (data->'record'->>'seq')::bigint) \
+                     FROM \"{letters}\".orders WHERE (data->>'partition')::bigint = $1 GROUP BY 1 ORDER BY 1"
+                ),
+                &[&p],
+            )
+            .unwrap();
+        let seqs: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+        let want: Vec<i64> = (0..RECORDS as i64).filter(|s| *s as u64 % BAD_EVERY == BAD_EVERY - 1).collect();
+        assert_eq!(seqs, want, "partition {p}: the dead letters are exactly the bad records");
+        for r in &rows {
+            let (seq, n, reason, placed): (i64, i64, String, bool) = (r.get(0), r.get(1), r.get(2), r.get(3));
+            assert_eq!(n, 1, "partition {p} record {seq}: one dead letter");
+            assert!(placed, "partition {p} record {seq}: its position");
+            assert!(
+                reason.starts_with("SQLSTATE 22P02: invalid input syntax for type bigint"),
+                "partition {p} record {seq}: {reason}"
+            );
+        }
+    }
 }

@@ -75,7 +75,7 @@ fn twenty_chaos_runs_sigkilled_mid_ingest_then_every_record_is_in_postgres_exact
 }
 
 #[test]
-fn a_record_the_table_refuses_stops_the_stream_with_exit_eight_and_the_servers_message() {
+fn without_dead_letters_a_record_the_table_refuses_stops_the_stream_with_exit_eight_and_the_servers_message() {
     let schema = pg::fresh_schema("refused");
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
@@ -85,7 +85,7 @@ fn a_record_the_table_refuses_stops_the_stream_with_exit_eight_and_the_servers_m
     assert_eq!(out.status.code(), Some(8), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains("invalid input syntax for type bigint"), "the server's message: {err}");
-    assert!(err.contains("refused compaction"), "{err}");
+    assert!(err.contains("record(s) of compaction") && err.contains("--dead-letter dir"), "{err}");
     let rows = pg::client().query_one(&format!("SELECT count(*) FROM \"{schema}\".events"), &[]).unwrap();
     assert_eq!(rows.get::<_, i64>(0), 0, "nothing of a refused batch is visible");
 }
@@ -254,4 +254,66 @@ fn an_unreachable_server_is_logged_with_its_cause() {
     child.wait().unwrap();
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("error connecting to server: Connection refused"), "{text}");
+}
+
+/// The sink, driven directly: a batch with records the table cannot hold
+/// (a value its typed column cannot take, a record without its upsert key)
+/// is answered `refused`, naming exactly those records with their
+/// SQLSTATE, and nothing of it takes effect (no row, no progress row); the
+/// rest, sent again under the same number, is applied; asked again about
+/// that number with any records, the sink answers from its ledger, never
+/// `refused`.
+#[test]
+fn the_sink_refuses_exactly_the_records_its_table_cannot_hold_and_nothing_else_takes_effect() {
+    use skippr_core::{CompactionId, Records, RefusedIndex, SinkOutcome};
+    use skippr_io::plugin::postgres_sink::{connection_config, Column, ColumnType, PostgresSettings, PostgresSink};
+    use skippr_io::plugin::Sink;
+    for upsert in [false, true] {
+        let schema = pg::fresh_schema(if upsert { "refuse_keyed" } else { "refuse_plain" });
+        let keys = match upsert {
+            true => [("orders".to_string(), vec!["id".to_string()])].into(),
+            false => Default::default(),
+        };
+        let settings = PostgresSettings {
+            config: connection_config(&pg::url(), None).unwrap(),
+            schema: schema.clone(),
+            columns: vec![Column { field: "amount".into(), sql_type: ColumnType::Bigint }],
+            keys,
+            tls: None,
+        };
+        let mut sink = PostgresSink::open(settings, "main", "wal-a", &["orders".to_string()]).unwrap();
+        let mut lines: Vec<String> = (0..40).map(|i| format!(r#"{{"id":{i},"amount":{i}}}"#)).collect();
+        lines[3] = r#"{"id":3,"amount":"n/a"}"#.into();
+        lines[17] = r#"{"id":17,"amount":99999999999999999999}"#.into();
+        lines[38] = r#"{"amount":38}"#.into();
+        let records: Records = lines.iter().map(|l| l.as_bytes()).collect();
+        let outcome = sink.apply("orders", 0, CompactionId(1), &records).unwrap();
+        let SinkOutcome::Refused(refused) = outcome else { panic!("upsert {upsert}: {outcome:?}") };
+        let indices: Vec<u32> = refused.iter().map(|r: &RefusedIndex| r.index).collect();
+        // Without a key, the record without one is a record like any other.
+        let want: Vec<u32> = if upsert { vec![3, 17, 38] } else { vec![3, 17] };
+        assert_eq!(indices, want, "upsert {upsert}: {refused:?}");
+        assert!(refused[0].reason.starts_with("SQLSTATE 22P02: invalid input syntax for type bigint"), "{refused:?}");
+        assert!(refused[1].reason.starts_with("SQLSTATE 22003: "), "{refused:?}");
+        if upsert {
+            assert!(refused[2].reason.starts_with("SQLSTATE 23514: "), "{refused:?}");
+        }
+        let mut client = pg::client();
+        let count = |client: &mut postgres::Client, table: &str| -> i64 {
+            client.query_one(&format!("SELECT count(*) FROM \"{schema}\".{table}"), &[]).unwrap().get(0)
+        };
+        assert_eq!(
+            (count(&mut client, "orders"), count(&mut client, "skippr_progress")),
+            (0, 0),
+            "nothing took effect"
+        );
+        let rest: Records =
+            lines.iter().enumerate().filter(|(i, _)| !want.contains(&(*i as u32))).map(|(_, l)| l.as_bytes()).collect();
+        assert_eq!(sink.apply("orders", 0, CompactionId(2), &rest).unwrap(), SinkOutcome::Applied);
+        assert_eq!(count(&mut client, "orders"), rest.len() as i64);
+        // The number is held: the ledger answers, whatever the records.
+        assert_eq!(sink.apply("orders", 0, CompactionId(2), &rest).unwrap(), SinkOutcome::AlreadyApplied);
+        assert_eq!(sink.apply("orders", 0, CompactionId(1), &records).unwrap(), SinkOutcome::Fatal);
+        assert_eq!(count(&mut client, "orders"), rest.len() as i64);
+    }
 }

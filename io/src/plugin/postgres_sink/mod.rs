@@ -25,10 +25,19 @@
 //! session the server ended, a server restart in the middle of a COPY),
 //! serialization failures and a race to create a table are retried on a new
 //! connection; a server host that vanishes without a reset is noticed by TCP
-//! keepalives and the user timeout in about a minute. An error in the data
-//! (a type or constraint violation, a record that is not JSON) is `fatal`
-//! with the server's message, and the stream stops until an operator fixes
-//! it.
+//! keepalives and the user timeout in about a minute.
+//!
+//! A record the stream's table cannot hold (SQLSTATE class 22: a value its
+//! column's type cannot take, JSON the server does not take; class 23 on
+//! the stream's table: the upsert key missing, a constraint) is refused,
+//! not the batch: the batch is written under a savepoint inside the
+//! transaction that holds its progress row, and when it fails on a record
+//! the bad ones are found by halving, then everything is rolled back and
+//! the answer names them with their SQLSTATE and message (runtime protocol
+//! version 2's `refused`: the host decides, sends the rest under the same
+//! number, and the refused records to the dead letters, or stops).
+//! Other errors (a missing privilege, a batch that fails only as a whole)
+//! are `fatal` with the server's message.
 //!
 //! Streams with a key (`PostgresSettings::keys`) are upserted: a unique
 //! index on the key fields, the batch through a temporary table, the last
@@ -43,7 +52,7 @@ use postgres::error::SqlState;
 use postgres::{Client, Config, NoTls};
 use rustls::ClientConfig;
 use skippr_core::ledger::{conflict_message, judge, Digest, Entry, Verdict};
-use skippr_core::{CompactionId, Records, SinkOutcome};
+use skippr_core::{CompactionId, Records, RefusedIndex, SinkOutcome};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::sync::Arc;
@@ -418,42 +427,27 @@ impl PostgresSink {
                 }
                 return Ok(verdict.outcome());
             }
-            let keys = self.settings.keys.get(stream);
-            let target = match keys {
-                None => format!("{schema}.{}", quote(stream)),
-                Some(_) => {
-                    tx.batch_execute(
-                        "CREATE TEMP TABLE IF NOT EXISTS skippr_upsert \
-                         (_skippr_seq bigint, _skippr_row integer, data jsonb) ON COMMIT DELETE ROWS",
-                    )?;
-                    "skippr_upsert".to_string()
+            let keys = self.settings.keys.get(stream).map(Vec::as_slice);
+            let table = Table { schema: &schema, stream, keys, seq };
+            let rows: Vec<(u32, &[u8])> = (0u32..).zip(records.iter()).collect();
+            // Under a savepoint, so that a record the table cannot hold
+            // leaves the transaction (and its progress row, which holds the
+            // number against any other writer) usable for finding it.
+            let mut batch = tx.savepoint("skippr_batch")?;
+            match table.write(&mut batch, &rows) {
+                Ok(()) => batch.commit()?,
+                Err(e) if row_error(&e) => {
+                    batch.rollback()?;
+                    let mut refused = Vec::new();
+                    table.find_refused(&mut tx, &rows, &mut refused)?;
+                    tx.rollback()?;
+                    if refused.is_empty() {
+                        // Only the batch as a whole fails: not a record's fault.
+                        return Err(e);
+                    }
+                    return Ok(SinkOutcome::Refused(refused));
                 }
-            };
-            let mut copy = tx.copy_in(&format!("COPY {target} (_skippr_seq, _skippr_row, data) FROM STDIN"))?;
-            let mut line = Vec::new();
-            for (row, record) in records.iter().enumerate() {
-                line.clear();
-                write!(line, "{seq}\t{row}\t").expect("a Vec takes writes");
-                escape_copy_text(record, &mut line);
-                line.push(b'\n');
-                if copy.write_all(&line).is_err() {
-                    // The server ended the copy: its error comes from finish.
-                    break;
-                }
-            }
-            copy.finish()?;
-            if let Some(keys) = keys {
-                // One row per key: the batch's last record of each key, then
-                // over what an earlier batch left.
-                let k = key_exprs(keys);
-                tx.batch_execute(&format!(
-                    "INSERT INTO {schema}.{table} (_skippr_seq, _skippr_row, data) \
-                     SELECT DISTINCT ON ({k}) _skippr_seq, _skippr_row, data FROM skippr_upsert \
-                     ORDER BY {k}, _skippr_row DESC \
-                     ON CONFLICT ({k}) DO UPDATE SET _skippr_seq = EXCLUDED._skippr_seq, \
-                     _skippr_row = EXCLUDED._skippr_row, data = EXCLUDED.data",
-                    table = quote(stream)
-                ))?;
+                Err(e) => return Err(e),
             }
             tx.commit()?;
             Ok(SinkOutcome::Applied)
@@ -530,6 +524,121 @@ impl Sink for PostgresSink {
                 streams.contains(&stream).then_some((stream, seq as u64))
             })
             .collect())
+    }
+}
+
+/// A stream's table, as one batch writes into it.
+struct Table<'a> {
+    /// The schema, quoted.
+    schema: &'a str,
+    stream: &'a str,
+    /// The upsert key's fields, for a stream that has one.
+    keys: Option<&'a [String]>,
+    seq: u64,
+}
+
+impl Table<'_> {
+    /// Writes these records (each with its place in the batch): a COPY,
+    /// through a temporary table and an upsert for a stream with a key.
+    fn write(&self, tx: &mut postgres::Transaction<'_>, rows: &[(u32, &[u8])]) -> Result<(), postgres::Error> {
+        let (schema, seq) = (self.schema, self.seq);
+        let target = match self.keys {
+            None => format!("{schema}.{}", quote(self.stream)),
+            Some(_) => {
+                // Emptied first: a search for refused records writes a
+                // batch in parts within one transaction.
+                tx.batch_execute(
+                    "CREATE TEMP TABLE IF NOT EXISTS skippr_upsert \
+                     (_skippr_seq bigint, _skippr_row integer, data jsonb) ON COMMIT DELETE ROWS; \
+                     DELETE FROM skippr_upsert",
+                )?;
+                "skippr_upsert".to_string()
+            }
+        };
+        let mut copy = tx.copy_in(&format!("COPY {target} (_skippr_seq, _skippr_row, data) FROM STDIN"))?;
+        let mut line = Vec::new();
+        for &(row, record) in rows {
+            line.clear();
+            write!(line, "{seq}\t{row}\t").expect("a Vec takes writes");
+            escape_copy_text(record, &mut line);
+            line.push(b'\n');
+            if copy.write_all(&line).is_err() {
+                // The server ended the copy: its error comes from finish.
+                break;
+            }
+        }
+        copy.finish()?;
+        if let Some(keys) = self.keys {
+            // One row per key: the batch's last record of each key, then
+            // over what an earlier batch left.
+            let k = key_exprs(keys);
+            tx.batch_execute(&format!(
+                "INSERT INTO {schema}.{table} (_skippr_seq, _skippr_row, data) \
+                 SELECT DISTINCT ON ({k}) _skippr_seq, _skippr_row, data FROM skippr_upsert \
+                 ORDER BY {k}, _skippr_row DESC \
+                 ON CONFLICT ({k}) DO UPDATE SET _skippr_seq = EXCLUDED._skippr_seq, \
+                 _skippr_row = EXCLUDED._skippr_row, data = EXCLUDED.data",
+                table = quote(self.stream)
+            ))?;
+        }
+        Ok(())
+    }
+
+    /// The records of `rows` the table cannot hold, each with the server's
+    /// reason, found by halving: a part that writes is kept (so the parts
+    /// after it meet its rows, as the whole batch would), a part that fails
+    /// on a record is rolled back and split, down to single records. A
+    /// batch with k bad records of n costs about 2k·log2(n) writes; the
+    /// caller rolls everything back.
+    fn find_refused(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        rows: &[(u32, &[u8])],
+        refused: &mut Vec<RefusedIndex>,
+    ) -> Result<(), postgres::Error> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut part = tx.transaction()?;
+        match self.write(&mut part, rows) {
+            Ok(()) => part.commit(),
+            Err(e) if row_error(&e) => {
+                part.rollback()?;
+                if let [(index, _)] = rows {
+                    refused.push(RefusedIndex { index: *index, reason: refusal_reason(&e) });
+                    return Ok(());
+                }
+                let (first, second) = rows.split_at(rows.len() / 2);
+                self.find_refused(tx, first, refused)?;
+                self.find_refused(tx, second, refused)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// An error in a record's data rather than in the destination: a value the
+/// table cannot hold (SQLSTATE class 22: a cast, a range, JSON the server
+/// does not take) or a constraint of the stream's table it breaks (class
+/// 23: the upsert key's presence, a unique index, a check an operator
+/// added). The sink's own tables are never a record's fault.
+fn row_error(e: &postgres::Error) -> bool {
+    let (Some(code), Some(db)) = (e.code(), e.as_db_error()) else { return false };
+    let class = &code.code()[..2];
+    class == "22" || (class == "23" && !matches!(db.table(), Some(PROGRESS | TABLES)))
+}
+
+/// A refused record's reason: its SQLSTATE first, the class the dead-letter
+/// metric counts by, then the server's message and detail.
+fn refusal_reason(e: &postgres::Error) -> String {
+    match (e.code(), e.as_db_error()) {
+        (Some(code), Some(db)) => format!(
+            "SQLSTATE {}: {}{}",
+            code.code(),
+            db.message(),
+            db.detail().map(|d| format!(" ({d})")).unwrap_or_default()
+        ),
+        _ => format!("SQLSTATE unknown: {e}"),
     }
 }
 
