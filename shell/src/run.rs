@@ -137,7 +137,7 @@ struct Plugins {
     dead_letters: Option<SharedSink>,
 }
 
-fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) -> Result<Plugins, (i32, String)> {
+fn plugins(cfg: &RunConfig, wal_identity: &str, s3: &S3Targets) -> Result<Plugins, (i32, String)> {
     let timeout = std::time::Duration::from_secs_f64(cfg.plugin_timeout_seconds);
     // Each stream's key, where the source declares one (a Singer catalog's
     // `key_properties`): what an upserting sink dedupes by.
@@ -193,7 +193,7 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
             Box::new(sink)
         }
         SinkConfig::S3(_) => Box::new(S3Sink::new(
-            s3_sink.expect("connected before the engine starts").clone(),
+            s3.sink.clone().expect("connected before the engine starts"),
             &Scope::new(&cfg.pipeline, wal_identity),
             tokio::runtime::Handle::current(),
         )),
@@ -210,6 +210,14 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3_sink: Option<&S3SinkTarget>) 
         Some(DeadLetterConfig { to: DeadLetterTo::Dir(dir), .. }) => {
             let scope = Scope::new(&cfg.pipeline, wal_identity);
             let letters = DirSink::open(dir, &scope).map_err(|e| (exit::DATA_DIR, e.to_string()))?;
+            Some(Arc::new(Mutex::new(Box::new(letters) as Box<dyn Sink>)) as SharedSink)
+        }
+        Some(DeadLetterConfig { to: DeadLetterTo::S3(_), .. }) => {
+            let letters = S3Sink::new(
+                s3.letters.clone().expect("connected before the engine starts"),
+                &Scope::new(&cfg.pipeline, wal_identity),
+                tokio::runtime::Handle::current(),
+            );
             Some(Arc::new(Mutex::new(Box::new(letters) as Box<dyn Sink>)) as SharedSink)
         }
         Some(DeadLetterConfig { to: DeadLetterTo::Postgres(p), .. }) => {
@@ -238,7 +246,7 @@ async fn run(cfg: RunConfig) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(e),
     };
-    let (wal, offsets, lease, place, endpoints, s3_sink) = stores;
+    let (wal, offsets, lease, place, endpoints, s3) = stores;
     let endpoints = endpoints.unwrap_or_else(|| "none (local disk)".into());
     let metrics_dir = match &place {
         WalPlace::Dir(dir) => Some(dir.clone()),
@@ -266,7 +274,7 @@ async fn run(cfg: RunConfig) -> i32 {
     };
     let clock = Clock::start();
     let reason = loop {
-        let Plugins { source, sink, schema, dead_letters } = match plugins(&cfg, &wal_identity, s3_sink.as_ref()) {
+        let Plugins { source, sink, schema, dead_letters } = match plugins(&cfg, &wal_identity, &s3) {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
@@ -377,7 +385,15 @@ async fn run(cfg: RunConfig) -> i32 {
     code
 }
 
-type Stores = (WalBackend, OffsetsBackend, Option<Arc<Dynamo>>, WalPlace, Option<String>, Option<S3SinkTarget>);
+type Stores = (WalBackend, OffsetsBackend, Option<Arc<Dynamo>>, WalPlace, Option<String>, S3Targets);
+
+/// The buckets the S3 sink and the `s3` dead-letter destination write to,
+/// checked at start.
+#[derive(Default)]
+struct S3Targets {
+    sink: Option<S3SinkTarget>,
+    letters: Option<S3SinkTarget>,
+}
 
 /// Opens the WAL, the offsets store and the lease table, checking that the
 /// bucket and table exist before anything runs.
@@ -385,7 +401,8 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
     let remote = |e: String| (exit::REMOTE, e);
     let needs_aws = matches!(cfg.wal, WalConfig::S3 { .. })
         || cfg.offsets != OffsetsConfig::Disk
-        || matches!(cfg.sink, SinkConfig::S3(_));
+        || matches!(cfg.sink, SinkConfig::S3(_))
+        || matches!(&cfg.dead_letter, Some(DeadLetterConfig { to: DeadLetterTo::S3(_), .. }));
     let sdk = match needs_aws {
         true => Some(cfg.aws.load().await.map_err(remote)?),
         false => None,
@@ -436,15 +453,16 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
         }
         OffsetsConfig::Dynamodb { table } => OffsetsBackend::Dynamo(dynamo(table.clone()).await.map_err(remote)?),
     };
-    let s3_sink = match &cfg.sink {
-        SinkConfig::S3(s3) => Some(
-            S3SinkTarget::connect(sdk.as_ref().expect("loaded"), &s3.bucket, &s3.prefix, s3.gzip)
-                .await
-                .map_err(remote)?,
-        ),
-        _ => None,
-    };
-    Ok((wal, offsets, lease, place, endpoints, s3_sink))
+    let mut s3 = S3Targets::default();
+    if let SinkConfig::S3(t) = &cfg.sink {
+        let target = S3SinkTarget::connect(sdk.as_ref().expect("loaded"), &t.bucket, &t.prefix, t.gzip).await;
+        s3.sink = Some(target.map_err(remote)?);
+    }
+    if let Some(DeadLetterConfig { to: DeadLetterTo::S3(t), .. }) = &cfg.dead_letter {
+        let target = S3SinkTarget::connect(sdk.as_ref().expect("loaded"), &t.bucket, &t.prefix, t.gzip).await;
+        s3.letters = Some(target.map_err(|e| (exit::REMOTE, format!("the dead-letter destination: {e}")))?);
+    }
+    Ok((wal, offsets, lease, place, endpoints, s3))
 }
 
 /// What names this WAL in stores shared with others (DynamoDB offsets, a

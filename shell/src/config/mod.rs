@@ -135,10 +135,11 @@ pub struct Settings {
     pub schema_command: Option<String>,
     /// Where records a sink refuses go (a value the destination cannot
     /// store): `off`, and a refusal stops the daemon (exit 8); `dir`, a
-    /// file per dead-letter batch under --dead-letter-dir; or `postgres`, a
+    /// file per dead-letter batch under --dead-letter-dir; `postgres`, a
     /// table per stream in --dead-letter-schema of the --postgres-url
-    /// database. Each refused record with its reason, exactly once (the
-    /// decision is kept in the WAL) [default: off].
+    /// database; or `s3`, an object per dead-letter batch under
+    /// --dead-letter-s3-prefix. Each refused record with its reason, exactly
+    /// once (the decision is kept in the WAL) [default: off].
     #[arg(long = "dead-letter", env = "SKIPPR_DEAD_LETTER", value_name = "KIND")]
     pub dead_letter: Option<String>,
     /// The `dir` dead-letter destination's directory [default:
@@ -150,6 +151,15 @@ pub struct Settings {
     /// skippr_dead_letters].
     #[arg(long, env = "SKIPPR_DEAD_LETTER_SCHEMA", value_name = "NAME")]
     pub dead_letter_schema: Option<String>,
+    /// The `s3` dead-letter destination's bucket [default: the S3 sink's,
+    /// --sink-s3-bucket].
+    #[arg(long, env = "SKIPPR_DEAD_LETTER_S3_BUCKET", value_name = "BUCKET")]
+    pub dead_letter_s3_bucket: Option<String>,
+    /// The `s3` dead-letter destination's key prefix,
+    /// `<prefix><stream>/<tag>.<seq>.jsonl`; not the S3 sink's prefix in the
+    /// same bucket [default: dead-letters/].
+    #[arg(long, env = "SKIPPR_DEAD_LETTER_S3_PREFIX", value_name = "PREFIX")]
+    pub dead_letter_s3_prefix: Option<String>,
     /// The breaker: the daemon stops (exit 8) rather than let more than
     /// this many records be refused among the last --dead-letter-window
     /// decided, counted from the WAL (a restart does not reset it), so a
@@ -224,6 +234,8 @@ pub enum DeadLetterTo {
     /// writes (no columns, no keys): one table per stream, the letter in
     /// `data`.
     Postgres(skippr_io::plugin::postgres_sink::settings::PostgresConfig),
+    /// A bucket and prefix, written as the S3 sink writes (not gzipped).
+    S3(skippr_io::plugin::s3_sink::settings::S3SinkConfig),
 }
 
 fn dead_letter(s: &Settings, data_dir: &std::path::Path) -> Result<Option<DeadLetterConfig>, String> {
@@ -232,7 +244,8 @@ fn dead_letter(s: &Settings, data_dir: &std::path::Path) -> Result<Option<DeadLe
         "off" => return Ok(None),
         "dir" => DeadLetterTo::Dir(dir()),
         "postgres" => DeadLetterTo::Postgres(postgres_letters(s)?),
-        other => return Err(format!("unknown dead-letter destination '{other}': use off, dir or postgres")),
+        "s3" => DeadLetterTo::S3(s3_letters(s)?),
+        other => return Err(format!("unknown dead-letter destination '{other}': use off, dir, postgres or s3")),
     };
     let defaults = skippr_core::DeadLetters::default();
     let limits = skippr_core::DeadLetters {
@@ -275,6 +288,28 @@ fn postgres_letters(s: &Settings) -> Result<skippr_io::plugin::postgres_sink::se
         ));
     }
     Ok(config)
+}
+
+/// The `s3` dead-letter destination: its own bucket, or the S3 sink's under
+/// another prefix.
+fn s3_letters(s: &Settings) -> Result<skippr_io::plugin::s3_sink::settings::S3SinkConfig, String> {
+    let sink = &s.sink.s3;
+    let bucket = s.dead_letter_s3_bucket.clone().or_else(|| sink.s3_bucket.clone()).ok_or(
+        "--dead-letter s3 needs a bucket: --dead-letter-s3-bucket BUCKET (SKIPPR_DEAD_LETTER_S3_BUCKET), or the S3 \
+         sink's --sink-s3-bucket",
+    )?;
+    let prefix = s.dead_letter_s3_prefix.clone().unwrap_or_else(|| "dead-letters/".into());
+    let normal = |p: &str| if p.is_empty() || p.ends_with('/') { p.to_string() } else { format!("{p}/") };
+    let shared = s.sink.kind.as_deref() == Some("s3")
+        && sink.s3_bucket.as_deref() == Some(bucket.as_str())
+        && normal(sink.s3_prefix.as_deref().unwrap_or("")) == normal(&prefix);
+    if shared {
+        return Err(format!(
+            "--dead-letter-s3-prefix '{prefix}' in bucket {bucket} is the S3 sink's too: the dead letters of a stream \
+             and its batches would share keys by number; name another prefix"
+        ));
+    }
+    Ok(skippr_io::plugin::s3_sink::settings::S3SinkConfig { bucket, prefix, gzip: false })
 }
 
 /// Under `--once`, how long WAL or lease requests may fail before exit 15.

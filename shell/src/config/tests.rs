@@ -239,7 +239,7 @@ fn dead_letters_are_off_by_default_and_go_to_a_directory_under_the_data_dir_when
     assert!(resolve(&run(zero)).unwrap_err().contains("dead_letter_window (the configuration file) is 0"));
     assert_eq!(
         resolve(&run(dir("kafka"))).unwrap_err(),
-        "unknown dead-letter destination 'kafka': use off, dir or postgres"
+        "unknown dead-letter destination 'kafka': use off, dir, postgres or s3"
     );
 }
 
@@ -265,4 +265,29 @@ fn postgres_dead_letters_use_the_sinks_database_in_a_schema_of_their_own() {
     assert!(letters(None, None, (None, None)).unwrap_err().contains("--postgres-url"));
     let same = letters(url, Some("postgres"), (Some("app"), Some("app"))).unwrap_err();
     assert!(same.contains("--dead-letter-schema 'app' is the postgres sink's schema too"), "{same}");
+}
+
+#[test]
+fn s3_dead_letters_default_to_the_sinks_bucket_under_a_prefix_of_their_own() {
+    let letters = |sink: Option<(&str, &str)>, own: (Option<&str>, Option<&str>)| {
+        let mut s = Settings {
+            dead_letter: Some("s3".into()),
+            dead_letter_s3_bucket: own.0.map(Into::into),
+            dead_letter_s3_prefix: own.1.map(Into::into),
+            ..Settings::default()
+        };
+        if let Some((bucket, prefix)) = sink {
+            s.sink.kind = Some("s3".into());
+            s.sink.s3.s3_bucket = Some(bucket.into());
+            s.sink.s3.s3_prefix = Some(prefix.into());
+        }
+        resolve(&run(s)).map(|c| c.dead_letter.unwrap().to)
+    };
+    let Ok(DeadLetterTo::S3(t)) = letters(Some(("lake", "")), (None, None)) else { panic!() };
+    assert_eq!((t.bucket.as_str(), t.prefix.as_str(), t.gzip), ("lake", "dead-letters/", false));
+    let Ok(DeadLetterTo::S3(t)) = letters(None, (Some("letters"), Some("x"))) else { panic!() };
+    assert_eq!((t.bucket.as_str(), t.prefix.as_str()), ("letters", "x"));
+    assert!(letters(None, (None, None)).unwrap_err().contains("--dead-letter-s3-bucket"));
+    let same = letters(Some(("lake", "out")), (None, Some("out/"))).unwrap_err();
+    assert!(same.contains("is the S3 sink's too"), "{same}");
 }

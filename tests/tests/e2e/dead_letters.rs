@@ -44,27 +44,35 @@ fn daemon(data: &Path, out: &Path, extra: &[&str], rate: Option<u64>) -> Command
     cmd
 }
 
-/// Every dead letter under `dir`: (partition, the record's seq) → (reason,
-/// how many times).
-fn dead_letters(dir: &Path) -> BTreeMap<(u64, u64), (String, usize)> {
-    let mut out: BTreeMap<(u64, u64), (String, usize)> = BTreeMap::new();
+/// Dead letters, tallied: (partition, the record's seq) → (reason, how
+/// many times).
+type Tally = BTreeMap<(u64, u64), (String, usize)>;
+
+/// Adds the dead letters of one dead-letter batch (JSON lines) to `out`.
+fn tally(batch: &str, out: &mut Tally) {
+    for line in batch.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["record"]["bad"], true, "only refused records are dead letters: {line}");
+        assert_eq!(v["partition"], v["record"]["partition"], "{line}");
+        assert_eq!(v["position"], v["record"]["seq"], "{line}");
+        assert!(v["compaction_id"].as_str().is_some_and(|c| c.len() == 16), "{line}");
+        assert!(v["decided_at"].as_str().is_some_and(|t| t.starts_with("20") && t.ends_with('Z')), "{line}");
+        let key = (v["partition"].as_u64().unwrap(), v["position"].as_u64().unwrap());
+        let entry = out.entry(key).or_insert((v["reason"].as_str().unwrap().to_string(), 0));
+        entry.1 += 1;
+    }
+}
+
+/// Every dead letter under `dir` (the `dir` destination).
+fn dead_letters(dir: &Path) -> Tally {
+    let mut out = Tally::new();
     let Ok(files) = std::fs::read_dir(dir.join("orders")) else { return out };
     for file in files.map(|e| e.unwrap().path()) {
         let name = file.file_name().unwrap().to_string_lossy().to_string();
         if name.starts_with('.') || !name.ends_with(".jsonl") {
             continue;
         }
-        for line in std::fs::read_to_string(&file).unwrap().lines() {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            assert_eq!(v["record"]["bad"], true, "only refused records are dead letters: {line}");
-            assert_eq!(v["partition"], v["record"]["partition"], "{line}");
-            assert_eq!(v["position"], v["record"]["seq"], "{line}");
-            assert!(v["compaction_id"].as_str().is_some_and(|c| c.len() == 16), "{line}");
-            assert!(v["decided_at"].as_str().is_some_and(|t| t.starts_with("20") && t.ends_with('Z')), "{line}");
-            let key = (v["partition"].as_u64().unwrap(), v["position"].as_u64().unwrap());
-            let entry = out.entry(key).or_insert((v["reason"].as_str().unwrap().to_string(), 0));
-            entry.1 += 1;
-        }
+        tally(&std::fs::read_to_string(&file).unwrap(), &mut out);
     }
     out
 }
@@ -72,9 +80,8 @@ fn dead_letters(dir: &Path) -> BTreeMap<(u64, u64), (String, usize)> {
 /// The sink and the dead letters hold every record exactly once between
 /// them: the bad ones as dead letters with their reason, the rest in the
 /// sink.
-fn assert_each_record_once(out: &Path, letters: &Path) {
+fn assert_each_record_once(out: &Path, dead: &Tally) {
     let sink = read_dir_sink(out);
-    let dead = dead_letters(letters);
     for p in 0..2u64 {
         let got = sink.get(&("orders".to_string(), p)).cloned().unwrap_or_default();
         let good: Vec<u64> = (0..RECORDS).filter(|s| s % BAD_EVERY != BAD_EVERY - 1).collect();
@@ -84,7 +91,7 @@ fn assert_each_record_once(out: &Path, letters: &Path) {
         let lettered: Vec<u64> = dead.keys().filter(|(q, _)| *q == p).map(|(_, s)| *s).collect();
         assert_eq!(lettered, bad, "partition {p}: every bad record is a dead letter");
     }
-    for ((p, s), (reason, n)) in &dead {
+    for ((p, s), (reason, n)) in dead {
         assert_eq!((reason.as_str(), *n), ("bad is set", 1), "partition {p} record {s}: once, with its reason");
     }
 }
@@ -104,7 +111,7 @@ fn refused_records_go_to_the_dead_letters_once_and_the_rest_to_the_sink_through_
     assert_eq!(killed, 8, "every run was killed with work in flight");
     let done = daemon(&data, &out, &args, None).output().unwrap();
     assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
-    assert_each_record_once(&out, &letters);
+    assert_each_record_once(&out, &dead_letters(&letters));
 }
 
 #[test]
@@ -119,7 +126,36 @@ fn without_dead_letters_a_refused_record_stops_the_daemon_naming_it() {
     // WAL: nothing was lost, nothing is applied twice.
     let again = daemon(&data, &out, &["--dead-letter", "dir"], None).output().unwrap();
     assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
-    assert_each_record_once(&out, &data.join("dead-letters"));
+    assert_each_record_once(&out, &dead_letters(&data.join("dead-letters")));
+}
+
+/// The same through the `s3` dead-letter destination: an object per
+/// dead-letter batch in the local S3 server, keys dense from 0.
+#[test]
+fn refused_records_go_to_s3_dead_letters_once_through_sigkills() {
+    use skippr_tests::aws;
+    let _cores = both_cores();
+    let bucket = aws::runtime().block_on(aws::bucket("letters"));
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, out) = (tmp.path().join("data"), tmp.path().join("out"));
+    let args = ["--dead-letter", "s3", "--dead-letter-s3-bucket", &bucket];
+    let s3 = |rate: Option<u64>| {
+        let mut cmd = daemon(&data, &out, &args, rate);
+        cmd.envs(aws::env());
+        cmd
+    };
+    let work = Work::Paced { rate: 30_000, total: 2 * RECORDS };
+    let killed = chaos_runs(8, "0.1", "0.4", work, || s3(Some(30_000)));
+    assert_eq!(killed, 8, "every run was killed with work in flight");
+    let done = s3(None).output().unwrap();
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    let mut dead = Tally::new();
+    let objects = crate::s3_sink::objects(&bucket, "dead-letters/orders/");
+    for (i, (key, body, _)) in objects.iter().enumerate() {
+        assert!(key.ends_with(&format!(".{i:020}.jsonl")), "{key}: dead-letter batches dense from 0");
+        tally(std::str::from_utf8(body).unwrap(), &mut dead);
+    }
+    assert_each_record_once(&out, &dead);
 }
 
 /// The PostgreSQL sink with a `bigint` column for `amount`, which the bad

@@ -22,7 +22,7 @@ fn client() -> aws_sdk_s3::Client {
 
 /// Every object under `prefix`: key, body (gunzipped when it ends in .gz)
 /// and the compaction id in its metadata.
-fn objects(bucket: &str, prefix: &str) -> Vec<(String, Vec<u8>, String)> {
+pub(crate) fn objects(bucket: &str, prefix: &str) -> Vec<(String, Vec<u8>, String)> {
     let rt = aws::runtime();
     let c = client();
     rt.block_on(async {
