@@ -257,9 +257,10 @@ fn postgres_dead_letters_use_the_sinks_database_in_a_schema_of_their_own() {
         s.sink.postgres.postgres_columns = Some("amount:bigint".into());
         resolve(&run(s)).map(|c| c.dead_letter.unwrap().to)
     };
-    let url = Some("postgresql://app@db:5432/warehouse");
+    let db = "postgresql://app@db:5432/warehouse";
+    let url = Some(db);
     let Ok(DeadLetterTo::Postgres(p)) = letters(url, Some("postgres"), (None, None)) else { panic!() };
-    assert_eq!((p.url.as_str(), p.schema.as_str(), p.columns.len()), (url.unwrap(), "skippr_dead_letters", 0));
+    assert_eq!((p.url.as_str(), p.schema.as_str(), p.columns.len()), (db, "skippr_dead_letters", 0));
     let Ok(DeadLetterTo::Postgres(p)) = letters(url, None, (None, Some("letters"))) else { panic!() };
     assert_eq!(p.schema, "letters", "any sink, the database of --postgres-url");
     assert!(letters(None, None, (None, None)).unwrap_err().contains("--postgres-url"));
