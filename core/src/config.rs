@@ -28,6 +28,9 @@ pub struct HostConfig {
     /// Input an operator gives up (`run --skip-input`), recorded in the WAL
     /// at the start of the run.
     pub skips: Vec<SkipRequest>,
+    /// Open plans an operator gives up (`run --skip-batch`), recorded in
+    /// the WAL at the end of recovery, before they are sent again.
+    pub batch_skips: Vec<BatchSkipRequest>,
     /// Records a sink refuses go to a dead-letter destination (`run
     /// --dead-letter`), within the breaker's bound; `None`: a refusal
     /// stops the engine.
@@ -47,6 +50,17 @@ pub struct SkipRequest {
     pub stream: crate::ids::StreamId,
     pub at: crate::ids::Position,
     pub next: crate::ids::Position,
+    pub reason: String,
+}
+
+/// Batch `seq` of (sink, stream), given up by an operator's command, and
+/// why: typically one its sink answers `fatal` and no fix of the
+/// destination will take.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchSkipRequest {
+    pub sink: crate::ids::SinkId,
+    pub stream: crate::ids::StreamId,
+    pub seq: crate::ids::CompactionSeq,
     pub reason: String,
 }
 
@@ -368,6 +382,7 @@ mod tests {
             cluster: None,
             mutations: Mutations::NONE,
             skips: Vec::new(),
+            batch_skips: Vec::new(),
             dead_letters: None,
             wall_origin_ms: 0,
         }

@@ -52,7 +52,7 @@ mod time;
 /// The WAL's byte formats and the object-store layout rules.
 mod wal;
 
-pub use config::{ClusterConfig, SkipRequest, SKIP_REASON_BYTES_MAX};
+pub use config::{BatchSkipRequest, ClusterConfig, SkipRequest, SKIP_REASON_BYTES_MAX};
 pub use config::{ConfigError, DeadLetters, HostConfig, LeaseConfig, Limits};
 pub use consensus::replica::{PeerProgress, RaftStatus};
 pub use dead_letters::{kept_reason, Letter, REASON_BYTES_MAX};

@@ -5,7 +5,8 @@
 use crate::ids::*;
 pub use crate::wal::PartitionState;
 use crate::wal::{
-    Breaker, CompactionPlan, Frame, LetterState, Names, Refusal, SchemaDecision, Settled, Skipped, Snapshot,
+    BatchSkipped, Breaker, CompactionPlan, Frame, LetterState, Names, Refusal, SchemaDecision, Settled, Skipped,
+    Snapshot,
 };
 use std::collections::BTreeMap;
 
@@ -98,7 +99,21 @@ impl CommittedState {
             }
             Frame::AllFinished => self.all_finished = self.finished.map(|_| lsn),
             Frame::Skipped(k) => self.skip(lsn, k),
+            Frame::BatchSkipped(k) => self.skip_batch(k),
             Frame::Seal | Frame::Commit(_) | Frame::Fence | Frame::Membership(_) => {}
+        }
+    }
+
+    /// An operator gave up an open plan: it is done, its refusals with it,
+    /// and its sink's acknowledged positions move past its ranges.
+    fn skip_batch(&mut self, k: &BatchSkipped) {
+        let slot = (k.sink, k.stream);
+        let plan = self.open.remove(&slot).expect("a batch skip names the open plan");
+        assert_eq!((plan.seq, plan.id), (k.seq, k.id), "a batch skip names the open plan");
+        assert!(!self.settled.contains_key(&slot), "a settled plan is not given up");
+        self.refusals.remove(&slot);
+        for r in &plan.ranges {
+            self.acked.insert((plan.sink, r.key), r.to);
         }
     }
 

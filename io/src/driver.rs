@@ -206,6 +206,25 @@ pub async fn drive(
                         );
                     }
                 }
+                Output::BatchSkip { sink, stream, seq, recorded } => {
+                    let stream = backends.streams.name(stream).to_string();
+                    let sink = backends.sink_names.get(sink.0 as usize).cloned().unwrap_or_default();
+                    if recorded {
+                        warn!(
+                            sink,
+                            stream,
+                            seq = seq.0,
+                            "giving up a batch on the operator's command (recorded in the WAL)"
+                        );
+                    } else {
+                        info!(
+                            sink,
+                            stream,
+                            seq = seq.0,
+                            "nothing to skip: that batch is done already (an earlier run applied it or gave it up)"
+                        );
+                    }
+                }
                 Output::Stalled { what: Stall::RaftNoPeer, for_ } => {
                     error!(
                         last_error = %crate::health::last_warning().unwrap_or_else(|| "none logged".into()),

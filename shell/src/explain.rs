@@ -138,10 +138,10 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
              writer ran: another daemon is writing {}. Stopped without acknowledging anything more",
             wal.root()
         ),
-        StopReason::SinkFatal { sink, stream, id } => format!(
-            "sink {} refused compaction {id} of stream {} as fatal; that stream is stopped. Fix the sink or its \
-             destination, then start again: the batch is replayed with the same id",
-            sink.0, stream.0
+        StopReason::SinkFatal { sink, stream, id, seq } => format!(
+            "sink {} refused compaction {id} (batch {}) of stream {} as fatal; that stream is stopped. Fix the sink or \
+             its destination, then start again: the batch is replayed with the same id",
+            sink.0, seq.0, stream.0
         ),
         StopReason::SinkRefused { sink, stream, id, key, position, reason, refused } => format!(
             "sink {} refused {refused} record(s) of compaction {id} of stream {}, the first at partition {} position \
@@ -176,6 +176,20 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
         StopReason::SourceRefused { source, why } => format!(
             "source {} cannot go on: {why}. Nothing committed is lost",
             source.0
+        ),
+        StopReason::BatchSkipNotOpen { stream, seq, next, settled: false, .. } => format!(
+            "--skip-batch names batch {} of stream {}, but the WAL has planned that stream's batches only up to {} \
+             (the first not planned): only a batch the sink was sent can be given up. Nothing was skipped; copy \
+             the option from the message of the stop that named the batch",
+            seq.0,
+            stream.0,
+            next.0.saturating_sub(1)
+        ),
+        StopReason::BatchSkipNotOpen { stream, seq, settled: true, .. } => format!(
+            "--skip-batch names batch {} of stream {}, which its sink holds already (the WAL settled it) and whose \
+             dead letters are still to be delivered: it cannot be given up. Nothing was skipped; fix the dead-letter \
+             destination instead",
+            seq.0, stream.0
         ),
         StopReason::SkipNotNext { key, at, next, position } => format!(
             "--skip-input names positions {}..{} of partition {}, but the WAL has committed that partition up to \

@@ -5,13 +5,13 @@
 //! stop to an exit code and prints one summary line.
 
 use crate::config::{
-    resolve, DeadLetterConfig, DeadLetterTo, InputSkip, OffsetsConfig, RunArgs, RunConfig, SinkConfig, SourceConfig,
-    WalConfig,
+    resolve, BatchSkip, DeadLetterConfig, DeadLetterTo, InputSkip, OffsetsConfig, RunArgs, RunConfig, SinkConfig,
+    SourceConfig, WalConfig,
 };
 use crate::exit;
 use crate::explain::{explain, WalPlace};
 use skippr_core::ledger::Scope;
-use skippr_core::SkipRequest;
+use skippr_core::{BatchSkipRequest, CompactionSeq, SinkId, SkipRequest};
 use skippr_core::{Duration, Host, HostConfig, LeaseConfig, Limits, Mutations, StopReason};
 use skippr_core::{PartitionKey, Position, SourceId, StreamId};
 use skippr_io::driver::{SharedSchema, SharedSink, SharedSource};
@@ -273,16 +273,18 @@ async fn run(cfg: RunConfig) -> i32 {
         Err(e) => return fail(e),
     };
     let clock = Clock::start();
+    let mut stream_names: Vec<String> = Vec::new();
     let reason = loop {
         let Plugins { source, sink, schema, dead_letters } = match plugins(&cfg, &wal_identity, &s3) {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
         let streams = source.streams();
-        let skips = match skip_requests(&cfg, &streams) {
+        let (skips, batch_skips) = match skip_requests(&cfg, &streams) {
             Ok(skips) => skips,
             Err(e) => return fail((exit::CONFIG, e)),
         };
+        stream_names.clone_from(&streams);
         let host_config = HostConfig {
             // Per run: it seeds retry jitter and the low half of the writer epoch.
             seed: run_seed(),
@@ -296,6 +298,7 @@ async fn run(cfg: RunConfig) -> i32 {
             cluster: cluster.as_ref().map(|c| c.config.clone()),
             mutations: Mutations::NONE,
             skips,
+            batch_skips,
             dead_letters: cfg.dead_letter.as_ref().map(|d| d.limits),
             wall_origin_ms: clock.wall_origin_ms(),
         };
@@ -336,6 +339,15 @@ async fn run(cfg: RunConfig) -> i32 {
     }
     let code = exit::for_stop(&reason);
     let mut message = explain(&reason, &place);
+    if let StopReason::SinkFatal { stream, seq, .. } = &reason {
+        // The way past it that needs no fix of the destination.
+        let name = stream_names.get(stream.0 as usize).map_or("?", String::as_str);
+        message = format!(
+            "{message}. Or give that batch up (its records go to neither the sink nor the dead letters; recorded in \
+             the WAL): start again with --skip-batch {name}:{} --skip-reason TEXT",
+            seq.0
+        );
+    }
     if matches!(reason, StopReason::OffsetsAheadOfWal { .. } | StopReason::SinkAheadOfWal { .. })
         && cfg.wal == WalConfig::Disk
     {
@@ -507,8 +519,9 @@ fn limits(cfg: &RunConfig) -> Limits {
     }
 }
 
-/// `--skip-input`, for the engine: the stream must be one the source has.
-fn skip_requests(cfg: &RunConfig, streams: &[String]) -> Result<Vec<SkipRequest>, String> {
+/// `--skip-input` and `--skip-batch`, for the engine: the stream must be
+/// one the source has.
+fn skip_requests(cfg: &RunConfig, streams: &[String]) -> Result<(Vec<SkipRequest>, Vec<BatchSkipRequest>), String> {
     let request = |skip: &InputSkip| {
         let Some(stream) = streams.iter().position(|s| *s == skip.stream) else {
             return Err(format!(
@@ -526,5 +539,23 @@ fn skip_requests(cfg: &RunConfig, streams: &[String]) -> Result<Vec<SkipRequest>
             reason: cfg.skip_reason.clone(),
         })
     };
-    cfg.skips.iter().map(request).collect()
+    let skips = cfg.skips.iter().map(request).collect::<Result<_, _>>()?;
+    let batch = |skip: &BatchSkip| {
+        let Some(stream) = streams.iter().position(|s| *s == skip.stream) else {
+            return Err(format!(
+                "--skip-batch names stream {:?}, which this source does not have (it has {}): copy the option from \
+                 the stop message",
+                skip.stream,
+                streams.join(", ")
+            ));
+        };
+        Ok(BatchSkipRequest {
+            sink: SinkId(0),
+            stream: StreamId(stream as u16),
+            seq: CompactionSeq(skip.seq),
+            reason: cfg.skip_reason.clone(),
+        })
+    };
+    let batch_skips = cfg.batch_skips.iter().map(batch).collect::<Result<_, _>>()?;
+    Ok((skips, batch_skips))
 }

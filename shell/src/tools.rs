@@ -203,6 +203,15 @@ fn walk(
                             k.next.0,
                             k.reason.escape_debug()
                         )),
+                        Frame::BatchSkipped(k) => skips.push(format!(
+                            "skipped at lsn {}: stream {}, batch {} (compaction {}) of sink #{}: {}",
+                            g.lsn.0,
+                            streams.get(k.stream.0 as usize).map_or_else(|| format!("#{}", k.stream.0), Clone::clone),
+                            k.seq.0,
+                            k.id,
+                            k.sink.0,
+                            k.reason.escape_debug()
+                        )),
                         _ => {}
                     }
                 }

@@ -504,6 +504,7 @@ impl Scenario {
             cluster: None,
             mutations,
             skips: Vec::new(),
+            batch_skips: Vec::new(),
             // The breaker never trips here: every record refused must
             // reach the dead letters (core tests trip it).
             dead_letters: self.letters.on.then_some(skippr_core::DeadLetters { max: u64::MAX, window: 1 << 20 }),

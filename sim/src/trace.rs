@@ -166,6 +166,11 @@ impl Trace {
                 self.u64(next.0);
                 self.u64(position.0 ^ (*recorded as u64) << 63);
             }
+            Output::BatchSkip { sink, stream, seq, recorded } => {
+                self.u64(22);
+                self.u64((sink.0 as u64) << 16 | stream.0 as u64);
+                self.u64(seq.0 ^ (*recorded as u64) << 63);
+            }
         }
         if self.print {
             self.lines.push(format!("{now} <- {}", describe_output(output)));
@@ -481,6 +486,9 @@ pub fn describe_output(output: &Output) -> String {
         ),
         Output::Skip { key, at, next, position, recorded } => {
             format!("skip {key:?} {}..{} at {} recorded {recorded}", at.0, next.0, position.0)
+        }
+        Output::BatchSkip { sink, stream, seq, recorded } => {
+            format!("batch skip sink {} stream {} seq {} recorded {recorded}", sink.0, stream.0, seq.0)
         }
         Output::Send(m) => format!("send {}", describe_message(m)),
         Output::Role { term, leader, is_leader } => {

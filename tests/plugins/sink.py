@@ -6,6 +6,9 @@ With REFUSE_FIELD=F (version 2) it refuses every record whose field F is
 true, naming each with the reason "<F> is set" (nothing of such a batch is
 applied, as the protocol asks).
 
+With FATAL_FIELD=F it answers fatal to every batch holding a record whose
+field F is true (a version 1 sink cannot name the record).
+
 With REFUSE=retryable (or fatal) it answers that to every batch; with
 LAG_SECONDS=S it answers retryable for S seconds after it starts, then
 applies (a sink that is down for a while). Without OUT_DIR it keeps
@@ -87,6 +90,9 @@ def main():
                 n.startswith(f"{msg['seq']:020}-") for n in os.listdir(os.path.join(OUT_DIR, msg["stream"])))
             if bad and not refuse and not held:
                 refuse = "refused"
+            fatal = os.environ.get("FATAL_FIELD")
+            if fatal and not held and any(isinstance(r, dict) and r.get(fatal) is True for r in msg["records"]):
+                refuse = "fatal"
             outcome = refuse if refuse else apply(msg)
             result = {"type": "result", "outcome": outcome, "rows": len(msg["records"])}
             if outcome == "refused":

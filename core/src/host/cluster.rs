@@ -156,6 +156,7 @@ impl Host {
                     }
                 }
                 Frame::CompactionDone(done) => self.prune_acked(done.stream),
+                Frame::BatchSkipped(k) => self.prune_acked(k.stream),
                 _ => {}
             }
         }

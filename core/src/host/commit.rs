@@ -28,7 +28,8 @@ impl Host {
     /// The group in flight is durable and visible: apply it.
     pub(super) fn commit_landed(&mut self) {
         let landed = self.wal.land(&mut self.fx);
-        let acks_advanced = landed.frames.iter().any(|f| matches!(f, Frame::CompactionDone(_)));
+        let acks_advanced =
+            landed.frames.iter().any(|f| matches!(f, Frame::CompactionDone(_) | Frame::BatchSkipped(_)));
         let fenced = landed.frames.iter().any(|f| matches!(f, Frame::Fence));
         let lsn = landed.place.lsn;
         for frame in landed.frames {
@@ -65,6 +66,7 @@ impl Host {
                 }
             }
             Frame::CompactionDone(done) => self.prune_acked(done.stream),
+            Frame::BatchSkipped(k) => self.prune_acked(k.stream),
             Frame::Refused(r) if self.compaction.decision_committed(r.sink, r.stream) => {
                 self.dispatch(r.sink, r.stream);
             }

@@ -8,7 +8,7 @@
 use super::*;
 use crate::io::{OffsetsOp, WalOp};
 use crate::recovery::{Recovery, WalDamage};
-use crate::wal::{Frame, Skipped};
+use crate::wal::{BatchSkipped, Frame, Skipped};
 use bytes::Bytes;
 use offsets_writer::StoreCheck;
 use startup::Read;
@@ -293,7 +293,10 @@ impl Host {
         self.sources.restore(&self.committed);
         self.schemas.restore(&self.committed.schemas);
         let replay = !self.cfg.mutations.has(Mutation::SkipCompactionReplay);
-        let open = self.compaction.restore(&self.cfg, &self.committed, replay);
+        let mut open = self.compaction.restore(&self.cfg, &self.committed, replay);
+        if let Err(stop) = self.record_batch_skips(&mut open) {
+            return self.stop(stop);
+        }
         for (sink, stream) in open {
             self.dispatch(sink, stream);
         }
@@ -345,6 +348,39 @@ impl Host {
                 }));
                 self.sources.skip(&skip);
             }
+        }
+        Ok(())
+    }
+}
+
+impl Host {
+    /// The operator's batch skips (`run --skip-batch`), before the open
+    /// plans are sent again: each names a plan that is open and not
+    /// settled (its sink holds none of its attempts, as far as the WAL
+    /// knows), which is given up (its slot idle, the frame with the next
+    /// group), or one done by an earlier run (nothing to do). One not yet
+    /// planned, or settled with dead letters to deliver, stops the engine
+    /// with nothing given up.
+    fn record_batch_skips(&mut self, open: &mut Vec<(SinkId, StreamId)>) -> Result<(), StopReason> {
+        for skip in self.cfg.batch_skips.clone() {
+            let (sink, stream, seq) = (skip.sink, skip.stream, skip.seq);
+            let slot = (sink, stream);
+            let next = self.committed.next_seq.get(&slot).copied().unwrap_or_default();
+            let plan = self.committed.open.get(&slot).filter(|p| p.seq == seq);
+            let settled = self.committed.settled.contains_key(&slot);
+            let Some(plan) = plan.filter(|_| !settled) else {
+                let done = seq < next && self.committed.open.get(&slot).is_none_or(|p| p.seq != seq);
+                if !done {
+                    return Err(StopReason::BatchSkipNotOpen { sink, stream, seq, next, settled });
+                }
+                self.fx.emit(Output::BatchSkip { sink, stream, seq, recorded: false });
+                continue;
+            };
+            let id = plan.id;
+            self.fx.emit(Output::BatchSkip { sink, stream, seq, recorded: true });
+            self.wal.push(Frame::BatchSkipped(BatchSkipped { sink, stream, seq, id, reason: skip.reason }));
+            self.compaction.give_up(sink, stream);
+            open.retain(|&o| o != slot);
         }
         Ok(())
     }

@@ -132,6 +132,16 @@ pub enum Output {
         position: Position,
         recorded: bool,
     },
+    /// An operator's batch skip at the end of recovery: `recorded` when
+    /// the open plan is given up now (committed with the next group);
+    /// otherwise the batch was done by an earlier run (applied, or given
+    /// up), and nothing is done.
+    BatchSkip {
+        sink: SinkId,
+        stream: StreamId,
+        seq: CompactionSeq,
+        recorded: bool,
+    },
     /// Batch `seq` of (sink, stream) settled with refusals standing (the
     /// `Settled` frame committed): the refused records go to the dead
     /// letters as that pair's batch `letters`, with these reasons (one per

@@ -40,7 +40,7 @@ pub enum StopReason {
     /// The lease was taken by another writer while this one ran.
     LeaseLost { holder: u64, generation: u64 },
     /// A sink answered `fatal`.
-    SinkFatal { sink: SinkId, stream: StreamId, id: CompactionId },
+    SinkFatal { sink: SinkId, stream: StreamId, id: CompactionId, seq: CompactionSeq },
     /// A sink refused records and dead letters are off: the first of them,
     /// where it is and why, and how many the batch held.
     SinkRefused {
@@ -72,6 +72,10 @@ pub enum StopReason {
     /// partition's committed position is past its start but short of its
     /// end.
     SkipNotNext { key: PartitionKey, at: Position, next: Position, position: Position },
+    /// `run --skip-batch` names a batch that is not planned yet (`next` is
+    /// the first number not planned), or one its sink holds already with
+    /// dead letters to deliver (`settled`): nothing is given up.
+    BatchSkipNotOpen { sink: SinkId, stream: StreamId, seq: CompactionSeq, next: CompactionSeq, settled: bool },
     /// The snapshot no longer fits in a segment: raise the segment size.
     SegmentTooSmall { needed: u64 },
     /// The configuration names a source, sink or stream differently from

@@ -36,6 +36,7 @@ pub enum FrameKind {
     Skipped = 12,
     Refused = 13,
     Settled = 14,
+    BatchSkipped = 15,
 }
 
 impl FrameKind {
@@ -55,6 +56,7 @@ impl FrameKind {
             12 => FrameKind::Skipped,
             13 => FrameKind::Refused,
             14 => FrameKind::Settled,
+            15 => FrameKind::BatchSkipped,
             _ => return None,
         })
     }
@@ -165,6 +167,18 @@ impl Settled {
         let held = refusals.iter().position(|r| r.id == self.held).unwrap_or(refusals.len());
         &refusals[..held]
     }
+}
+
+/// An open plan an operator gave up (`run --skip-batch`): its records go to
+/// neither the sink nor the dead letters, and the plan counts as done.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchSkipped {
+    pub sink: SinkId,
+    pub stream: StreamId,
+    pub seq: CompactionSeq,
+    /// The plan's id (its first attempt's).
+    pub id: CompactionId,
+    pub reason: String,
 }
 
 /// One refused record: where it is, and the sink's reason.
@@ -376,6 +390,9 @@ pub enum Frame {
     Refused(Refusal),
     /// The sink holds this attempt of the open plan of (sink, stream).
     Settled(Settled),
+    /// An operator gave up the open plan of (sink, stream): done without
+    /// its sink, acknowledged positions past its ranges.
+    BatchSkipped(BatchSkipped),
 }
 
 impl Frame {
@@ -395,6 +412,7 @@ impl Frame {
             Frame::Skipped(_) => FrameKind::Skipped,
             Frame::Refused(_) => FrameKind::Refused,
             Frame::Settled(_) => FrameKind::Settled,
+            Frame::BatchSkipped(_) => FrameKind::BatchSkipped,
         }
     }
 

@@ -33,6 +33,7 @@ impl Frame {
             Frame::Skipped(k) => 2 + 4 + 2 + 8 + 8 + 4 + k.reason.len(),
             Frame::Refused(r) => refusal_len(r),
             Frame::Settled(_) => SETTLED_BYTES,
+            Frame::BatchSkipped(k) => 2 + 2 + 8 + 8 + 4 + k.reason.len(),
             Frame::Membership(cc) => cc.len(),
             Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
         }
@@ -66,6 +67,13 @@ impl Frame {
             }
             Frame::Refused(r) => put_refusal(w, r),
             Frame::Settled(x) => put_settled(w, x),
+            Frame::BatchSkipped(k) => {
+                w.u16(k.sink.0);
+                w.u16(k.stream.0);
+                w.u64(k.seq.0);
+                w.u64(k.id.0);
+                w.bytes(k.reason.as_bytes());
+            }
             Frame::Membership(cc) => w.buf.extend_from_slice(cc),
             Frame::Commit(c) => {
                 w.u32(c.frames);
@@ -167,6 +175,13 @@ pub(super) fn decode_payload_as(kind: FrameKind, payload: &[u8], mode: RecordMod
         }),
         FrameKind::Refused => Frame::Refused(get_refusal(&mut r)?),
         FrameKind::Settled => Frame::Settled(get_settled(&mut r)?),
+        FrameKind::BatchSkipped => Frame::BatchSkipped(BatchSkipped {
+            sink: SinkId(r.u16()?),
+            stream: StreamId(r.u16()?),
+            seq: CompactionSeq(r.u64()?),
+            id: CompactionId(r.u64()?),
+            reason: String::from_utf8(r.bytes()?.to_vec()).map_err(|_| DecodeError)?,
+        }),
         FrameKind::Membership => Frame::Membership(r.take_up_to(r.remaining()).to_vec()),
         FrameKind::Commit => Frame::Commit(CommitRecord { frames: r.u32()?, bytes: r.u32()? }),
     };

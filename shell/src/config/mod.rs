@@ -15,7 +15,7 @@ mod stores;
 mod tests;
 
 pub use skippr_io::plugin::registry::{SinkArgs, SinkConfig, SourceArgs, SourceConfig};
-pub use skips::InputSkip;
+pub use skips::{BatchSkip, InputSkip};
 pub use stores::{
     AwsArgs, ClusterArgs, ClusterSettings, OffsetsArgs, OffsetsConfig, TableArgs, WalArgs, WalConfig, WalStorage,
 };
@@ -31,6 +31,7 @@ use std::path::PathBuf;
 /// `skipprd run`'s command line: the flags that only a command line gives,
 /// and every setting.
 #[derive(Args, Debug, Default)]
+#[command(group(clap::ArgGroup::new("skips").multiple(true)))]
 pub struct RunArgs {
     /// A TOML file with any of the settings below (flags and environment win).
     #[arg(long, value_name = "FILE")]
@@ -44,10 +45,17 @@ pub struct RunArgs {
     /// prints it: STREAM:PARTITION:AT..NEXT, positions as the source counts
     /// them. Recorded in the WAL before anything is read; once done, it is
     /// a no-op. Repeat for several.
-    #[arg(long, value_name = "STREAM:PARTITION:AT..NEXT")]
+    #[arg(long, value_name = "STREAM:PARTITION:AT..NEXT", group = "skips")]
     pub skip_input: Vec<String>,
-    /// Why the input is given up, kept in the WAL with each --skip-input.
-    #[arg(long, value_name = "TEXT", requires = "skip_input")]
+    /// Give up batch SEQ of STREAM, one the sink refuses as fatal (exit 8),
+    /// as that message prints it: its records go to neither the sink nor
+    /// the dead letters. Recorded in the WAL at start, before the batch is
+    /// sent again; once done, a no-op. Repeat for several.
+    #[arg(long, value_name = "STREAM:SEQ", group = "skips")]
+    pub skip_batch: Vec<String>,
+    /// Why the input or batch is given up, kept in the WAL with each
+    /// --skip-input and --skip-batch.
+    #[arg(long, value_name = "TEXT", requires = "skips")]
     pub skip_reason: Option<String>,
 }
 
@@ -202,6 +210,7 @@ pub struct RunConfig {
     pub record_bytes_max: u64,
     /// `--skip-input`, parsed, and the reason given with it.
     pub skips: Vec<InputSkip>,
+    pub batch_skips: Vec<BatchSkip>,
     pub skip_reason: String,
     pub drain_timeout_seconds: f64,
     pub stall_seconds: f64,
@@ -379,6 +388,7 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
         record_cache_bytes: wal.record_cache_bytes,
         record_bytes_max: wal.record_bytes_max,
         skips: skips::input_skips(&args.skip_input)?,
+        batch_skips: skips::batch_skips(&args.skip_batch)?,
         skip_reason: skips::skip_reason(args.skip_reason.as_deref())?,
         drain_timeout_seconds,
         stall_seconds,

@@ -1,4 +1,5 @@
-//! `--skip-input`: input an operator gives up, as a refusal names it.
+//! `--skip-input` and `--skip-batch`: input, or a destination batch, an
+//! operator gives up, as a stop message names it.
 
 use skippr_core::rules::check_stream_name;
 
@@ -50,8 +51,35 @@ pub(super) fn input_skips(texts: &[String]) -> Result<Vec<InputSkip>, String> {
     Ok(skips)
 }
 
+/// A destination batch an operator gives up (`--skip-batch`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchSkip {
+    pub stream: String,
+    pub seq: u64,
+}
+
+/// Every `--skip-batch`, each once.
+pub(super) fn batch_skips(texts: &[String]) -> Result<Vec<BatchSkip>, String> {
+    let mut skips = Vec::new();
+    for text in texts {
+        let bad = |why: &str| {
+            format!(
+                "--skip-batch {text:?}: {why}; give STREAM:SEQ exactly as the stop message prints it (for example \
+                 orders:41)"
+            )
+        };
+        let (stream, seq) = text.rsplit_once(':').ok_or_else(|| bad("it is not STREAM:SEQ"))?;
+        check_stream_name(stream).map_err(|e| bad(&format!("the stream name is not one a source may use ({e})")))?;
+        let seq = seq.parse().map_err(|_| bad("the batch number is not a number"))?;
+        skips.push(BatchSkip { stream: stream.into(), seq });
+    }
+    skips.sort_by(|a, b| (&a.stream, a.seq).cmp(&(&b.stream, b.seq)));
+    skips.dedup();
+    Ok(skips)
+}
+
 pub(super) fn skip_reason(reason: Option<&str>) -> Result<String, String> {
-    let reason = reason.unwrap_or("given up by the operator (run --skip-input)");
+    let reason = reason.unwrap_or("given up by the operator (run --skip-input or --skip-batch)");
     if reason.len() > skippr_core::SKIP_REASON_BYTES_MAX {
         return Err(format!(
             "--skip-reason is {} bytes; keep it under {}",

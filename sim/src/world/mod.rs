@@ -509,7 +509,7 @@ impl<T: Topology> World<T> {
                     true
                 }
                 Output::WalRoom { .. } => true,
-                Output::Skip { .. } => unreachable!("the simulator's runs skip nothing"),
+                Output::Skip { .. } | Output::BatchSkip { .. } => unreachable!("the simulator's runs skip nothing"),
                 // Counted where the sink refuses; the checker judges what
                 // reaches the dead letters.
                 Output::Refused { .. } => true,

@@ -233,3 +233,72 @@ fn postgres_refuses_bad_values_into_the_postgres_dead_letters_once_through_sigki
         }
     }
 }
+
+/// A version 1 sink answers `fatal` for every batch that holds a bad
+/// record: each stop (exit 8) prints the `--skip-batch` that gives that
+/// batch up, and starting again with it (the options accumulating, as in a
+/// unit file) goes on. In the end the sink holds every record of the
+/// batches not given up exactly once, in order, and none of a batch given
+/// up; `wal verify` lists each skip with its reason.
+#[test]
+fn a_batch_the_sink_refuses_as_fatal_is_given_up_by_the_operators_skip_batch() {
+    const RECORDS_HERE: u64 = 3_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, out) = (tmp.path().join("data"), tmp.path().join("out"));
+    let sink = plugin("sink.py");
+    let mut skips: Vec<String> = Vec::new();
+    let mut stops = 0;
+    loop {
+        let mut args: Vec<&str> = vec!["--sink", "command", "--sink-command", &sink];
+        for s in &skips {
+            args.extend(["--skip-batch", s]);
+        }
+        if !skips.is_empty() {
+            args.extend(["--skip-reason", "ticket 7: the destination will not take it"]);
+        }
+        let mut cmd = with_sink(&data, &args, &[], None);
+        cmd.env("FATAL_FIELD", "bad").env("OUT_DIR", &out).env("RECORDS", RECORDS_HERE.to_string());
+        let run = cmd.output().unwrap();
+        if run.status.code() == Some(0) {
+            break;
+        }
+        let text = stderr(&run);
+        assert_eq!(run.status.code(), Some(8), "{text}");
+        let option = text.split("--skip-batch ").nth(1).and_then(|t| t.split_whitespace().next()).expect(&text);
+        assert!(option.starts_with("orders:"), "{text}");
+        assert!(!skips.contains(&option.to_string()), "a batch given up is never sent again: {text}");
+        skips.push(option.to_string());
+        stops += 1;
+        assert!(stops <= 6, "one stop per batch holding a bad record, at most six such: {skips:?}");
+    }
+    assert!(stops >= 1, "the bad records stopped the sink at least once");
+    // Every record the sink holds is good, once, in order; what it lacks
+    // are whole spans, each holding a bad record.
+    let held = read_dir_sink(&out);
+    for p in 0..2u64 {
+        let got = held.get(&("orders".to_string(), p)).cloned().unwrap_or_default();
+        assert!(got.windows(2).all(|w| w[0] < w[1]), "partition {p}: once, in order");
+        let bad: Vec<u64> = (0..RECORDS_HERE).filter(|s| s % BAD_EVERY == BAD_EVERY - 1).collect();
+        assert_eq!(bad.len(), 3);
+        assert!(bad.iter().all(|b| !got.contains(b)), "partition {p}: no bad record reached the sink");
+        let mut gaps = Vec::new();
+        let mut next = 0;
+        for &s in got.iter().chain(std::iter::once(&RECORDS_HERE)) {
+            if s > next {
+                gaps.push(next..s);
+            }
+            next = s + 1;
+        }
+        for gap in &gaps {
+            assert!(bad.iter().any(|b| gap.contains(b)), "partition {p}: {gap:?} missing without a bad record in it");
+        }
+        assert!(!gaps.is_empty(), "partition {p}: the given-up batches held records of it");
+    }
+    let verify = skipprd(&["wal", "verify", data.to_str().unwrap()]);
+    let text = stdout(&verify);
+    for s in &skips {
+        let (_, seq) = s.split_once(':').unwrap();
+        let line = format!("stream orders, batch {seq} ");
+        assert!(text.contains(&line) && text.contains("ticket 7"), "{line} in: {text}");
+    }
+}

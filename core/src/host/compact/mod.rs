@@ -274,6 +274,13 @@ impl Compaction {
         ranges
     }
 
+    /// An operator gave up the open plan of (sink, stream) at recovery: the
+    /// slot is idle (its planned-through positions are already past it).
+    pub(super) fn give_up(&mut self, sink: SinkId, stream: StreamId) {
+        self.slots.insert((sink, stream), Slot::Idle);
+        self.fresh = true;
+    }
+
     /// Committed records arrived: the idle slots look again.
     pub(super) fn records_committed(&mut self) {
         self.fresh = true;
@@ -501,7 +508,9 @@ impl Compaction {
                 fx.retry_later(Retry::SinkApply(sink, stream));
                 SinkNews::Quiet
             }
-            Ok(SinkOutcome::Fatal) => SinkNews::Fatal(StopReason::SinkFatal { sink, stream, id: attempt }),
+            Ok(SinkOutcome::Fatal) => {
+                SinkNews::Fatal(StopReason::SinkFatal { sink, stream, id: attempt, seq: plan.seq })
+            }
             Ok(SinkOutcome::Refused(list)) => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
                 if refused.probing.is_some() {

@@ -25,6 +25,7 @@ fn cluster_config(node: u64, seed: u64, mutations: Mutations) -> HostConfig {
         seed: seed * 10 + node,
         mutations,
         skips: Vec::new(),
+        batch_skips: Vec::new(),
         dead_letters: None,
         wall_origin_ms: 0,
         limits,

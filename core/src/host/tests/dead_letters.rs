@@ -197,7 +197,8 @@ fn a_refused_attempt_that_landed_after_all_voids_the_refusals_after_it() {
             h.settle();
         }
     }
-    assert_eq!(h.stopped, Some(StopReason::SinkFatal { sink: SinkId(0), stream: StreamId(0), id }));
+    let seq = CompactionSeq(0);
+    assert_eq!(h.stopped, Some(StopReason::SinkFatal { sink: SinkId(0), stream: StreamId(0), id, seq }));
     assert_eq!(fatal_answers, 1 + 8, "the later attempt once, the plan's own eight times");
 }
 

@@ -166,7 +166,8 @@ fn a_fatal_sink_answer_stops_the_engine_loudly() {
     h.feed(0, 2);
     let (apply, id, ..) = h.sink_apply();
     h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::Fatal, rows: 0 }));
-    assert_eq!(h.stopped, Some(StopReason::SinkFatal { sink: SinkId(0), stream: StreamId(0), id }));
+    let seq = CompactionSeq(0);
+    assert_eq!(h.stopped, Some(StopReason::SinkFatal { sink: SinkId(0), stream: StreamId(0), id, seq }));
 }
 
 #[test]

@@ -26,6 +26,7 @@ fn config() -> HostConfig {
         cluster: None,
         mutations: crate::Mutations::NONE,
         skips: Vec::new(),
+        batch_skips: Vec::new(),
         dead_letters: None,
         wall_origin_ms: 0,
     }
@@ -50,7 +51,7 @@ struct Harness {
     deleted: Vec<SegmentId>,
     /// `WalFull` (true) and `WalRoom` (false) outputs, in order.
     wal_full: Vec<bool>,
-    /// Every `Skip` output's `recorded`, in order.
+    /// Every `Skip` and `BatchSkip` output's `recorded`, in order.
     skips: Vec<bool>,
     /// Every window recovery read: its length asked and answered.
     reads: Vec<(usize, usize)>,
@@ -124,7 +125,7 @@ impl Harness {
                     Output::LeaseWait { holder, .. } => self.lease_waits.push(holder),
                     Output::WalFull { .. } => self.wal_full.push(true),
                     Output::WalRoom { .. } => self.wal_full.push(false),
-                    Output::Skip { recorded, .. } => self.skips.push(recorded),
+                    Output::Skip { recorded, .. } | Output::BatchSkip { recorded, .. } => self.skips.push(recorded),
                     Output::Refused { reasons, .. } => self.refused.push(reasons),
                     Output::Recovered(summary) => self.recovered.push(summary),
                     Output::Stalled { .. } | Output::Unstalled => {}
@@ -333,6 +334,7 @@ fn key0() -> PartitionKey {
     PartitionKey { source: SourceId(0), partition: 0 }
 }
 
+mod batch_skips;
 mod cluster;
 mod dead_letters;
 mod engine;
