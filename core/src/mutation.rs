@@ -90,6 +90,11 @@ pub enum Mutation {
     /// Dead letters: a restarted engine sends a settled plan's dead letters
     /// under the next number instead of the one committed.
     LettersRenumbered,
+    /// Gives up, with the open plan an operator names, everything the
+    /// stream's partitions have committed past it (the planned-through
+    /// positions moved to the committed ones): records never planned are
+    /// never delivered.
+    BatchSkipTooFar,
 }
 
 impl Mutation {
@@ -117,6 +122,7 @@ impl Mutation {
         Mutation::LettersBeforeDecision,
         Mutation::ReplayDecidesAgain,
         Mutation::LettersRenumbered,
+        Mutation::BatchSkipTooFar,
     ];
 
     /// The planted bugs of clustered mode, which only its runs can reach.
@@ -162,6 +168,7 @@ impl Mutation {
             Mutation::LettersBeforeDecision => "dead-letters-before-decision",
             Mutation::ReplayDecidesAgain => "replay-decides-again",
             Mutation::LettersRenumbered => "dead-letters-renumbered",
+            Mutation::BatchSkipTooFar => "batch-skip-too-far",
         }
     }
 

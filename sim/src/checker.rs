@@ -6,7 +6,7 @@
 use crate::plugins::{checkpoint_bytes, record_bytes_into};
 use crate::scenario::Scenario;
 use skippr_core::ledger::Verdict;
-use skippr_core::{CompactionId, OffsetValue, PartitionKey, Position, SinkId, SourceId, StreamId};
+use skippr_core::{CompactionId, CompactionSeq, OffsetValue, PartitionKey, Position, SinkId, SourceId, StreamId};
 use skippr_core::{ResumePoint, SinkApply};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -37,6 +37,7 @@ pub mod invariant {
     pub const STOP_RECORD_UNFAITHFUL: &str = "stop-record-unfaithful";
     pub const DEAD_LETTER_CONFLICT: &str = "dead-letter-conflict";
     pub const DEAD_LETTER_MALFORMED: &str = "dead-letter-malformed";
+    pub const SKIPPED_DELIVERED: &str = "skipped-delivered";
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +67,11 @@ pub struct Checker {
     ahead: BTreeMap<(SinkId, PartitionKey), BTreeSet<u64>>,
     gaps: BTreeMap<(SinkId, PartitionKey), BTreeSet<u64>>,
     letters_on: bool,
+    /// Per (sink, partition): positions of batches the operator gave up;
+    /// the batch numbers given up; how many records that accounts for.
+    skipped: BTreeMap<(SinkId, PartitionKey), BTreeSet<u64>>,
+    skipped_seqs: BTreeSet<(SinkId, StreamId, u64)>,
+    skipped_records: u64,
     /// The next dead-letter batch number per (sink, stream).
     next_letters: BTreeMap<(SinkId, StreamId), u64>,
     dead_letters: u64,
@@ -107,6 +113,9 @@ impl Checker {
             ahead: BTreeMap::new(),
             gaps: BTreeMap::new(),
             letters_on: scenario.letters.on,
+            skipped: BTreeMap::new(),
+            skipped_seqs: BTreeSet::new(),
+            skipped_records: 0,
             next_letters: BTreeMap::new(),
             dead_letters: 0,
             delivered: 0,
@@ -226,6 +235,9 @@ impl Checker {
             return self.fail(invariant::SEQUENCE_REUSED, detail);
         }
         let next = self.next_seq.entry((a.sink, a.stream)).or_insert(0);
+        while self.skipped_seqs.contains(&(a.sink, a.stream, *next)) {
+            *next += 1;
+        }
         if a.seq.0 != *next {
             let detail = format!("sink {} stream {} applied seq {} when {} was next", a.sink, a.stream, a.seq.0, next);
             return self.fail(invariant::SEQUENCE_GAP, detail);
@@ -270,6 +282,35 @@ impl Checker {
         }
     }
 
+    /// The operator gave up batch `seq` of (sink, stream), which the sink
+    /// was sent with `records` and never took: those records are accounted
+    /// as given up, by name, and must never reach that sink (nor its dead
+    /// letters); the sink's numbers pass over `seq`.
+    pub fn on_batch_skip(
+        &mut self,
+        sink: SinkId,
+        stream: StreamId,
+        seq: CompactionSeq,
+        records: &skippr_core::Records,
+    ) {
+        if !self.skipped_seqs.insert((sink, stream, seq.0)) {
+            let detail = format!("sink {sink} stream {stream} batch {} given up twice", seq.0);
+            return self.fail(invariant::SKIPPED_DELIVERED, detail);
+        }
+        for bytes in records {
+            let Some((key, pos)) = place(bytes) else {
+                return self.fail(invariant::FOREIGN_BYTES, "a record shorter than any the sources emit".into());
+            };
+            let delivered = self.next_pos.get(&(sink, key)).is_some_and(|&n| pos < n)
+                && !self.gaps.get(&(sink, key)).is_some_and(|g| g.contains(&pos));
+            if delivered || !self.skipped.entry((sink, key)).or_default().insert(pos) {
+                let detail = format!("sink {sink} {key} position {pos}: given up after it was delivered or given up");
+                return self.fail(invariant::SKIPPED_DELIVERED, detail);
+            }
+            self.skipped_records += 1;
+        }
+    }
+
     /// Records that went to the dead letters.
     pub fn dead_letters(&self) -> u64 {
         self.dead_letters
@@ -300,6 +341,12 @@ impl Checker {
             let detail = format!("{key} belongs to stream {part_stream} but reached stream {stream}");
             return Err(Violation { invariant: invariant::WRONG_STREAM, detail });
         }
+        let skipped = self.skipped.get(&(sink, key));
+        if skipped.is_some_and(|s| s.contains(&pos)) {
+            let what = if letter { "a dead letter of" } else { "" };
+            let detail = format!("sink {sink} got {what} {key} position {pos}, of a batch the operator gave up");
+            return Err(Violation { invariant: invariant::SKIPPED_DELIVERED, detail });
+        }
         let next = self.next_pos.entry((sink, key)).or_insert(0);
         let ahead = self.ahead.entry((sink, key)).or_default();
         let gaps = self.gaps.entry((sink, key)).or_default();
@@ -317,7 +364,8 @@ impl Checker {
             // The sink passes over records refused in its plan: without
             // dead letters that is a loss at once; with them, their dead
             // letters must still come (the run is complete only then).
-            let missing: Vec<u64> = (*next..pos).filter(|p| !ahead.contains(p)).collect();
+            let given_up = |p: &u64| skipped.is_some_and(|s| s.contains(p));
+            let missing: Vec<u64> = (*next..pos).filter(|p| !ahead.contains(p) && !given_up(p)).collect();
             if let Some(&gap) = missing.first().filter(|_| !self.letters_on) {
                 let detail = format!("sink {sink} got {key} position {pos}, skipping {gap} (next expected {next})");
                 return Err(Violation { invariant: invariant::LOST_RECORD, detail });
@@ -333,9 +381,10 @@ impl Checker {
         Ok(())
     }
 
-    /// Every record of every partition reached every sink.
+    /// Every record of every partition reached every sink (or its dead
+    /// letters), or was given up by the operator.
     pub fn complete(&self) -> bool {
-        self.delivered == self.total
+        self.delivered + self.skipped_records == self.total
     }
 
     /// Has every sink received the record of `key` at `position`?
@@ -354,7 +403,11 @@ impl Checker {
     pub fn missing(&self) -> Option<String> {
         for (key, &(records, _)) in &self.partitions {
             for sink in (0..self.sinks).map(SinkId) {
-                let got = self.next_pos.get(&(sink, *key)).copied().unwrap_or(0);
+                let mut got = self.next_pos.get(&(sink, *key)).copied().unwrap_or(0);
+                // A batch given up at the end of a partition.
+                while self.skipped.get(&(sink, *key)).is_some_and(|s| s.contains(&got)) {
+                    got += 1;
+                }
                 if got < records {
                     return Some(format!("sink {sink} has {got} of {records} records of {key}"));
                 }
@@ -383,6 +436,14 @@ impl Checker {
     pub fn compactions(&self) -> usize {
         self.applies.len()
     }
+}
+
+/// Where a record the sources emitted comes from: its partition and
+/// position, from its first six bytes.
+fn place(bytes: &[u8]) -> Option<(PartitionKey, u64)> {
+    let head = bytes.get(..6)?;
+    let key = PartitionKey { source: SourceId(head[0] as u16), partition: head[1] as u32 };
+    Some((key, u32::from_le_bytes(head[2..6].try_into().expect("four bytes")) as u64))
 }
 
 /// A dead letter's record bytes, if the line carries a reason and a
@@ -470,6 +531,33 @@ mod tests {
         a.records = [&flipped[..]].into_iter().collect();
         c.on_apply(&a, Verdict::New);
         assert_eq!(broke(&c), invariant::FOREIGN_BYTES);
+    }
+
+    #[test]
+    fn a_batch_given_up_is_passed_over_by_name_and_never_delivered() {
+        let (s, mut c) = setup();
+        let st = StreamId(stream0(&s));
+        c.on_apply(&apply(&s, 1, 0, st.0, &[0, 1]), Verdict::New);
+        c.on_batch_skip(SinkId(0), st, CompactionSeq(1), &apply(&s, 2, 1, st.0, &[2, 3]).records);
+        // The next batch, numbered past the one given up, passes over it.
+        c.on_apply(&apply(&s, 3, 2, st.0, &[4]), Verdict::New);
+        assert_eq!(broke(&c), "none");
+        assert_eq!(c.delivered(), 3);
+        // A record given up that reaches the sink after all.
+        let (s, mut c) = setup();
+        c.on_batch_skip(SinkId(0), st, CompactionSeq(0), &apply(&s, 2, 0, st.0, &[0, 1]).records);
+        c.on_apply(&apply(&s, 3, 1, st.0, &[1, 2]), Verdict::New);
+        assert_eq!(broke(&c), invariant::SKIPPED_DELIVERED);
+        // Passing over records that were not given up is still a loss.
+        let (s, mut c) = setup();
+        c.on_batch_skip(SinkId(0), st, CompactionSeq(0), &apply(&s, 2, 0, st.0, &[0]).records);
+        c.on_apply(&apply(&s, 3, 1, st.0, &[2]), Verdict::New);
+        assert_eq!(broke(&c), invariant::LOST_RECORD);
+        // A number given up is not a gap; one that was not is.
+        let (s, mut c) = setup();
+        c.on_batch_skip(SinkId(0), st, CompactionSeq(0), &apply(&s, 2, 0, st.0, &[0]).records);
+        c.on_apply(&apply(&s, 3, 2, st.0, &[1]), Verdict::New);
+        assert_eq!(broke(&c), invariant::SEQUENCE_GAP);
     }
 
     #[test]

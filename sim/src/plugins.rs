@@ -215,6 +215,12 @@ impl SimSink {
         out
     }
 
+    /// Whether a batch holds a record no batch can carry to this sink
+    /// (`PoisonSpec`): a pure function of the records.
+    pub fn poisoned(permille: u64, seed: u64, records: &Records) -> bool {
+        records.iter().any(|r| xxh3_64_with_seed(r, seed ^ 0x0090_150a) % 1000 < permille)
+    }
+
     /// What the sink can tell the host at recovery.
     pub fn progress(&self) -> Vec<(StreamId, CompactionSeq)> {
         self.highest.iter().map(|(s, q)| (*s, *q)).collect()

@@ -29,6 +29,9 @@ pub enum Stream {
     Frozen = 13,
     /// Records sinks refuse, and the dead-letter destination's faults.
     Letters = 14,
+    /// Records no batch can carry to a sink, whose batches an operator
+    /// gives up.
+    Poison = 15,
 }
 
 #[derive(Clone)]

@@ -229,6 +229,7 @@ pub struct Scenario {
     pub cluster: ClusterSpec,
     /// Sinks that refuse records, and the dead letters they go to.
     pub letters: LettersSpec,
+    pub poison: PoisonSpec,
 }
 
 /// Records sinks refuse (with dead letters on only: off, a refusal stops
@@ -246,6 +247,18 @@ pub struct LettersSpec {
     /// The dead-letter destination asks for a retry, or its reply is lost.
     pub retryable: f64,
     pub lost_reply: f64,
+}
+
+/// Records a sink cannot take, in any batch, and cannot name (a version 1
+/// sink answers `fatal` for the batch that holds one): the operator gives
+/// each such batch up (`run --skip-batch`) and starts the daemon again.
+/// With dead letters off, on the disk and S3 WAL; drawn from a stream of
+/// its own.
+#[derive(Clone, Debug, Default)]
+pub struct PoisonSpec {
+    pub on: bool,
+    /// Per mille of records, by a hash of each.
+    pub permille: u64,
 }
 
 /// Clustered mode's part of a scenario, drawn from a stream of its own.
@@ -304,6 +317,7 @@ impl Scenario {
             takeover_storm: false,
             cluster: ClusterSpec::default(),
             letters: LettersSpec::default(),
+            poison: PoisonSpec::default(),
         };
         // The engine's optional paths, on a stream of their own.
         let mut paths = Rng::new(seed, Stream::Paths);
@@ -314,6 +328,12 @@ impl Scenario {
         scenario.draw_memory(seed);
         scenario.faults.stuck_when_frozen = [0.0, 0.5, 1.0][Rng::new(seed, Stream::Frozen).range(0, 2) as usize];
         scenario.letters = draw_letters(seed, scenario.limits.segment_bytes);
+        scenario.poison = draw_poison(seed, scenario.letters.on);
+        if scenario.poison.on {
+            // Whether a deleted segment was still needed turns on whether
+            // a batch skip had committed, which the checker cannot see.
+            scenario.faults.lost_segment = false;
+        }
         scenario
     }
 
@@ -368,6 +388,8 @@ impl Scenario {
     pub fn with_wal(mut self, mode: WalMode) -> Scenario {
         self.wal = mode;
         if mode == WalMode::Clustered {
+            // The operator's batch skips are modelled for one writer.
+            self.poison.on = false;
             self.draw_cluster(3);
             // Under `--once` the daemon ends a stall after a limit, longer
             // than the drain timeout as its defaults are; here only a
@@ -539,6 +561,15 @@ fn draw_letters(seed: u64, segment_bytes: u64) -> LettersSpec {
         retryable: r.rate(0.4, 0.01, 0.2),
         lost_reply: r.rate(0.4, 0.01, 0.15),
     }
+}
+
+/// The share of seeds (of those with dead letters off) with poison.
+pub const POISON_SHARE: f64 = 0.2;
+
+fn draw_poison(seed: u64, letters_on: bool) -> PoisonSpec {
+    let mut r = Rng::new(seed, Stream::Poison);
+    let on = r.chance(POISON_SHARE) && !letters_on;
+    PoisonSpec { on, permille: r.range(1, 4) }
 }
 
 fn draw_sources(r: &mut Rng, streams: u16) -> Vec<SourceSpec> {

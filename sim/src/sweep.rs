@@ -108,7 +108,7 @@ const FAULT_KINDS: usize = 25;
 
 /// The faults of a run and the rare engine paths it took, by the names
 /// `--stats` prints them under.
-fn faults(s: &RunStats) -> [(&'static str, u64); 43] {
+fn faults(s: &RunStats) -> [(&'static str, u64); 45] {
     [
         ("crashes", s.crashes),
         ("crashes that cut the power", s.power_cuts),
@@ -124,6 +124,8 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 43] {
         ("sink retryable", s.sink_retryable),
         ("sink lost replies", s.sink_lost_replies),
         ("sink refusals", s.sink_refusals),
+        ("sink fatal on poison", s.sink_poisoned),
+        ("batches given up", s.batch_skips),
         ("offsets ambiguous", s.offsets_ambiguous),
         ("source request failures", s.source_failures),
         ("segments deleted by an operator", s.lost_segments),
@@ -192,6 +194,8 @@ impl Totals {
         t.sink_retryable += s.sink_retryable;
         t.sink_lost_replies += s.sink_lost_replies;
         t.sink_refusals += s.sink_refusals;
+        t.sink_poisoned += s.sink_poisoned;
+        t.batch_skips += s.batch_skips;
         t.offsets_ambiguous += s.offsets_ambiguous;
         t.source_failures += s.source_failures;
         t.shutdowns += s.shutdowns;
@@ -265,6 +269,8 @@ impl Totals {
             ("faults: sink retryable", t.sink_retryable as f64 / n),
             ("faults: sink lost replies", t.sink_lost_replies as f64 / n),
             ("faults: batches with records a sink refused", t.sink_refusals as f64 / n),
+            ("faults: batches a sink answered fatal (poison)", t.sink_poisoned as f64 / n),
+            ("operator: batches given up (--skip-batch)", t.batch_skips as f64 / n),
             ("faults: offsets ambiguous", t.offsets_ambiguous as f64 / n),
             ("faults: source request failures", t.source_failures as f64 / n),
             ("faults: segments deleted by an operator", t.lost_segments as f64 / n),

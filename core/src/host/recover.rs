@@ -379,7 +379,8 @@ impl Host {
             let id = plan.id;
             self.fx.emit(Output::BatchSkip { sink, stream, seq, recorded: true });
             self.wal.push(Frame::BatchSkipped(BatchSkipped { sink, stream, seq, id, reason: skip.reason }));
-            self.compaction.give_up(sink, stream);
+            let too_far = self.cfg.mutations.has(Mutation::BatchSkipTooFar);
+            self.compaction.give_up(sink, stream, &self.committed, too_far);
             open.retain(|&o| o != slot);
         }
         Ok(())

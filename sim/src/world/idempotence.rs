@@ -120,7 +120,7 @@ fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets)
                 Output::LeaseWait { .. } => unreachable!("recovering alone takes no lease"),
                 Output::WalFull { .. } | Output::WalRoom { .. } => unreachable!("sources are read only after recovery"),
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
-                Output::Skip { .. } | Output::BatchSkip { .. } => unreachable!("the simulator's runs skip nothing"),
+                Output::Skip { .. } | Output::BatchSkip { .. } => unreachable!("a recovery alone is given no skips"),
                 Output::Refused { .. } => unreachable!("recovery sends nothing to sinks"),
                 // A clustered host alone: nobody hears it, and no peer joins.
                 Output::Send(_)

@@ -30,8 +30,9 @@ use crate::plugins::{SimOffsets, SimSink};
 use crate::rng::{Dice, Die, Rng, Stream};
 use crate::scenario::{Overrides, Scenario, WalMode};
 use crate::trace::Trace;
-use skippr_core::SinkApply;
+use skippr_core::{BatchSkipRequest, CompactionSeq, Records, SinkApply, SinkId, StreamId};
 use skippr_core::{Duration, Host, Input, Instant, IoError, IoId, IoOp, IoReply, Mutations, Output, RarePaths};
+use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, Default)]
 pub struct RunOptions {
@@ -86,6 +87,10 @@ pub struct RunStats {
     pub sink_lost_replies: u64,
     /// Batches a sink refused records of (dead letters on).
     pub sink_refusals: u64,
+    /// Batches a sink answered `fatal` for a poisoned record, and those
+    /// the operator gave up (`run --skip-batch`).
+    pub sink_poisoned: u64,
+    pub batch_skips: u64,
     pub offsets_ambiguous: u64,
     pub source_failures: u64,
     pub shutdowns: u64,
@@ -239,6 +244,11 @@ pub(crate) struct World<T: Topology> {
     pub sinks: Vec<SimSink>,
     /// The dead-letter destination, per sink.
     pub letters: Vec<SimSink>,
+    /// The batches a sink answered `fatal` for a poisoned record, with
+    /// their records (what the operator names when giving one up).
+    pub poisoned: BTreeMap<(SinkId, StreamId, CompactionSeq), Records>,
+    /// The operator's `--skip-batch` options, kept for every later start.
+    pub batch_skips: Vec<BatchSkipRequest>,
     pub checker: Checker,
     pub trace: Trace,
     pub stats: RunStats,
@@ -267,6 +277,8 @@ impl<T: Topology> World<T> {
         World {
             sinks: (0..scenario.sinks).map(|_| SimSink::default()).collect(),
             letters: (0..scenario.sinks).map(|_| SimSink::default()).collect(),
+            poisoned: BTreeMap::new(),
+            batch_skips: Vec::new(),
             checker: Checker::new(&scenario),
             trace: Trace::new(opts.trace),
             dice: Dice::new(seed),
@@ -509,7 +521,10 @@ impl<T: Topology> World<T> {
                     true
                 }
                 Output::WalRoom { .. } => true,
-                Output::Skip { .. } | Output::BatchSkip { .. } => unreachable!("the simulator's runs skip nothing"),
+                Output::Skip { .. } => unreachable!("the simulator's runs skip no input"),
+                // The operator's batch skips: the checker accounts for them
+                // as they are asked for.
+                Output::BatchSkip { .. } => true,
                 // Counted where the sink refuses; the checker judges what
                 // reaches the dead letters.
                 Output::Refused { .. } => true,

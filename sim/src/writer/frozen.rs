@@ -61,6 +61,12 @@ impl World<Writer> {
                 self.retire(TWIN);
                 self.fail_closed = Some(format!("a woken writer stopped after a segment was lost: {reason:?}"));
             }
+            // It sent a batch the sink cannot take before it froze: the live
+            // writer meets it too, and its operator gives it up.
+            StopReason::SinkFatal { sink, stream, seq, .. } if self.poisoned.contains_key(&(sink, stream, seq)) => {
+                self.trace.note(self.now(), "zombie stopped");
+                self.retire(TWIN);
+            }
             other => self.checker.fail(invariant::UNEXPECTED_STOP, format!("woken writer: {other:?}")),
         }
     }

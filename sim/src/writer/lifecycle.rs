@@ -7,7 +7,7 @@ use crate::operator::{self, LostSegment};
 use crate::rng::Die;
 use crate::scenario::WalMode;
 use crate::world::{self, World};
-use skippr_core::{Host, StopReason};
+use skippr_core::{BatchSkipRequest, CompactionSeq, Host, SinkId, StopReason, StreamId};
 
 impl World<Writer> {
     pub(super) fn crash(&mut self, freeze: bool) {
@@ -91,7 +91,8 @@ impl World<Writer> {
             self.check_stop_record(alone, 0, 0);
         }
         self.stats.restarts += 1;
-        let config = self.scenario.host_config(self.opts.mutations, starts);
+        let mut config = self.scenario.host_config(self.opts.mutations, starts);
+        config.batch_skips.clone_from(&self.batch_skips);
         self.trace.note(self.now(), "start");
         self.topo.shutdown_fed = false;
         let host = Host::new(config, self.now()).expect("scenario configs are valid");
@@ -117,6 +118,12 @@ impl World<Writer> {
             }
             StopReason::Clean | StopReason::DrainTimedOut if !self.topo.final_shutdown => {
                 self.stats.clean_stops += (reason == StopReason::Clean) as u64;
+                self.exit_and_restart();
+            }
+            // Exit 8 on a batch the sink cannot take: the operator gives
+            // it up by the number the message names, and starts again.
+            StopReason::SinkFatal { sink, stream, seq, .. } if self.poisoned.contains_key(&(sink, stream, seq)) => {
+                self.give_up(sink, stream, seq);
                 self.exit_and_restart();
             }
             // Exit 7; a supervisor starts it again.
@@ -148,6 +155,22 @@ impl World<Writer> {
             }
             other => self.checker.fail(invariant::UNEXPECTED_STOP, format!("{other:?}")),
         }
+    }
+
+    /// The operator's `--skip-batch` for batch `seq` of (sink, stream),
+    /// kept for every later start; the checker accounts its records as
+    /// given up, by name (those the sink was sent under that number).
+    pub(super) fn give_up(&mut self, sink: SinkId, stream: StreamId, seq: CompactionSeq) {
+        let request = BatchSkipRequest { sink, stream, seq, reason: "poison".into() };
+        if self.batch_skips.contains(&request) {
+            let detail = format!("sink {sink} stream {stream} batch {} was sent again after it was given up", seq.0);
+            return self.checker.fail(invariant::SKIPPED_DELIVERED, detail);
+        }
+        self.stats.batch_skips += 1;
+        self.trace.note(self.now(), &format!("operator: --skip-batch {}:{}", stream.0, seq.0));
+        let records = self.poisoned[&(sink, stream, seq)].clone();
+        self.checker.on_batch_skip(sink, stream, seq, &records);
+        self.batch_skips.push(request);
     }
 
     /// The final stop: the offsets store must hold what was delivered, and

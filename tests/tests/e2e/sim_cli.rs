@@ -93,6 +93,7 @@ fn list_mutations_names_every_planted_bug() {
         "dead-letters-before-decision",
         "replay-decides-again",
         "dead-letters-renumbered",
+        "batch-skip-too-far",
         "commit-before-quorum",
         "ack-before-persist",
         "vote-not-persisted",

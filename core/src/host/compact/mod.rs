@@ -276,9 +276,15 @@ impl Compaction {
 
     /// An operator gave up the open plan of (sink, stream) at recovery: the
     /// slot is idle (its planned-through positions are already past it).
-    pub(super) fn give_up(&mut self, sink: SinkId, stream: StreamId) {
+    /// `too_far` is the planted bug `batch-skip-too-far`.
+    pub(super) fn give_up(&mut self, sink: SinkId, stream: StreamId, committed: &CommittedState, too_far: bool) {
         self.slots.insert((sink, stream), Slot::Idle);
         self.fresh = true;
+        if too_far {
+            for (&key, p) in committed.partitions.iter().filter(|(_, p)| p.stream == stream) {
+                self.planned.insert((sink, key), p.position);
+            }
+        }
     }
 
     /// Committed records arrived: the idle slots look again.
