@@ -12,6 +12,7 @@ mod cluster;
 mod config;
 mod exit;
 mod explain;
+mod letters;
 mod logging;
 mod run;
 mod signals;
@@ -53,6 +54,18 @@ enum Command {
     /// Clustered mode: give a DATA_DIR its cluster identity.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// The records sinks refused, in the dead-letter destination.
+    #[command(subcommand)]
+    DeadLetters(DeadLettersCommand),
+}
+
+#[derive(Subcommand)]
+enum DeadLettersCommand {
+    /// List the dead letters of this pipeline and WAL, read from the
+    /// destination the daemon's settings name (give the same flags, or
+    /// --config): stream, source, partition and position of each refused
+    /// record, its dead-letter batch, when and why it was refused.
+    List(Box<letters::ListArgs>),
 }
 
 #[derive(Subcommand)]
@@ -156,6 +169,7 @@ fn main() {
     }
     let code = match cli.command {
         Command::Run(args) => run::main(*args),
+        Command::DeadLetters(DeadLettersCommand::List(args)) => letters::list(*args),
         Command::Sim(args) => sim::main(args),
         Command::Wal(WalCommand::Verify { data_dir, wal, aws, from, through }) => match wal.storage() {
             Ok(WalStorage::Disk) => tools::wal_verify(&data_dir),

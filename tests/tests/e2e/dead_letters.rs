@@ -36,6 +36,37 @@ fn with_sink(data: &Path, sink: &[&str], extra: &[&str], rate: Option<u64>) -> C
     cmd
 }
 
+/// `skipprd dead-letters list` with the daemon's settings (as `with_sink`
+/// gives them): the number of dead letters it counts, after checking that
+/// `--raw` prints as many lines, each a dead letter of a bad record.
+fn listed(data: &Path, sink: &[&str], extra: &[&str], envs: &[(&str, String)]) -> usize {
+    let run = |raw: bool| {
+        let mut cmd = Command::new(skipprd_bin());
+        cmd.args(["dead-letters", "list", "--data-dir", data.to_str().unwrap()])
+            .args(["--source", "command", "--source-command", &plugin("source.py")])
+            .args(sink)
+            .args(extra)
+            .envs(envs.iter().map(|(k, v)| (k, v)));
+        if raw {
+            cmd.arg("--raw");
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let table = run(false);
+    let last = table.lines().last().unwrap_or_default();
+    let n: usize = last.strip_suffix(" dead letter(s)").and_then(|n| n.parse().ok()).expect(&table);
+    assert_eq!(table.lines().count(), n + 2, "a header, a line per dead letter, a count: {table}");
+    let raw = run(true);
+    assert_eq!(raw.lines().count(), n, "{raw}");
+    for line in raw.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["record"]["bad"], true, "{line}");
+    }
+    n
+}
+
 /// Into the test's external sink, speaking version 2, refusing bad records.
 fn daemon(data: &Path, out: &Path, extra: &[&str], rate: Option<u64>) -> Command {
     let sink = plugin("sink.py");
@@ -112,6 +143,8 @@ fn refused_records_go_to_the_dead_letters_once_and_the_rest_to_the_sink_through_
     let done = daemon(&data, &out, &args, None).output().unwrap();
     assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
     assert_each_record_once(&out, &dead_letters(&letters));
+    let bad = (2 * (RECORDS / BAD_EVERY)) as usize;
+    assert_eq!(listed(&data, &[], &args, &[]), bad, "dead-letters list shows each once");
 }
 
 #[test]
@@ -156,6 +189,8 @@ fn refused_records_go_to_s3_dead_letters_once_through_sigkills() {
         tally(std::str::from_utf8(body).unwrap(), &mut dead);
     }
     assert_each_record_once(&out, &dead);
+    let bad = (2 * (RECORDS / BAD_EVERY)) as usize;
+    assert_eq!(listed(&data, &[], &args, &aws::env()), bad, "dead-letters list shows each once");
 }
 
 /// The PostgreSQL sink with a `bigint` column for `amount`, which the bad
@@ -191,6 +226,8 @@ fn postgres_refuses_bad_values_into_the_postgres_dead_letters_once_through_sigki
     let done = postgres(None).output().unwrap();
     assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
     let bad_each = RECORDS / BAD_EVERY;
+    let url = [("SKIPPR_POSTGRES_URL", pg::url())];
+    assert_eq!(listed(&data, &sink, &[], &url), 2 * bad_each as usize, "dead-letters list shows each once");
     let mut client = pg::client();
     for p in 0..2i64 {
         // The table: every good record once (count = distinct = all good

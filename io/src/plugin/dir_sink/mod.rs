@@ -245,6 +245,40 @@ impl DirSink {
     }
 }
 
+/// A batch a destination holds: its stream, its number and its bytes.
+pub type HeldBatch = (String, u64, Vec<u8>);
+
+/// Every batch of `scope` under `dir`, in stream and number order: what
+/// `skipprd dead-letters list` reads of the `dir` destination. A directory
+/// that does not exist holds none.
+pub fn read_scope(dir: &Path, scope: &Scope) -> std::io::Result<Vec<HeldBatch>> {
+    let tag = scope.tag();
+    let mut out = Vec::new();
+    let streams = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for entry in streams {
+        let entry = entry?;
+        let stream = entry.file_name().to_string_lossy().to_string();
+        if stream.starts_with('.') || !entry.file_type()?.is_dir() {
+            continue;
+        }
+        for file in std::fs::read_dir(entry.path())? {
+            let file = file?;
+            let name = file.file_name().to_string_lossy().to_string();
+            if let Some((Some(t), seq, _)) = parse_name(&name) {
+                if t == tag {
+                    out.push((stream.clone(), seq, std::fs::read(file.path())?));
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    Ok(out)
+}
+
 fn file_name(tag: &str, seq: u64, id: CompactionId) -> String {
     format!("{tag}.{seq:020}-{id}.jsonl")
 }

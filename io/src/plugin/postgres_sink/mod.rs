@@ -642,6 +642,56 @@ fn refusal_reason(e: &postgres::Error) -> String {
     }
 }
 
+/// Every batch the tables of `settings.schema` that `pipeline` and `wal`
+/// claimed hold, as (stream, number, its rows' `data` as lines), in stream
+/// and number order: what `skipprd dead-letters list` reads of the
+/// `postgres` destination. A schema the sink never made holds none. It
+/// blocks, as the sink does.
+pub fn read_schema(
+    settings: &PostgresSettings,
+    pipeline: &str,
+    wal: &str,
+) -> Result<Vec<crate::plugin::dir_sink::HeldBatch>, String> {
+    let mut client = match &settings.tls {
+        Some(tls) => settings.config.connect(MakeRustlsConnect::new(ClientConfig::clone(tls))),
+        None => settings.config.connect(NoTls),
+    }
+    .map_err(|e| with_causes(&e))?;
+    let schema = quote(&settings.schema);
+    let claimed = client.query(
+        &format!("SELECT table_name FROM {schema}.{TABLES} WHERE pipeline = $1 AND wal = $2 ORDER BY 1"),
+        &[&pipeline, &wal],
+    );
+    let tables: Vec<String> = match claimed {
+        Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => return Ok(Vec::new()),
+        Err(e) => return Err(with_causes(&e)),
+    };
+    let mut out: Vec<crate::plugin::dir_sink::HeldBatch> = Vec::new();
+    for table in tables {
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT _skippr_seq, data::text FROM {schema}.{} ORDER BY _skippr_seq, _skippr_row",
+                    quote(&table)
+                ),
+                &[],
+            )
+            .map_err(|e| with_causes(&e))?;
+        for row in rows {
+            let (seq, data): (i64, String) = (row.get(0), row.get(1));
+            match out.last_mut() {
+                Some((s, q, bytes)) if *s == table && *q == seq as u64 => {
+                    bytes.extend_from_slice(data.as_bytes());
+                    bytes.push(b'\n');
+                }
+                _ => out.push((table.clone(), seq as u64, format!("{data}\n").into_bytes())),
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The progress table's name.
 const PROGRESS: &str = "skippr_progress";
 /// The table that names each stream table's pipeline and WAL.

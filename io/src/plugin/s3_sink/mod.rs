@@ -113,6 +113,38 @@ struct Survey {
 
 /// An object's name under its stream: a scope tag (none for an object of
 /// before the upgrade) and a number.
+impl S3SinkTarget {
+    /// Every object of `scope` under the prefix, as (stream, number, bytes)
+    /// in stream and number order (gunzipped when the target gzips): what
+    /// `skipprd dead-letters list` reads of the `s3` destination.
+    pub async fn read_scope(&self, scope: &Scope) -> Result<Vec<crate::plugin::dir_sink::HeldBatch>, String> {
+        let tag = scope.tag();
+        let mut out = Vec::new();
+        let mut pages = self.client.list_objects_v2().bucket(&self.bucket).prefix(&self.prefix).into_paginator().send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| format!("listing s3://{}/{}: {}", self.bucket, self.prefix, describe(&e)))?;
+            for object in page.contents() {
+                let key = object.key().unwrap_or_default();
+                let Some((stream, name)) = key.strip_prefix(&self.prefix).and_then(|k| k.split_once('/')) else {
+                    continue;
+                };
+                let Some((Some(t), seq)) = parse_key(name) else { continue };
+                if t != tag {
+                    continue;
+                }
+                let got = self.client.get_object().bucket(&self.bucket).key(key).send().await;
+                let got = got.map_err(|e| format!("reading s3://{}/{key}: {}", self.bucket, describe(&e)))?;
+                let body = got.body.collect().await.map_err(|e| format!("reading s3://{}/{key}: {e}", self.bucket))?;
+                let bytes = body.into_bytes().to_vec();
+                let bytes = if self.gzip { gunzip(&bytes).unwrap_or(bytes) } else { bytes };
+                out.push((stream.to_string(), seq, bytes));
+            }
+        }
+        out.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        Ok(out)
+    }
+}
+
 fn parse_key(name: &str) -> Option<(Option<&str>, u64)> {
     let (first, rest) = name.split_once('.')?;
     let (tag, number) = match rest.split_once('.') {
