@@ -56,17 +56,29 @@ impl Letter<'_> {
     }
 }
 
-/// A reason as the WAL keeps it: at most `REASON_BYTES_MAX` bytes, cut at
-/// a character boundary; an empty one says so.
+/// A reason as the WAL keeps it: control characters escaped (`\n`,
+/// `\u{1b}`: a reason reaches log lines and a terminal, where a plugin's
+/// raw bytes could forge a line or move the cursor), then at most
+/// `REASON_BYTES_MAX` bytes, cut at a character boundary; an empty one says
+/// so.
 pub fn kept_reason(reason: &str) -> String {
     if reason.is_empty() {
         return "(the sink gave no reason)".to_string();
     }
-    let mut end = reason.len().min(REASON_BYTES_MAX);
-    while !reason.is_char_boundary(end) {
-        end -= 1;
+    let mut kept = String::with_capacity(reason.len().min(REASON_BYTES_MAX));
+    for c in reason.chars() {
+        let before = kept.len();
+        if c.is_control() {
+            kept.extend(c.escape_default());
+        } else {
+            kept.push(c);
+        }
+        if kept.len() > REASON_BYTES_MAX {
+            kept.truncate(before);
+            break;
+        }
     }
-    reason[..end].to_string()
+    kept
 }
 
 /// Milliseconds since the Unix epoch as RFC 3339 in UTC (fractions of a
@@ -114,5 +126,13 @@ mod tests {
         assert!(kept.len() <= REASON_BYTES_MAX && kept.len() >= REASON_BYTES_MAX - 1);
         assert_eq!(kept_reason(""), "(the sink gave no reason)");
         assert_eq!(kept_reason("short"), "short");
+    }
+
+    #[test]
+    fn control_characters_in_reasons_are_escaped() {
+        assert_eq!(kept_reason("bad\nINFO forged\x1b[2J\t"), "bad\\nINFO forged\\u{1b}[2J\\t");
+        // An escape is never cut in half.
+        let near = format!("{}\n", "x".repeat(REASON_BYTES_MAX - 1));
+        assert_eq!(kept_reason(&near), "x".repeat(REASON_BYTES_MAX - 1));
     }
 }

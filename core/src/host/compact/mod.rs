@@ -532,7 +532,7 @@ impl Compaction {
                         let what = "a refusal that names no record of the batch".to_string();
                         return SinkNews::Fatal(StopReason::SinkProtocol { sink, stream, what });
                     };
-                    let (reason, refused) = (reason.clone(), list.len());
+                    let (reason, refused) = (crate::dead_letters::kept_reason(reason), list.len());
                     return SinkNews::Fatal(StopReason::SinkRefused {
                         sink,
                         stream,
