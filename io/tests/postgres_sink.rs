@@ -159,7 +159,7 @@ fn a_connection_the_server_drops_is_retried_on_a_new_one() {
 }
 
 #[test]
-fn a_table_dropped_under_the_sink_is_created_again_and_a_bad_record_is_fatal() {
+fn a_table_dropped_under_the_sink_is_created_again_and_a_bad_record_is_refused() {
     let (schema, settings) = fresh("dropped_table");
     let mut sink = open(&settings);
     assert_eq!(sink.apply("s", 0, CompactionId(1), &batch(0)).unwrap(), SinkOutcome::Applied);
@@ -168,9 +168,11 @@ fn a_table_dropped_under_the_sink_is_created_again_and_a_bad_record_is_fatal() {
     assert!(err.0.contains("42P01"), "{err}");
     assert_eq!(sink.apply("s", 1, CompactionId(2), &batch(1)).unwrap(), SinkOutcome::Applied);
     assert_eq!(count(&schema), 3);
-    // Not JSON: the server refuses it, and so does the sink, for good.
+    // Not JSON: the server refuses it, and the sink names that record.
     let bad: Records = [&b"{\"ok\":1}"[..], b"not json"].into_iter().collect();
-    assert_eq!(sink.apply("s", 2, CompactionId(3), &bad).unwrap(), SinkOutcome::Fatal);
+    let SinkOutcome::Refused(refused) = sink.apply("s", 2, CompactionId(3), &bad).unwrap() else { panic!() };
+    assert_eq!(refused.iter().map(|r| r.index).collect::<Vec<_>>(), vec![1]);
+    assert!(refused[0].reason.starts_with("SQLSTATE 22P02: invalid input syntax for type json"), "{refused:?}");
     assert_eq!(count(&schema), 3, "nothing of the refused batch");
     // Its progress row went with it: the batch can be applied once fixed.
     let good: Records = [&b"{\"ok\":1}"[..], b"{\"ok\":2}"].into_iter().collect();
@@ -178,7 +180,7 @@ fn a_table_dropped_under_the_sink_is_created_again_and_a_bad_record_is_fatal() {
 }
 
 #[test]
-fn upserted_streams_keep_one_row_per_key_the_latest_and_a_record_without_its_key_is_fatal() {
+fn upserted_streams_keep_one_row_per_key_the_latest_and_a_record_without_its_key_is_refused() {
     let (schema, mut settings) = fresh("upsert");
     settings.keys.insert("s".into(), vec!["id".into(), "region".into()]);
     let mut sink = open(&settings);
@@ -209,7 +211,9 @@ fn upserted_streams_keep_one_row_per_key_the_latest_and_a_record_without_its_key
     let want = [("1/eu", "a2", 1), ("2/eu", "b2", 0), ("2/us", "c", 0), ("3/eu", "d", 1)];
     assert_eq!(rows, want.iter().map(|(k, v, s)| (k.to_string(), v.to_string(), *s)).collect::<Vec<_>>());
     let keyless = records(&[r#"{"region":"eu","v":"no id"}"#]);
-    assert_eq!(sink.apply("s", 2, CompactionId(3), &keyless).unwrap(), SinkOutcome::Fatal);
+    let SinkOutcome::Refused(refused) = sink.apply("s", 2, CompactionId(3), &keyless).unwrap() else { panic!() };
+    assert_eq!(refused.len(), 1);
+    assert!(refused[0].reason.starts_with("SQLSTATE 23514: "), "{refused:?}");
     assert_eq!(count(&schema), 4);
 }
 

@@ -367,7 +367,8 @@ impl Host {
             let slot = (sink, stream);
             let next = self.committed.next_seq.get(&slot).copied().unwrap_or_default();
             let plan = self.committed.open.get(&slot).filter(|p| p.seq == seq);
-            let settled = self.committed.settled.contains_key(&slot);
+            // The sink holds an attempt of this very plan.
+            let settled = plan.is_some() && self.committed.settled.contains_key(&slot);
             let Some(plan) = plan.filter(|_| !settled) else {
                 let done = seq < next && self.committed.open.get(&slot).is_none_or(|p| p.seq != seq);
                 if !done {

@@ -88,3 +88,32 @@ fn a_batch_not_yet_planned_cannot_be_given_up() {
     assert!(batch_skips_in_wal(&h).is_empty(), "nothing given up");
     assert_eq!(h.host.committed().open.len(), 1, "the open plan stays");
 }
+
+#[test]
+fn a_settled_batch_whose_dead_letters_are_not_delivered_cannot_be_given_up() {
+    use crate::config::DeadLetters;
+    use crate::io::RefusedIndex;
+    let letters = HostConfig { dead_letters: Some(DeadLetters { max: 100, window: 1_000 }), ..config() };
+    let mut h = Harness::start_full(letters.clone(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    h.feed(0, 4);
+    let (apply, ..) = h.sink_apply();
+    let refused = vec![RefusedIndex { index: 1, reason: "bad".into() }];
+    h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::Refused(refused), rows: 0 }));
+    let (apply, ..) = h.sink_apply();
+    h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::Applied, rows: 3 }));
+    // Settled; its dead letters are out, and never answered.
+    assert!(h.has(|op| matches!(op, IoOp::Plugin(PluginOp::DeadLetters(_)))));
+    let skip = BatchSkipRequest { sink: SinkId(0), stream: StreamId(0), seq: CompactionSeq(0), reason: "x".into() };
+    let cfg = HostConfig { batch_skips: vec![skip], ..letters };
+    let h = Harness::start_full(cfg, h.disk.clone(), h.offsets.clone(), Vec::new());
+    let want = StopReason::BatchSkipNotOpen {
+        sink: SinkId(0),
+        stream: StreamId(0),
+        seq: CompactionSeq(0),
+        next: CompactionSeq(1),
+        settled: true,
+    };
+    assert_eq!(h.stopped, Some(want));
+    assert!(batch_skips_in_wal(&h).is_empty(), "nothing given up");
+}
