@@ -536,7 +536,7 @@ fn skip_requests(cfg: &RunConfig, streams: &[String]) -> Result<(Vec<SkipRequest
             stream: StreamId(stream as u16),
             at: Position(skip.at),
             next: Position(skip.next),
-            reason: cfg.skip_reason.clone(),
+            reason: cfg.skip_reason.clone().unwrap_or_else(|| "given up by the operator (run --skip-input)".into()),
         })
     };
     let skips = cfg.skips.iter().map(request).collect::<Result<_, _>>()?;
@@ -553,7 +553,7 @@ fn skip_requests(cfg: &RunConfig, streams: &[String]) -> Result<(Vec<SkipRequest
             sink: SinkId(0),
             stream: StreamId(stream as u16),
             seq: CompactionSeq(skip.seq),
-            reason: cfg.skip_reason.clone(),
+            reason: cfg.skip_reason.clone().unwrap_or_else(|| "given up by the operator (run --skip-batch)".into()),
         })
     };
     let batch_skips = cfg.batch_skips.iter().map(batch).collect::<Result<_, _>>()?;

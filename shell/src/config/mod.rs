@@ -211,7 +211,8 @@ pub struct RunConfig {
     /// `--skip-input`, parsed, and the reason given with it.
     pub skips: Vec<InputSkip>,
     pub batch_skips: Vec<BatchSkip>,
-    pub skip_reason: String,
+    /// `None`: each skip's default reason.
+    pub skip_reason: Option<String>,
     pub drain_timeout_seconds: f64,
     pub stall_seconds: f64,
     /// Only under `--once`.

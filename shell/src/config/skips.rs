@@ -78,8 +78,10 @@ pub(super) fn batch_skips(texts: &[String]) -> Result<Vec<BatchSkip>, String> {
     Ok(skips)
 }
 
-pub(super) fn skip_reason(reason: Option<&str>) -> Result<String, String> {
-    let reason = reason.unwrap_or("given up by the operator (run --skip-input or --skip-batch)");
+/// `--skip-reason`, checked; `None` leaves each skip its default, which
+/// names the option that gave it.
+pub(super) fn skip_reason(reason: Option<&str>) -> Result<Option<String>, String> {
+    let Some(reason) = reason else { return Ok(None) };
     if reason.len() > skippr_core::SKIP_REASON_BYTES_MAX {
         return Err(format!(
             "--skip-reason is {} bytes; keep it under {}",
@@ -87,5 +89,5 @@ pub(super) fn skip_reason(reason: Option<&str>) -> Result<String, String> {
             skippr_core::SKIP_REASON_BYTES_MAX
         ));
     }
-    Ok(reason.into())
+    Ok(Some(reason.into()))
 }
