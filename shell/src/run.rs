@@ -522,40 +522,34 @@ fn limits(cfg: &RunConfig) -> Limits {
 /// `--skip-input` and `--skip-batch`, for the engine: the stream must be
 /// one the source has.
 fn skip_requests(cfg: &RunConfig, streams: &[String]) -> Result<(Vec<SkipRequest>, Vec<BatchSkipRequest>), String> {
-    let request = |skip: &InputSkip| {
-        let Some(stream) = streams.iter().position(|s| *s == skip.stream) else {
+    let stream = |option: &str, name: &str, message: &str| {
+        let Some(index) = streams.iter().position(|s| s == name) else {
             return Err(format!(
-                "--skip-input names stream {:?}, which this source does not have (it has {}): copy the option from \
-                 the refusal message",
-                skip.stream,
+                "{option} names stream {name:?}, which this source does not have (it has {}): copy the option from \
+                 the {message}",
                 streams.join(", ")
             ));
         };
+        Ok(StreamId(index as u16))
+    };
+    let reason =
+        |option: &str| cfg.skip_reason.clone().unwrap_or_else(|| format!("given up by the operator (run {option})"));
+    let skips = cfg.skips.iter().map(|skip: &InputSkip| {
         Ok(SkipRequest {
             key: PartitionKey { source: SourceId(0), partition: skip.partition },
-            stream: StreamId(stream as u16),
+            stream: stream("--skip-input", &skip.stream, "refusal message")?,
             at: Position(skip.at),
             next: Position(skip.next),
-            reason: cfg.skip_reason.clone().unwrap_or_else(|| "given up by the operator (run --skip-input)".into()),
+            reason: reason("--skip-input"),
         })
-    };
-    let skips = cfg.skips.iter().map(request).collect::<Result<_, _>>()?;
-    let batch = |skip: &BatchSkip| {
-        let Some(stream) = streams.iter().position(|s| *s == skip.stream) else {
-            return Err(format!(
-                "--skip-batch names stream {:?}, which this source does not have (it has {}): copy the option from \
-                 the stop message",
-                skip.stream,
-                streams.join(", ")
-            ));
-        };
+    });
+    let batch_skips = cfg.batch_skips.iter().map(|skip: &BatchSkip| {
         Ok(BatchSkipRequest {
             sink: SinkId(0),
-            stream: StreamId(stream as u16),
+            stream: stream("--skip-batch", &skip.stream, "stop message")?,
             seq: CompactionSeq(skip.seq),
-            reason: cfg.skip_reason.clone().unwrap_or_else(|| "given up by the operator (run --skip-batch)".into()),
+            reason: reason("--skip-batch"),
         })
-    };
-    let batch_skips = cfg.batch_skips.iter().map(batch).collect::<Result<_, _>>()?;
-    Ok((skips, batch_skips))
+    });
+    Ok((skips.collect::<Result<_, String>>()?, batch_skips.collect::<Result<_, String>>()?))
 }
