@@ -459,7 +459,7 @@ pub fn location(bucket: &str, prefix: &str) -> String {
     format!("s3://{bucket}/{}", normalize_prefix(prefix))
 }
 
-pub(crate) fn normalize_prefix(prefix: &str) -> String {
+pub fn normalize_prefix(prefix: &str) -> String {
     let p = prefix.trim_matches('/');
     if p.is_empty() {
         String::new()

@@ -309,7 +309,8 @@ fn s3_letters(s: &Settings) -> Result<skippr_io::plugin::s3_sink::settings::S3Si
          sink's --sink-s3-bucket",
     )?;
     let prefix = s.dead_letter_s3_prefix.clone().unwrap_or_else(|| "dead-letters/".into());
-    let normal = |p: &str| if p.is_empty() || p.ends_with('/') { p.to_string() } else { format!("{p}/") };
+    // Compared as the S3 sink writes them: `/out`, `out` and `out/` are one.
+    let normal = skippr_io::s3_wal::normalize_prefix;
     let shared = s.sink.kind.as_deref() == Some("s3")
         && sink.s3_bucket.as_deref() == Some(bucket.as_str())
         && normal(sink.s3_prefix.as_deref().unwrap_or("")) == normal(&prefix);

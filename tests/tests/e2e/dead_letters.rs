@@ -75,6 +75,19 @@ fn daemon(data: &Path, out: &Path, extra: &[&str], rate: Option<u64>) -> Command
     cmd
 }
 
+/// Eight runs of `daemon` (given the source's pace) SIGKILLed mid-ingest,
+/// then one unpaced to the end, exit 0. Killed within 0.4 s each, at 30,000
+/// records/s, the runs send at most 96,000 of the 120,000 records: every
+/// one is killed with work in flight, whatever the machine's speed.
+fn killed_then_finished(daemon: impl Fn(Option<u64>) -> Command) {
+    const RATE: u64 = 30_000;
+    let work = Work::Paced { rate: RATE, total: 2 * RECORDS };
+    let killed = chaos_runs(8, "0.1", "0.4", work, || daemon(Some(RATE)));
+    assert_eq!(killed, 8, "every run was killed with work in flight");
+    let done = daemon(None).output().unwrap();
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+}
+
 /// Dead letters, tallied: (partition, the record's seq) → (reason, how
 /// many times).
 type Tally = BTreeMap<(u64, u64), (String, usize)>;
@@ -134,14 +147,7 @@ fn refused_records_go_to_the_dead_letters_once_and_the_rest_to_the_sink_through_
     let (data, out) = (tmp.path().join("data"), tmp.path().join("out"));
     let letters = data.join("dead-letters");
     let args = ["--dead-letter", "dir"];
-    // Eight runs killed within 0.4 s each, at 30,000 records/s, send at
-    // most 96,000 of the 120,000 records: every run is killed mid-ingest,
-    // whatever the machine's speed.
-    let work = Work::Paced { rate: 30_000, total: 2 * RECORDS };
-    let killed = chaos_runs(8, "0.1", "0.4", work, || daemon(&data, &out, &args, Some(30_000)));
-    assert_eq!(killed, 8, "every run was killed with work in flight");
-    let done = daemon(&data, &out, &args, None).output().unwrap();
-    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    killed_then_finished(|rate| daemon(&data, &out, &args, rate));
     assert_each_record_once(&out, &dead_letters(&letters));
     let bad = (2 * (RECORDS / BAD_EVERY)) as usize;
     assert_eq!(listed(&data, &[], &args, &[]), bad, "dead-letters list shows each once");
@@ -177,11 +183,7 @@ fn refused_records_go_to_s3_dead_letters_once_through_sigkills() {
         cmd.envs(aws::env());
         cmd
     };
-    let work = Work::Paced { rate: 30_000, total: 2 * RECORDS };
-    let killed = chaos_runs(8, "0.1", "0.4", work, || s3(Some(30_000)));
-    assert_eq!(killed, 8, "every run was killed with work in flight");
-    let done = s3(None).output().unwrap();
-    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    killed_then_finished(s3);
     let mut dead = Tally::new();
     let objects = crate::s3_sink::objects(&bucket, "dead-letters/orders/");
     for (i, (key, body, _)) in objects.iter().enumerate() {
@@ -220,11 +222,7 @@ fn postgres_refuses_bad_values_into_the_postgres_dead_letters_once_through_sigki
         cmd.env("SKIPPR_POSTGRES_URL", pg::url());
         cmd
     };
-    let work = Work::Paced { rate: 30_000, total: 2 * RECORDS };
-    let killed = chaos_runs(8, "0.1", "0.4", work, || postgres(Some(30_000)));
-    assert_eq!(killed, 8, "every run was killed with work in flight");
-    let done = postgres(None).output().unwrap();
-    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    killed_then_finished(postgres);
     let bad_each = RECORDS / BAD_EVERY;
     let url = [("SKIPPR_POSTGRES_URL", pg::url())];
     assert_eq!(listed(&data, &sink, &[], &url), 2 * bad_each as usize, "dead-letters list shows each once");

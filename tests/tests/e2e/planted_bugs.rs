@@ -20,8 +20,8 @@ fn flags_for(name: &str) -> (&'static str, Vec<&'static str>) {
         // Dead letters are on in about one seed in four; each of these is
         // caught in about one seed of nine.
         "dead-letters-before-decision" | "replay-decides-again" | "dead-letters-renumbered" => ("0..2000", vec![]),
-        // Poison is on in about one seed in five; this is caught in about
-        // one seed of seven.
+        // Poison is on in a fifth of the seeds with dead letters off (about
+        // one seed in seven); this is caught in about one seed of eleven.
         "batch-skip-too-far" => ("0..2000", vec![]),
         _ => ("0..10000", vec![]),
     }

@@ -199,11 +199,7 @@ impl PostgresSink {
         }
         if self.client.is_none() {
             self.ready.clear();
-            let client = match &self.settings.tls {
-                Some(tls) => self.settings.config.connect(MakeRustlsConnect::new(ClientConfig::clone(tls))),
-                None => self.settings.config.connect(NoTls),
-            }
-            .map_err(|e| classify_connect(&e))?;
+            let client = connect(&self.settings).map_err(|e| classify_connect(&e))?;
             self.client = Some(client);
         }
         let wanted: Vec<String> = std::iter::once(PROGRESS.to_string()).chain(self.streams.iter().cloned()).collect();
@@ -642,6 +638,14 @@ fn refusal_reason(e: &postgres::Error) -> String {
     }
 }
 
+/// A new connection, over TLS where the settings ask for it.
+fn connect(settings: &PostgresSettings) -> Result<Client, postgres::Error> {
+    match &settings.tls {
+        Some(tls) => settings.config.connect(MakeRustlsConnect::new(ClientConfig::clone(tls))),
+        None => settings.config.connect(NoTls),
+    }
+}
+
 /// Every batch the tables of `settings.schema` that `pipeline` and `wal`
 /// claimed hold, as (stream, number, its rows' `data` as lines), in stream
 /// and number order: what `skipprd dead-letters list` reads of the
@@ -652,11 +656,7 @@ pub fn read_schema(
     pipeline: &str,
     wal: &str,
 ) -> Result<Vec<crate::plugin::dir_sink::HeldBatch>, String> {
-    let mut client = match &settings.tls {
-        Some(tls) => settings.config.connect(MakeRustlsConnect::new(ClientConfig::clone(tls))),
-        None => settings.config.connect(NoTls),
-    }
-    .map_err(|e| with_causes(&e))?;
+    let mut client = connect(settings).map_err(|e| with_causes(&e))?;
     let schema = quote(&settings.schema);
     let claimed = client.query(
         &format!("SELECT table_name FROM {schema}.{TABLES} WHERE pipeline = $1 AND wal = $2 ORDER BY 1"),
