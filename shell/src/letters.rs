@@ -1,7 +1,8 @@
 //! `skipprd dead-letters list`: the dead letters of this pipeline and WAL,
 //! read from the destination the run's own settings name, one line each:
 //! where the record came from, which batch held it, when and why it was
-//! refused.
+//! refused. `skipprd dead-letters replay` reads them the same way and runs
+//! the engine with them as a source (`run::Mode::Replay`).
 
 use crate::config::{resolve, DeadLetterConfig, DeadLetterTo, RunArgs, RunConfig, WalConfig};
 use crate::exit;
@@ -25,6 +26,15 @@ pub struct ListArgs {
     pub raw: bool,
 }
 
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    /// The daemon's settings (flags, environment, --config file): the same
+    /// as it runs with, so that the same WAL, sink and dead-letter
+    /// destination are used.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
 pub fn list(args: ListArgs) -> i32 {
     let fail = |code: i32, e: String| {
         eprintln!("skipprd dead-letters list: {e}");
@@ -46,27 +56,34 @@ pub fn list(args: ListArgs) -> i32 {
         // A WAL never made has no dead letters.
         return print(&[], &args);
     };
-    let scope = Scope::new(&cfg.pipeline, &identity);
-    let batches = match to {
-        DeadLetterTo::Dir(dir) => skippr_io::plugin::dir_sink::read_scope(dir, &scope)
-            .map_err(|e| format!("reading the dead letters under {}: {e}", dir.display())),
-        DeadLetterTo::Postgres(p) => p.settings(&[]).and_then(|settings| {
-            skippr_io::plugin::postgres_sink::read_schema(&settings, &cfg.pipeline, &identity)
-                .map_err(|e| format!("reading the dead letters in schema {}: {e}", settings.schema))
-        }),
-        DeadLetterTo::S3(t) => {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-            runtime.block_on(async {
-                let sdk = cfg.aws.load().await?;
-                let target =
-                    skippr_io::plugin::s3_sink::S3SinkTarget::connect(&sdk, &t.bucket, &t.prefix, t.gzip).await?;
-                target.read_scope(&scope).await
-            })
-        }
-    };
-    match batches {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    match runtime.block_on(read_held(&cfg, to, &identity)) {
         Ok(batches) => print(&batches, &args),
         Err(e) => fail(exit::REMOTE, e),
+    }
+}
+
+/// Every dead-letter batch of this pipeline and WAL (`identity`) that the
+/// destination `to` holds, in stream and number order.
+pub async fn read_held(cfg: &RunConfig, to: &DeadLetterTo, identity: &str) -> Result<Vec<HeldBatch>, String> {
+    let scope = Scope::new(&cfg.pipeline, identity);
+    match to {
+        DeadLetterTo::Dir(dir) => skippr_io::plugin::dir_sink::read_scope(dir, &scope)
+            .map_err(|e| format!("reading the dead letters under {}: {e}", dir.display())),
+        DeadLetterTo::Postgres(p) => {
+            let settings = p.settings(&[])?;
+            // The client blocks on a runtime of its own: not on this one's thread.
+            std::thread::scope(|s| {
+                s.spawn(|| skippr_io::plugin::postgres_sink::read_schema(&settings, &cfg.pipeline, identity)).join()
+            })
+            .expect("reading the postgres dead letters panicked")
+            .map_err(|e| format!("reading the dead letters in schema {}: {e}", settings.schema))
+        }
+        DeadLetterTo::S3(t) => {
+            let sdk = cfg.aws.load().await?;
+            let target = skippr_io::plugin::s3_sink::S3SinkTarget::connect(&sdk, &t.bucket, &t.prefix, t.gzip).await?;
+            target.read_scope(&scope).await
+        }
     }
 }
 

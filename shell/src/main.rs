@@ -66,6 +66,14 @@ enum DeadLettersCommand {
     /// --config): stream, source, partition and position of each refused
     /// record, its dead-letter batch, when and why it was refused.
     List(Box<letters::ListArgs>),
+    /// Send the dead letters back through the pipeline, once their cause is
+    /// fixed: the daemon's settings (the same flags, or --config; the daemon
+    /// stopped), its own source paused, the letters the destination holds
+    /// now as a source of their own. Each letter goes in once, through any
+    /// crash: the WAL keeps how far the replay got, and a replay run again
+    /// sends only the letters written since. A record refused again becomes
+    /// a new dead letter. Stops when every letter is delivered.
+    Replay(Box<letters::ReplayArgs>),
 }
 
 #[derive(Subcommand)]
@@ -168,7 +176,8 @@ fn main() {
         end_quietly_on_a_closed_pipe();
     }
     let code = match cli.command {
-        Command::Run(args) => run::main(*args),
+        Command::Run(args) => run::main(*args, run::Mode::Daemon),
+        Command::DeadLetters(DeadLettersCommand::Replay(args)) => run::main(args.run, run::Mode::Replay),
         Command::DeadLetters(DeadLettersCommand::List(args)) => letters::list(*args),
         Command::Sim(args) => sim::main(args),
         Command::Wal(WalCommand::Verify { data_dir, wal, aws, from, through }) => match wal.storage() {

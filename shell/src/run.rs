@@ -18,6 +18,7 @@ use skippr_io::driver::{SharedSchema, SharedSink, SharedSource};
 use skippr_io::dynamo::Dynamo;
 use skippr_io::metrics::Metrics;
 use skippr_io::plugin::postgres_sink::{PostgresSink, Refused};
+use skippr_io::plugin::replay::{LetterReplay, Paused};
 use skippr_io::plugin::s3_sink::{S3Sink, S3SinkTarget};
 use skippr_io::plugin::{
     singer::SingerSettings, DirSink, ExternalSchema, ExternalSink, ExternalSource, FileSource, Generator, SchemaPlugin,
@@ -33,14 +34,47 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use tracing::{error, info, warn};
 
-pub fn main(args: RunArgs) -> i32 {
+/// What an engine run reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The pipeline's source (`skipprd run`).
+    Daemon,
+    /// The dead letters the destination holds at start, the pipeline's own
+    /// source paused; stops once they are delivered (`skipprd dead-letters
+    /// replay`).
+    Replay,
+}
+
+impl Mode {
+    fn command(self) -> &'static str {
+        match self {
+            Mode::Daemon => "skipprd run",
+            Mode::Replay => "skipprd dead-letters replay",
+        }
+    }
+}
+
+/// The engine's sources, by `SourceId`: the pipeline's own, then the
+/// replay of dead letters (in every run, so that the WAL's names stay the
+/// same whichever command ran last).
+fn source_names() -> Vec<String> {
+    vec!["source".into(), skippr_io::plugin::replay::REPLAY_SOURCE.into()]
+}
+
+pub fn main(args: RunArgs, mode: Mode) -> i32 {
     let cfg = match resolve(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("skipprd run: {e}");
+            eprintln!("{}: {e}", mode.command());
             return exit::CONFIG;
         }
     };
+    if mode == Mode::Replay {
+        if let Err(e) = replay_allowed(&cfg) {
+            eprintln!("{}: {e}", mode.command());
+            return exit::CONFIG;
+        }
+    }
     let node = match &cfg.wal {
         WalConfig::Clustered(c) => Some(c.node),
         _ => None,
@@ -51,7 +85,7 @@ pub fn main(args: RunArgs) -> i32 {
     if node.is_some() {
         if let Err((code, e)) = crate::cluster::check_identity(&cfg.data_dir) {
             error!("{e}");
-            eprintln!("skipprd run: {e}");
+            eprintln!("{}: {e}", mode.command());
             return code;
         }
     }
@@ -62,7 +96,7 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(lock) => lock,
         Err(e) => {
             error!("{e}");
-            eprintln!("skipprd run: {e}");
+            eprintln!("{}: {e}", mode.command());
             return exit::DATA_DIR;
         }
     };
@@ -77,7 +111,7 @@ pub fn main(args: RunArgs) -> i32 {
             }
         }
         Err(e) => {
-            eprintln!("skipprd run: {e}");
+            eprintln!("{}: {e}", mode.command());
             return exit::USAGE;
         }
     }
@@ -86,7 +120,26 @@ pub fn main(args: RunArgs) -> i32 {
         .enable_all()
         .build()
         .expect("a tokio runtime starts");
-    runtime.block_on(run(cfg))
+    runtime.block_on(run(cfg, mode))
+}
+
+/// A replay needs somewhere to read dead letters from, and one engine that
+/// surely leads.
+fn replay_allowed(cfg: &RunConfig) -> Result<(), String> {
+    if cfg.dead_letter.is_none() {
+        return Err("--dead-letter is off in these settings, so there are no dead letters to replay: give the \
+                    settings the daemon runs with (--dead-letter dir, postgres or s3, and where)"
+            .into());
+    }
+    if matches!(cfg.wal, WalConfig::Clustered(_)) {
+        return Err("a replay of dead letters runs on a disk or S3 WAL; a clustered WAL cannot replay them yet".into());
+    }
+    if cfg.once {
+        return Err("--once is what a replay does anyway: it stops once the dead letters are delivered; leave it \
+                    out"
+        .into());
+    }
+    Ok(())
 }
 
 /// Creates DATA_DIR (and its parents) readable by its owner only (0700):
@@ -235,11 +288,11 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3: &S3Targets) -> Result<Plugin
     Ok(Plugins { source, sink, schema, dead_letters })
 }
 
-async fn run(cfg: RunConfig) -> i32 {
+async fn run(cfg: RunConfig, mode: Mode) -> i32 {
     let started = std::time::Instant::now();
     let fail = |(code, e): (i32, String)| {
         error!("{e}");
-        eprintln!("skipprd run: {e}");
+        eprintln!("{}: {e}", mode.command());
         code
     };
     let stores = match open_stores(&cfg).await {
@@ -272,6 +325,17 @@ async fn run(cfg: RunConfig) -> i32 {
         Ok(w) => w,
         Err(e) => return fail(e),
     };
+    // The dead letters there are now: what this replay sends, and all it
+    // sends (those its own records add wait for the next one).
+    let held = match (mode, &cfg.dead_letter) {
+        (Mode::Replay, Some(DeadLetterConfig { to, .. })) => {
+            match crate::letters::read_held(&cfg, to, &wal_identity).await {
+                Ok(held) => held,
+                Err(e) => return fail((exit::REMOTE, e)),
+            }
+        }
+        _ => Vec::new(),
+    };
     let clock = Clock::start();
     let mut stream_names: Vec<String> = Vec::new();
     let reason = loop {
@@ -280,6 +344,25 @@ async fn run(cfg: RunConfig) -> i32 {
             Err(e) => return fail(e),
         };
         let streams = source.streams();
+        let (source, replay): (Box<dyn Source>, Box<dyn Source>) = match mode {
+            Mode::Daemon => (source, Box::new(Paused::new(Vec::new()))),
+            Mode::Replay => {
+                // Only the streams are asked of the pipeline's source; it is
+                // dropped before anything is read (a process it started
+                // ends with it).
+                drop(source);
+                let letters = match LetterReplay::new(streams.clone(), &held) {
+                    Ok(l) => l,
+                    Err(e) => return fail((exit::CONFIG, e)),
+                };
+                let counts: Vec<String> = letters.counts().iter().map(|(s, n)| format!("{s}: {n}")).collect();
+                info!(
+                    letters = %counts.join(", "),
+                    "replaying the dead letters the destination holds (those replayed before are passed over)"
+                );
+                (Box::new(Paused::new(streams.clone())), Box::new(letters))
+            }
+        };
         let (skips, batch_skips) = match skip_requests(&cfg, &streams) {
             Ok(skips) => skips,
             Err(e) => return fail((exit::CONFIG, e)),
@@ -288,11 +371,11 @@ async fn run(cfg: RunConfig) -> i32 {
         let host_config = HostConfig {
             // Per run: it seeds retry jitter and the low half of the writer epoch.
             seed: run_seed(),
-            sources: vec!["source".into()],
+            sources: source_names(),
             sinks: vec!["sink".into()],
             streams: streams.clone(),
             limits: limits(&cfg),
-            stop_when_exhausted: cfg.once,
+            stop_when_exhausted: cfg.once || mode == Mode::Replay,
             schema_plugin: cfg.schema_command.is_some(),
             lease: cfg.lease_table.as_ref().map(|_| lease_config(cfg.lease_seconds)),
             cluster: cluster.as_ref().map(|c| c.config.clone()),
@@ -310,7 +393,7 @@ async fn run(cfg: RunConfig) -> i32 {
             wal: wal.clone(),
             offsets: offsets.clone(),
             lease: lease.clone(),
-            sources: vec![Arc::new(Mutex::new(source)) as SharedSource],
+            sources: vec![Arc::new(Mutex::new(source)) as SharedSource, Arc::new(Mutex::new(replay)) as SharedSource],
             sinks: vec![Arc::new(Mutex::new(sink)) as SharedSink],
             dead_letters,
             streams: Arc::new(skippr_io::driver::StreamNames::new(streams)),
@@ -361,7 +444,7 @@ async fn run(cfg: RunConfig) -> i32 {
         info!("{message}");
     } else {
         error!("{message}");
-        eprintln!("skipprd run: {message}");
+        eprintln!("{}: {message}", mode.command());
     }
     let elapsed = started.elapsed().as_secs_f64();
     let records = totals.records.load(Ordering::Relaxed);
@@ -440,7 +523,7 @@ async fn open_stores(cfg: &RunConfig) -> Result<Stores, (i32, String)> {
             (WalBackend::S3(Arc::new(wal)), place)
         }
     };
-    let sources = vec!["source".to_string()];
+    let sources = source_names();
     let identity = wal_identity(cfg)?;
     let dynamo = |table: String| {
         let (sdk, sources, location) = (sdk.clone(), sources.clone(), identity.clone());

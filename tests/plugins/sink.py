@@ -22,10 +22,13 @@ compaction_id, as docs/PROTOCOL.md recommends.
 Misbehaving on purpose, once per MARKER file: DOUBLE_FIRST=1 prints the
 result of its first apply twice (a stale second answer), and
 RETRYABLE_SECOND=1 answers retryable to its second apply without applying
-it. NO_ECHO=1 leaves the echoes out.
+it. NO_ECHO=1 leaves the echoes out. KILL_DAEMON_AFTER=N SIGKILLs the
+daemon that started it once it has applied N batches, before answering the
+Nth (a crash at a point counted, not timed).
 """
 import json
 import os
+import signal
 import sys
 import time
 
@@ -60,6 +63,19 @@ def apply(msg):
     return "applied"
 
 
+def daemon_pid():
+    """The skipprd process among this one's parents (a shell may stand
+    between them)."""
+    pid = os.getppid()
+    for _ in range(3):
+        with open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() == "skipprd":
+                return pid
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    raise SystemExit("sink.py: no skipprd among this process's parents")
+
+
 def first_time():
     """True the first time it is asked across restarts (MARKER remembers)."""
     marker = os.environ.get("MARKER")
@@ -72,6 +88,8 @@ def first_time():
 def main():
     lag_until = time.monotonic() + float(os.environ.get("LAG_SECONDS", "0"))
     applies = 0
+    applied = 0
+    kill_after = int(os.environ.get("KILL_DAEMON_AFTER", "0"))
     misbehave = (os.environ.get("DOUBLE_FIRST") or os.environ.get("RETRYABLE_SECOND")) and first_time()
     for line in sys.stdin:
         msg = json.loads(line)
@@ -94,6 +112,11 @@ def main():
             if fatal and not held and any(isinstance(r, dict) and r.get(fatal) is True for r in msg["records"]):
                 refuse = "fatal"
             outcome = refuse if refuse else apply(msg)
+            if outcome == "applied":
+                applied += 1
+                if applied == kill_after:
+                    os.kill(daemon_pid(), signal.SIGKILL)
+                    sys.exit(0)
             result = {"type": "result", "outcome": outcome, "rows": len(msg["records"])}
             if outcome == "refused":
                 result["refused"] = [{"index": i, "reason": f"{field} is set"} for i in bad]

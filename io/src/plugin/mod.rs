@@ -4,7 +4,8 @@
 //! declared once, with their defaults and checks): the `generator`, `file`
 //! and `singer` sources, the `dir`, `s3` and `postgres` sinks, and external
 //! plugins run as child processes over the runtime protocol (`process`,
-//! started by `spawner`). `registry` lists the kinds and resolves the one a
+//! started by `spawner`), and `replay`, dead letters sent back as a
+//! source of their own. `registry` lists the kinds and resolves the one a
 //! run asks for; `stdout` has no settings.
 //!
 //! The traits are blocking; the driver runs each call on a blocking thread.
@@ -20,6 +21,7 @@ pub mod lines;
 pub mod postgres_sink;
 pub mod process;
 pub mod registry;
+pub mod replay;
 pub mod s3_sink;
 pub mod singer;
 pub(crate) mod spawner;

@@ -5,7 +5,8 @@
 //! moment. Without dead letters the same refusal stops the daemon (exit 8)
 //! naming the record. The PostgreSQL sink the same way, into the
 //! `postgres` dead-letter destination: a typed column refuses the records
-//! whose value it cannot hold, both tables checked by SQL.
+//! whose value it cannot hold, both tables checked by SQL. And
+//! `dead-letters replay` sends them back once.
 
 use skippr_tests::*;
 use std::collections::BTreeMap;
@@ -336,4 +337,95 @@ fn a_batch_the_sink_refuses_as_fatal_is_given_up_by_the_operators_skip_batch() {
         let line = format!("stream orders, batch {seq} ");
         assert!(text.contains(&line) && text.contains("ticket 7"), "{line} in: {text}");
     }
+}
+
+/// `dead-letters replay` with the test pipeline's settings into the
+/// external sink, which refuses bad records while `refusing`.
+fn replay(data: &Path, out: &Path, refusing: bool, envs: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(skipprd_bin());
+    cmd.args(["dead-letters", "replay", "--data-dir", data.to_str().unwrap()])
+        .args(["--source", "command", "--source-command", &plugin("source.py")])
+        .args(["--sink", "command", "--sink-command", &plugin("sink.py")])
+        .args(["--dead-letter", "dir", "--dead-letter-max", "1000"])
+        .env("PROTOCOL", "2")
+        .env("OUT_DIR", out)
+        .envs(envs.iter().copied());
+    if refusing {
+        cmd.env("REFUSE_FIELD", "bad");
+    }
+    cmd.output().unwrap()
+}
+
+/// The dead letters under `dir` by the source that sent the record: for
+/// each, the records (partition, seq) and how many letters each has.
+fn letters_by_source(dir: &Path) -> BTreeMap<String, BTreeMap<(u64, u64), usize>> {
+    let mut out: BTreeMap<String, BTreeMap<(u64, u64), usize>> = BTreeMap::new();
+    for file in std::fs::read_dir(dir.join("orders")).unwrap().map(|e| e.unwrap().path()) {
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        if name.starts_with('.') || !name.ends_with(".jsonl") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&file).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(
+                (&v["record"]["bad"], &v["reason"]),
+                (&serde_json::json!(true), &serde_json::json!("bad is set"))
+            );
+            let record = (v["record"]["partition"].as_u64().unwrap(), v["record"]["seq"].as_u64().unwrap());
+            *out.entry(v["source"].as_str().unwrap().to_string()).or_default().entry(record).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// `dead-letters replay` in its three cases. The sink still refusing: each
+/// letter is sent once and refused again (a new letter, of the replay's own
+/// source). The cause fixed: the daemon SIGKILLed once the sink applied
+/// the replay's first batch, before it answered, then the replay run again.
+/// Nothing new: a replay sends nothing. In the end the sink holds every
+/// record exactly once, and the dead letters are each refusal once.
+#[test]
+fn dead_letters_replayed_reach_the_sink_once_through_a_kill() {
+    use std::os::unix::process::ExitStatusExt;
+    const HERE: u64 = 20_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, out) = (tmp.path().join("data"), tmp.path().join("out"));
+    let letters = data.join("dead-letters");
+    let mut first = daemon(&data, &out, &["--dead-letter", "dir"], None);
+    let first = first.env("RECORDS", HERE.to_string()).output().unwrap();
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    let bad: BTreeMap<(u64, u64), usize> =
+        (0..2).flat_map(|p| (0..HERE).filter(|s| s % BAD_EVERY == BAD_EVERY - 1).map(move |s| ((p, s), 1))).collect();
+    assert_eq!(bad.len(), 40);
+    let held = |out: &Path| -> Vec<Vec<u64>> {
+        let sink = read_dir_sink(out);
+        (0..2).map(|p| sink.get(&("orders".to_string(), p)).cloned().unwrap_or_default()).collect()
+    };
+    let before = held(&out);
+
+    // Still refused: the sink unchanged, each letter refused once more.
+    let again = replay(&data, &out, true, &[]);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert_eq!(held(&out), before, "nothing reached the sink");
+    let by_source = letters_by_source(&letters);
+    assert_eq!(by_source.get("source"), Some(&bad), "the first refusals, once each");
+    assert_eq!(by_source.get("dead-letters"), Some(&bad), "each letter sent again once, refused again once");
+
+    // Fixed: killed after the sink applied and before it answered.
+    let killed = replay(&data, &out, false, &[("KILL_DAEMON_AFTER", "1")]);
+    assert_eq!(killed.status.signal(), Some(9), "{}", stderr(&killed));
+    let done = replay(&data, &out, false, &[]);
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    for (p, got) in held(&out).into_iter().enumerate() {
+        let mut sorted = got.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..HERE).collect::<Vec<_>>(), "partition {p}: every record in the sink exactly once");
+    }
+    assert_eq!(letters_by_source(&letters), by_source, "no letter was added");
+
+    // Nothing new: nothing is sent.
+    let idle = replay(&data, &out, false, &[]);
+    assert_eq!(idle.status.code(), Some(0), "{}", stderr(&idle));
+    assert!(stdout(&idle).starts_with("records: 0,"), "{}", stdout(&idle));
+    assert_eq!(held(&out).iter().map(Vec::len).sum::<usize>(), 2 * HERE as usize);
 }
