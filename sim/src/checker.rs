@@ -3,7 +3,7 @@
 //! offsets store holds. It never reads the engine's own bookkeeping. A
 //! failure names the invariant it broke.
 
-use crate::plugins::{checkpoint_bytes, record_bytes_into};
+use crate::plugins::{checkpoint_bytes, record_bytes_into, replayed_bytes};
 use crate::scenario::Scenario;
 use skippr_core::ledger::Verdict;
 use skippr_core::{CompactionId, CompactionSeq, OffsetValue, PartitionKey, Position, SinkId, SourceId, StreamId};
@@ -74,6 +74,13 @@ pub struct Checker {
     skipped_records: u64,
     /// The next dead-letter batch number per (sink, stream).
     next_letters: BTreeMap<(SinkId, StreamId), u64>,
+    /// The replay of dead letters, when the scenario has one: its source
+    /// id; the records of the sink's dead letters per stream, in their
+    /// order (what a replay sends, by position); its records that reached
+    /// the sink or the dead letters.
+    replay: Option<u16>,
+    letter_log: Vec<Vec<Vec<u8>>>,
+    replayed: u64,
     dead_letters: u64,
     seed: u64,
     /// Records and stream of every partition, as the scenario defines them.
@@ -100,6 +107,11 @@ impl Checker {
                 partitions.insert(key, (part.records, StreamId(part.stream)));
             }
         }
+        // A replay's partition per stream holds nothing until it starts.
+        let replay = scenario.replay_source();
+        for (id, stream) in replay.into_iter().flat_map(|id| (0..scenario.streams).map(move |s| (id, s))) {
+            partitions.insert(PartitionKey { source: SourceId(id), partition: stream as u32 }, (0, StreamId(stream)));
+        }
         Checker {
             seed: scenario.seed,
             partitions,
@@ -117,6 +129,9 @@ impl Checker {
             skipped_seqs: BTreeSet::new(),
             skipped_records: 0,
             next_letters: BTreeMap::new(),
+            replay,
+            letter_log: vec![Vec::new(); scenario.streams as usize],
+            replayed: 0,
             dead_letters: 0,
             delivered: 0,
             scratch: Vec::with_capacity(64),
@@ -278,8 +293,29 @@ impl Checker {
             if let Err(v) = self.check_record(a.sink, a.stream, bytes, true) {
                 return self.fail(v.invariant, v.detail);
             }
+            if self.replay.is_some() {
+                self.letter_log[a.stream.0 as usize].push(bytes.to_vec());
+            }
             self.dead_letters += 1;
         }
+    }
+
+    /// A start replays the dead letters the destination holds now: the
+    /// replay's partition of each stream holds, from here on, one record
+    /// per dead letter the checker has seen arrive, and every one of them
+    /// must reach the sink or the dead letters once.
+    pub fn on_replay(&mut self, id: u16) {
+        for (stream, log) in self.letter_log.iter().enumerate() {
+            let key = PartitionKey { source: SourceId(id), partition: stream as u32 };
+            let part = self.partitions.get_mut(&key).expect("a replay partition per stream");
+            self.total += log.len() as u64 - part.0;
+            part.0 = log.len() as u64;
+        }
+    }
+
+    /// Replayed dead letters that reached the sink or the dead letters.
+    pub fn replayed(&self) -> u64 {
+        self.replayed
     }
 
     /// The operator gave up batch `seq` of (sink, stream), which the sink
@@ -331,8 +367,14 @@ impl Checker {
         let Some(&(records, part_stream)) = self.partitions.get(&key) else {
             return Err(foreign("a record from no known partition"));
         };
-        if pos < records {
-            record_bytes_into(&mut self.scratch, self.seed, key.source.0, key.partition, pos);
+        match self.replay {
+            Some(id) if key.source.0 == id && pos < records => {
+                let letter = &self.letter_log[key.partition as usize][pos as usize];
+                replayed_bytes(&mut self.scratch, id, key.partition, pos, letter);
+                self.replayed += 1;
+            }
+            _ if pos < records => record_bytes_into(&mut self.scratch, self.seed, key.source.0, key.partition, pos),
+            _ => {}
         }
         if pos >= records || bytes != self.scratch.as_slice() {
             return Err(foreign(&format!("{key} position {pos}: bytes differ from what the source emitted")));
@@ -448,7 +490,7 @@ fn place(bytes: &[u8]) -> Option<(PartitionKey, u64)> {
 
 /// A dead letter's record bytes, if the line carries a reason and a
 /// record: what follows `"record":`, less the closing brace.
-fn letter_record(line: &[u8]) -> Option<&[u8]> {
+pub(crate) fn letter_record(line: &[u8]) -> Option<&[u8]> {
     const KEY: &[u8] = b"\"record\":";
     let reason = line.windows(10).any(|w| w == b"\"reason\":\"");
     let at = line.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
@@ -558,6 +600,58 @@ mod tests {
         c.on_batch_skip(SinkId(0), st, CompactionSeq(0), &apply(&s, 2, 0, st.0, &[0]).records);
         c.on_apply(&apply(&s, 3, 2, st.0, &[1]), Verdict::New);
         assert_eq!(broke(&c), invariant::SEQUENCE_GAP);
+    }
+
+    /// Replayed dead letters are a new source's records: each must reach
+    /// the sink (or the dead letters) once, with the letter's record.
+    #[test]
+    fn replayed_dead_letters_are_the_replays_records_once() {
+        let s = (0..).map(Scenario::from_seed).find(|s| s.replay).expect("a seed that replays");
+        let (id, st) = (s.replay_source().unwrap(), StreamId(stream0(&s)));
+        let letter_of = |pos: u64| {
+            let mut line = br#"{"reason":"SIM","record":"#.to_vec();
+            line.extend_from_slice(&record_bytes(s.seed, 0, 0, pos));
+            line.push(b'}');
+            line
+        };
+        let replayed = |payload: &[u8]| {
+            let mut out = Vec::new();
+            replayed_bytes(&mut out, id, st.0 as u32, 0, payload);
+            out
+        };
+        let batch = |seq: u64, records: &[&[u8]]| SinkApply {
+            sink: SinkId(0),
+            stream: st,
+            id: CompactionId(100 + seq),
+            seq: CompactionSeq(seq),
+            records: records.iter().copied().collect(),
+        };
+        let start = || {
+            let mut c = Checker::new(&s);
+            c.on_letters(&batch(0, &[&letter_of(0)]), Verdict::New);
+            c.on_apply(&apply(&s, 1, 0, st.0, &[1, 2]), Verdict::New);
+            let total = c.total;
+            c.on_replay(id);
+            assert_eq!(c.total, total + 1, "the replay adds one record per dead letter");
+            c
+        };
+        let good = replayed(&record_bytes(s.seed, 0, 0, 0));
+        let mut c = start();
+        c.on_apply(&batch(1, &[&good]), Verdict::New);
+        assert_eq!((broke(&c), c.replayed()), ("none", 1));
+        c.on_apply(&batch(2, &[&good]), Verdict::New);
+        assert_eq!(broke(&c), invariant::DUPLICATE_DELIVERY);
+        // Refused again: its dead letter is the replay's record's.
+        let mut c = start();
+        let mut again = br#"{"reason":"SIM","record":"#.to_vec();
+        again.extend_from_slice(&good);
+        again.push(b'}');
+        c.on_letters(&batch(1, &[&again]), Verdict::New);
+        assert_eq!(broke(&c), "none");
+        // A record the letter did not hold.
+        let mut c = start();
+        c.on_apply(&batch(1, &[&replayed(&record_bytes(s.seed, 0, 0, 1))]), Verdict::New);
+        assert_eq!(broke(&c), invariant::FOREIGN_BYTES);
     }
 
     #[test]

@@ -11,8 +11,8 @@ use crate::scenario::{LettersSpec, SourceSpec};
 use skippr_core::format::Record;
 use skippr_core::ledger::{judge, Digest, Entry, Verdict};
 use skippr_core::{
-    CompactionId, CompactionSeq, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, Records, RefusedIndex,
-    StreamId,
+    CompactionId, CompactionSeq, Duration, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, Records,
+    RefusedIndex, StreamId,
 };
 use skippr_core::{ResumePoint, SourceBatchIn};
 use std::collections::BTreeMap;
@@ -84,13 +84,54 @@ pub struct SimSource {
     /// Schemas by stream, before and after `schema_switch`.
     schemas: Vec<[std::sync::Arc<[u8]>; 2]>,
     schema_switch: Instant,
+    /// A replay of dead letters: per partition (one per stream), the
+    /// records of the letters it sends.
+    letters: Option<Vec<Vec<Vec<u8>>>>,
+}
+
+/// The record a replay of dead letters sends for the letter at `position`
+/// of `partition` (the stream's letters in the destination's order): the
+/// header every simulated record has, naming the replay's own place, then
+/// the refused record (without its header of a replay, if the letter came
+/// from one: the daemon sends a letter's record as it was first refused).
+pub fn replayed_bytes(out: &mut Vec<u8>, replay: u16, partition: u32, position: u64, letter: &[u8]) {
+    out.clear();
+    out.push(replay as u8);
+    out.push(partition as u8);
+    out.extend_from_slice(&(position as u32).to_le_bytes());
+    out.extend_from_slice(refused_record(replay, letter));
+}
+
+/// The record a dead letter holds, as the source that first sent it sent it.
+pub fn refused_record(replay: u16, letter: &[u8]) -> &[u8] {
+    match letter.first() {
+        Some(&b) if b == replay as u8 && letter.len() >= 6 => &letter[6..],
+        _ => letter,
+    }
 }
 
 impl SimSource {
     pub fn new(seed: u64, id: u16, spec: SourceSpec, streams: u16, schema_switch: Instant) -> SimSource {
         let cursors = spec.partitions.iter().map(|_| Cursor { next: 0, acked: 0 }).collect();
         let schemas = (0..streams).map(|s| [schema_bytes(s, 1), schema_bytes(s, 2)]).collect();
-        SimSource { id, seed, spec, cursors, turn: 0, schemas, schema_switch }
+        SimSource { id, seed, spec, cursors, turn: 0, schemas, schema_switch, letters: None }
+    }
+
+    /// A replay, as source `id`, of the dead letters a destination holds:
+    /// per stream, each letter's record.
+    pub fn replay(id: u16, letters: &[Vec<Vec<u8>>], schema_switch: Instant) -> SimSource {
+        let spec = SourceSpec {
+            partitions: letters
+                .iter()
+                .enumerate()
+                .map(|(s, l)| crate::scenario::PartitionSpec { stream: s as u16, records: l.len() as u64 })
+                .collect(),
+            record_interval: Duration::from_micros(1),
+            resends: false,
+        };
+        let mut source = SimSource::new(0, id, spec, letters.len() as u16, schema_switch);
+        source.letters = Some(letters.to_vec());
+        source
     }
 
     /// Resumes at the host's positions, or, for a source that re-sends, at
@@ -129,9 +170,15 @@ impl SimSource {
             let to = available.min(from + budget);
             budget -= to - from;
             let partition = p as u32;
-            let records = (from..to)
-                .map(|pos| Record { position: Position(pos), bytes: record_bytes(self.seed, self.id, partition, pos) })
-                .collect();
+            let record = |pos: u64| match &self.letters {
+                None => record_bytes(self.seed, self.id, partition, pos),
+                Some(letters) => {
+                    let mut out = Vec::new();
+                    replayed_bytes(&mut out, self.id, partition, pos, &letters[p][pos as usize]);
+                    out
+                }
+            };
+            let records = (from..to).map(|pos| Record { position: Position(pos), bytes: record(pos) }).collect();
             self.cursors[p].next = to;
             batches.push(SourceBatchIn {
                 partition,

@@ -32,6 +32,8 @@ pub enum Stream {
     /// Records no batch can carry to a sink, whose batches an operator
     /// gives up.
     Poison = 15,
+    /// Whether dead letters are sent back through the pipeline.
+    Replay = 16,
 }
 
 #[derive(Clone)]

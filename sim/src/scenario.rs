@@ -230,6 +230,9 @@ pub struct Scenario {
     /// Sinks that refuse records, and the dead letters they go to.
     pub letters: LettersSpec,
     pub poison: PoisonSpec,
+    /// Dead letters sent back through the pipeline (`skipprd dead-letters
+    /// replay`): with one sink and dead letters on, on the disk and S3 WAL.
+    pub replay: bool,
 }
 
 /// Records sinks refuse (with dead letters on only: off, a refusal stops
@@ -318,6 +321,7 @@ impl Scenario {
             cluster: ClusterSpec::default(),
             letters: LettersSpec::default(),
             poison: PoisonSpec::default(),
+            replay: false,
         };
         // The engine's optional paths, on a stream of their own.
         let mut paths = Rng::new(seed, Stream::Paths);
@@ -334,7 +338,24 @@ impl Scenario {
             // a batch skip had committed, which the checker cannot see.
             scenario.faults.lost_segment = false;
         }
+        scenario.draw_replay(seed);
         scenario
+    }
+
+    /// In half the seeds with dead letters on and one sink, every start
+    /// after the first also sends the dead letters the destination holds
+    /// then, as a source of their own (`REPLAY_SOURCE`); a shutdown mid-run
+    /// makes sure there is such a start. The daemon's replay pauses the
+    /// pipeline's own source meanwhile; the engine cannot tell the
+    /// difference, so here both run.
+    fn draw_replay(&mut self, seed: u64) {
+        let mut r = Rng::new(seed, Stream::Replay);
+        self.replay = r.chance(REPLAY_SHARE) && self.letters.on && self.sinks == 1;
+    }
+
+    /// The replay's source id, when it runs: after the scenario's sources.
+    pub fn replay_source(&self) -> Option<u16> {
+        self.replay.then_some(self.sources.len() as u16)
     }
 
     /// Drawn last, so the draws before stay what they were before S3 mode
@@ -387,9 +408,16 @@ impl Scenario {
     /// Puts the WAL in `mode`.
     pub fn with_wal(mut self, mode: WalMode) -> Scenario {
         self.wal = mode;
+        if self.replay && mode != WalMode::Clustered {
+            // Whether a deleted segment was still needed turns on the
+            // replay's records too.
+            self.faults.lost_segment = false;
+        }
         if mode == WalMode::Clustered {
-            // The operator's batch skips are modelled for one writer.
+            // The operator's batch skips and replays are modelled for one
+            // writer.
             self.poison.on = false;
+            self.replay = false;
             self.draw_cluster(3);
             // Under `--once` the daemon ends a stall after a limit, longer
             // than the drain timeout as its defaults are; here only a
@@ -516,7 +544,10 @@ impl Scenario {
     pub fn host_config(&self, mutations: Mutations, incarnation: u64) -> HostConfig {
         HostConfig {
             seed: self.seed ^ incarnation.wrapping_mul(0x2545_f491_4f6c_dd1d),
-            sources: (0..self.sources.len()).map(|i| format!("source-{i}")).collect(),
+            sources: (0..self.sources.len())
+                .map(|i| format!("source-{i}"))
+                .chain(self.replay.then(|| "dead-letters".to_string()))
+                .collect(),
             sinks: (0..self.sinks).map(|i| format!("sink-{i}")).collect(),
             streams: (0..self.streams).map(|i| format!("stream-{i}")).collect(),
             limits: self.limits.clone(),
@@ -562,6 +593,10 @@ fn draw_letters(seed: u64, segment_bytes: u64) -> LettersSpec {
         lost_reply: r.rate(0.4, 0.01, 0.15),
     }
 }
+
+/// The share of seeds (of those with dead letters on and one sink) that
+/// replay them.
+pub const REPLAY_SHARE: f64 = 0.5;
 
 /// The share of seeds (of those with dead letters off) with poison.
 pub const POISON_SHARE: f64 = 0.2;

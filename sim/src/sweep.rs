@@ -108,7 +108,7 @@ const FAULT_KINDS: usize = 25;
 
 /// The faults of a run and the rare engine paths it took, by the names
 /// `--stats` prints them under.
-fn faults(s: &RunStats) -> [(&'static str, u64); 45] {
+fn faults(s: &RunStats) -> [(&'static str, u64); 47] {
     [
         ("crashes", s.crashes),
         ("crashes that cut the power", s.power_cuts),
@@ -126,6 +126,8 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 45] {
         ("sink refusals", s.sink_refusals),
         ("sink fatal on poison", s.sink_poisoned),
         ("batches given up", s.batch_skips),
+        ("dead-letter replays", s.replays),
+        ("dead letters replayed", s.replayed),
         ("offsets ambiguous", s.offsets_ambiguous),
         ("source request failures", s.source_failures),
         ("segments deleted by an operator", s.lost_segments),
@@ -196,6 +198,8 @@ impl Totals {
         t.sink_refusals += s.sink_refusals;
         t.sink_poisoned += s.sink_poisoned;
         t.batch_skips += s.batch_skips;
+        t.replays += s.replays;
+        t.replayed += s.replayed;
         t.offsets_ambiguous += s.offsets_ambiguous;
         t.source_failures += s.source_failures;
         t.shutdowns += s.shutdowns;
@@ -271,6 +275,8 @@ impl Totals {
             ("faults: batches with records a sink refused", t.sink_refusals as f64 / n),
             ("faults: batches a sink answered fatal (poison)", t.sink_poisoned as f64 / n),
             ("operator: batches given up (--skip-batch)", t.batch_skips as f64 / n),
+            ("operator: starts that replay dead letters", t.replays as f64 / n),
+            ("operator: dead letters replayed into a sink or the dead letters", t.replayed as f64 / n),
             ("faults: offsets ambiguous", t.offsets_ambiguous as f64 / n),
             ("faults: source request failures", t.source_failures as f64 / n),
             ("faults: segments deleted by an operator", t.lost_segments as f64 / n),

@@ -91,6 +91,10 @@ pub struct RunStats {
     /// the operator gave up (`run --skip-batch`).
     pub sink_poisoned: u64,
     pub batch_skips: u64,
+    /// Starts that replay dead letters, and replayed records that reached
+    /// the sink or the dead letters.
+    pub replays: u64,
+    pub replayed: u64,
     pub offsets_ambiguous: u64,
     pub source_failures: u64,
     pub shutdowns: u64,
@@ -244,6 +248,9 @@ pub(crate) struct World<T: Topology> {
     pub sinks: Vec<SimSink>,
     /// The dead-letter destination, per sink.
     pub letters: Vec<SimSink>,
+    /// What the first sink's dead letters hold, per stream, in their order:
+    /// each letter's record (what a replay reads).
+    pub letter_log: Vec<Vec<Vec<u8>>>,
     /// The batches a sink answered `fatal` for a poisoned record, with
     /// their records (what the operator names when giving one up).
     pub poisoned: BTreeMap<(SinkId, StreamId, CompactionSeq), Records>,
@@ -277,6 +284,7 @@ impl<T: Topology> World<T> {
         World {
             sinks: (0..scenario.sinks).map(|_| SimSink::default()).collect(),
             letters: (0..scenario.sinks).map(|_| SimSink::default()).collect(),
+            letter_log: vec![Vec::new(); scenario.streams as usize],
             poisoned: BTreeMap::new(),
             batch_skips: Vec::new(),
             checker: Checker::new(&scenario),
@@ -329,6 +337,7 @@ impl<T: Topology> World<T> {
             self.stats.s3_conflicts += wal.s3_mut().map_or(0, |s| s.conflicts());
         }
         self.stats.compactions = self.checker.compactions() as u64;
+        self.stats.replayed = self.checker.replayed();
         self.stats.sim_micros = self.schedule.now.as_micros();
         RunReport {
             seed: self.scenario.seed,

@@ -4,10 +4,11 @@
 use super::{Writer, LIVE, TWIN};
 use crate::checker::invariant;
 use crate::operator::{self, LostSegment};
+use crate::plugins::SimSource;
 use crate::rng::Die;
 use crate::scenario::WalMode;
 use crate::world::{self, World};
-use skippr_core::{BatchSkipRequest, CompactionSeq, Host, SinkId, StopReason, StreamId};
+use skippr_core::{BatchSkipRequest, CompactionSeq, Host, Instant, SinkId, StopReason, StreamId};
 
 impl World<Writer> {
     pub(super) fn crash(&mut self, freeze: bool) {
@@ -91,6 +92,14 @@ impl World<Writer> {
             self.check_stop_record(alone, 0, 0);
         }
         self.stats.restarts += 1;
+        if let (Some(id), true) = (self.scenario.replay_source(), starts > 0) {
+            // The operator replays the dead letters the destination holds
+            // now (again after a crash: those already sent are passed over).
+            let switch = Instant::from_micros(self.scenario.fault_phase_end.as_micros() / 2);
+            self.procs[LIVE].sources[id as usize] = SimSource::replay(id, &self.letter_log, switch);
+            self.checker.on_replay(id);
+            self.stats.replays += 1;
+        }
         let mut config = self.scenario.host_config(self.opts.mutations, starts);
         config.batch_skips.clone_from(&self.batch_skips);
         self.trace.note(self.now(), "start");

@@ -76,12 +76,16 @@ pub(crate) struct Writer {
 pub(crate) fn world(seed: u64, opts: RunOptions) -> World<Writer> {
     let scenario = Scenario::from_seed(seed).with_wal(opts.wal).with_overrides(&opts.overrides);
     let switch = Instant::from_micros(scenario.fault_phase_end.as_micros() / 2);
-    let sources: Vec<SimSource> = scenario
+    let mut sources: Vec<SimSource> = scenario
         .sources
         .iter()
         .enumerate()
         .map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone(), scenario.streams, switch))
         .collect();
+    if let Some(id) = scenario.replay_source() {
+        // Nothing to replay before the first restart.
+        sources.push(SimSource::replay(id, &vec![Vec::new(); scenario.streams as usize], switch));
+    }
     let wal = match scenario.wal {
         WalMode::Disk | WalMode::Clustered => SimWal::disk(seed),
         WalMode::S3 => SimWal::s3(opts.mutations.has(Mutation::S3OverwriteOnAmbiguous)),
@@ -125,6 +129,13 @@ impl Topology for Writer {
         if f.shutdown_mid_run {
             let at = Instant::from_micros(w.faults_rng.range(0, end.as_micros()));
             w.at(at, world::Event::Topo(Event::Shutdown));
+        }
+        if w.scenario.replay {
+            // The operator stops the daemon late in the fault phase, when
+            // most dead letters are in, and the start after replays them
+            // (drawn from the operator's stream, so no other draw moves).
+            let at = end.as_micros() * w.topo.operator_rng.range(60, 95) / 100;
+            w.at(Instant::from_micros(at), world::Event::Topo(Event::Shutdown));
         }
         w.at(end, world::Event::EndFaultPhase);
         w.at(Instant::ZERO, world::Event::Start { slot: LIVE });

@@ -44,7 +44,14 @@ fn a_sweep_ends_with_the_summary_line_and_stats_show_the_scenario() {
         });
         line.split(": ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap()
     };
-    for name in ["crashes", "torn writes", "fsync failures", "sink lost replies", "source request failures"] {
+    for name in [
+        "crashes",
+        "torn writes",
+        "fsync failures",
+        "sink lost replies",
+        "source request failures",
+        "dead letters replayed",
+    ] {
         assert!(met(name) > 0 && met(name) <= 300, "{name}: {}", met(name));
     }
     assert_eq!(met("s3 writers frozen"), 0, "no S3 faults in a disk sweep");
