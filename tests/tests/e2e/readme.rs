@@ -284,6 +284,36 @@ fn the_postgresql_walkthrough_runs_as_written() {
     assert_eq!(columns.get::<_, i64>(0), 20_000, "the columns computed from each record");
 }
 
+/// Dead letters by hand: a record the typed column refuses goes to the dead
+/// letters and is listed; the column fixed, the replay brings it into the
+/// table once (a second replay sends nothing); a batch the table refuses
+/// whole is given up by the option the stop message prints.
+#[test]
+fn the_dead_letters_walkthrough_lists_replays_and_gives_up_as_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let clean = "DROP TABLE IF EXISTS public.orders; DROP FUNCTION IF EXISTS public.hold()";
+    pg::client().batch_execute(clean).unwrap();
+    let subs = [("postgresql://loader@db.internal/warehouse", pg::url())];
+    let script = substituted("dead-letters", &walkthrough("dead-letters"), &subs);
+    let out = run_bash(tmp.path(), &script);
+    let rows = pg::client().query("SELECT data->>'id', amount::text FROM public.orders ORDER BY 1", &[]).unwrap();
+    pg::client().batch_execute(clean).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("SQLSTATE 22P02: invalid input syntax for type bigint: \\\"n/a\\\""), "{text}");
+    assert!(text.contains("1 dead letter(s)"), "{text}");
+    let summaries: Vec<&str> = text.lines().filter(|l| l.starts_with("records: ")).collect();
+    assert_eq!(summaries.len(), 5, "{text}");
+    assert!(summaries[1].starts_with("records: 1, committed: 1,"), "the replay: {text}");
+    assert!(summaries[2].starts_with("records: 0,"), "the replay again: {text}");
+    assert!(text.contains("stopped: exit 8"), "{text}");
+    assert!(stderr(&out).contains("--skip-batch orders:2 "), "the stop names the option: {}", stderr(&out));
+    assert!(text.contains("stream orders, batch 2 ") && text.contains("ticket 7: orders frozen"), "{text}");
+    let rows: Vec<(String, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let want = [("1", Some("12")), ("2", None), ("3", Some("7"))].map(|(i, a)| (i.to_string(), a.map(String::from)));
+    assert_eq!(rows, want, "each record once, id 4 given up");
+}
+
 #[test]
 fn the_singer_walkthrough_runs_as_written_and_its_tap_re_run_keeps_one_row_per_id() {
     let tmp = tempfile::tempdir().unwrap();
