@@ -194,6 +194,16 @@ fn refused_records_go_to_s3_dead_letters_once_through_sigkills() {
     assert_each_record_once(&out, &dead);
     let bad = (2 * (RECORDS / BAD_EVERY)) as usize;
     assert_eq!(listed(&data, &[], &args, &aws::env()), bad, "dead-letters list shows each once");
+    // Replayed from S3 into a sink that takes them: every record once.
+    let replayed = replay_from(&data, &out, false, &args, &aws::env());
+    assert_eq!(replayed.status.code(), Some(0), "{}", stderr(&replayed));
+    assert!(stdout(&replayed).starts_with(&format!("records: {bad}, committed: {bad},")), "{}", stdout(&replayed));
+    let sink = read_dir_sink(&out);
+    for p in 0..2u64 {
+        let mut got = sink.get(&("orders".to_string(), p)).cloned().unwrap_or_default();
+        got.sort_unstable();
+        assert_eq!(got, (0..RECORDS).collect::<Vec<_>>(), "partition {p}: every record in the sink once");
+    }
 }
 
 /// The PostgreSQL sink with a `bigint` column for `amount`, which the bad
@@ -268,6 +278,41 @@ fn postgres_refuses_bad_values_into_the_postgres_dead_letters_once_through_sigki
             );
         }
     }
+    // The column fixed, the dead letters replayed from PostgreSQL (records
+    // as `jsonb` gives them back): every record in the table once.
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE \"{schema}\".orders DROP COLUMN amount; ALTER TABLE \"{schema}\".orders ADD COLUMN amount \
+             bigint GENERATED ALWAYS AS (CASE WHEN data->>'amount' ~ '^[0-9]+$' THEN (data->>'amount')::bigint END) \
+             STORED"
+        ))
+        .unwrap();
+    let replay = || {
+        let mut cmd = Command::new(skipprd_bin());
+        cmd.args(["dead-letters", "replay", "--data-dir", data.to_str().unwrap()])
+            .args(["--source", "command", "--source-command", &plugin("source.py")])
+            .args(sink)
+            .env("SKIPPR_POSTGRES_URL", pg::url());
+        cmd.output().unwrap()
+    };
+    let replayed = replay();
+    assert_eq!(replayed.status.code(), Some(0), "{}", stderr(&replayed));
+    let n = 2 * bad_each;
+    assert!(stdout(&replayed).starts_with(&format!("records: {n}, committed: {n},")), "{}", stdout(&replayed));
+    assert!(stdout(&replay()).starts_with("records: 0,"), "a second replay sends nothing");
+    for p in 0..2i64 {
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT count(*), count(DISTINCT data->>'seq'), count(*) FILTER (WHERE data ? 'bad') FROM \
+                     \"{schema}\".orders WHERE (data->>'partition')::bigint = $1"
+                ),
+                &[&p],
+            )
+            .unwrap();
+        let got: (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        assert_eq!(got, (RECORDS as i64, RECORDS as i64, bad_each as i64), "partition {p}: (rows, distinct, bad)");
+    }
 }
 
 /// A version 1 sink answers `fatal` for every batch that holds a bad
@@ -340,16 +385,30 @@ fn a_batch_the_sink_refuses_as_fatal_is_given_up_by_the_operators_skip_batch() {
 }
 
 /// `dead-letters replay` with the test pipeline's settings into the
-/// external sink, which refuses bad records while `refusing`.
+/// external sink, which refuses bad records while `refusing`, the dead
+/// letters in the `dir` destination.
 fn replay(data: &Path, out: &Path, refusing: bool, envs: &[(&str, &str)]) -> std::process::Output {
+    let envs: Vec<(&str, String)> = envs.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    replay_from(data, out, refusing, &["--dead-letter", "dir"], &envs)
+}
+
+/// `replay`, the dead letters where `letters` says.
+fn replay_from(
+    data: &Path,
+    out: &Path,
+    refusing: bool,
+    letters: &[&str],
+    envs: &[(&str, String)],
+) -> std::process::Output {
     let mut cmd = Command::new(skipprd_bin());
     cmd.args(["dead-letters", "replay", "--data-dir", data.to_str().unwrap()])
         .args(["--source", "command", "--source-command", &plugin("source.py")])
         .args(["--sink", "command", "--sink-command", &plugin("sink.py")])
-        .args(["--dead-letter", "dir", "--dead-letter-max", "1000"])
+        .args(letters)
+        .args(["--dead-letter-max", "1000"])
         .env("PROTOCOL", "2")
         .env("OUT_DIR", out)
-        .envs(envs.iter().copied());
+        .envs(envs.iter().map(|(k, v)| (k, v)));
     if refusing {
         cmd.env("REFUSE_FIELD", "bad");
     }
