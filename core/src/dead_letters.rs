@@ -56,9 +56,11 @@ impl Letter<'_> {
     }
 }
 
-/// A reason as the WAL keeps it: control characters escaped (`\n`,
-/// `\u{1b}`: a reason reaches log lines and a terminal, where a plugin's
-/// raw bytes could forge a line or move the cursor), then at most
+/// A reason as the WAL keeps it: control characters and the invisible
+/// ones that reorder or hide text escaped (`\n`, `\u{1b}`, `\u{202e}`: a
+/// reason reaches log lines and a terminal, where a plugin's raw bytes
+/// could forge a line, move the cursor or show text other than it is),
+/// then at most
 /// `REASON_BYTES_MAX` bytes, cut at a character boundary; an empty one says
 /// so.
 pub fn kept_reason(reason: &str) -> String {
@@ -68,7 +70,7 @@ pub fn kept_reason(reason: &str) -> String {
     let mut kept = String::with_capacity(reason.len().min(REASON_BYTES_MAX));
     for c in reason.chars() {
         let before = kept.len();
-        if c.is_control() {
+        if c.is_control() || hides_text(c) {
             kept.extend(c.escape_default());
         } else {
             kept.push(c);
@@ -79,6 +81,13 @@ pub fn kept_reason(reason: &str) -> String {
         }
     }
     kept
+}
+
+/// Bidirectional overrides, embeddings, isolates and marks (the
+/// "Trojan Source" characters), zero-width characters and the byte-order
+/// mark: shown as they are, they make a line read other than its bytes.
+fn hides_text(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
 }
 
 /// Milliseconds since the Unix epoch as RFC 3339 in UTC (fractions of a
@@ -131,6 +140,9 @@ mod tests {
     #[test]
     fn control_characters_in_reasons_are_escaped() {
         assert_eq!(kept_reason("bad\nINFO forged\x1b[2J\t"), "bad\\nINFO forged\\u{1b}[2J\\t");
+        // Text that would show reversed, or hide a word, shows its code points.
+        assert_eq!(kept_reason("id \u{202e}txt.exe\u{2066}x\u{200b}"), "id \\u{202e}txt.exe\\u{2066}x\\u{200b}");
+        assert_eq!(kept_reason("naïve ✓ 東京"), "naïve ✓ 東京", "other text stays as it is");
         // An escape is never cut in half.
         let near = format!("{}\n", "x".repeat(REASON_BYTES_MAX - 1));
         assert_eq!(kept_reason(&near), "x".repeat(REASON_BYTES_MAX - 1));
