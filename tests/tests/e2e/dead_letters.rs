@@ -488,3 +488,23 @@ fn dead_letters_replayed_reach_the_sink_once_through_a_kill() {
     assert!(stdout(&idle).starts_with("records: 0,"), "{}", stdout(&idle));
     assert_eq!(held(&out).iter().map(Vec::len).sum::<usize>(), 2 * HERE as usize);
 }
+
+/// A replay that cannot do what it is asked says so before it touches
+/// anything: without dead letters there is nothing to read, and `--once`
+/// is what it does anyway.
+#[test]
+fn a_replay_without_dead_letters_or_with_once_is_refused_naming_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let run = |extra: &[&str]| {
+        let out = skipprd(&[&["dead-letters", "replay", "--data-dir", data.to_str().unwrap()], extra].concat());
+        (out.status.code(), stderr(&out))
+    };
+    let (code, text) = run(&[]);
+    assert_eq!(code, Some(3), "{text}");
+    assert!(text.contains("--dead-letter is off") && text.contains("no dead letters to replay"), "{text}");
+    let (code, text) = run(&["--dead-letter", "dir", "--once"]);
+    assert_eq!(code, Some(3), "{text}");
+    assert!(text.starts_with("skipprd dead-letters replay: --once"), "{text}");
+    assert!(!data.exists(), "nothing was created");
+}
