@@ -371,7 +371,6 @@ impl Checker {
             Some(id) if key.source.0 == id && pos < records => {
                 let letter = &self.letter_log[key.partition as usize][pos as usize];
                 replayed_bytes(&mut self.scratch, id, key.partition, pos, letter);
-                self.replayed += 1;
             }
             _ if pos < records => record_bytes_into(&mut self.scratch, self.seed, key.source.0, key.partition, pos),
             _ => {}
@@ -420,6 +419,7 @@ impl Checker {
             *next = (*next).max(p + 1);
         }
         self.delivered += 1;
+        self.replayed += (self.replay == Some(key.source.0)) as u64;
         Ok(())
     }
 
