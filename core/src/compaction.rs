@@ -50,6 +50,22 @@ pub fn without(id: CompactionId, refused: &[RefusedRecord]) -> CompactionId {
     CompactionId(h.digest())
 }
 
+/// The id of attempt `id` cut to `ranges` (`Split`): a pure function of
+/// the two, so a replay of the split sends the same id.
+pub fn cut(id: CompactionId, ranges: &[Range]) -> CompactionId {
+    let mut h = Xxh3::new();
+    h.update(b"skippr-split-v1\0");
+    h.update(&id.0.to_le_bytes());
+    h.update(&(ranges.len() as u64).to_le_bytes());
+    for r in ranges {
+        h.update(&r.key.source.0.to_le_bytes());
+        h.update(&r.key.partition.to_le_bytes());
+        h.update(&r.from.0.to_le_bytes());
+        h.update(&r.to.0.to_le_bytes());
+    }
+    CompactionId(h.digest())
+}
+
 /// The id of the dead-letter batch that the refusal of attempt `refused`
 /// makes.
 pub fn letters_id(refused: CompactionId) -> CompactionId {

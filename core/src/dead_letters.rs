@@ -13,6 +13,11 @@ use std::fmt::Write as _;
 /// character boundary): the WAL holds one per refused record.
 pub const REASON_BYTES_MAX: usize = 512;
 
+/// The reason of a record found by splitting a batch its sink answered
+/// `fatal` for (a sink that names no record it refuses): the sink answered
+/// `fatal` for it alone.
+pub const FATAL_ALONE: &str = "the sink answered fatal for a batch of this record alone";
+
 /// One refused record and where it came from, by name.
 pub struct Letter<'a> {
     pub stream: &'a str,

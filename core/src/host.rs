@@ -116,6 +116,10 @@ pub struct RarePaths {
     /// A group sealed its segment because the snapshot or the next frame
     /// did not fit in what was left.
     pub seals_no_room: u64,
+    /// A plan was split (its sink answered `fatal` for every version), and
+    /// a probe found its sink holding a version from before a split.
+    pub splits: u64,
+    pub held_before_split: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -277,7 +281,9 @@ impl Host {
     /// How often this engine took paths that most runs rarely take.
     pub fn rare_paths(&self) -> RarePaths {
         let (seals_ahead, seals_no_room) = self.wal.seal_counts();
-        RarePaths { late_commits_verified: self.authority.late_commits(), seals_ahead, seals_no_room }
+        let (splits, held_before_split) = self.compaction.split_counts();
+        let late_commits_verified = self.authority.late_commits();
+        RarePaths { late_commits_verified, seals_ahead, seals_no_room, splits, held_before_split }
     }
 
     /// Records held for sinks that have not acknowledged them, in memory or

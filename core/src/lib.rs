@@ -55,7 +55,7 @@ mod wal;
 pub use config::{BatchSkipRequest, ClusterConfig, SkipRequest, SKIP_REASON_BYTES_MAX};
 pub use config::{ConfigError, DeadLetters, HostConfig, LeaseConfig, Limits};
 pub use consensus::replica::{PeerProgress, RaftStatus};
-pub use dead_letters::{kept_reason, Letter, REASON_BYTES_MAX};
+pub use dead_letters::{kept_reason, Letter, FATAL_ALONE, REASON_BYTES_MAX};
 pub use host::{Host, RarePaths};
 pub use ids::{
     CompactionId, CompactionSeq, Epoch, IoId, Lsn, PartitionKey, Position, SegmentId, SinkId, SourceId, StreamId,

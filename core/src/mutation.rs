@@ -95,6 +95,10 @@ pub enum Mutation {
     /// positions moved to the committed ones): records never planned are
     /// never delivered.
     BatchSkipTooFar,
+    /// Dead letters: a plan cut by a split and done leaves the
+    /// planned-through positions where the whole plan ended, so the rest
+    /// the split cut off is never planned again.
+    SplitLosesRest,
 }
 
 impl Mutation {
@@ -123,6 +127,7 @@ impl Mutation {
         Mutation::ReplayDecidesAgain,
         Mutation::LettersRenumbered,
         Mutation::BatchSkipTooFar,
+        Mutation::SplitLosesRest,
     ];
 
     /// The planted bugs of clustered mode, which only its runs can reach.
@@ -169,6 +174,7 @@ impl Mutation {
             Mutation::ReplayDecidesAgain => "replay-decides-again",
             Mutation::LettersRenumbered => "dead-letters-renumbered",
             Mutation::BatchSkipTooFar => "batch-skip-too-far",
+            Mutation::SplitLosesRest => "split-loses-rest",
         }
     }
 

@@ -5,8 +5,8 @@
 use crate::ids::*;
 pub use crate::wal::PartitionState;
 use crate::wal::{
-    BatchSkipped, Breaker, CompactionPlan, Frame, LetterState, Names, Refusal, SchemaDecision, Settled, Skipped,
-    Snapshot,
+    BatchSkipped, Breaker, CompactionPlan, Frame, LetterState, Names, Range, Refusal, SchemaDecision, Settled, Skipped,
+    Snapshot, Split,
 };
 use std::collections::BTreeMap;
 
@@ -26,6 +26,9 @@ pub struct CommittedState {
     /// member had learnt of it.
     pub finished: Option<Lsn>,
     pub all_finished: Option<Lsn>,
+    /// The splits committed for each open plan, in order (all before its
+    /// first refusal).
+    pub splits: BTreeMap<(SinkId, StreamId), Vec<Split>>,
     /// The refusals committed for each open plan, in order.
     pub refusals: BTreeMap<(SinkId, StreamId), Vec<Refusal>>,
     /// Which attempt the sink holds, for open plans with refusals, once
@@ -67,16 +70,25 @@ impl CommittedState {
                 let slot = (done.sink, done.stream);
                 let held = self.settled.get(&slot).map(|x| x.held).or_else(|| self.attempt(slot));
                 assert_eq!(held, Some(done.id), "compaction-done names the attempt the sink holds");
+                let ranges = self.ranges_of(slot, done.id).to_vec();
                 let plan = self.open.remove(&slot).expect("an attempt is of an open plan");
+                self.splits.remove(&slot);
                 let refusals = self.refusals.remove(&slot).unwrap_or_default();
                 let standing = self.settled.remove(&slot).map_or(&[][..], |x| x.standing(&refusals));
                 let standing: u64 = standing.iter().map(|r| r.records.len() as u64).sum();
                 if let Some(n) = done.records {
                     self.breaker.decide(n, standing);
                 }
-                for r in &plan.ranges {
+                for r in &ranges {
                     self.acked.insert((plan.sink, r.key), r.to);
                 }
+            }
+            Frame::Split(x) => {
+                let slot = (x.sink, x.stream);
+                assert_eq!(self.attempt(slot), Some(x.id), "a split names the open plan's last attempt");
+                assert!(self.refusals_of(slot).is_empty(), "no split after a refusal");
+                assert!(!self.settled.contains_key(&slot), "no split after the plan settled");
+                self.splits.entry(slot).or_default().push(x.clone());
             }
             Frame::Refused(r) => {
                 let slot = (r.sink, r.stream);
@@ -108,11 +120,13 @@ impl CommittedState {
     /// and its sink's acknowledged positions move past its ranges.
     fn skip_batch(&mut self, k: &BatchSkipped) {
         let slot = (k.sink, k.stream);
+        let ranges = self.ranges_of(slot, self.attempt(slot).expect("a batch skip names the open plan")).to_vec();
         let plan = self.open.remove(&slot).expect("a batch skip names the open plan");
         assert_eq!((plan.seq, plan.id), (k.seq, k.id), "a batch skip names the open plan");
         assert!(!self.settled.contains_key(&slot), "a settled plan is not given up");
         self.refusals.remove(&slot);
-        for r in &plan.ranges {
+        self.splits.remove(&slot);
+        for r in &ranges {
             self.acked.insert((plan.sink, r.key), r.to);
         }
     }
@@ -162,6 +176,7 @@ impl CommittedState {
                 refusals: self.refusals.values().flatten().cloned().collect(),
                 settled: self.settled.values().cloned().collect(),
                 breaker: self.breaker.clone(),
+                splits: self.splits.values().flatten().cloned().collect(),
             }),
         }
     }
@@ -188,22 +203,46 @@ impl CommittedState {
         for r in &l.refusals {
             self.refusals.entry((r.sink, r.stream)).or_default().push(r.clone());
         }
+        self.splits = BTreeMap::new();
+        for x in &l.splits {
+            self.splits.entry((x.sink, x.stream)).or_default().push(x.clone());
+        }
         self.settled = l.settled.iter().map(|x| ((x.sink, x.stream), x.clone())).collect();
         self.breaker = l.breaker.clone();
     }
 
     /// Every attempt of the open plan of `slot`, oldest first: its own id,
-    /// then the `then` of each refusal.
+    /// then the `then` of each split, then that of each refusal.
     pub fn attempts(&self, slot: (SinkId, StreamId)) -> Vec<CompactionId> {
         let Some(plan) = self.open.get(&slot) else { return Vec::new() };
-        std::iter::once(plan.id).chain(self.refusals_of(slot).iter().map(|r| r.then)).collect()
+        let splits = self.splits_of(slot).iter().map(|x| x.then);
+        std::iter::once(plan.id).chain(splits).chain(self.refusals_of(slot).iter().map(|r| r.then)).collect()
     }
 
-    /// The open plan's last attempt: its own id until a sink refuses
-    /// records of it, then the `then` of its last refusal.
+    /// The open plan's last attempt: its own id until it is split or a
+    /// sink refuses records of it, then the `then` of the last of those.
     pub fn attempt(&self, slot: (SinkId, StreamId)) -> Option<CompactionId> {
         let plan = self.open.get(&slot)?;
-        Some(self.refusals.get(&slot).and_then(|r| r.last()).map_or(plan.id, |r| r.then))
+        let split = self.splits_of(slot).last().map(|x| x.then);
+        Some(self.refusals_of(slot).last().map(|r| r.then).or(split).unwrap_or(plan.id))
+    }
+
+    /// The splits committed for the open plan of `slot`.
+    pub fn splits_of(&self, slot: (SinkId, StreamId)) -> &[Split] {
+        self.splits.get(&slot).map_or(&[], Vec::as_slice)
+    }
+
+    /// The ranges attempt `id` of the open plan of `slot` covers: the
+    /// plan's, cut by the splits up to it (refusals keep the ranges).
+    pub fn ranges_of(&self, slot: (SinkId, StreamId), id: CompactionId) -> &[Range] {
+        let plan = self.open.get(&slot).expect("an attempt of an open plan");
+        let splits = self.splits_of(slot);
+        match splits.iter().position(|x| x.id == id) {
+            // Made before the split that cut it.
+            Some(0) => &plan.ranges,
+            Some(i) => &splits[i - 1].ranges,
+            None => splits.last().map_or(&plan.ranges, |x| &x.ranges),
+        }
     }
 
     /// The refusals committed for the open plan of `slot`.
@@ -219,10 +258,11 @@ impl CommittedState {
     /// position and past any open plan.
     pub fn planned_through(&self, sink: SinkId, key: PartitionKey) -> Position {
         let stream = self.partitions.get(&key).map(|p| p.stream);
-        let open = stream
-            .and_then(|s| self.open.get(&(sink, s)))
-            .and_then(|plan| plan.ranges.iter().find(|r| r.key == key))
-            .map(|r| r.to);
+        let open = stream.filter(|&s| self.open.contains_key(&(sink, s))).and_then(|s| {
+            let slot = (sink, s);
+            let ranges = self.ranges_of(slot, self.attempt(slot).expect("an open plan"));
+            ranges.iter().find(|r| r.key == key).map(|r| r.to)
+        });
         self.acked(sink, key).max(open.unwrap_or_default())
     }
 }

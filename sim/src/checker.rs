@@ -3,11 +3,11 @@
 //! offsets store holds. It never reads the engine's own bookkeeping. A
 //! failure names the invariant it broke.
 
-use crate::plugins::{checkpoint_bytes, record_bytes_into, replayed_bytes};
+use crate::plugins::{checkpoint_bytes, record_bytes_into, replayed_bytes, SimSink};
 use crate::scenario::Scenario;
 use skippr_core::ledger::Verdict;
 use skippr_core::{CompactionId, CompactionSeq, OffsetValue, PartitionKey, Position, SinkId, SourceId, StreamId};
-use skippr_core::{ResumePoint, SinkApply};
+use skippr_core::{ResumePoint, SinkApply, FATAL_ALONE};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -38,6 +38,7 @@ pub mod invariant {
     pub const DEAD_LETTER_CONFLICT: &str = "dead-letter-conflict";
     pub const DEAD_LETTER_MALFORMED: &str = "dead-letter-malformed";
     pub const SKIPPED_DELIVERED: &str = "skipped-delivered";
+    pub const DEAD_LETTER_UNFOUNDED: &str = "dead-letter-unfounded";
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +68,9 @@ pub struct Checker {
     ahead: BTreeMap<(SinkId, PartitionKey), BTreeSet<u64>>,
     gaps: BTreeMap<(SinkId, PartitionKey), BTreeSet<u64>>,
     letters_on: bool,
+    /// Poison's per mille, where a sink has poison.
+    poison: Option<u64>,
+    split_letters: u64,
     /// Per (sink, partition): positions of batches the operator gave up;
     /// the batch numbers given up; how many records that accounts for.
     skipped: BTreeMap<(SinkId, PartitionKey), BTreeSet<u64>>,
@@ -125,6 +129,8 @@ impl Checker {
             ahead: BTreeMap::new(),
             gaps: BTreeMap::new(),
             letters_on: scenario.letters.on,
+            poison: scenario.poison.on.then_some(scenario.poison.permille),
+            split_letters: 0,
             skipped: BTreeMap::new(),
             skipped_seqs: BTreeSet::new(),
             skipped_records: 0,
@@ -293,6 +299,14 @@ impl Checker {
             if let Err(v) = self.check_record(a.sink, a.stream, bytes, true) {
                 return self.fail(v.invariant, v.detail);
             }
+            // A record found by splitting must be one the sink cannot take.
+            if line.windows(FATAL_ALONE.len()).any(|w| w == FATAL_ALONE.as_bytes()) {
+                if !self.poison.is_some_and(|permille| SimSink::poison(permille, self.seed, bytes)) {
+                    let detail = format!("sink {} refused no record of {}", a.sink, String::from_utf8_lossy(line));
+                    return self.fail(invariant::DEAD_LETTER_UNFOUNDED, detail);
+                }
+                self.split_letters += 1;
+            }
             if self.replay.is_some() {
                 self.letter_log[a.stream.0 as usize].push(bytes.to_vec());
             }
@@ -316,6 +330,11 @@ impl Checker {
     /// Replayed dead letters that reached the sink or the dead letters.
     pub fn replayed(&self) -> u64 {
         self.replayed
+    }
+
+    /// Dead letters of records the engine found by splitting.
+    pub fn split_letters(&self) -> u64 {
+        self.split_letters
     }
 
     /// The operator gave up batch `seq` of (sink, stream), which the sink
@@ -652,6 +671,41 @@ mod tests {
         let mut c = start();
         c.on_apply(&batch(1, &[&replayed(&record_bytes(s.seed, 0, 0, 1))]), Verdict::New);
         assert_eq!(broke(&c), invariant::FOREIGN_BYTES);
+    }
+
+    /// A dead letter of a record found by splitting must be of a record
+    /// its sink cannot take (poisoned).
+    #[test]
+    fn a_record_found_by_splitting_must_be_poisoned() {
+        let poisoned =
+            |s: &Scenario, pos: u64| SimSink::poison(s.poison.permille, s.seed, &record_bytes(s.seed, 0, 0, pos));
+        let n = |s: &Scenario| s.sources[0].partitions[0].records;
+        let s = (0..)
+            .map(Scenario::from_seed)
+            .find(|s| s.poison.on && s.letters.on && (0..n(s)).any(|p| poisoned(s, p)))
+            .expect("such a seed");
+        let st = StreamId(stream0(&s));
+        let poisoned = |pos: u64| poisoned(&s, pos);
+        let letter = |pos: u64| {
+            let mut line = format!(r#"{{"reason":"{FATAL_ALONE}","record":"#).into_bytes();
+            line.extend_from_slice(&record_bytes(s.seed, 0, 0, pos));
+            line.push(b'}');
+            SinkApply {
+                sink: SinkId(0),
+                stream: st,
+                id: CompactionId(7),
+                seq: CompactionSeq(0),
+                records: [line.as_slice()].into_iter().collect(),
+            }
+        };
+        let bad = (0..n(&s)).find(|&p| poisoned(p)).expect("a poisoned position");
+        let good = (0..).find(|&p| !poisoned(p)).expect("a clean position");
+        let mut c = Checker::new(&s);
+        c.on_letters(&letter(bad), Verdict::New);
+        assert_eq!((broke(&c), c.split_letters()), ("none", 1));
+        let mut c = Checker::new(&s);
+        c.on_letters(&letter(good), Verdict::New);
+        assert_eq!(broke(&c), invariant::DEAD_LETTER_UNFOUNDED);
     }
 
     #[test]

@@ -224,6 +224,9 @@ pub struct SimSink {
     /// Records refused once (by their first six bytes: source, partition,
     /// position), for a sink that refuses each only the first time.
     refused_once: std::collections::BTreeSet<[u8; 6]>,
+    /// Poisoned records seen once, for poison that is fatal only the first
+    /// time.
+    poisoned_once: std::collections::BTreeSet<[u8; 6]>,
 }
 
 impl SimSink {
@@ -265,7 +268,24 @@ impl SimSink {
     /// Whether a batch holds a record no batch can carry to this sink
     /// (`PoisonSpec`): a pure function of the records.
     pub fn poisoned(permille: u64, seed: u64, records: &Records) -> bool {
-        records.iter().any(|r| xxh3_64_with_seed(r, seed ^ 0x0090_150a) % 1000 < permille)
+        records.iter().any(|r| Self::poison(permille, seed, r))
+    }
+
+    /// Whether one record is poisoned.
+    pub fn poison(permille: u64, seed: u64, record: &[u8]) -> bool {
+        xxh3_64_with_seed(record, seed ^ 0x0090_150a) % 1000 < permille
+    }
+
+    /// Whether this sink answers `fatal` for a batch: it holds a poisoned
+    /// record, seen for the first time where the poison is fatal only
+    /// then (every poisoned record of the batch counts as seen).
+    pub fn poison_fatal(&mut self, spec: &crate::scenario::PoisonSpec, seed: u64, records: &Records) -> bool {
+        let mut fatal = false;
+        for r in records.iter().filter(|r| Self::poison(spec.permille, seed, r)) {
+            let first = r.len() >= 6 && self.poisoned_once.insert(r[..6].try_into().expect("six bytes"));
+            fatal |= spec.always || first;
+        }
+        fatal
     }
 
     /// What the sink can tell the host at recovery.

@@ -114,10 +114,13 @@ pub enum Die {
     /// Which records a sink refuses the first time, and the dead-letter
     /// destination's faults.
     Letters,
+    /// A sink request that lingers on its way (seeds with poison and dead
+    /// letters on).
+    Linger,
 }
 
 impl Die {
-    pub const ALL: [Die; 24] = [
+    pub const ALL: [Die; 25] = [
         Die::DiskLatency,
         Die::S3Latency,
         Die::OffsetsLatency,
@@ -142,6 +145,7 @@ impl Die {
         Die::ClusterFault,
         Die::Truncation,
         Die::Letters,
+        Die::Linger,
     ];
 }
 

@@ -253,15 +253,23 @@ pub struct LettersSpec {
 }
 
 /// Records a sink cannot take, in any batch, and cannot name (a version 1
-/// sink answers `fatal` for the batch that holds one): the operator gives
-/// each such batch up (`run --skip-batch`) and starts the daemon again.
-/// With dead letters off, on the disk and S3 WAL; drawn from a stream of
-/// its own.
+/// sink answers `fatal` for the batch that holds one). With dead letters
+/// off, the operator gives each such batch up (`run --skip-batch`) and
+/// starts the daemon again; with them on, the engine splits the batch
+/// down to the record, and the sink refuses no record by name. On the
+/// disk and S3 WAL; drawn from a stream of its own.
 #[derive(Clone, Debug, Default)]
 pub struct PoisonSpec {
     pub on: bool,
     /// Per mille of records, by a hash of each.
     pub permille: u64,
+    /// Fatal every time a batch holds one, or (only with dead letters on)
+    /// only the first time each is seen.
+    pub always: bool,
+    /// With dead letters on: the share of sink requests that linger 0.2–2 s
+    /// on their way, so one sent by a process that died may land after its
+    /// successor split the batch.
+    pub linger: f64,
 }
 
 /// Clustered mode's part of a scenario, drawn from a stream of its own.
@@ -598,13 +606,17 @@ fn draw_letters(seed: u64, segment_bytes: u64) -> LettersSpec {
 /// replay them.
 pub const REPLAY_SHARE: f64 = 0.5;
 
-/// The share of seeds (of those with dead letters off) with poison.
+/// The share of seeds with poison (of those with dead letters off, and of
+/// those with them on).
 pub const POISON_SHARE: f64 = 0.2;
 
 fn draw_poison(seed: u64, letters_on: bool) -> PoisonSpec {
     let mut r = Rng::new(seed, Stream::Poison);
-    let on = r.chance(POISON_SHARE) && !letters_on;
-    PoisonSpec { on, permille: r.range(1, 4) }
+    let on = r.chance(POISON_SHARE);
+    let permille = r.range(1, 4);
+    let always = !letters_on || r.chance(0.5);
+    let linger = if letters_on { r.rate(0.5, 0.02, 0.2) } else { 0.0 };
+    PoisonSpec { on, permille, always, linger }
 }
 
 fn draw_sources(r: &mut Rng, streams: u16) -> Vec<SourceSpec> {

@@ -108,7 +108,7 @@ const FAULT_KINDS: usize = 25;
 
 /// The faults of a run and the rare engine paths it took, by the names
 /// `--stats` prints them under.
-fn faults(s: &RunStats) -> [(&'static str, u64); 47] {
+fn faults(s: &RunStats) -> [(&'static str, u64); 50] {
     [
         ("crashes", s.crashes),
         ("crashes that cut the power", s.power_cuts),
@@ -125,6 +125,7 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 47] {
         ("sink lost replies", s.sink_lost_replies),
         ("sink refusals", s.sink_refusals),
         ("sink fatal on poison", s.sink_poisoned),
+        ("dead letters found by splitting", s.split_letters),
         ("batches given up", s.batch_skips),
         ("dead-letter replays", s.replays),
         ("dead letters replayed", s.replayed),
@@ -145,6 +146,8 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 47] {
         ("a commit that landed as the lease may have lapsed, verified", s.late_commits_verified),
         ("a segment sealed ahead of a group that would not fit", s.seals_ahead),
         ("a segment sealed because the next frame did not fit", s.seals_no_room),
+        ("a batch split (its sink answered fatal, naming no record)", s.splits),
+        ("a probe found the sink holding a batch from before its split", s.held_before_split),
         ("records read back from the WAL for a sink", s.read_backs),
         ("sources paused at the WAL's size limit", s.wal_full),
         ("clustered: a leader elected", s.elections),
@@ -197,6 +200,7 @@ impl Totals {
         t.sink_lost_replies += s.sink_lost_replies;
         t.sink_refusals += s.sink_refusals;
         t.sink_poisoned += s.sink_poisoned;
+        t.split_letters += s.split_letters;
         t.batch_skips += s.batch_skips;
         t.replays += s.replays;
         t.replayed += s.replayed;
@@ -216,6 +220,8 @@ impl Totals {
         t.late_commits_verified += s.late_commits_verified;
         t.seals_ahead += s.seals_ahead;
         t.seals_no_room += s.seals_no_room;
+        t.splits += s.splits;
+        t.held_before_split += s.held_before_split;
         t.read_backs += s.read_backs;
         t.read_fails += s.read_fails;
         t.recovery_reads += s.recovery_reads;
@@ -274,6 +280,7 @@ impl Totals {
             ("faults: sink lost replies", t.sink_lost_replies as f64 / n),
             ("faults: batches with records a sink refused", t.sink_refusals as f64 / n),
             ("faults: batches a sink answered fatal (poison)", t.sink_poisoned as f64 / n),
+            ("dead letters of poisoned records, found by splitting", t.split_letters as f64 / n),
             ("operator: batches given up (--skip-batch)", t.batch_skips as f64 / n),
             ("operator: starts that replay dead letters", t.replays as f64 / n),
             ("operator: dead letters replayed into a sink or the dead letters", t.replayed as f64 / n),

@@ -70,6 +70,9 @@ impl Host {
             Frame::Refused(r) if self.compaction.decision_committed(r.sink, r.stream) => {
                 self.dispatch(r.sink, r.stream);
             }
+            Frame::Split(x) if self.compaction.decision_committed(x.sink, x.stream) => {
+                self.dispatch(x.sink, x.stream);
+            }
             Frame::Settled(x) => {
                 if let Some(letters) = x.letters {
                     let slot = (x.sink, x.stream);

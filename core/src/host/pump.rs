@@ -148,6 +148,7 @@ impl Host {
             before_decision: m.has(Mutation::LettersBeforeDecision),
             decide_again: m.has(Mutation::ReplayDecidesAgain),
             renumbered: m.has(Mutation::LettersRenumbered),
+            split_loses_rest: m.has(Mutation::SplitLosesRest),
         }
     }
 

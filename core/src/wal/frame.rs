@@ -37,6 +37,7 @@ pub enum FrameKind {
     Refused = 13,
     Settled = 14,
     BatchSkipped = 15,
+    Split = 16,
 }
 
 impl FrameKind {
@@ -57,6 +58,7 @@ impl FrameKind {
             13 => FrameKind::Refused,
             14 => FrameKind::Settled,
             15 => FrameKind::BatchSkipped,
+            16 => FrameKind::Split,
             _ => return None,
         })
     }
@@ -164,9 +166,32 @@ impl Settled {
     /// The refusals that stand: those of `refusals` (the plan's, in order)
     /// made before the attempt the sink holds.
     pub fn standing<'a>(&self, refusals: &'a [Refusal]) -> &'a [Refusal] {
-        let held = refusals.iter().position(|r| r.id == self.held).unwrap_or(refusals.len());
-        &refusals[..held]
+        // The sink holds the attempt a refusal made, or one made before
+        // any (the plan's own, or a split's).
+        let made = refusals.iter().position(|r| r.then == self.held).map_or(0, |i| i + 1);
+        &refusals[..made]
     }
+}
+
+/// A sink answered `fatal` for every version of an open plan that has no
+/// refusals, naming no record (`run --dead-letter`, a sink that cannot
+/// refuse records by name): the plan is cut to the first half of the
+/// records of its last version, sent as attempt `then` under the same
+/// number; the rest is planned again after it. Halving down to one record
+/// finds a record the sink cannot take, which is then refused like any
+/// other (`Refusal`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Split {
+    pub sink: SinkId,
+    pub stream: StreamId,
+    /// The version cut: the plan's id or the `then` of its last split.
+    pub id: CompactionId,
+    pub seq: CompactionSeq,
+    /// The id the plan is sent under from now on (`compaction::cut`).
+    pub then: CompactionId,
+    /// The plan's ranges, each cut (`from` as planned, `to` at most as
+    /// planned, possibly empty).
+    pub ranges: Vec<Range>,
 }
 
 /// An open plan an operator gave up (`run --skip-batch`): its records go to
@@ -286,6 +311,8 @@ pub struct LetterState {
     pub refusals: Vec<Refusal>,
     pub settled: Vec<Settled>,
     pub breaker: Breaker,
+    /// The splits of open plans, in order (a tail of their own).
+    pub splits: Vec<Split>,
 }
 
 /// What the dead-letter breaker counts, from the WAL: records decided
@@ -393,6 +420,9 @@ pub enum Frame {
     /// An operator gave up the open plan of (sink, stream): done without
     /// its sink, acknowledged positions past its ranges.
     BatchSkipped(BatchSkipped),
+    /// A sink answered `fatal` for the whole of the open plan's last
+    /// attempt: the plan is cut to its first records.
+    Split(Split),
 }
 
 impl Frame {
@@ -413,6 +443,7 @@ impl Frame {
             Frame::Refused(_) => FrameKind::Refused,
             Frame::Settled(_) => FrameKind::Settled,
             Frame::BatchSkipped(_) => FrameKind::BatchSkipped,
+            Frame::Split(_) => FrameKind::Split,
         }
     }
 

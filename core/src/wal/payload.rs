@@ -34,6 +34,7 @@ impl Frame {
             Frame::Refused(r) => refusal_len(r),
             Frame::Settled(_) => SETTLED_BYTES,
             Frame::BatchSkipped(k) => 2 + 2 + 8 + 8 + 4 + k.reason.len(),
+            Frame::Split(x) => split_len(x),
             Frame::Membership(cc) => cc.len(),
             Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
         }
@@ -67,6 +68,7 @@ impl Frame {
             }
             Frame::Refused(r) => put_refusal(w, r),
             Frame::Settled(x) => put_settled(w, x),
+            Frame::Split(x) => put_split(w, x),
             Frame::BatchSkipped(k) => {
                 w.u16(k.sink.0);
                 w.u16(k.stream.0);
@@ -105,8 +107,9 @@ pub(super) fn plan_head(payload: &[u8]) -> Option<PlannedBatch> {
     Some(PlannedBatch { sink, stream, id, seq: CompactionSeq(r.u64().ok()?) })
 }
 
-/// The attempt a refusal payload makes of its plan (sink, stream, the id
-/// it is sent under next, number), read without its records.
+/// The attempt a refusal or split payload makes of its plan (sink, stream,
+/// the id it is sent under next, number), read without its records or
+/// ranges.
 pub(super) fn refusal_head(payload: &[u8]) -> Option<PlannedBatch> {
     let mut r = Reader::new(payload);
     let (sink, stream) = (SinkId(r.u16().ok()?), StreamId(r.u16().ok()?));
@@ -175,6 +178,7 @@ pub(super) fn decode_payload_as(kind: FrameKind, payload: &[u8], mode: RecordMod
         }),
         FrameKind::Refused => Frame::Refused(get_refusal(&mut r)?),
         FrameKind::Settled => Frame::Settled(get_settled(&mut r)?),
+        FrameKind::Split => Frame::Split(get_split(&mut r)?),
         FrameKind::BatchSkipped => Frame::BatchSkipped(BatchSkipped {
             sink: SinkId(r.u16()?),
             stream: StreamId(r.u16()?),
@@ -298,6 +302,12 @@ pub(crate) fn put_snapshot(w: &mut Writer<'_>, s: &Snapshot) {
             w.u64(*at);
             w.u64(*n);
         }
+        if !s.letters.splits.is_empty() {
+            w.u32(s.letters.splits.len() as u32);
+            for x in &s.letters.splits {
+                put_split(w, x);
+            }
+        }
     }
 }
 
@@ -306,6 +316,7 @@ fn has_letters(s: &Snapshot) -> bool {
         || !s.letters.refusals.is_empty()
         || !s.letters.settled.is_empty()
         || s.letters.breaker != Breaker::default()
+        || !s.letters.splits.is_empty()
 }
 
 /// The snapshot's tail: the terminal entries (16 bytes), then the
@@ -325,6 +336,10 @@ fn letters_len(s: &Snapshot) -> usize {
                 + 8
                 + 4
                 + s.letters.breaker.refusals.len() * 16
+                + match s.letters.splits.is_empty() {
+                    true => 0,
+                    false => 4 + s.letters.splits.iter().map(split_len).sum::<usize>(),
+                }
         }
         false => tail,
     }
@@ -378,8 +393,46 @@ pub(crate) fn get_snapshot(r: &mut Reader<'_>) -> Result<Snapshot, DecodeError> 
         for _ in 0..r.count(16)? {
             s.letters.breaker.refusals.push((r.u64()?, r.u64()?));
         }
+        // Splits, where there are any (snapshots before them end here).
+        if !r.is_empty() {
+            for _ in 0..r.count(SPLIT_BYTES_MIN)? {
+                s.letters.splits.push(get_split(r)?);
+            }
+        }
     }
     Ok(s)
+}
+
+const SPLIT_BYTES_MIN: usize = 2 + 2 + 8 + 8 + 8 + 4;
+
+/// A split's head is laid out as a refusal's (`refusal_head` reads both).
+fn split_len(x: &Split) -> usize {
+    SPLIT_BYTES_MIN + x.ranges.len() * (2 + 4 + 8 + 8)
+}
+
+fn put_split(w: &mut Writer<'_>, x: &Split) {
+    w.u16(x.sink.0);
+    w.u16(x.stream.0);
+    w.u64(x.id.0);
+    w.u64(x.seq.0);
+    w.u64(x.then.0);
+    w.u32(x.ranges.len() as u32);
+    for range in &x.ranges {
+        put_key(w, range.key);
+        w.u64(range.from.0);
+        w.u64(range.to.0);
+    }
+}
+
+fn get_split(r: &mut Reader<'_>) -> Result<Split, DecodeError> {
+    let (sink, stream) = (SinkId(r.u16()?), StreamId(r.u16()?));
+    let (id, seq, then) = (CompactionId(r.u64()?), CompactionSeq(r.u64()?), CompactionId(r.u64()?));
+    let n = r.count(22)?;
+    let mut ranges = Vec::with_capacity(n);
+    for _ in 0..n {
+        ranges.push(Range { key: get_key(r)?, from: Position(r.u64()?), to: Position(r.u64()?) });
+    }
+    Ok(Split { sink, stream, id, seq, then, ranges })
 }
 
 const REFUSAL_BYTES_MIN: usize = 2 + 2 + 8 + 8 + 8 + 8 + 4;

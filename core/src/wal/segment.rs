@@ -164,7 +164,7 @@ pub fn group_facts(segment: SegmentId, lsn: Lsn, bytes: &[u8]) -> Option<GroupFa
             Some(plan) => facts.plans.push(plan),
             None => bad = true,
         },
-        FrameKind::Refused => match refusal_head(payload) {
+        FrameKind::Refused | FrameKind::Split => match refusal_head(payload) {
             Some(attempt) => facts.plans.push(attempt),
             None => bad = true,
         },

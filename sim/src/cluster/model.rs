@@ -459,6 +459,9 @@ fn facts_of(frames: &[Frame]) -> GroupFacts {
             Frame::Refused(r) => {
                 facts.plans.push(PlannedBatch { sink: r.sink, stream: r.stream, id: r.then, seq: r.seq })
             }
+            Frame::Split(x) => {
+                facts.plans.push(PlannedBatch { sink: x.sink, stream: x.stream, id: x.then, seq: x.seq })
+            }
             _ => {}
         }
     }

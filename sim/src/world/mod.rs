@@ -90,6 +90,9 @@ pub struct RunStats {
     /// Batches a sink answered `fatal` for a poisoned record, and those
     /// the operator gave up (`run --skip-batch`).
     pub sink_poisoned: u64,
+    /// Dead letters of poisoned records, which the engine found by
+    /// splitting the batches their sink answered `fatal` for.
+    pub split_letters: u64,
     pub batch_skips: u64,
     /// Starts that replay dead letters, and replayed records that reached
     /// the sink or the dead letters.
@@ -112,6 +115,8 @@ pub struct RunStats {
     pub late_commits_verified: u64,
     pub seals_ahead: u64,
     pub seals_no_room: u64,
+    pub splits: u64,
+    pub held_before_split: u64,
     /// Groups read back from the WAL for a sink, reads of them that failed,
     /// and how often the WAL reached its size limit.
     pub read_backs: u64,
@@ -338,6 +343,7 @@ impl<T: Topology> World<T> {
         }
         self.stats.compactions = self.checker.compactions() as u64;
         self.stats.replayed = self.checker.replayed();
+        self.stats.split_letters = self.checker.split_letters();
         self.stats.sim_micros = self.schedule.now.as_micros();
         RunReport {
             seed: self.scenario.seed,
@@ -562,5 +568,7 @@ impl<T: Topology> World<T> {
         self.stats.late_commits_verified += p.late_commits_verified;
         self.stats.seals_ahead += p.seals_ahead;
         self.stats.seals_no_room += p.seals_no_room;
+        self.stats.splits += p.splits;
+        self.stats.held_before_split += p.held_before_split;
     }
 }

@@ -5,7 +5,6 @@
 //! reply is scheduled.
 
 use super::{Topology, World};
-use crate::plugins::SimSink;
 use crate::rng::{Dice, Die};
 use skippr_core::PluginOp;
 use skippr_core::{Duration, IoError, IoReply, SinkApply, SinkOutcome};
@@ -84,17 +83,19 @@ impl<T: Topology> World<T> {
             let result = Ok(IoReply::Sink { outcome: SinkOutcome::Retryable, rows: 0 });
             return (self.delay(Die::SinkLatency, reply_latency), result);
         }
-        let (poison, seed) = (self.scenario.poison.permille, self.scenario.seed);
+        let (poison, seed) = (&self.scenario.poison, self.scenario.seed);
         let new = self.sinks[apply.sink.0 as usize].is_new(apply.stream, apply.seq);
-        if self.scenario.poison.on && new && SimSink::poisoned(poison, seed, &apply.records) {
+        if poison.on && new && self.sinks[apply.sink.0 as usize].poison_fatal(poison, seed, &apply.records) {
             // A version 1 sink that cannot name the record: the batch is
-            // fatal, every time.
+            // fatal (every time, or the first time it holds each).
             self.stats.sink_poisoned += 1;
             self.poisoned.insert((apply.sink, apply.stream, apply.seq), apply.records.clone());
             let result = Ok(IoReply::Sink { outcome: SinkOutcome::Fatal, rows: 0 });
             return (self.delay(Die::SinkLatency, reply_latency), result);
         }
-        if self.scenario.letters.on && new {
+        // A sink with poison is a version 1 sink: it refuses no record by
+        // name.
+        if self.scenario.letters.on && !self.scenario.poison.on && new {
             let (spec, seed) = (&self.scenario.letters, self.scenario.seed);
             let refused = self.sinks[apply.sink.0 as usize].refusals(spec, seed, &apply.records);
             if !refused.is_empty() {

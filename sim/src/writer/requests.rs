@@ -23,7 +23,11 @@ impl World<Writer> {
                 self.after(Die::OffsetsLatency, offsets, world::Event::Complete { slot, gen, id, op })
             }
             IoOp::Plugin(PluginOp::SinkApply(apply)) => {
-                self.after(Die::SinkLatency, sink, world::Event::SinkEffect { gen, id, apply, letters: false })
+                let poison = &self.scenario.poison;
+                let lingers = poison.on && self.fault(Die::Linger, poison.linger);
+                let die = if lingers { Die::Linger } else { Die::SinkLatency };
+                let sink = if lingers { (200_000, 2_000_000) } else { sink };
+                self.after(die, sink, world::Event::SinkEffect { gen, id, apply, letters: false })
             }
             IoOp::Plugin(PluginOp::DeadLetters(apply)) => {
                 self.after(Die::SinkLatency, sink, world::Event::SinkEffect { gen, id, apply, letters: true })

@@ -8,29 +8,70 @@
 
 use crate::compaction::without;
 use crate::config::HostConfig;
-use crate::dead_letters::{kept_reason, Letter};
+use crate::dead_letters::{kept_reason, Letter, FATAL_ALONE};
 use crate::ids::*;
 use crate::io::{Records, RefusedIndex, StopReason};
 use crate::records::Gathered;
-use crate::wal::{CompactionPlan, Refusal, RefusedRecord};
+use crate::wal::{CompactionPlan, Frame, Range, Refusal, RefusedRecord, Split};
+use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
-/// The attempt that follows `refusals`: the records gathered for the plan
-/// less every record they refused, and where each of those is.
-pub(super) fn attempt(gathered: Gathered, refusals: &[Refusal]) -> Gathered {
-    if refusals.is_empty() {
-        return gathered;
-    }
+/// An attempt: the records gathered for the plan within `ranges` (the
+/// plan's, or as its last split before the attempt cut them) less every
+/// record `refusals` refused, and where each of those is.
+pub(super) fn attempt(gathered: Gathered, ranges: &[Range], refusals: &[Refusal]) -> Gathered {
     let refused: BTreeSet<(PartitionKey, Position)> =
         refusals.iter().flat_map(|r| r.records.iter().map(|x| (x.key, x.position))).collect();
+    if refused.is_empty() && gathered.places.iter().all(|&place| within(ranges, place)) {
+        return gathered;
+    }
     let mut out = Gathered::default();
     for (record, place) in gathered.records.iter().zip(gathered.places) {
-        if !refused.contains(&place) {
+        if within(ranges, place) && !refused.contains(&place) {
             out.records.push(record);
             out.places.push(place);
         }
     }
     out
+}
+
+/// Whether a record is in one of `ranges`.
+pub(super) fn within(ranges: &[Range], (key, position): (PartitionKey, Position)) -> bool {
+    ranges.iter().any(|r| r.key == key && position >= r.from && position < r.to)
+}
+
+/// What `fatal` for every version of a plan without refusals decides (dead
+/// letters on): its last version, attempt `attempt` of `ranges` whose
+/// records are `sent`, is cut to the first half of them (`Split`); a
+/// version of one record has that record refused (`Refusal`). A pure
+/// function of the plan and its committed versions, so a replay of the
+/// decision is the same. `None` for a version with no record.
+pub(super) fn split(
+    (plan, attempt): (&CompactionPlan, CompactionId),
+    ranges: &[Range],
+    sent: &[(PartitionKey, Position)],
+    at_ms: u64,
+) -> Option<Frame> {
+    let (sink, stream, seq) = (plan.sink, plan.stream, plan.seq);
+    match *sent {
+        [] => None,
+        [(key, position)] => {
+            let records = vec![RefusedRecord { key, position, reason: FATAL_ALONE.to_string() }];
+            let then = without(attempt, &records);
+            Some(Frame::Refused(Refusal { sink, stream, id: attempt, seq, then, at_ms, records }))
+        }
+        _ => {
+            let (key, at) = sent[sent.len() / 2];
+            let cut = |r: &Range| match r.key.cmp(&key) {
+                Ordering::Less => r.to,
+                Ordering::Equal => at,
+                Ordering::Greater => r.from,
+            };
+            let ranges: Vec<Range> = ranges.iter().map(|r| Range { key: r.key, from: r.from, to: cut(r) }).collect();
+            let then = crate::compaction::cut(attempt, &ranges);
+            Some(Frame::Split(Split { sink, stream, id: attempt, seq, then, ranges }))
+        }
+    }
 }
 
 /// A refused attempt as a refusal frame: where each refused record of

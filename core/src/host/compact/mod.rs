@@ -21,7 +21,7 @@ use crate::records::{Gathered, ReadBack, RecordStore};
 use crate::state::CommittedState;
 use crate::wal::READ_BACK_INVALID;
 use crate::wal::{
-    read_span_back, CompactionDone, CompactionPlan, Corruption, Frame, GroupSpan, Range, Refusal, Settled,
+    read_span_back, CompactionDone, CompactionPlan, Corruption, Frame, GroupSpan, Range, Refusal, Settled, Split,
 };
 use std::collections::BTreeMap;
 
@@ -33,6 +33,10 @@ pub(super) struct Compaction {
     /// Something an idle slot could plan may have arrived (records
     /// committed, a slot freed) since the idle slots last found nothing.
     fresh: bool,
+    /// Splits decided, and probes that found a version from before a split
+    /// held (rare paths, counted for the simulator).
+    splits: u64,
+    held_before_split: u64,
 }
 
 enum Slot {
@@ -78,38 +82,71 @@ pub(super) struct LetterBugs {
     pub before_decision: bool,
     pub decide_again: bool,
     pub renumbered: bool,
+    /// `split-loses-rest`: a split plan done leaves the planned-through
+    /// positions where the plan ended before its split.
+    pub split_loses_rest: bool,
 }
 
-/// What the committed WAL says of a slot's open plan: its refusals, and
-/// which attempt the sink holds, once known.
+/// What the committed WAL says of a slot's open plan: its splits, its
+/// refusals, and which attempt the sink holds, once known. Its attempts,
+/// by index: the plan's own id, then the `then` of each split, then that
+/// of each refusal.
 #[derive(Clone, Copy)]
 pub(super) struct Chain<'a> {
+    pub splits: &'a [Split],
     pub refusals: &'a [Refusal],
     pub settled: Option<&'a Settled>,
 }
 
-impl Chain<'_> {
+impl<'a> Chain<'a> {
     /// The planted bug `replay-decides-again`: a replayed plan's chain as
     /// if nothing had been decided.
     fn forgotten(self, refused: &Refused, bugs: LetterBugs) -> Self {
         match bugs.decide_again && refused.replayed {
-            true => Chain { refusals: &[], settled: None },
+            true => Chain { splits: &[], refusals: &[], settled: None },
             false => self,
         }
     }
 
     /// What the committed WAL says of the open plan of `slot`.
     pub(super) fn of(committed: &CommittedState, slot: (SinkId, StreamId)) -> Chain<'_> {
-        Chain { refusals: committed.refusals_of(slot), settled: committed.settled.get(&slot) }
+        let (splits, refusals) = (committed.splits_of(slot), committed.refusals_of(slot));
+        Chain { splits, refusals, settled: committed.settled.get(&slot) }
+    }
+
+    /// The index of the last attempt.
+    fn last(&self) -> usize {
+        self.splits.len() + self.refusals.len()
     }
 
     /// The id of the plan's attempt at `index`.
     fn attempt(&self, plan: &CompactionPlan, index: usize) -> CompactionId {
-        if index == 0 {
-            plan.id
-        } else {
-            self.refusals[index - 1].then
+        match index.checked_sub(1) {
+            None => plan.id,
+            Some(i) if i < self.splits.len() => self.splits[i].then,
+            Some(i) => self.refusals[i - self.splits.len()].then,
         }
+    }
+
+    /// The index of the attempt `id`.
+    fn index_of(&self, plan: &CompactionPlan, id: CompactionId) -> usize {
+        (0..=self.last()).find(|&i| self.attempt(plan, i) == id).expect("an attempt of the plan")
+    }
+
+    /// The ranges the plan's attempt at `index` covers.
+    fn ranges<'r>(&self, plan: &'r CompactionPlan, index: usize) -> &'r [Range]
+    where
+        'a: 'r,
+    {
+        match index.min(self.splits.len()).checked_sub(1) {
+            None => &plan.ranges,
+            Some(i) => &self.splits[i].ranges,
+        }
+    }
+
+    /// The refusals made before the attempt at `index`.
+    fn refusals_before(&self, index: usize) -> &[Refusal] {
+        &self.refusals[..index.saturating_sub(self.splits.len())]
     }
 }
 
@@ -380,14 +417,17 @@ impl Compaction {
                 *io = Some(fx.io(Pending::DeadLetters(sink, stream), IoOp::Plugin(PluginOp::DeadLetters(batch))));
                 return Ok(None);
             }
-            let records = Some(letters::attempt(gathered, standing).records.len() as u64);
+            let held = chain.ranges(plan, chain.index_of(plan, x.held)).to_vec();
+            let records = Some(letters::attempt(gathered, &held, standing).records.len() as u64);
             let done = CompactionDone { sink, stream, id: x.held, seq: plan.seq, records };
             self.slots.insert((sink, stream), Slot::Idle);
             self.fresh = true;
+            self.planned_to(sink, &held, bugs);
             return Ok(Some(done));
         }
-        let index = refused.probing.unwrap_or(chain.refusals.len());
-        let Gathered { records: batch, places } = letters::attempt(gathered, &chain.refusals[..index]);
+        let index = refused.probing.unwrap_or(chain.last());
+        let (ranges, before) = (chain.ranges(plan, index), chain.refusals_before(index));
+        let Gathered { records: batch, places } = letters::attempt(gathered, ranges, before);
         (refused.attempt, refused.sent) = (index, places);
         refused.records = bugs.before_decision.then(|| batch.clone());
         let attempt = chain.attempt(plan, index);
@@ -485,23 +525,49 @@ impl Compaction {
         match result {
             Ok(SinkOutcome::Applied | SinkOutcome::AlreadyApplied) => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
-                if chain.refusals.is_empty() {
+                if chain.refusals.is_empty() && index == chain.last() {
                     let (seq, records) = (plan.seq, Some(refused.sent.len() as u64));
+                    let held = chain.ranges(plan, index).to_vec();
                     self.slots.insert((sink, stream), Slot::Idle);
                     self.fresh = true;
+                    self.planned_to(sink, &held, bugs);
                     return SinkNews::Done(CompactionDone { sink, stream, id: attempt, seq, records });
                 }
+                // The sink holds an attempt after refusals, or (a probe)
+                // an earlier one.
+                self.held_before_split += (index < chain.splits.len()) as u64;
                 refused.deciding = true;
-                let letters = (index > 0).then(|| decided.map_or(CompactionSeq(0), |d| d.next_letters));
+                let letters =
+                    (index > chain.splits.len()).then(|| decided.map_or(CompactionSeq(0), |d| d.next_letters));
                 SinkNews::Decided(Frame::Settled(Settled { sink, stream, seq: plan.seq, held: attempt, letters }))
             }
             Ok(SinkOutcome::Fatal) if index > 0 => {
-                // The number is held by another attempt: one that was
-                // refused may have landed after all (sent by a process
-                // that has died since). Ask about the one before.
+                // The number may be held by another attempt: one that was
+                // refused or split may have landed after all (sent by a
+                // process that has died since). Ask about the one before.
                 fx.succeeded(Retry::SinkApply(sink, stream));
                 refused.probing = Some(index - 1);
                 SinkNews::Next
+            }
+            // With dead letters on, every version of a plan without
+            // refusals answered `fatal` (the sink names no record it
+            // cannot take): the last is cut in half, or its one record
+            // refused. A writer superseded meanwhile cannot commit that.
+            Ok(SinkOutcome::Fatal) if decided.is_some() && chain.refusals.is_empty() => {
+                let last = chain.last();
+                let ranges = chain.ranges(plan, last);
+                // The places sent are the plan's own (the probe of attempt 0).
+                let sent: Vec<_> = refused.sent.iter().copied().filter(|&p| letters::within(ranges, p)).collect();
+                let at_ms = decided.map_or(0, |d| d.at_ms);
+                match letters::split((plan, chain.attempt(plan, last)), ranges, &sent, at_ms) {
+                    Some(frame) => {
+                        self.splits += matches!(frame, Frame::Split(_)) as u64;
+                        fx.succeeded(Retry::SinkApply(sink, stream));
+                        (refused.deciding, refused.probing) = (true, None);
+                        SinkNews::Decided(frame)
+                    }
+                    None => SinkNews::Fatal(StopReason::SinkFatal { sink, stream, id: attempt, seq: plan.seq }),
+                }
             }
             // With dead letters on, another process's attempt of this plan
             // (one this engine's committed state does not know yet: a
@@ -603,6 +669,23 @@ impl Compaction {
                 SinkNews::Quiet
             }
         }
+    }
+
+    /// The open plan of `sink` is done with the attempt that covers
+    /// `ranges`: the next plan starts where that ends (a split plan's rest
+    /// is planned again).
+    fn planned_to(&mut self, sink: SinkId, ranges: &[Range], bugs: LetterBugs) {
+        if bugs.split_loses_rest {
+            return;
+        }
+        for r in ranges {
+            self.planned.insert((sink, r.key), r.to);
+        }
+    }
+
+    /// Splits decided, and versions from before a split found held.
+    pub(super) fn split_counts(&self) -> (u64, u64) {
+        (self.splits, self.held_before_split)
     }
 
     /// No batch planned or out.

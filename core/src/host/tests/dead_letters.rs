@@ -9,6 +9,7 @@
 use super::*;
 use crate::compaction::letters_id;
 use crate::config::DeadLetters;
+use crate::dead_letters::FATAL_ALONE;
 use crate::io::{PluginOp, RefusedIndex};
 use crate::wal::{CompactionDone, Refusal, Settled};
 
@@ -278,4 +279,129 @@ fn the_breaker_stops_before_more_are_refused_than_allowed_counting_from_the_wal_
     narrow.answer(apply, applied());
     assert_eq!(narrow.stopped, None);
     assert!(narrow.has(|op| matches!(op, IoOp::Plugin(PluginOp::DeadLetters(_)))));
+}
+
+fn fatal() -> Result<IoReply, IoError> {
+    Ok(IoReply::Sink { outcome: SinkOutcome::Fatal, rows: 0 })
+}
+
+/// Every split the WAL holds, in order.
+fn splits(h: &Harness) -> Vec<crate::wal::Split> {
+    let files: Vec<(SegmentId, &[u8])> = h.disk.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    let frames = scan(&files, false).unwrap().into_iter().flat_map(|s| s.groups).flat_map(|g| g.frames);
+    frames.filter_map(|f| if let Frame::Split(x) = f { Some(x) } else { None }).collect()
+}
+
+/// Answers every sink apply as a version 1 sink that cannot take the
+/// record at `bad` would (`fatal` for any batch holding it), and every
+/// dead-letter batch `applied`, until nothing is in flight. Returns the
+/// batches the sink took: (seq, positions).
+fn run_against_poison(h: &mut Harness, bad: u8) -> Vec<(u64, Vec<u8>)> {
+    let mut took = Vec::new();
+    for _ in 0..200 {
+        if h.has(|op| matches!(op, IoOp::Plugin(PluginOp::DeadLetters(_)))) {
+            let (io, ..) = letters_sent(h);
+            h.answer(io, applied());
+        } else if h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SinkApply(_)))) {
+            let positions = applied_positions(h);
+            let (apply, _, seq, _) = h.sink_apply();
+            if positions.contains(&bad) {
+                h.answer(apply, fatal());
+            } else {
+                took.push((seq.0, positions));
+                h.answer(apply, applied());
+            }
+        } else {
+            return took;
+        }
+    }
+    panic!("the engine kept sending");
+}
+
+#[test]
+fn a_batch_a_sink_answers_fatal_for_whole_is_split_down_to_the_record_it_cannot_take() {
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    h.feed(0, 8);
+    let took = run_against_poison(&mut h, 5);
+    assert_eq!(h.stopped, None);
+    // 0..8 fatal: cut to 0..4, taken as batch 0; then 4..8 fatal, cut to
+    // 4..6, fatal (nothing before it is held), cut to 4..5, taken as batch
+    // 1; then 5..8 fatal, cut to 5..6, fatal: 5 refused, the empty rest
+    // taken as batch 2; then 6..8 as batch 3. Numbers stay dense.
+    let want: Vec<(u64, Vec<u8>)> = vec![(0, vec![0, 1, 2, 3]), (1, vec![4]), (2, vec![]), (3, vec![6, 7])];
+    assert_eq!(took, want);
+    let cut: Vec<Vec<(u64, u64)>> =
+        splits(&h).iter().map(|x| x.ranges.iter().map(|r| (r.from.0, r.to.0)).collect()).collect();
+    assert_eq!(cut, vec![vec![(0, 4)], vec![(4, 6)], vec![(4, 5)], vec![(5, 6)]]);
+    let (refusals, ..) = decisions(&h);
+    assert_eq!(refusals.len(), 1);
+    assert_eq!((refusals[0].records[0].position, refusals[0].records[0].reason.as_str()), (Position(5), FATAL_ALONE));
+    assert_eq!(h.host.committed().acked(SinkId(0), key0()), Position(8));
+    assert!(h.host.committed().splits.is_empty(), "nothing of a done plan is kept");
+}
+
+#[test]
+fn a_split_is_the_wals_a_restart_sends_the_cut_batch_under_the_same_id() {
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    h.feed(0, 4);
+    let (apply, whole, seq, _) = h.sink_apply();
+    h.answer(apply, fatal());
+    let (_, cut, seq2, n) = h.sink_apply();
+    assert_eq!((seq2, n), (seq, 2));
+    assert_eq!(splits(&h)[0].then, cut);
+    assert_ne!(cut, whole);
+    // A crash before the answer: the next start sends the cut batch again,
+    // not the whole one, and does not split again.
+    let mut again = Harness::start_full(with_dead_letters(), h.disk.clone(), h.offsets.clone(), Vec::new());
+    let (apply, id, seq3, n) = again.sink_apply();
+    assert_eq!((id, seq3, n), (cut, seq, 2));
+    again.answer(apply, applied());
+    let (_, _, done) = decisions(&again);
+    assert_eq!(done.last().map(|d| (d.id, d.records)), Some((cut, Some(2))));
+    assert_eq!(again.host.committed().acked(SinkId(0), key0()), Position(2));
+    // The rest is planned again, under the next number.
+    again.open_source();
+    let (_, _, seq4, n) = again.sink_apply();
+    assert_eq!((seq4, n), (CompactionSeq(seq.0 + 1), 2));
+}
+
+#[test]
+fn a_batch_from_before_a_split_that_landed_after_all_settles_the_plan_whole() {
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    h.feed(0, 4);
+    let (apply, whole, seq, _) = h.sink_apply();
+    h.answer(apply, fatal());
+    // The whole batch, sent by a process that died, lands now: the cut
+    // one is answered `fatal` (the number is held), the whole one is
+    // asked about and found held.
+    let (apply, ..) = h.sink_apply();
+    h.answer(apply, fatal());
+    let (apply, probe, seq2, n) = h.sink_apply();
+    assert_eq!((probe, seq2, n), (whole, seq, 4));
+    h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::AlreadyApplied, rows: 0 }));
+    let (refusals, settled, done) = decisions(&h);
+    assert!(refusals.is_empty());
+    assert_eq!((settled[0].held, settled[0].letters), (whole, None));
+    assert_eq!(done.last().map(|d| (d.id, d.records)), Some((whole, Some(4))));
+    assert_eq!(splits(&h).len(), 1);
+    // Acknowledged, and planned from, where the whole batch ended.
+    assert_eq!(h.host.committed().acked(SinkId(0), key0()), Position(4));
+    h.feed(4, 6);
+    let positions = applied_positions(&h);
+    let (_, _, seq3, _) = h.sink_apply();
+    assert_eq!((seq3, positions), (CompactionSeq(1), vec![4, 5]));
+}
+
+#[test]
+fn without_dead_letters_a_batch_answered_fatal_stops_the_engine_unsplit() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    h.feed(0, 4);
+    let (apply, id, seq, _) = h.sink_apply();
+    h.answer(apply, fatal());
+    assert_eq!(h.stopped, Some(StopReason::SinkFatal { sink: SinkId(0), stream: StreamId(0), id, seq }));
+    assert!(splits(&h).is_empty());
 }

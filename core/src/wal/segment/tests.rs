@@ -49,6 +49,12 @@ fn refusal() -> Refusal {
     }
 }
 
+fn split() -> Split {
+    let (sink, stream, seq, id, then) =
+        (SinkId(0), StreamId(0), CompactionSeq(0), CompactionId(0xfeed), CompactionId(0xcafe));
+    Split { sink, stream, id, seq, then, ranges: vec![Range { key: key(0), from: Position(0), to: Position(2) }] }
+}
+
 fn settled() -> Settled {
     let (sink, stream, seq, held) = (SinkId(0), StreamId(0), CompactionSeq(0), CompactionId(0xbeef));
     Settled { sink, stream, seq, held, letters: Some(CompactionSeq(2)) }
@@ -57,7 +63,7 @@ fn settled() -> Settled {
 fn groups() -> Vec<Vec<Frame>> {
     vec![
         vec![Frame::Snapshot(Snapshot::default()), batch(0, 0, 3)],
-        vec![batch(1, 0, 2), plan(), Frame::Refused(refusal()), Frame::Settled(settled())],
+        vec![batch(1, 0, 2), plan(), Frame::Split(split()), Frame::Refused(refusal()), Frame::Settled(settled())],
         vec![
             Frame::CompactionDone(CompactionDone {
                 sink: SinkId(0),
@@ -124,11 +130,17 @@ fn snapshots_keep_their_bytes_without_dead_letters_and_carry_them_with() {
     let breaker = Breaker { decided: 40, refusals: vec![(12, 2), (40, 1)] };
     let state = LetterState { refusals: vec![refusal()], settled: vec![settled()], breaker, ..Default::default() };
     let both = Snapshot { letters: Box::new(state), all_finished: Some(Lsn(12)), ..finished.clone() };
+    let split = LetterState { splits: vec![split()], ..Default::default() };
+    let split = Snapshot { letters: Box::new(split), ..plain.clone() };
+    let with_split = LetterState { splits: vec![self::split()], ..(*both.letters).clone() };
+    let all = Snapshot { letters: Box::new(with_split), ..both.clone() };
     let len = |s: &Snapshot| Frame::Snapshot(s.clone()).encoded_len();
     // As before dead letters: a snapshot with only terminal entries is 16
     // bytes longer than one without.
     assert_eq!(len(&finished), len(&plain) + 16);
-    for s in [plain, finished, letters, both] {
+    // A snapshot with splits is longer by them alone.
+    assert_eq!(len(&all), len(&both) + 4 + Frame::Split(self::split()).encoded_len() - FRAME_HEADER_BYTES);
+    for s in [plain, finished, letters, both, split, all] {
         let (buf, _) = segment_with(SEG, EPOCH, 0, &[vec![Frame::Snapshot(s.clone())]]);
         let scanned = scan_one(&buf).unwrap();
         assert_eq!(scanned[0].groups[0].frames, vec![Frame::Snapshot(s)]);
