@@ -23,6 +23,9 @@ fn flags_for(name: &str) -> (&'static str, Vec<&'static str>) {
         // Poison is on in a fifth of the seeds with dead letters off (about
         // one seed in seven); this is caught in about one seed of eleven.
         "batch-skip-too-far" => ("0..2000", vec![]),
+        // Poison with dead letters on (about one seed in twenty) is split
+        // by the engine; this is caught in about one seed of thirty.
+        "split-loses-rest" => ("0..500", vec![]),
         _ => ("0..10000", vec![]),
     }
 }
@@ -32,7 +35,7 @@ fn every_planted_bug_is_caught_by_a_checker_invariant() {
     let _cores = both_cores();
     let list = skipprd(&["sim", "--list-mutations"]);
     let names: Vec<String> = stdout(&list).lines().map(str::to_string).collect();
-    assert_eq!(names.len(), 31, "{names:?}");
+    assert_eq!(names.len(), 32, "{names:?}");
     let mut report = Vec::new();
     for name in &names {
         let (range, extra) = flags_for(name);

@@ -51,6 +51,7 @@ fn a_sweep_ends_with_the_summary_line_and_stats_show_the_scenario() {
         "sink lost replies",
         "source request failures",
         "dead letters replayed",
+        "dead letters found by splitting",
     ] {
         assert!(met(name) > 0 && met(name) <= 300, "{name}: {}", met(name));
     }
@@ -58,6 +59,7 @@ fn a_sweep_ends_with_the_summary_line_and_stats_show_the_scenario() {
     // The rare engine paths, and how far each planted bug reaches.
     let paths = text.split("seeds that took each rare engine path at least once:\n").nth(1).expect("the paths section");
     assert!(paths.contains("a segment sealed ahead of a group that would not fit: "), "{paths}");
+    assert!(!paths.contains("a batch split (its sink answered fatal, naming no record): 0 "), "{paths}");
     assert!(
         paths.contains("a commit that landed as the lease may have lapsed, verified: 0 (0.0%)"),
         "no lease on disk"
@@ -101,6 +103,7 @@ fn list_mutations_names_every_planted_bug() {
         "replay-decides-again",
         "dead-letters-renumbered",
         "batch-skip-too-far",
+        "split-loses-rest",
         "commit-before-quorum",
         "ack-before-persist",
         "vote-not-persisted",

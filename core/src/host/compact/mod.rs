@@ -23,7 +23,7 @@ use crate::wal::READ_BACK_INVALID;
 use crate::wal::{
     read_span_back, CompactionDone, CompactionPlan, Corruption, Frame, GroupSpan, Range, Refusal, Settled, Split,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Default)]
 pub(super) struct Compaction {
@@ -71,6 +71,12 @@ struct Refused {
     sent: Vec<(PartitionKey, Position)>,
     /// Sent again by a restarted engine (its plan came from the WAL).
     replayed: bool,
+    /// The attempts of a plan without refusals that the sink may hold
+    /// unknown to this engine: those a process that died may have sent
+    /// (every one the WAL held at this start), and those sent by this one
+    /// without an answer. Every other attempt was answered `fatal` (not
+    /// held) and was sent by nobody else.
+    suspect: BTreeSet<usize>,
     /// The planted bug `dead-letters-before-decision`: the records of the
     /// attempt last sent.
     records: Option<crate::io::Records>,
@@ -228,7 +234,8 @@ impl Compaction {
         for plan in committed.open.values() {
             let key = (plan.sink, plan.stream);
             if replay {
-                let refused = Box::new(Refused { replayed: true, ..Refused::default() });
+                let suspect = (0..=Chain::of(committed, key).last()).collect();
+                let refused = Box::new(Refused { replayed: true, suspect, ..Refused::default() });
                 self.slots
                     .insert(key, Slot::Planned { plan: plan.clone(), committed: true, io: None, fetch: None, refused });
                 open.push(key);
@@ -541,28 +548,35 @@ impl Compaction {
                     (index > chain.splits.len()).then(|| decided.map_or(CompactionSeq(0), |d| d.next_letters));
                 SinkNews::Decided(Frame::Settled(Settled { sink, stream, seq: plan.seq, held: attempt, letters }))
             }
-            Ok(SinkOutcome::Fatal) if index > 0 => {
+            Ok(SinkOutcome::Fatal) if index > 0 && !chain.refusals.is_empty() => {
                 // The number may be held by another attempt: one that was
-                // refused or split may have landed after all (sent by a
-                // process that has died since). Ask about the one before.
+                // refused may have landed after all (sent by a process
+                // that has died since). Ask about the one before.
                 fx.succeeded(Retry::SinkApply(sink, stream));
                 refused.probing = Some(index - 1);
                 SinkNews::Next
             }
-            // With dead letters on, every version of a plan without
-            // refusals answered `fatal` (the sink names no record it
-            // cannot take): the last is cut in half, or its one record
-            // refused. A writer superseded meanwhile cannot commit that.
+            // With dead letters on, a plan without refusals answered
+            // `fatal`: an earlier version (before a split) that may have
+            // landed after all is asked about, newest first; once none
+            // may, the sink names no record it cannot take: the last
+            // version is cut in half, or its one record refused. A writer
+            // superseded meanwhile cannot commit that.
             Ok(SinkOutcome::Fatal) if decided.is_some() && chain.refusals.is_empty() => {
+                fx.succeeded(Retry::SinkApply(sink, stream));
+                if let Some(&earlier) = refused.suspect.range(..index).next_back() {
+                    refused.probing = Some(earlier);
+                    return SinkNews::Next;
+                }
                 let last = chain.last();
                 let ranges = chain.ranges(plan, last);
-                // The places sent are the plan's own (the probe of attempt 0).
+                // The places sent are the last version's or (a probe) an
+                // earlier one's, which holds them.
                 let sent: Vec<_> = refused.sent.iter().copied().filter(|&p| letters::within(ranges, p)).collect();
                 let at_ms = decided.map_or(0, |d| d.at_ms);
                 match letters::split((plan, chain.attempt(plan, last)), ranges, &sent, at_ms) {
                     Some(frame) => {
                         self.splits += matches!(frame, Frame::Split(_)) as u64;
-                        fx.succeeded(Retry::SinkApply(sink, stream));
                         (refused.deciding, refused.probing) = (true, None);
                         SinkNews::Decided(frame)
                     }
@@ -631,7 +645,13 @@ impl Compaction {
                     Err(stop) => SinkNews::Fatal(stop),
                 }
             }
-            Ok(SinkOutcome::Retryable) | Err(_) => {
+            Ok(SinkOutcome::Retryable) => {
+                fx.retry_later(Retry::SinkApply(sink, stream));
+                SinkNews::Quiet
+            }
+            Err(_) => {
+                // No answer: the request may still land.
+                refused.suspect.insert(index);
                 fx.retry_later(Retry::SinkApply(sink, stream));
                 SinkNews::Quiet
             }
