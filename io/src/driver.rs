@@ -652,7 +652,7 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                 SinkOutcome::Applied => "applied",
                 SinkOutcome::AlreadyApplied => "already_applied",
                 SinkOutcome::Retryable => "retryable",
-                SinkOutcome::Fatal => "fatal",
+                SinkOutcome::Fatal | SinkOutcome::FatalUnnamed => "fatal",
                 SinkOutcome::Refused(_) => "refused",
             };
             b.metrics.compactions.get_or_create(&vec![("outcome".into(), label.into())]).inc();

@@ -250,6 +250,7 @@ impl Trace {
                     SinkOutcome::AlreadyApplied => 1,
                     SinkOutcome::Retryable => 2,
                     SinkOutcome::Fatal => 3,
+                    SinkOutcome::FatalUnnamed => 5,
                     SinkOutcome::Refused(list) => {
                         for r in list {
                             self.u64(r.index as u64);

@@ -63,6 +63,10 @@ pub enum SinkOutcome {
     AlreadyApplied,
     Retryable,
     Fatal,
+    /// `fatal` from a sink that cannot name the records it cannot take
+    /// (runtime protocol version 1): with dead letters on, the engine
+    /// splits the batch to find them (`Split`); without, as `Fatal`.
+    FatalUnnamed,
     /// Nothing of the batch took effect, and these records of it never
     /// will (runtime protocol version 2): the engine commits the refusal,
     /// sends them to the dead letters and the rest again. Sorted by index,

@@ -90,7 +90,7 @@ impl<T: Topology> World<T> {
             // fatal (every time, or the first time it holds each).
             self.stats.sink_poisoned += 1;
             self.poisoned.insert((apply.sink, apply.stream, apply.seq), apply.records.clone());
-            let result = Ok(IoReply::Sink { outcome: SinkOutcome::Fatal, rows: 0 });
+            let result = Ok(IoReply::Sink { outcome: SinkOutcome::FatalUnnamed, rows: 0 });
             return (self.delay(Die::SinkLatency, reply_latency), result);
         }
         // A sink with poison is a version 1 sink: it refuses no record by
@@ -110,7 +110,13 @@ impl<T: Topology> World<T> {
             self.stats.sink_lost_replies += 1;
             Err(IoError::Ambiguous)
         } else {
-            Ok(IoReply::Sink { outcome: verdict.outcome(), rows: apply.records.len() as u64 })
+            // A sink with poison speaks version 1: its `fatal` for another
+            // batch under the number names nothing either.
+            let outcome = match verdict.outcome() {
+                SinkOutcome::Fatal if self.scenario.poison.on => SinkOutcome::FatalUnnamed,
+                outcome => outcome,
+            };
+            Ok(IoReply::Sink { outcome, rows: apply.records.len() as u64 })
         };
         (self.delay(Die::SinkLatency, reply_latency), result)
     }

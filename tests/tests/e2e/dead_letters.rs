@@ -126,18 +126,24 @@ fn dead_letters(dir: &Path) -> Tally {
 /// them: the bad ones as dead letters with their reason, the rest in the
 /// sink.
 fn assert_each_record_once(out: &Path, dead: &Tally) {
+    assert_each_record_once_for(out, dead, "bad is set", BAD_EVERY);
+}
+
+/// As `assert_each_record_once`, each dead letter with `why`, every
+/// `bad_every`-th record bad.
+fn assert_each_record_once_for(out: &Path, dead: &Tally, why: &str, bad_every: u64) {
     let sink = read_dir_sink(out);
     for p in 0..2u64 {
         let got = sink.get(&("orders".to_string(), p)).cloned().unwrap_or_default();
-        let good: Vec<u64> = (0..RECORDS).filter(|s| s % BAD_EVERY != BAD_EVERY - 1).collect();
+        let good: Vec<u64> = (0..RECORDS).filter(|s| s % bad_every != bad_every - 1).collect();
         assert_eq!(got.len(), good.len(), "partition {p}: records in the sink");
         assert_eq!(got, good, "partition {p}: the sink holds every good record once, in order, and no bad one");
-        let bad: Vec<u64> = (0..RECORDS).filter(|s| s % BAD_EVERY == BAD_EVERY - 1).collect();
+        let bad: Vec<u64> = (0..RECORDS).filter(|s| s % bad_every == bad_every - 1).collect();
         let lettered: Vec<u64> = dead.keys().filter(|(q, _)| *q == p).map(|(_, s)| *s).collect();
         assert_eq!(lettered, bad, "partition {p}: every bad record is a dead letter");
     }
     for ((p, s), (reason, n)) in dead {
-        assert_eq!((reason.as_str(), *n), ("bad is set", 1), "partition {p} record {s}: once, with its reason");
+        assert_eq!((reason.as_str(), *n), (why, 1), "partition {p} record {s}: once, with its reason");
     }
 }
 
@@ -151,6 +157,32 @@ fn refused_records_go_to_the_dead_letters_once_and_the_rest_to_the_sink_through_
     killed_then_finished(|rate| daemon(&data, &out, &args, rate));
     assert_each_record_once(&out, &dead_letters(&letters));
     let bad = (2 * (RECORDS / BAD_EVERY)) as usize;
+    assert_eq!(listed(&data, &[], &args, &[]), bad, "dead-letters list shows each once");
+}
+
+/// A version 1 sink cannot name a record it cannot take: it answers
+/// `fatal` for the whole batch. With dead letters on, the daemon splits
+/// such a batch (each split committed to the WAL) down to the record, which
+/// becomes a dead letter; the rest reaches the sink, each record once,
+/// through SIGKILLs. Each bad record costs about 2·log2(batch) round trips
+/// to the sink and commits, so bad records are five times rarer here.
+#[test]
+fn a_version_1_sinks_fatal_batches_are_split_down_to_the_bad_records_once_through_sigkills() {
+    let _cores = both_cores();
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, out) = (tmp.path().join("data"), tmp.path().join("out"));
+    let letters = data.join("dead-letters");
+    let sink = plugin("sink.py");
+    let args = ["--dead-letter", "dir"];
+    const RARE: u64 = 5 * BAD_EVERY;
+    killed_then_finished(|rate| {
+        let mut cmd = with_sink(&data, &["--sink", "command", "--sink-command", &sink], &args, rate);
+        cmd.env("FATAL_FIELD", "bad").env("OUT_DIR", &out).env("BAD_EVERY", RARE.to_string());
+        cmd
+    });
+    let why = "the sink answered fatal for a batch of this record alone";
+    assert_each_record_once_for(&out, &dead_letters(&letters), why, RARE);
+    let bad = (2 * (RECORDS / RARE)) as usize;
     assert_eq!(listed(&data, &[], &args, &[]), bad, "dead-letters list shows each once");
 }
 

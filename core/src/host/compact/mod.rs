@@ -529,6 +529,10 @@ impl Compaction {
         let chain = chain.forgotten(refused, bugs);
         let index = refused.attempt;
         let attempt = chain.attempt(plan, index);
+        let (result, unnamed) = match result {
+            Ok(SinkOutcome::FatalUnnamed) => (Ok(SinkOutcome::Fatal), true),
+            result => (result, false),
+        };
         match result {
             Ok(SinkOutcome::Applied | SinkOutcome::AlreadyApplied) => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
@@ -556,13 +560,13 @@ impl Compaction {
                 refused.probing = Some(index - 1);
                 SinkNews::Next
             }
-            // With dead letters on, a plan without refusals answered
-            // `fatal`: an earlier version (before a split) that may have
-            // landed after all is asked about, newest first; once none
-            // may, the sink names no record it cannot take: the last
-            // version is cut in half, or its one record refused. A writer
-            // superseded meanwhile cannot commit that.
-            Ok(SinkOutcome::Fatal) if decided.is_some() && chain.refusals.is_empty() => {
+            // With dead letters on, a sink that cannot name records
+            // answered `fatal` for a plan without refusals: an earlier
+            // version (before a split) that may have landed after all is
+            // asked about, newest first; once none may, the last version is
+            // cut in half, or its one record refused. A writer superseded
+            // meanwhile cannot commit that.
+            Ok(SinkOutcome::Fatal) if unnamed && decided.is_some() && chain.refusals.is_empty() => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
                 if let Some(&earlier) = refused.suspect.range(..index).next_back() {
                     refused.probing = Some(earlier);
@@ -649,6 +653,7 @@ impl Compaction {
                 fx.retry_later(Retry::SinkApply(sink, stream));
                 SinkNews::Quiet
             }
+            Ok(SinkOutcome::FatalUnnamed) => unreachable!("read as `Fatal` above"),
             Err(_) => {
                 // No answer: the request may still land.
                 refused.suspect.insert(index);
@@ -680,7 +685,7 @@ impl Compaction {
                 refused.delivered = true;
                 SinkNews::Next
             }
-            Ok(SinkOutcome::Fatal | SinkOutcome::Refused(_)) => {
+            Ok(SinkOutcome::Fatal | SinkOutcome::FatalUnnamed | SinkOutcome::Refused(_)) => {
                 let letters = settled.and_then(|x| x.letters).unwrap_or_default();
                 SinkNews::Fatal(StopReason::DeadLettersFatal { sink, stream, letters })
             }

@@ -285,6 +285,11 @@ fn fatal() -> Result<IoReply, IoError> {
     Ok(IoReply::Sink { outcome: SinkOutcome::Fatal, rows: 0 })
 }
 
+/// `fatal` from a sink that cannot name records (protocol version 1).
+fn unnamed() -> Result<IoReply, IoError> {
+    Ok(IoReply::Sink { outcome: SinkOutcome::FatalUnnamed, rows: 0 })
+}
+
 /// Every split the WAL holds, in order.
 fn splits(h: &Harness) -> Vec<crate::wal::Split> {
     let files: Vec<(SegmentId, &[u8])> = h.disk.iter().map(|(k, v)| (*k, v.as_slice())).collect();
@@ -306,7 +311,7 @@ fn run_against_poison(h: &mut Harness, bad: u8) -> Vec<(u64, Vec<u8>)> {
             let positions = applied_positions(h);
             let (apply, _, seq, _) = h.sink_apply();
             if positions.contains(&bad) {
-                h.answer(apply, fatal());
+                h.answer(apply, unnamed());
             } else {
                 took.push((seq.0, positions));
                 h.answer(apply, applied());
@@ -347,7 +352,7 @@ fn a_split_is_the_wals_a_restart_sends_the_cut_batch_under_the_same_id() {
     h.open_source();
     h.feed(0, 4);
     let (apply, whole, seq, _) = h.sink_apply();
-    h.answer(apply, fatal());
+    h.answer(apply, unnamed());
     let (_, cut, seq2, n) = h.sink_apply();
     assert_eq!((seq2, n), (seq, 2));
     assert_eq!(splits(&h)[0].then, cut);
@@ -373,11 +378,11 @@ fn a_batch_from_before_a_split_that_landed_after_all_settles_the_plan_whole() {
     h.open_source();
     h.feed(0, 4);
     let (apply, whole, seq, _) = h.sink_apply();
-    h.answer(apply, fatal());
+    h.answer(apply, unnamed());
     // The cut batch answered `fatal` in this run: it is cut again, and the
     // whole one, answered `fatal` in this run too, is not asked about.
     let (apply, cut, ..) = h.sink_apply();
-    h.answer(apply, fatal());
+    h.answer(apply, unnamed());
     assert_eq!(splits(&h).len(), 2);
     let (_, _, _, n) = h.sink_apply();
     assert_eq!(n, 1);
@@ -387,10 +392,10 @@ fn a_batch_from_before_a_split_that_landed_after_all_settles_the_plan_whole() {
     // newest first, and the whole one is found held.
     let mut h = Harness::start_full(with_dead_letters(), h.disk.clone(), h.offsets.clone(), Vec::new());
     let (apply, ..) = h.sink_apply();
-    h.answer(apply, fatal());
+    h.answer(apply, unnamed());
     let (apply, probe, ..) = h.sink_apply();
     assert_eq!(probe, cut);
-    h.answer(apply, fatal());
+    h.answer(apply, unnamed());
     let (apply, probe, seq2, n) = h.sink_apply();
     assert_eq!((probe, seq2, n), (whole, seq, 4));
     h.answer(apply, Ok(IoReply::Sink { outcome: SinkOutcome::AlreadyApplied, rows: 0 }));
@@ -414,7 +419,33 @@ fn without_dead_letters_a_batch_answered_fatal_stops_the_engine_unsplit() {
     h.open_source();
     h.feed(0, 4);
     let (apply, id, seq, _) = h.sink_apply();
-    h.answer(apply, fatal());
+    h.answer(apply, unnamed());
     assert_eq!(h.stopped, Some(StopReason::SinkFatal { sink: SinkId(0), stream: StreamId(0), id, seq }));
     assert!(splits(&h).is_empty());
+}
+
+/// A sink that can name the records it cannot take (version 2, the
+/// built-in ones) means something else by `fatal` (a trigger, a conflict
+/// under the number): the batch is not split, and `fatal` stands.
+#[test]
+fn a_sink_that_names_records_is_not_split_when_it_answers_fatal() {
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    h.feed(0, 4);
+    let mut answers = 0;
+    while h.stopped.is_none() && answers < 20 {
+        if h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SinkApply(_)))) {
+            let (apply, _, _, n) = h.sink_apply();
+            assert_eq!(n, 4, "the whole batch, every time");
+            h.answer(apply, fatal());
+            answers += 1;
+        } else {
+            let (at, _) = h.host.poll_timeout().expect("a retry is due");
+            h.now = at;
+            h.host.handle(at, Input::Timeout);
+            h.settle();
+        }
+    }
+    assert!(matches!(h.stopped, Some(StopReason::SinkFatal { .. })), "{:?}", h.stopped);
+    assert!(splits(&h).is_empty() && decisions(&h).0.is_empty());
 }

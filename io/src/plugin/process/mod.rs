@@ -544,6 +544,8 @@ impl Sink for ExternalSink {
             "applied" => SinkOutcome::Applied,
             "already_applied" => SinkOutcome::AlreadyApplied,
             "retryable" => SinkOutcome::Retryable,
+            // A version 1 sink cannot name the records it cannot take.
+            "fatal" if speaks < 2 => SinkOutcome::FatalUnnamed,
             "fatal" => SinkOutcome::Fatal,
             "refused" if speaks >= 2 => {
                 let in_order = result.refused.windows(2).all(|w| w[0].index < w[1].index);
