@@ -147,7 +147,9 @@ pub struct Settings {
     /// table per stream in --dead-letter-schema of the --postgres-url
     /// database; or `s3`, an object per dead-letter batch under
     /// --dead-letter-s3-prefix. Each refused record with its reason, exactly
-    /// once (the decision is kept in the WAL) [default: off].
+    /// once (the decision is kept in the WAL). A batch a version 1 sink
+    /// answers `fatal` for is split, down to the record it cannot take
+    /// [default: off].
     #[arg(long = "dead-letter", env = "SKIPPR_DEAD_LETTER", value_name = "KIND")]
     pub dead_letter: Option<String>,
     /// The `dir` dead-letter destination's directory [default:
