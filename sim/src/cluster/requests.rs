@@ -41,7 +41,8 @@ impl World<Raft> {
             }
             IoOp::Plugin(PluginOp::SinkApply(apply)) => {
                 self.topo.model.on_dispatch(node, &apply);
-                self.after(Die::SinkLatency, lat.sink, world::Event::SinkEffect { gen, id, apply, letters: false });
+                let (die, sink) = self.sink_latency();
+                self.after(die, sink, world::Event::SinkEffect { gen, id, apply, letters: false });
             }
             IoOp::Plugin(PluginOp::DeadLetters(apply)) => {
                 self.after(Die::SinkLatency, lat.sink, world::Event::SinkEffect { gen, id, apply, letters: true });

@@ -68,6 +68,17 @@ impl<T: Topology> World<T> {
         }
     }
 
+    /// How long a sink apply takes to reach the sink: its latency, or (a
+    /// sink with poison) a linger of 0.2–2 s, so that one sent by a
+    /// process that died may land after its successor split the batch.
+    pub fn sink_latency(&mut self) -> (Die, (u64, u64)) {
+        let poison = &self.scenario.poison;
+        match poison.on && self.fault(Die::Linger, poison.linger) {
+            true => (Die::Linger, (200_000, 2_000_000)),
+            false => (Die::SinkLatency, self.scenario.latencies.sink),
+        }
+    }
+
     /// A sink applies a batch at its completion time, whether or not its
     /// sender still runs (the request has left it): the sink may ask for a
     /// retry, or apply (its ledger's verdict, seen by the checker) and lose

@@ -23,10 +23,7 @@ impl World<Writer> {
                 self.after(Die::OffsetsLatency, offsets, world::Event::Complete { slot, gen, id, op })
             }
             IoOp::Plugin(PluginOp::SinkApply(apply)) => {
-                let poison = &self.scenario.poison;
-                let lingers = poison.on && self.fault(Die::Linger, poison.linger);
-                let die = if lingers { Die::Linger } else { Die::SinkLatency };
-                let sink = if lingers { (200_000, 2_000_000) } else { sink };
+                let (die, sink) = self.sink_latency();
                 self.after(die, sink, world::Event::SinkEffect { gen, id, apply, letters: false })
             }
             IoOp::Plugin(PluginOp::DeadLetters(apply)) => {
