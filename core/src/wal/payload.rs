@@ -416,23 +416,13 @@ fn put_split(w: &mut Writer<'_>, x: &Split) {
     w.u64(x.id.0);
     w.u64(x.seq.0);
     w.u64(x.then.0);
-    w.u32(x.ranges.len() as u32);
-    for range in &x.ranges {
-        put_key(w, range.key);
-        w.u64(range.from.0);
-        w.u64(range.to.0);
-    }
+    put_ranges(w, &x.ranges);
 }
 
 fn get_split(r: &mut Reader<'_>) -> Result<Split, DecodeError> {
     let (sink, stream) = (SinkId(r.u16()?), StreamId(r.u16()?));
     let (id, seq, then) = (CompactionId(r.u64()?), CompactionSeq(r.u64()?), CompactionId(r.u64()?));
-    let n = r.count(22)?;
-    let mut ranges = Vec::with_capacity(n);
-    for _ in 0..n {
-        ranges.push(Range { key: get_key(r)?, from: Position(r.u64()?), to: Position(r.u64()?) });
-    }
-    Ok(Split { sink, stream, id, seq, then, ranges })
+    Ok(Split { sink, stream, id, seq, then, ranges: get_ranges(r)? })
 }
 
 const REFUSAL_BYTES_MIN: usize = 2 + 2 + 8 + 8 + 8 + 8 + 4;
@@ -513,12 +503,26 @@ fn put_plan(w: &mut Writer<'_>, p: &CompactionPlan) {
     w.u64(p.id.0);
     w.u64(p.seq.0);
     w.u64(p.schema);
-    w.u32(p.ranges.len() as u32);
-    for range in &p.ranges {
+    put_ranges(w, &p.ranges);
+}
+
+/// A count, then each range: partition, from, to (22 bytes).
+fn put_ranges(w: &mut Writer<'_>, ranges: &[Range]) {
+    w.u32(ranges.len() as u32);
+    for range in ranges {
         put_key(w, range.key);
         w.u64(range.from.0);
         w.u64(range.to.0);
     }
+}
+
+fn get_ranges(r: &mut Reader<'_>) -> Result<Vec<Range>, DecodeError> {
+    let n = r.count(22)?;
+    let mut ranges = Vec::with_capacity(n);
+    for _ in 0..n {
+        ranges.push(Range { key: get_key(r)?, from: Position(r.u64()?), to: Position(r.u64()?) });
+    }
+    Ok(ranges)
 }
 
 fn get_plan(r: &mut Reader<'_>) -> Result<CompactionPlan, DecodeError> {
@@ -527,10 +531,5 @@ fn get_plan(r: &mut Reader<'_>) -> Result<CompactionPlan, DecodeError> {
     let id = CompactionId(r.u64()?);
     let seq = CompactionSeq(r.u64()?);
     let schema = r.u64()?;
-    let n = r.count(22)?;
-    let mut ranges = Vec::with_capacity(n);
-    for _ in 0..n {
-        ranges.push(Range { key: get_key(r)?, from: Position(r.u64()?), to: Position(r.u64()?) });
-    }
-    Ok(CompactionPlan { sink, stream, id, seq, schema, ranges })
+    Ok(CompactionPlan { sink, stream, id, seq, schema, ranges: get_ranges(r)? })
 }
