@@ -192,6 +192,17 @@ pub async fn drive(
                          the rest to the sink"
                     );
                 }
+                // One line per level of the halving: the dead letter it
+                // ends in has its WARN line.
+                Output::Split { sink, stream, seq, id } => info!(
+                    sink = backends.sink_names[sink.0 as usize],
+                    stream = backends.streams.name(stream),
+                    seq = seq.0,
+                    compaction_id = %id,
+                    "the sink answered fatal for a batch and names no record it cannot take (protocol version 1): \
+                     the batch is cut to its first half to find it (the split is in the WAL), the rest follows \
+                     as the next batch"
+                ),
                 Output::Skip { key, at, next, position, recorded } => {
                     let (partition, at, next) = (key.partition, at.0, next.0);
                     if recorded {

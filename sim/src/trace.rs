@@ -132,6 +132,11 @@ impl Trace {
                 self.u64(letters.0);
                 self.u64(reasons.len() as u64);
             }
+            Output::Split { seq, id, .. } => {
+                self.u64(63);
+                self.u64(seq.0);
+                self.u64(id.0);
+            }
             Output::WalRoom { bytes } => {
                 self.u64(17);
                 self.u64(*bytes);
@@ -485,6 +490,9 @@ pub fn describe_output(output: &Output) -> String {
             letters.0,
             reasons.first().map(String::as_str).unwrap_or_default()
         ),
+        Output::Split { sink, stream, seq, id } => {
+            format!("split by sink {} of stream {}, batch {}: its first half sent as {id}", sink.0, stream.0, seq.0)
+        }
         Output::Skip { key, at, next, position, recorded } => {
             format!("skip {key:?} {}..{} at {} recorded {recorded}", at.0, next.0, position.0)
         }

@@ -70,8 +70,12 @@ impl Host {
             Frame::Refused(r) if self.compaction.decision_committed(r.sink, r.stream) => {
                 self.dispatch(r.sink, r.stream);
             }
-            Frame::Split(x) if self.compaction.decision_committed(x.sink, x.stream) => {
-                self.dispatch(x.sink, x.stream);
+            Frame::Split(x) => {
+                let (sink, stream, seq, id) = (x.sink, x.stream, x.seq, x.then);
+                self.fx.emit(Output::Split { sink, stream, seq, id });
+                if self.compaction.decision_committed(sink, stream) {
+                    self.dispatch(sink, stream);
+                }
             }
             Frame::Settled(x) => {
                 if let Some(letters) = x.letters {

@@ -153,6 +153,15 @@ pub enum Output {
         letters: CompactionSeq,
         reasons: Vec<String>,
     },
+    /// A sink that cannot name records answered `fatal` for batch `seq`
+    /// of (sink, stream) and the engine cut it to the first half of its
+    /// records, sent next as `id` (a `Split` frame committed).
+    Split {
+        sink: SinkId,
+        stream: StreamId,
+        seq: CompactionSeq,
+        id: CompactionId,
+    },
     /// The engine stopped; no further output follows.
     Stopped(StopReason),
 }

@@ -121,7 +121,7 @@ fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets)
                 Output::WalFull { .. } | Output::WalRoom { .. } => unreachable!("sources are read only after recovery"),
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
                 Output::Skip { .. } | Output::BatchSkip { .. } => unreachable!("a recovery alone is given no skips"),
-                Output::Refused { .. } => unreachable!("recovery sends nothing to sinks"),
+                Output::Refused { .. } | Output::Split { .. } => unreachable!("recovery sends nothing to sinks"),
                 // A clustered host alone: nobody hears it, and no peer joins.
                 Output::Send(_)
                 | Output::TellRemoved { .. }

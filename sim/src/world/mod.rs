@@ -542,7 +542,7 @@ impl<T: Topology> World<T> {
                 Output::BatchSkip { .. } => true,
                 // Counted where the sink refuses; the checker judges what
                 // reaches the dead letters.
-                Output::Refused { .. } => true,
+                Output::Refused { .. } | Output::Split { .. } => true,
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
                 output => T::on_output(self, slot, output),
             };

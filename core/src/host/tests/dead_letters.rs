@@ -339,6 +339,8 @@ fn a_batch_a_sink_answers_fatal_for_whole_is_split_down_to_the_record_it_cannot_
     let cut: Vec<Vec<(u64, u64)>> =
         splits(&h).iter().map(|x| x.ranges.iter().map(|r| (r.from.0, r.to.0)).collect()).collect();
     assert_eq!(cut, vec![vec![(0, 4)], vec![(4, 6)], vec![(4, 5)], vec![(5, 6)]]);
+    let seqs: Vec<u64> = h.split.iter().map(|s| s.0).collect();
+    assert_eq!(seqs, vec![0, 1, 1, 2], "each split told, once committed, with its batch's number");
     let (refusals, ..) = decisions(&h);
     assert_eq!(refusals.len(), 1);
     assert_eq!((refusals[0].records[0].position, refusals[0].records[0].reason.as_str()), (Position(5), FATAL_ALONE));

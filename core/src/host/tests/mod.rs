@@ -61,6 +61,8 @@ struct Harness {
     recovered: Vec<RecoverySummary>,
     /// Every `Refused` output's reasons, in order.
     refused: Vec<Vec<String>>,
+    /// The batch number of every `Split` output, in order.
+    split: Vec<CompactionSeq>,
 }
 
 impl Harness {
@@ -112,6 +114,7 @@ impl Harness {
             stop_record: None,
             recovered: vec![],
             refused: vec![],
+            split: vec![],
         }
     }
 
@@ -127,6 +130,7 @@ impl Harness {
                     Output::WalRoom { .. } => self.wal_full.push(false),
                     Output::Skip { recorded, .. } | Output::BatchSkip { recorded, .. } => self.skips.push(recorded),
                     Output::Refused { reasons, .. } => self.refused.push(reasons),
+                    Output::Split { seq, .. } => self.split.push(seq),
                     Output::Recovered(summary) => self.recovered.push(summary),
                     Output::Stalled { .. } | Output::Unstalled => {}
                     Output::Send(_)
