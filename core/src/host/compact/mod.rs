@@ -37,6 +37,11 @@ pub(super) struct Compaction {
     /// held (rare paths, counted for the simulator).
     splits: u64,
     held_before_split: u64,
+    /// Where the next plan of (sink, partition) ends at the latest: after a
+    /// split plan was done with its first half, the rest of the version it
+    /// was cut from, which holds a record the sink cannot take, is planned
+    /// alone, so the halving goes on inside it (one plan, then cleared).
+    cap: BTreeMap<(SinkId, PartitionKey), Position>,
 }
 
 enum Slot {
@@ -148,6 +153,15 @@ impl<'a> Chain<'a> {
             None => &plan.ranges,
             Some(i) => &self.splits[i].ranges,
         }
+    }
+
+    /// Where the attempt at `index` is a cut (a split's), the ranges of the
+    /// version it was cut from.
+    fn cut_from<'r>(&self, plan: &'r CompactionPlan, index: usize) -> Option<&'r [Range]>
+    where
+        'a: 'r,
+    {
+        (1..=self.splits.len()).contains(&index).then(|| self.ranges(plan, index - 1))
     }
 
     /// The refusals made before the attempt at `index`.
@@ -270,7 +284,19 @@ impl Compaction {
         sink: SinkId,
         stream: StreamId,
     ) -> Option<CompactionPlan> {
-        let ranges = self.ranges(cfg.limits.compaction_records_max as usize, committed, records, sink, stream);
+        let budget = cfg.limits.compaction_records_max as usize;
+        let mut ranges = self.ranges(budget, committed, records, sink, stream);
+        let capped = committed.partitions.iter().filter(|(_, p)| p.stream == stream);
+        let capped: Vec<PartitionKey> =
+            capped.map(|(&key, _)| key).filter(|&k| self.cap.contains_key(&(sink, k))).collect();
+        if !capped.is_empty() {
+            for key in capped {
+                self.cap.remove(&(sink, key));
+            }
+            if ranges.is_empty() {
+                ranges = self.ranges(budget, committed, records, sink, stream);
+            }
+        }
         if ranges.is_empty() {
             return None;
         }
@@ -305,10 +331,11 @@ impl Compaction {
                 continue;
             }
             let from = self.planned.get(&(sink, key)).copied().unwrap_or_default();
-            if p.position <= from {
+            let end = self.cap.get(&(sink, key)).map_or(p.position, |&cap| cap.min(p.position));
+            if end <= from {
                 continue;
             }
-            let (n, to) = records.take(key, from, p.position, budget);
+            let (n, to) = records.take(key, from, end, budget);
             if n == 0 {
                 continue;
             }
@@ -424,12 +451,14 @@ impl Compaction {
                 *io = Some(fx.io(Pending::DeadLetters(sink, stream), IoOp::Plugin(PluginOp::DeadLetters(batch))));
                 return Ok(None);
             }
-            let held = chain.ranges(plan, chain.index_of(plan, x.held)).to_vec();
+            let index = chain.index_of(plan, x.held);
+            let held = chain.ranges(plan, index).to_vec();
+            let rest = chain.cut_from(plan, index).map(<[Range]>::to_vec);
             let records = Some(letters::attempt(gathered, &held, standing).records.len() as u64);
             let done = CompactionDone { sink, stream, id: x.held, seq: plan.seq, records };
             self.slots.insert((sink, stream), Slot::Idle);
             self.fresh = true;
-            self.planned_to(sink, &held, bugs);
+            self.planned_to(sink, &held, rest.as_deref(), bugs);
             return Ok(Some(done));
         }
         let index = refused.probing.unwrap_or(chain.last());
@@ -539,9 +568,10 @@ impl Compaction {
                 if chain.refusals.is_empty() && index == chain.last() {
                     let (seq, records) = (plan.seq, Some(refused.sent.len() as u64));
                     let held = chain.ranges(plan, index).to_vec();
+                    let rest = chain.cut_from(plan, index).map(<[Range]>::to_vec);
                     self.slots.insert((sink, stream), Slot::Idle);
                     self.fresh = true;
-                    self.planned_to(sink, &held, bugs);
+                    self.planned_to(sink, &held, rest.as_deref(), bugs);
                     return SinkNews::Done(CompactionDone { sink, stream, id: attempt, seq, records });
                 }
                 // The sink holds an attempt after refusals, or (a probe)
@@ -698,13 +728,17 @@ impl Compaction {
 
     /// The open plan of `sink` is done with the attempt that covers
     /// `ranges`: the next plan starts where that ends (a split plan's rest
-    /// is planned again).
-    fn planned_to(&mut self, sink: SinkId, ranges: &[Range], bugs: LetterBugs) {
+    /// is planned again), and where that attempt is a cut of a version the
+    /// sink answered `fatal` for, ends where that version ended (`rest`).
+    fn planned_to(&mut self, sink: SinkId, ranges: &[Range], rest: Option<&[Range]>, bugs: LetterBugs) {
         if bugs.split_loses_rest {
             return;
         }
         for r in ranges {
             self.planned.insert((sink, r.key), r.to);
+        }
+        for r in rest.unwrap_or_default() {
+            self.cap.insert((sink, r.key), r.to);
         }
     }
 

@@ -330,17 +330,18 @@ fn a_batch_a_sink_answers_fatal_for_whole_is_split_down_to_the_record_it_cannot_
     h.feed(0, 8);
     let took = run_against_poison(&mut h, 5);
     assert_eq!(h.stopped, None);
-    // 0..8 fatal: cut to 0..4, taken as batch 0; then 4..8 fatal, cut to
-    // 4..6, fatal (nothing before it is held), cut to 4..5, taken as batch
-    // 1; then 5..8 fatal, cut to 5..6, fatal: 5 refused, the empty rest
-    // taken as batch 2; then 6..8 as batch 3. Numbers stay dense.
+    // 0..8 fatal: cut to 0..4, taken as batch 0; then the rest of what was
+    // cut, 4..8, fatal, cut to 4..6, fatal (nothing before it is held), cut
+    // to 4..5, taken as batch 1; then the rest of 4..6, 5..6, fatal: 5
+    // refused, the empty rest taken as batch 2; then 6..8 as batch 3.
+    // Numbers stay dense.
     let want: Vec<(u64, Vec<u8>)> = vec![(0, vec![0, 1, 2, 3]), (1, vec![4]), (2, vec![]), (3, vec![6, 7])];
     assert_eq!(took, want);
     let cut: Vec<Vec<(u64, u64)>> =
         splits(&h).iter().map(|x| x.ranges.iter().map(|r| (r.from.0, r.to.0)).collect()).collect();
-    assert_eq!(cut, vec![vec![(0, 4)], vec![(4, 6)], vec![(4, 5)], vec![(5, 6)]]);
+    assert_eq!(cut, vec![vec![(0, 4)], vec![(4, 6)], vec![(4, 5)]]);
     let seqs: Vec<u64> = h.split.iter().map(|s| s.0).collect();
-    assert_eq!(seqs, vec![0, 1, 1, 2], "each split told, once committed, with its batch's number");
+    assert_eq!(seqs, vec![0, 1, 1], "each split told, once committed, with its batch's number");
     let (refusals, ..) = decisions(&h);
     assert_eq!(refusals.len(), 1);
     assert_eq!((refusals[0].records[0].position, refusals[0].records[0].reason.as_str()), (Position(5), FATAL_ALONE));
@@ -450,4 +451,24 @@ fn a_sink_that_names_records_is_not_split_when_it_answers_fatal() {
     }
     assert!(matches!(h.stopped, Some(StopReason::SinkFatal { .. })), "{:?}", h.stopped);
     assert!(splits(&h).is_empty() && decisions(&h).0.is_empty());
+}
+
+#[test]
+fn after_a_split_the_rest_of_the_batch_cut_is_planned_alone_then_batches_fill_up_again() {
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    h.feed(0, 8);
+    let (apply, ..) = h.sink_apply();
+    h.answer(apply, unnamed());
+    // Records 8..16 are committed while the first half is out.
+    h.feed(8, 16);
+    assert_eq!(applied_positions(&h), vec![0, 1, 2, 3]);
+    let (apply, ..) = h.sink_apply();
+    h.answer(apply, applied());
+    // The rest of what was cut holds the record the sink cannot take: it
+    // is planned alone, not filled up with 8..16.
+    assert_eq!(applied_positions(&h), vec![4, 5, 6, 7]);
+    let took = run_against_poison(&mut h, 5);
+    assert_eq!(took.last(), Some(&(3, (6..16).collect())), "once 5 is refused, a batch as large as the records allow");
+    assert_eq!(h.host.committed().acked(SinkId(0), key0()), Position(16));
 }
