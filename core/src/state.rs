@@ -232,17 +232,11 @@ impl CommittedState {
         self.splits.get(&slot).map_or(&[], Vec::as_slice)
     }
 
-    /// The ranges attempt `id` of the open plan of `slot` covers: the
-    /// plan's, cut by the splits up to it (refusals keep the ranges).
+    /// The ranges attempt `id` of the open plan of `slot` covers.
     pub fn ranges_of(&self, slot: (SinkId, StreamId), id: CompactionId) -> &[Range] {
         let plan = self.open.get(&slot).expect("an attempt of an open plan");
-        let splits = self.splits_of(slot);
-        match splits.iter().position(|x| x.id == id) {
-            // Made before the split that cut it.
-            Some(0) => &plan.ranges,
-            Some(i) => &splits[i - 1].ranges,
-            None => splits.last().map_or(&plan.ranges, |x| &x.ranges),
-        }
+        let index = self.attempts(slot).iter().position(|&a| a == id).expect("an attempt of the open plan");
+        attempt_ranges(plan, self.splits_of(slot), index)
     }
 
     /// The refusals committed for the open plan of `slot`.
@@ -264,5 +258,15 @@ impl CommittedState {
             ranges.iter().find(|r| r.key == key).map(|r| r.to)
         });
         self.acked(sink, key).max(open.unwrap_or_default())
+    }
+}
+
+/// The ranges the attempt at `index` of `plan` covers (attempts by index:
+/// the plan's own, then each split's, then each refusal's): the plan's,
+/// cut by the splits before it; a refusal keeps its version's ranges.
+pub fn attempt_ranges<'a>(plan: &'a CompactionPlan, splits: &'a [Split], index: usize) -> &'a [Range] {
+    match index.min(splits.len()).checked_sub(1) {
+        None => &plan.ranges,
+        Some(i) => &splits[i].ranges,
     }
 }

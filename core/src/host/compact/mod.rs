@@ -149,10 +149,7 @@ impl<'a> Chain<'a> {
     where
         'a: 'r,
     {
-        match index.min(self.splits.len()).checked_sub(1) {
-            None => &plan.ranges,
-            Some(i) => &self.splits[i].ranges,
-        }
+        crate::state::attempt_ranges(plan, self.splits, index)
     }
 
     /// Where the attempt at `index` is a cut (a split's), the ranges of the
@@ -286,16 +283,14 @@ impl Compaction {
     ) -> Option<CompactionPlan> {
         let budget = cfg.limits.compaction_records_max as usize;
         let mut ranges = self.ranges(budget, committed, records, sink, stream);
-        let capped = committed.partitions.iter().filter(|(_, p)| p.stream == stream);
-        let capped: Vec<PartitionKey> =
-            capped.map(|(&key, _)| key).filter(|&k| self.cap.contains_key(&(sink, k))).collect();
-        if !capped.is_empty() {
-            for key in capped {
-                self.cap.remove(&(sink, key));
-            }
-            if ranges.is_empty() {
-                ranges = self.ranges(budget, committed, records, sink, stream);
-            }
+        // A cap bounds one plan of its stream.
+        let capped = self.cap.len();
+        let ours = |&(s, key): &(SinkId, PartitionKey)| {
+            s == sink && committed.partitions.get(&key).is_some_and(|p| p.stream == stream)
+        };
+        self.cap.retain(|k, _| !ours(k));
+        if ranges.is_empty() && self.cap.len() < capped {
+            ranges = self.ranges(budget, committed, records, sink, stream);
         }
         if ranges.is_empty() {
             return None;
@@ -558,10 +553,6 @@ impl Compaction {
         let chain = chain.forgotten(refused, bugs);
         let index = refused.attempt;
         let attempt = chain.attempt(plan, index);
-        let (result, unnamed) = match result {
-            Ok(SinkOutcome::FatalUnnamed) => (Ok(SinkOutcome::Fatal), true),
-            result => (result, false),
-        };
         match result {
             Ok(SinkOutcome::Applied | SinkOutcome::AlreadyApplied) => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
@@ -582,7 +573,7 @@ impl Compaction {
                     (index > chain.splits.len()).then(|| decided.map_or(CompactionSeq(0), |d| d.next_letters));
                 SinkNews::Decided(Frame::Settled(Settled { sink, stream, seq: plan.seq, held: attempt, letters }))
             }
-            Ok(SinkOutcome::Fatal) if index > 0 && !chain.refusals.is_empty() => {
+            Ok(SinkOutcome::Fatal | SinkOutcome::FatalUnnamed) if index > 0 && !chain.refusals.is_empty() => {
                 // The number may be held by another attempt: one that was
                 // refused may have landed after all (sent by a process
                 // that has died since). Ask about the one before.
@@ -596,7 +587,7 @@ impl Compaction {
             // asked about, newest first; once none may, the last version is
             // cut in half, or its one record refused. A writer superseded
             // meanwhile cannot commit that.
-            Ok(SinkOutcome::Fatal) if unnamed && decided.is_some() && chain.refusals.is_empty() => {
+            Ok(SinkOutcome::FatalUnnamed) if decided.is_some() && chain.refusals.is_empty() => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
                 if let Some(&earlier) = refused.suspect.range(..index).next_back() {
                     refused.probing = Some(earlier);
@@ -622,13 +613,13 @@ impl Compaction {
             // leader's successor, a writer's that took the lease over) may
             // hold the number: a few retries give this engine time to learn
             // it was superseded and stop for that, before `fatal` stands.
-            Ok(SinkOutcome::Fatal)
+            Ok(SinkOutcome::Fatal | SinkOutcome::FatalUnnamed)
                 if decided.is_some() && fx.attempts(Retry::SinkApply(sink, stream)) + 1 < FATAL_ATTEMPTS =>
             {
                 fx.retry_later(Retry::SinkApply(sink, stream));
                 SinkNews::Quiet
             }
-            Ok(SinkOutcome::Fatal) => {
+            Ok(SinkOutcome::Fatal | SinkOutcome::FatalUnnamed) => {
                 SinkNews::Fatal(StopReason::SinkFatal { sink, stream, id: attempt, seq: plan.seq })
             }
             Ok(SinkOutcome::Refused(list)) => {
@@ -683,7 +674,6 @@ impl Compaction {
                 fx.retry_later(Retry::SinkApply(sink, stream));
                 SinkNews::Quiet
             }
-            Ok(SinkOutcome::FatalUnnamed) => unreachable!("read as `Fatal` above"),
             Err(_) => {
                 // No answer: the request may still land.
                 refused.suspect.insert(index);
