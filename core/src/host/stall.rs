@@ -95,14 +95,26 @@ impl StallWatch {
 /// ends is reported at the next one. Under `--once` it ends the run after
 /// the stop limit as the WAL's stall does: a host started after the others
 /// finished a `--once` run never hears a peer again.
+///
+/// A stall is named by what arrived since it began: nothing (`RaftNoPeer`,
+/// the peers are down or unreachable) or some message (`RaftQuorum`, peers
+/// talk but no majority forms). Peers heard in the stall's first instant
+/// and gone since (killed while a proposal waited) make it `RaftQuorum` at
+/// first; once no peer has been heard for `silence` it is reported again,
+/// once, as `RaftNoPeer`, so the operator reads what holds now.
 #[derive(Debug)]
 pub(super) struct QuorumWatch {
     report_after: Option<Duration>,
     stop_after: Option<Duration>,
+    /// How long without a peer's message counts as silence: longer than a
+    /// live peer ever keeps quiet (it answers heartbeats, or campaigns once
+    /// an election timeout).
+    silence: Duration,
     /// Since when this host has known no leader, or, leading, has waited
     /// for its proposal to commit.
     since: Option<Instant>,
-    reported: bool,
+    /// What the stall was last reported as, if it was.
+    reported: Option<Stall>,
     /// When a peer's message last arrived: a stall with none since it
     /// began is reported as silence, not as a missing majority.
     heard_at: Option<Instant>,
@@ -110,8 +122,13 @@ pub(super) struct QuorumWatch {
 
 impl QuorumWatch {
     /// A host starts knowing no leader.
-    pub(super) fn new(now: Instant, report_after: Option<Duration>, stop_after: Option<Duration>) -> QuorumWatch {
-        QuorumWatch { report_after, stop_after, since: Some(now), reported: false, heard_at: None }
+    pub(super) fn new(
+        now: Instant,
+        report_after: Option<Duration>,
+        stop_after: Option<Duration>,
+        silence: Duration,
+    ) -> QuorumWatch {
+        QuorumWatch { report_after, stop_after, silence, since: Some(now), reported: None, heard_at: None }
     }
 
     pub(super) fn heard(&mut self, now: Instant) {
@@ -132,22 +149,26 @@ impl QuorumWatch {
     /// A stall was reported and is over: its end is reported at the next
     /// tick, so every tick fires until then.
     pub(super) fn lifting(&self) -> bool {
-        self.reported && self.since.is_none()
+        self.reported.is_some() && self.since.is_none()
     }
 
     /// The next moment the watch has something to say.
     pub(super) fn deadline(&self) -> Option<Instant> {
         let since = self.since?;
-        let report = self.report_after.filter(|_| !self.reported).map(|d| since + d);
+        let report = self.report_after.filter(|_| self.reported.is_none()).map(|d| since + d);
         let stop = self.stop_after.map(|d| since + d);
-        [report, stop].into_iter().flatten().min()
+        let silent = match (self.reported, self.heard_at) {
+            (Some(Stall::RaftQuorum), Some(heard)) => Some(heard + self.silence),
+            _ => None,
+        };
+        [report, stop, silent].into_iter().flatten().min()
     }
 
     /// At a tick: what to say, if anything. A stall's end is reported as
     /// `Unstalled` (`lifted` true).
     pub(super) fn check(&mut self, now: Instant) -> (StallAction, bool) {
         let Some(since) = self.since else {
-            let lifted = std::mem::take(&mut self.reported);
+            let lifted = self.reported.take().is_some();
             return (StallAction::None, lifted);
         };
         let for_ = now.saturating_since(since);
@@ -158,11 +179,25 @@ impl QuorumWatch {
         if self.stop_after.is_some_and(|d| for_ >= d) {
             return (StallAction::Stop { what, for_ }, false);
         }
-        if !self.reported && self.report_after.is_some_and(|d| for_ >= d) {
-            self.reported = true;
-            return (StallAction::Report { what, for_ }, false);
+        // What holds now: a peer heard during the stall, and lately.
+        let quiet_since = self.heard_at.map_or(since, |h| h.max(since));
+        let silent_for = now.saturating_since(quiet_since);
+        let now_what = if what == Stall::RaftQuorum && silent_for < self.silence { what } else { Stall::RaftNoPeer };
+        let action = |what| {
+            let for_ = if what == Stall::RaftNoPeer { silent_for } else { for_ };
+            (StallAction::Report { what, for_ }, false)
+        };
+        match self.reported {
+            None if self.report_after.is_some_and(|d| for_ >= d) => {
+                self.reported = Some(now_what);
+                action(now_what)
+            }
+            Some(Stall::RaftQuorum) if now_what == Stall::RaftNoPeer => {
+                self.reported = Some(now_what);
+                action(now_what)
+            }
+            _ => (StallAction::None, false),
         }
-        (StallAction::None, false)
     }
 }
 
@@ -202,7 +237,7 @@ mod tests {
 
     #[test]
     fn a_quorum_stall_names_silence_and_stops_at_the_limit_under_once() {
-        let mut q = QuorumWatch::new(at(0), None, Some(Duration::from_secs(20)));
+        let mut q = QuorumWatch::new(at(0), None, Some(Duration::from_secs(20)), Duration::from_secs(2));
         assert_eq!(q.deadline(), Some(at(20)), "a host starts knowing no leader");
         assert_eq!(q.check(at(19)), (StallAction::None, false));
         let stop = StallAction::Stop { what: Stall::RaftNoPeer, for_: Duration::from_secs(20) };
@@ -216,7 +251,7 @@ mod tests {
 
     #[test]
     fn a_quorum_stall_is_reported_once_and_its_end_at_the_next_tick() {
-        let mut q = QuorumWatch::new(at(0), Some(Duration::from_secs(10)), None);
+        let mut q = QuorumWatch::new(at(0), Some(Duration::from_secs(10)), None, Duration::from_secs(2));
         q.heard(at(1));
         q.quorum();
         q.waiting(at(2));
@@ -229,5 +264,39 @@ mod tests {
         assert!(q.lifting());
         assert_eq!(q.check(at(41)), (StallAction::None, true));
         assert!(!q.lifting());
+    }
+
+    #[test]
+    fn a_majority_missing_while_peers_talked_is_reported_again_as_silence_once_they_stop() {
+        let mut q = QuorumWatch::new(at(0), Some(Duration::from_secs(10)), None, Duration::from_secs(2));
+        q.quorum();
+        q.waiting(at(5));
+        // A peer answers during the stall, then is gone.
+        q.heard(at(14));
+        assert_eq!(q.deadline(), Some(at(15)));
+        let report = StallAction::Report { what: Stall::RaftQuorum, for_: Duration::from_secs(10) };
+        assert_eq!(q.check(at(15)), (report, false), "a peer spoke during the stall");
+        assert_eq!(q.deadline(), Some(at(16)), "silence is due two seconds after the last message");
+        assert_eq!(q.check(at(15)), (StallAction::None, false));
+        let report = StallAction::Report { what: Stall::RaftNoPeer, for_: Duration::from_secs(2) };
+        assert_eq!(q.check(at(16)), (report, false), "no peer for two seconds: silence, counted from the last");
+        assert_eq!(q.deadline(), None, "said once");
+        assert_eq!(q.check(at(30)), (StallAction::None, false));
+        // A peer heard early in a stall but long gone by its report: silence at once.
+        q.quorum();
+        assert_eq!(q.check(at(31)), (StallAction::None, true));
+        q.waiting(at(40));
+        q.heard(at(41));
+        let report = StallAction::Report { what: Stall::RaftNoPeer, for_: Duration::from_secs(9) };
+        assert_eq!(q.check(at(50)), (report, false));
+        q.quorum();
+        assert_eq!(q.check(at(51)), (StallAction::None, true));
+        // Peers that keep talking keep it a missing majority.
+        q.waiting(at(60));
+        for s in 61..80 {
+            q.heard(at(s));
+            let (action, _) = q.check(at(s));
+            assert!(!matches!(action, StallAction::Report { what: Stall::RaftNoPeer, .. }), "{action:?} at {s}");
+        }
     }
 }

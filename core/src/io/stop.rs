@@ -127,9 +127,10 @@ pub enum Stall {
     Lease,
     /// Clustered mode: no leader with a majority is known.
     RaftQuorum,
-    /// Clustered mode: besides, no peer has sent this host a single message
-    /// since the stall began: the others are down, cannot be reached, or do
-    /// not know this host.
+    /// Clustered mode: besides, no peer has sent this host a message since
+    /// the stall began, or for two election timeouts: the others are down,
+    /// cannot be reached, or do not know this host. (A stop names it only
+    /// when not a single message arrived in the whole stall.)
     RaftNoPeer,
 }
 

@@ -97,12 +97,14 @@ impl Replication {
         mutations: Mutations,
         now: Instant,
     ) -> Replication {
+        // Two election timeouts: longer than a live peer keeps quiet.
+        let silence = config.tick.saturating_mul(2 * crate::consensus::ELECTION_TICKS as u64);
         Replication {
             config,
             seed,
             phase: Phase::Unread,
             saves: Saves::new(),
-            quorum: QuorumWatch::new(now, limits.stall_report_after, limits.stall_stop_after),
+            quorum: QuorumWatch::new(now, limits.stall_report_after, limits.stall_stop_after, silence),
             change_queued: false,
             fetching: None,
             proposed: None,
