@@ -199,8 +199,13 @@ impl S3Wal {
     /// Checks that the store honours `If-None-Match: *`: a second create of
     /// the same key must be refused with 412. Without that, writers cannot be
     /// fenced, and the daemon refuses to start. The probe key sits beside
-    /// the WAL's prefix, not under it, and is deleted afterwards.
+    /// the WAL's prefix, not under it, and is deleted afterwards. Each put is
+    /// tried up to four times (`start_up_check`) while its failure may pass
+    /// (no answer in time, a 5xx, throttling): one slow request must not stop
+    /// a start. A first create answered 412 was one of ours that landed
+    /// unseen (the key is this run's own).
     pub async fn probe_conditional_puts(&self, nonce: u64) -> Result<(), String> {
+        use crate::aws::{start_up_check, Check};
         let key = format!("{}.skipprd-probe-{nonce:016x}", self.prefix.trim_end_matches('/'));
         let put = || {
             self.puts
@@ -209,17 +214,41 @@ impl S3Wal {
                 .key(&key)
                 .if_none_match("*")
                 .body(ByteStream::from_static(b"probe"))
+                .send()
         };
-        put().send().await.map_err(|e| format!("cannot write the probe object {key}: {}", describe(&e)))?;
-        let second = put().send().await;
+        let passing = |e: &aws_sdk_s3::error::SdkError<_, _>| match status(e) {
+            Some(s) => !definite_refusal(s, error_code(e)),
+            None => true,
+        };
+        let first = start_up_check(|| async {
+            match put().await {
+                Ok(_) => Check::Ready(()),
+                Err(e) if status(&e) == Some(412) => Check::Ready(()),
+                Err(e) if passing(&e) => Check::Failed(describe(&e)),
+                Err(e) => Check::Refused(describe(&e)),
+            }
+        })
+        .await;
+        if let Err(Ok(cause) | Err(cause)) = first {
+            return Err(format!("cannot write the probe object {key}: {cause}"));
+        }
+        let second = start_up_check(|| async {
+            match put().await {
+                Ok(_) => Check::Ready(false),
+                Err(e) if status(&e) == Some(412) => Check::Ready(true),
+                Err(e) if passing(&e) => Check::Failed(describe(&e)),
+                Err(e) => Check::Refused(describe(&e)),
+            }
+        })
+        .await;
         let _ = self.client.delete_object().bucket(&self.bucket).key(&key).send().await;
         match second {
-            Err(e) if status(&e) == Some(412) => Ok(()),
-            Ok(_) => Err(format!(
+            Ok(true) => Ok(()),
+            Ok(false) => Err(format!(
                 "this S3 endpoint ignores If-None-Match (a second create of {key} succeeded): skipprd cannot fence \
                  writers on it, so it will not write a WAL there"
             )),
-            Err(e) => Err(format!("the conditional-write probe at {key} failed: {}", describe(&e))),
+            Err(Ok(cause) | Err(cause)) => Err(format!("the conditional-write probe at {key} failed: {cause}")),
         }
     }
 

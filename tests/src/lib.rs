@@ -396,10 +396,12 @@ pub mod aws {
     /// while `drop_responses` is set, throws the response away and closes
     /// the connection: the request took effect, the client cannot know.
     /// While `strip_conditions` is set it deletes `If-None-Match: *` from
-    /// requests, like a store that ignores the header.
+    /// requests, like a store that ignores the header. `drop_next` drops
+    /// that many responses, then none.
     pub struct Proxy {
         pub port: u16,
         pub drop_responses: Arc<AtomicBool>,
+        pub drop_next: Arc<std::sync::atomic::AtomicU64>,
         pub strip_conditions: Arc<AtomicBool>,
         pub dropped: Arc<std::sync::atomic::AtomicU64>,
     }
@@ -412,12 +414,15 @@ pub mod aws {
             let drop_responses = Arc::new(AtomicBool::new(false));
             let strip_conditions = Arc::new(AtomicBool::new(false));
             let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let drop_next = Arc::new(std::sync::atomic::AtomicU64::new(0));
             let (flag, count) = (Arc::clone(&drop_responses), Arc::clone(&dropped));
+            let next = Arc::clone(&drop_next);
             let strip = Arc::clone(&strip_conditions);
             std::thread::spawn(move || {
                 for client in listener.incoming().flatten() {
                     let Ok(server) = TcpStream::connect(&upstream) else { continue };
                     let (flag, count, strip) = (Arc::clone(&flag), Arc::clone(&count), Arc::clone(&strip));
+                    let next = Arc::clone(&next);
                     let (mut c_read, mut s_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                     std::thread::spawn(move || {
                         let mut buf = vec![0u8; 64 * 1024];
@@ -449,7 +454,9 @@ pub mod aws {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => n,
                             };
-                            if flag.load(Ordering::SeqCst) {
+                            let one_of_next =
+                                || next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+                            if flag.load(Ordering::SeqCst) || one_of_next().is_ok() {
                                 count.fetch_add(1, Ordering::SeqCst);
                                 break;
                             }
@@ -462,7 +469,7 @@ pub mod aws {
                     });
                 }
             });
-            Proxy { port, drop_responses, strip_conditions, dropped }
+            Proxy { port, drop_responses, drop_next, strip_conditions, dropped }
         }
 
         pub fn endpoint(&self) -> String {

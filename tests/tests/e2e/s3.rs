@@ -77,6 +77,28 @@ fn a_put_whose_response_is_lost_resolves_by_sending_the_same_bytes_again() {
 }
 
 #[test]
+fn the_start_up_probe_sends_a_put_again_whose_response_was_lost() {
+    aws::runtime().block_on(async {
+        let bucket = aws::bucket("probe").await;
+        let proxy = Proxy::start(&aws::endpoint());
+        let wal = S3Wal::connect(&aws::sdk(&proxy.endpoint()).await, &bucket, "wal").await.unwrap();
+        // The first create's answer lost (it landed: the next create of it
+        // is refused, as ours), then the second create's.
+        for lost in 1..=2 {
+            proxy.drop_next.store(lost, Ordering::SeqCst);
+            let before = proxy.dropped.load(Ordering::SeqCst);
+            assert_eq!(wal.probe_conditional_puts(lost).await, Ok(()), "{lost} answer(s) lost");
+            assert_eq!(proxy.dropped.load(Ordering::SeqCst), before + lost, "the answers were dropped");
+        }
+        // A store that ignores If-None-Match is still found out through a lost answer.
+        proxy.strip_conditions.store(true, Ordering::SeqCst);
+        proxy.drop_next.store(1, Ordering::SeqCst);
+        let found = wal.probe_conditional_puts(7).await.unwrap_err();
+        assert!(found.contains("ignores If-None-Match"), "{found}");
+    });
+}
+
+#[test]
 fn wal_objects_lay_out_as_a_segment_and_a_listing_deletes_nothing() {
     aws::runtime().block_on(async {
         let bucket = aws::bucket("layout").await;
