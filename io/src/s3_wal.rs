@@ -205,7 +205,6 @@ impl S3Wal {
     /// a start. A first create answered 412 was one of ours that landed
     /// unseen (the key is this run's own).
     pub async fn probe_conditional_puts(&self, nonce: u64) -> Result<(), String> {
-        use crate::aws::{start_up_check, Check};
         let key = format!("{}.skipprd-probe-{nonce:016x}", self.prefix.trim_end_matches('/'));
         let put = || {
             self.puts
