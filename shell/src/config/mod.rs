@@ -291,7 +291,8 @@ fn postgres_letters(s: &Settings) -> Result<skippr_io::plugin::postgres_sink::se
         postgres_upsert: None,
         ..sink.clone()
     };
-    let config = letters.resolve().map_err(|e| format!("--dead-letter postgres: {e}"))?;
+    let mut config = letters.resolve().map_err(|e| format!("--dead-letter postgres: {e}"))?;
+    config.verbatim = true;
     let sink_schema = sink.postgres_schema.as_deref().unwrap_or("public");
     if s.sink.kind.as_deref() == Some("postgres") && schema == sink_schema {
         return Err(format!(

@@ -243,6 +243,38 @@ fn refused_records_go_to_s3_dead_letters_once_through_sigkills() {
 /// stream's table once and each bad one in the dead-letter table once,
 /// with the server's reason, checked by SQL.
 #[test]
+fn a_record_jsonb_cannot_hold_reaches_the_postgres_dead_letters_as_written() {
+    let (schema, letters) = (pg::fresh_schema("dl_nul"), pg::fresh_schema("dl_nul_letters"));
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("input");
+    std::fs::create_dir(&input).unwrap();
+    // `jsonb` takes no `\u0000` in a string: the sink refuses the record,
+    // and the dead-letter destination must hold it all the same, as written.
+    let nul = r#"{"n":2, "note":"a\u0000b",  "z":1, "a":0}"#;
+    std::fs::write(input.join("a.jsonl"), format!("{{\"n\":1}}\n{nul}\n{{\"n\":3}}\n")).unwrap();
+    let out = Command::new(skipprd_bin())
+        .args(["run", "--once", "--data-dir", tmp.path().join("data").to_str().unwrap()])
+        .args(["--source", "file", "--file-dir", input.to_str().unwrap(), "--file-follow", "false"])
+        .args(["--file-stream", "notes", "--sink", "postgres", "--postgres-schema", &schema])
+        .args(["--dead-letter", "postgres", "--dead-letter-schema", &letters])
+        .env("SKIPPR_POSTGRES_URL", pg::url())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut client = pg::client();
+    let rows = client.query(&format!("SELECT data->>'n' FROM \"{schema}\".notes ORDER BY 1"), &[]).unwrap();
+    let kept: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(kept, ["1", "3"], "the other records in the table");
+    let rows = client.query(&format!("SELECT data::text FROM \"{letters}\".notes"), &[]).unwrap();
+    assert_eq!(rows.len(), 1, "one dead letter");
+    let letter: String = rows[0].get(0);
+    assert!(letter.ends_with(&format!(",\"record\":{nul}}}")), "the record's bytes as written: {letter}");
+    let letter: serde_json::Value = serde_json::from_str(&letter).unwrap();
+    let reason = letter["reason"].as_str().unwrap();
+    assert!(reason.starts_with("SQLSTATE 22P05"), "{reason}");
+}
+
+#[test]
 fn postgres_refuses_bad_values_into_the_postgres_dead_letters_once_through_sigkills() {
     let _cores = both_cores();
     let (schema, letters) = (pg::fresh_schema("dl_rows"), pg::fresh_schema("dl_letters"));
@@ -311,7 +343,7 @@ fn postgres_refuses_bad_values_into_the_postgres_dead_letters_once_through_sigki
         }
     }
     // The column fixed, the dead letters replayed from PostgreSQL (records
-    // as `jsonb` gives them back): every record in the table once.
+    // as written, from a `json` column): every record in the table once.
     client
         .batch_execute(&format!(
             "ALTER TABLE \"{schema}\".orders DROP COLUMN amount; ALTER TABLE \"{schema}\".orders ADD COLUMN amount \

@@ -280,6 +280,7 @@ fn the_sink_refuses_exactly_the_records_its_table_cannot_hold_and_nothing_else_t
             columns: vec![Column { field: "amount".into(), sql_type: ColumnType::Bigint }],
             keys,
             tls: None,
+            verbatim: false,
         };
         let mut sink = PostgresSink::open(settings, "main", "wal-a", &["orders".to_string()]).unwrap();
         let mut lines: Vec<String> = (0..40).map(|i| format!(r#"{{"id":{i},"amount":{i}}}"#)).collect();

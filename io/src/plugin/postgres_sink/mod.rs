@@ -76,6 +76,10 @@ pub struct PostgresSettings {
     /// TLS, for a URL with `sslmode=require`: the server's certificate is
     /// verified against these roots, its host name included.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Tables it makes keep `data` as `json`, the text as written, instead
+    /// of `jsonb` (the dead-letter destination's: `jsonb` refuses a string
+    /// holding `\u0000`, and gives text back reordered and respaced).
+    pub verbatim: bool,
 }
 
 /// A top-level field of the records, kept in a column of the given type
@@ -351,9 +355,10 @@ impl PostgresSink {
         }
         let mut ddl = format!(
             "CREATE TABLE IF NOT EXISTS {}.{} (_skippr_seq bigint NOT NULL, _skippr_row integer NOT NULL, \
-             data jsonb NOT NULL{columns}",
+             data {} NOT NULL{columns}",
             quote(&self.settings.schema),
-            quote(stream)
+            quote(stream),
+            if self.settings.verbatim { "json" } else { "jsonb" }
         );
         match self.settings.keys.get(stream) {
             None => ddl.push(')'),

@@ -53,6 +53,9 @@ pub struct PostgresConfig {
     /// The URL asks for TLS.
     pub tls: bool,
     pub ca_file: Option<PathBuf>,
+    /// Tables keep each record's text as written (`json`, not `jsonb`): the
+    /// dead-letter destination's, which must hold whatever a sink refused.
+    pub verbatim: bool,
 }
 
 impl std::fmt::Debug for PostgresConfig {
@@ -97,7 +100,7 @@ impl PostgresArgs {
             None => Vec::new(),
         };
         let upsert = self.postgres_upsert.unwrap_or(false);
-        Ok(PostgresConfig { url, password, schema, columns, upsert, tls, ca_file })
+        Ok(PostgresConfig { url, password, schema, columns, upsert, tls, ca_file, verbatim: false })
     }
 }
 
@@ -136,6 +139,7 @@ impl PostgresConfig {
             columns: self.columns.clone(),
             keys: upsert,
             tls,
+            verbatim: self.verbatim,
         })
     }
 }
@@ -202,6 +206,7 @@ mod tests {
             upsert: true,
             tls: false,
             ca_file: None,
+            verbatim: false,
         };
         assert!(pg.settings(&[]).err().unwrap().contains("singer source"));
         let keys = vec![("a".to_string(), vec!["id".to_string()]), ("b".to_string(), vec![])];
