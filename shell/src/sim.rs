@@ -52,6 +52,11 @@ pub struct SimArgs {
     /// refactor that only moves code must leave every line as it was).
     #[arg(long, value_name = "FILE", requires = "seeds")]
     hashes: Option<PathBuf>,
+    /// With --seeds: start no more seeds once N have failed (those running
+    /// finish); the summary counts the seeds that ran. For showing that a
+    /// planted bug is caught without sweeping the rest of the range.
+    #[arg(long, value_name = "N", requires = "seeds", conflicts_with = "hashes")]
+    stop_after_failures: Option<u64>,
     /// Turn on a planted bug (repeatable); see --list-mutations.
     #[arg(long, value_name = "NAME", value_parser = parse_mutation)]
     mutation: Vec<Mutation>,
@@ -232,8 +237,13 @@ fn many(seeds: Range<u64>, args: &SimArgs, opts: &RunOptions) -> i32 {
     let mut by_invariant: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failures: Vec<SeedResult> = Vec::new();
     let mut hashes: Vec<(u64, u64)> = Vec::new();
-    let sweep_opts =
-        SweepOptions { seeds, jobs: args.jobs, run: opts.clone(), check_determinism: args.check_determinism };
+    let sweep_opts = SweepOptions {
+        seeds,
+        jobs: args.jobs,
+        run: opts.clone(),
+        check_determinism: args.check_determinism,
+        stop_after_failures: args.stop_after_failures,
+    };
     sweep(&sweep_opts, |result| {
         totals.add(&result);
         bar.inc(1);
@@ -278,7 +288,11 @@ fn many(seeds: Range<u64>, args: &SimArgs, opts: &RunOptions) -> i32 {
             print!("{}", planted_report(count.min(PLANTED_SAMPLE), &reach));
         }
     }
-    println!("seeds: {count}, failed: {}, seeds/s: {:.0}", totals.failed, count as f64 / elapsed.max(1e-9));
+    if totals.seeds < count {
+        println!("stopped after {} failing seeds: {} of the {count} seeds ran", totals.failed, totals.seeds);
+    }
+    let ran = totals.seeds;
+    println!("seeds: {ran}, failed: {}, seeds/s: {:.0}", totals.failed, ran as f64 / elapsed.max(1e-9));
     if totals.failed > 0 {
         exit::SIM_FAILED
     } else {

@@ -16,6 +16,9 @@ pub struct SweepOptions {
     pub run: RunOptions,
     /// Run every seed twice and fail it if the trace hashes differ.
     pub check_determinism: bool,
+    /// Start no seed once this many have failed (the seeds running finish):
+    /// enough to show a planted bug is caught, without the rest of the range.
+    pub stop_after_failures: Option<u64>,
 }
 
 pub struct SeedResult {
@@ -58,20 +61,26 @@ const BATCH: usize = 16;
 /// calling thread as results arrive.
 pub fn sweep(opts: &SweepOptions, mut each: impl FnMut(SeedResult)) {
     let next = AtomicU64::new(opts.seeds.start);
+    let failed = AtomicU64::new(0);
     let end = opts.seeds.end;
     let (tx, rx) = mpsc::sync_channel::<Vec<SeedResult>>(64);
     std::thread::scope(|scope| {
         for _ in 0..opts.jobs.max(1) {
             let tx = tx.clone();
-            let next = &next;
+            let (next, failed) = (&next, &failed);
             scope.spawn(move || {
                 let mut batch = Vec::with_capacity(BATCH);
                 loop {
+                    if opts.stop_after_failures.is_some_and(|n| failed.load(Ordering::Relaxed) >= n) {
+                        break;
+                    }
                     let seed = next.fetch_add(1, Ordering::Relaxed);
                     if seed >= end {
                         break;
                     }
-                    batch.push(run_seed(seed, &opts.run, opts.check_determinism));
+                    let result = run_seed(seed, &opts.run, opts.check_determinism);
+                    failed.fetch_add(result.failed().is_some() as u64, Ordering::Relaxed);
+                    batch.push(result);
                     if batch.len() == BATCH
                         && tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH))).is_err()
                     {
@@ -362,7 +371,8 @@ pub struct PlantedReach {
 pub fn planted_reach(seeds: Range<u64>, jobs: usize, base: &RunOptions) -> Vec<PlantedReach> {
     let hashes_of = |run: RunOptions| {
         let mut out = BTreeMap::new();
-        let opts = SweepOptions { seeds: seeds.clone(), jobs, run, check_determinism: false };
+        let opts =
+            SweepOptions { seeds: seeds.clone(), jobs, run, check_determinism: false, stop_after_failures: None };
         sweep(&opts, |r| {
             out.insert(r.seed, (r.trace_hash, r.failed().is_some()));
         });
@@ -412,7 +422,8 @@ mod tests {
     fn short_sweeps_of_both_modes_pass() {
         for wal in [WalMode::Disk, WalMode::S3] {
             let run = RunOptions { wal, ..RunOptions::default() };
-            let opts = SweepOptions { seeds: 0..1_500, jobs: 2, run, check_determinism: false };
+            let opts =
+                SweepOptions { seeds: 0..1_500, jobs: 2, run, check_determinism: false, stop_after_failures: None };
             let mut failed = Vec::new();
             sweep(&opts, |r| {
                 if let Some(v) = r.failed() {
