@@ -33,14 +33,7 @@ fn a_server_restart_mid_copy_is_retried_and_the_batch_lands_once() {
     client().batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")).unwrap();
     let mut config = connection_config(&env("SKIPPR_TEST_POSTGRES_URL"), None).unwrap();
     config.application_name("skipprd-restart");
-    let settings = PostgresSettings {
-        config,
-        schema: schema.clone(),
-        columns: vec![],
-        keys: Default::default(),
-        tls: None,
-        verbatim: false,
-    };
+    let settings = PostgresSettings::plain(config, &schema);
     let streams = ["s".to_string()];
     let mut sink = PostgresSink::open(settings, "main", "disk://test/wal/", &streams).unwrap();
 

@@ -23,14 +23,7 @@ fn fresh(name: &str) -> (String, PostgresSettings) {
     // its own without touching another's.
     let mut config = connection_config(&url(), None).unwrap();
     config.application_name(&format!("skipprd-{name}"));
-    let settings = PostgresSettings {
-        config,
-        schema: schema.clone(),
-        columns: vec![],
-        keys: Default::default(),
-        tls: None,
-        verbatim: false,
-    };
+    let settings = PostgresSettings::plain(config, &schema);
     (schema, settings)
 }
 

@@ -143,8 +143,7 @@ fn the_postgres_sink_keeps_the_contract() {
     let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     admin.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")).unwrap();
     let config = connection_config(&url, None).unwrap();
-    let settings =
-        PostgresSettings { config, schema, columns: vec![], keys: Default::default(), tls: None, verbatim: false };
+    let settings = PostgresSettings::plain(config, &schema);
     let open = |pipeline: &str| -> Result<Box<dyn Sink>, String> {
         PostgresSink::open(settings.clone(), pipeline, WAL, &["s".to_string(), "t".to_string()])
             .map(|s| Box::new(s) as Box<dyn Sink>)

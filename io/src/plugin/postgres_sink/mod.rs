@@ -82,6 +82,20 @@ pub struct PostgresSettings {
     pub verbatim: bool,
 }
 
+impl PostgresSettings {
+    /// Plain JSON rows in `schema`: no columns, no keys, no TLS.
+    pub fn plain(config: Config, schema: &str) -> PostgresSettings {
+        PostgresSettings {
+            config,
+            schema: schema.to_string(),
+            columns: Vec::new(),
+            keys: BTreeMap::new(),
+            tls: None,
+            verbatim: false,
+        }
+    }
+}
+
 /// A top-level field of the records, kept in a column of the given type
 /// (computed by the server from `data`, so a value of the wrong type is a
 /// data error that names the column).
