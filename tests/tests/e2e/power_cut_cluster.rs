@@ -224,5 +224,8 @@ fn a_hard_state_slot_written_without_a_sync_is_caught_by_the_clustered_power_cut
         Ok(Err(why)) => why,
         Err(panic) => panic.downcast_ref::<String>().cloned().unwrap_or_default(),
     };
+    // Caught by what the loop checks at a cut, not by any failure at all (a
+    // file system that cannot be mounted, a wait that timed out).
+    assert!(why.contains("a save was not synced"), "hard-state-unsynced was not caught by the save check: {why}");
     println!("hard-state-unsynced: caught: {why}");
 }
