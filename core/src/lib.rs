@@ -61,9 +61,9 @@ pub use ids::{
     CompactionId, CompactionSeq, Epoch, IoId, Lsn, PartitionKey, Position, SegmentId, SinkId, SourceId, StreamId,
 };
 pub use io::{
-    Input, Install, IoError, IoOp, IoReply, LeaseOp, LeaseRow, LogRestored, OffsetEntry, OffsetRow, OffsetsOp, Output,
-    PeerMessage, PeerMessageType, PluginOp, Records, RecoverySummary, RefusedIndex, Replicate, ResumePoint, SinkApply,
-    SinkOutcome, SourceBatchIn, Stall, StopReason, StopRecordUse, Timer, WalListing, WalOp,
+    Input, Install, IntakeFault, IoError, IoOp, IoReply, LeaseOp, LeaseRow, LogRestored, OffsetEntry, OffsetRow,
+    OffsetsOp, Output, PeerMessage, PeerMessageType, PluginOp, Records, RecoverySummary, RefusedIndex, Replicate,
+    ResumePoint, SinkApply, SinkOutcome, SourceBatchIn, Stall, StopReason, StopRecordUse, Timer, WalListing, WalOp,
 };
 pub use mutation::{Mutation, Mutations};
 pub use offsets::OffsetValue;

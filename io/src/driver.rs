@@ -15,7 +15,7 @@ use crate::s3_wal::S3Wal;
 use skippr_core::cluster::JoinRefusal;
 use skippr_core::{Host, IoError, IoId, Position, SinkOutcome, StopRecordUse, StreamId};
 use skippr_core::{
-    Input, IoOp, IoReply, LeaseOp, OffsetsOp, Output, PluginOp, SourceBatchIn, Stall, StopReason, WalOp,
+    Input, IntakeFault, IoOp, IoReply, LeaseOp, OffsetsOp, Output, PluginOp, SourceBatchIn, Stall, StopReason, WalOp,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -587,14 +587,18 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                 streams.push(id);
             }
             let skips = b.skips.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&source.0).cloned();
-            if let Some(why) = refused_record(&**s, &batches, b.record_bytes_max, skips.as_deref().unwrap_or(&[])) {
-                return Ok(IoReply::SourceRefused { why });
-            }
+            let faults: Vec<Vec<IntakeFault>> = batches
+                .iter()
+                .map(|batch| intake_faults(&**s, batch, b.record_bytes_max, skips.as_deref().unwrap_or(&[])))
+                .collect();
+            // A read the engine refuses is not counted as read.
+            let counted = faults.iter().all(Vec::is_empty);
             let read_at = std::time::Instant::now();
             let batches: Vec<SourceBatchIn> = batches
                 .into_iter()
                 .zip(streams)
-                .map(|(batch, stream)| {
+                .zip(faults)
+                .map(|((batch, stream), faults)| {
                     let skipped = |r: &skippr_core::format::Record| {
                         skips
                             .iter()
@@ -602,12 +606,14 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                             .any(|&(p, at, next)| p == batch.partition && at <= r.position && r.position < next)
                     };
                     let given_up = batch.records.iter().filter(|r| skipped(r)).count() as u64;
-                    totals.records.fetch_add(batch.records.len() as u64 - given_up, Ordering::Relaxed);
-                    if !batch.records.is_empty() {
-                        let records = batch.records.len() as u64 - given_up;
-                        totals.acks.read(source, batch.partition, batch.end, records, read_at);
+                    let records = batch.records.len() as u64 - given_up;
+                    if counted {
+                        totals.records.fetch_add(records, Ordering::Relaxed);
+                        if !batch.records.is_empty() {
+                            totals.acks.read(source, batch.partition, batch.end, records, read_at);
+                        }
+                        b.metrics.records.inc_by(records);
                     }
-                    b.metrics.records.inc_by(batch.records.len() as u64 - given_up);
                     SourceBatchIn {
                         partition: batch.partition,
                         stream,
@@ -615,6 +621,7 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                         end: batch.end,
                         checkpoint: batch.checkpoint,
                         schema: batch.schema.map(Arc::from),
+                        faults,
                     }
                 })
                 .collect();
@@ -684,39 +691,37 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
 }
 
 /// Every record is checked where it enters, before the engine sees its
-/// batch: the first that breaks a rule of `skippr_core::admit` refuses the
-/// whole read (nothing of it is committed, so the next start reads it again)
-/// and says where it is and what to do, down to the command that gives up
-/// exactly that record. Input an operator skipped is not checked: the
-/// engine drops it.
-fn refused_record(
+/// batch: each that breaks a rule of `skippr_core::admit` is named to the
+/// engine with what is wrong and an operator's message, which says where it
+/// is and what to do, down to the command that gives up exactly that
+/// record. Input an operator skipped is not checked: the engine drops it.
+fn intake_faults(
     source: &dyn crate::plugin::Source,
-    batches: &[Batch],
+    batch: &Batch,
     bytes_max: u64,
     skips: &[Skip],
-) -> Option<String> {
-    for batch in batches {
-        for (i, record) in batch.records.iter().enumerate() {
-            let skipped =
-                |&(p, at, next): &Skip| p == batch.partition && at <= record.position && record.position < next;
-            if skips.iter().any(skipped) {
-                continue;
-            }
-            if let Err(fault) = skippr_core::rules::check_record(&record.bytes, bytes_max) {
-                let place = source.describe(batch.partition, record.position);
-                let next = batch.records.get(i + 1).map_or(batch.end, |r| r.position);
-                let skip = skip_input_arg(&batch.stream, batch.partition, record.position, next);
-                return Some(format!(
-                    "the source sent a record of stream {:?} that is refused ({place}): {fault}. Nothing from it was \
-                     committed. Fix the input or the source (or, for a record that is only too large, raise \
-                     --record-bytes-max, now {bytes_max}) and start again; or give up exactly this record: start \
-                     again with the same settings and `{skip}` (recorded in the WAL)",
-                    crate::plugin::process::clip(&batch.stream)
-                ));
-            }
+) -> Vec<IntakeFault> {
+    let mut faults = Vec::new();
+    for (i, record) in batch.records.iter().enumerate() {
+        let skipped = |&(p, at, next): &Skip| p == batch.partition && at <= record.position && record.position < next;
+        if skips.iter().any(skipped) {
+            continue;
+        }
+        if let Err(fault) = skippr_core::rules::check_record(&record.bytes, bytes_max) {
+            let place = source.describe(batch.partition, record.position);
+            let next = batch.records.get(i + 1).map_or(batch.end, |r| r.position);
+            let skip = skip_input_arg(&batch.stream, batch.partition, record.position, next);
+            let why = format!(
+                "the source sent a record of stream {:?} that is refused ({place}): {fault}. Nothing from it was \
+                 committed. Fix the input or the source (or, for a record that is only too large, raise \
+                 --record-bytes-max, now {bytes_max}) and start again; or give up exactly this record: start \
+                 again with the same settings and `{skip}` (recorded in the WAL)",
+                crate::plugin::process::clip(&batch.stream)
+            );
+            faults.push(IntakeFault { index: i as u32, fault: fault.to_string(), why });
         }
     }
-    None
+    faults
 }
 
 /// The `run` option that gives up the input of `partition` of `stream`

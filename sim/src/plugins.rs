@@ -189,6 +189,7 @@ impl SimSource {
                 schema: Some(
                     self.schemas[self.spec.partitions[p].stream as usize][(now >= self.schema_switch) as usize].clone(),
                 ),
+                faults: Vec::new(),
             });
         }
         self.turn = (self.turn + 1) % n;

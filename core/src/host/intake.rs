@@ -11,6 +11,12 @@ use schema::Decided;
 impl Host {
     pub(super) fn on_source_read(&mut self, source: SourceId, result: Result<(Vec<SourceBatchIn>, bool), IoError>) {
         let Some((batches, exhausted)) = self.sources.on_read(&mut self.fx, source, result) else { return };
+        // A record that breaks an intake rule stops the daemon before
+        // anything of its read is taken in: the next start reads it again,
+        // unless an operator gave it up (`--skip-input`).
+        if let Some(fault) = batches.iter().flat_map(|b| &b.faults).next() {
+            return self.stop(StopReason::SourceRefused { source, why: fault.why.clone() });
+        }
         if self.cfg.stop_when_exhausted && self.sources.all_exhausted() {
             self.on_shutdown();
         }

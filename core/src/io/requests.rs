@@ -282,4 +282,21 @@ pub struct SourceBatchIn {
     /// A schema the WAL has no decision for is put to the schema plugin
     /// before the records are accepted.
     pub schema: Option<Arc<[u8]>>,
+    /// Records that break an intake rule (`admit::check_record`), found
+    /// where they arrived; the engine decides what becomes of them.
+    pub faults: Vec<IntakeFault>,
+}
+
+/// A record of a source batch that breaks an intake rule (not one JSON
+/// value, not UTF-8, a line break, too large).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IntakeFault {
+    /// The record's place among the batch's records.
+    pub index: u32,
+    /// What is wrong with it.
+    pub fault: String,
+    /// The whole story for an operator: where the record is (the source
+    /// names its file and offset) and what to do, down to the option that
+    /// gives up exactly this record.
+    pub why: String,
 }

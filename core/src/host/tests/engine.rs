@@ -201,10 +201,42 @@ fn a_source_breaking_position_order_stops_with_a_protocol_error() {
     let (id, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
     let records =
         vec![Record { position: Position(5), bytes: vec![1] }, Record { position: Position(4), bytes: vec![2] }];
-    let batch =
-        SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(6), checkpoint: None, schema: None };
+    let batch = SourceBatchIn {
+        partition: 0,
+        stream: StreamId(0),
+        records,
+        end: Position(6),
+        checkpoint: None,
+        schema: None,
+        faults: Vec::new(),
+    };
     h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
     assert!(matches!(h.stopped, Some(StopReason::SourceProtocol { partition: 0, .. })), "{:?}", h.stopped);
+}
+
+#[test]
+fn a_record_breaking_an_intake_rule_stops_the_daemon_before_anything_of_its_read_is_taken_in() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    let (id, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
+    let record = |p: u64, bytes: &[u8]| Record { position: Position(p), bytes: bytes.to_vec() };
+    let batch = |partition: u32, records: Vec<Record>, faults: Vec<IntakeFault>| SourceBatchIn {
+        partition,
+        stream: StreamId(0),
+        records,
+        end: Position(2),
+        checkpoint: None,
+        schema: None,
+        faults,
+    };
+    let good = batch(0, vec![record(0, b"1"), record(1, b"2")], Vec::new());
+    let fault = IntakeFault { index: 1, fault: "not one JSON value".into(), why: "line 2 of a.jsonl: fix it".into() };
+    let bad = batch(1, vec![record(0, b"3"), record(1, b"{")], vec![fault]);
+    h.answer(id, Ok(IoReply::Batches { batches: vec![good, bad], exhausted: false }));
+    let why = "line 2 of a.jsonl: fix it".to_string();
+    assert_eq!(h.stopped, Some(StopReason::SourceRefused { source: SourceId(0), why }));
+    let appended = h.held.iter().any(|(_, op)| matches!(op, IoOp::Wal(WalOp::Append { .. })));
+    assert!(!appended, "nothing of the read, not even the good batch before it, goes to the WAL");
 }
 
 #[test]
@@ -225,8 +257,15 @@ fn with_stop_when_exhausted_the_engine_drains_once_every_source_is_done() {
     h.open_source();
     let (id, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
     let records = vec![Record { position: Position(0), bytes: b"only".to_vec() }];
-    let batch =
-        SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(1), checkpoint: None, schema: None };
+    let batch = SourceBatchIn {
+        partition: 0,
+        stream: StreamId(0),
+        records,
+        end: Position(1),
+        checkpoint: None,
+        schema: None,
+        faults: Vec::new(),
+    };
     h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: true }));
     let (ack, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceAck { .. })).then_some(()));
     h.answer(ack, Ok(IoReply::Done));

@@ -297,7 +297,15 @@ impl Harness {
 /// Records `from..to` of partition 0, three bytes each.
 fn batch(from: u64, to: u64) -> SourceBatchIn {
     let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8; 3] }).collect();
-    SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(to), checkpoint: None, schema: None }
+    SourceBatchIn {
+        partition: 0,
+        stream: StreamId(0),
+        records,
+        end: Position(to),
+        checkpoint: None,
+        schema: None,
+        faults: Vec::new(),
+    }
 }
 
 /// The append among `outputs`: its id, segment and bytes.

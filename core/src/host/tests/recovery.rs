@@ -10,7 +10,15 @@ fn schema_config() -> HostConfig {
 fn batch_with_schema(from: u64, to: u64, schema: &str) -> SourceBatchIn {
     let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8] }).collect();
     let schema = Some(Arc::from(schema.as_bytes()));
-    SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(to), checkpoint: None, schema }
+    SourceBatchIn {
+        partition: 0,
+        stream: StreamId(0),
+        records,
+        end: Position(to),
+        checkpoint: None,
+        schema,
+        faults: Vec::new(),
+    }
 }
 
 impl Harness {
@@ -62,8 +70,15 @@ fn a_checkpoint_larger_than_a_group_is_a_protocol_error_not_a_stuck_wal() {
     let (id, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
     let records = vec![Record { position: Position(0), bytes: vec![1] }];
     let checkpoint = Some(vec![b'c'; 5000]);
-    let batch =
-        SourceBatchIn { partition: 0, stream: StreamId(0), records, end: Position(1), checkpoint, schema: None };
+    let batch = SourceBatchIn {
+        partition: 0,
+        stream: StreamId(0),
+        records,
+        end: Position(1),
+        checkpoint,
+        schema: None,
+        faults: Vec::new(),
+    };
     h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
     assert!(
         matches!(
