@@ -397,11 +397,13 @@ pub mod aws {
     /// the connection: the request took effect, the client cannot know.
     /// While `strip_conditions` is set it deletes `If-None-Match: *` from
     /// requests, like a store that ignores the header. `drop_next` drops
-    /// that many responses, then none.
+    /// that many responses, then none; `slow_next` holds that many back for
+    /// a second each before passing them on.
     pub struct Proxy {
         pub port: u16,
         pub drop_responses: Arc<AtomicBool>,
         pub drop_next: Arc<std::sync::atomic::AtomicU64>,
+        pub slow_next: Arc<std::sync::atomic::AtomicU64>,
         pub strip_conditions: Arc<AtomicBool>,
         pub dropped: Arc<std::sync::atomic::AtomicU64>,
     }
@@ -415,14 +417,15 @@ pub mod aws {
             let strip_conditions = Arc::new(AtomicBool::new(false));
             let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
             let drop_next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let slow_next = Arc::new(std::sync::atomic::AtomicU64::new(0));
             let (flag, count) = (Arc::clone(&drop_responses), Arc::clone(&dropped));
-            let next = Arc::clone(&drop_next);
+            let (next, slow) = (Arc::clone(&drop_next), Arc::clone(&slow_next));
             let strip = Arc::clone(&strip_conditions);
             std::thread::spawn(move || {
                 for client in listener.incoming().flatten() {
                     let Ok(server) = TcpStream::connect(&upstream) else { continue };
                     let (flag, count, strip) = (Arc::clone(&flag), Arc::clone(&count), Arc::clone(&strip));
-                    let next = Arc::clone(&next);
+                    let (next, slow) = (Arc::clone(&next), Arc::clone(&slow));
                     let (mut c_read, mut s_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                     std::thread::spawn(move || {
                         let mut buf = vec![0u8; 64 * 1024];
@@ -454,9 +457,13 @@ pub mod aws {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => n,
                             };
-                            let one_of_next =
-                                || next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-                            if flag.load(Ordering::SeqCst) || one_of_next().is_ok() {
+                            let one_of = |n: &std::sync::atomic::AtomicU64| {
+                                n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+                            };
+                            if one_of(&slow) {
+                                std::thread::sleep(std::time::Duration::from_secs(1));
+                            }
+                            if flag.load(Ordering::SeqCst) || one_of(&next) {
                                 count.fetch_add(1, Ordering::SeqCst);
                                 break;
                             }
@@ -469,7 +476,7 @@ pub mod aws {
                     });
                 }
             });
-            Proxy { port, drop_responses, drop_next, strip_conditions, dropped }
+            Proxy { port, drop_responses, drop_next, slow_next, strip_conditions, dropped }
         }
 
         pub fn endpoint(&self) -> String {

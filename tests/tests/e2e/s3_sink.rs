@@ -120,6 +120,26 @@ fn a_lost_answer_resolves_to_already_applied_and_another_batch_under_a_taken_num
 }
 
 #[test]
+fn a_slow_answer_to_the_start_up_check_is_asked_again() {
+    let bucket = aws::runtime().block_on(aws::bucket("s3sinkslow"));
+    let proxy = Proxy::start(&aws::endpoint());
+    let rt = aws::runtime();
+    aws::set_env();
+    // Requests given 300 ms (as a short S3-mode lease gives them); the
+    // first answer comes after a second.
+    let settings = skippr_io::aws::AwsSettings {
+        region: Some("us-east-1".into()),
+        endpoint: Some(proxy.endpoint()),
+        operation_timeout: Some(std::time::Duration::from_millis(300)),
+    };
+    let sdk = rt.block_on(settings.load()).unwrap();
+    proxy.slow_next.store(1, Ordering::SeqCst);
+    let target = rt.block_on(S3SinkTarget::connect(&sdk, &bucket, "slow/", false));
+    assert!(target.is_ok(), "{:?}", target.err());
+    assert_eq!(proxy.slow_next.load(Ordering::SeqCst), 0, "the first answer was held back");
+}
+
+#[test]
 fn chaos_runs_sigkilled_mid_ingest_then_every_record_is_in_the_bucket_exactly_once() {
     let bucket = aws::runtime().block_on(aws::bucket("s3sink-chaos"));
     for (gzip, prefix) in [("false", "plain/"), ("true", "gz/")] {

@@ -24,7 +24,7 @@
 pub mod settings;
 
 use super::{PluginError, Sink};
-use crate::aws::describe;
+use crate::aws::{describe, start_up_check, Check};
 use crate::s3_wal::{definite_refusal, error_code, normalize_prefix, status};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::Client;
@@ -70,17 +70,25 @@ impl S3SinkTarget {
         let puts = Client::from_conf(base.clone().retry_config(aws_config::retry::RetryConfig::disabled()).build());
         let client = Client::from_conf(base.build());
         let target = S3SinkTarget { puts, client, bucket: bucket.to_string(), prefix: normalize_prefix(prefix), gzip };
-        match target.client.head_bucket().bucket(bucket).send().await {
-            Ok(_) => Ok(target),
-            Err(e) => Err(match status(&e) {
-                Some(404) => {
-                    format!("the sink's S3 bucket '{bucket}' does not exist: create it, or fix --sink-s3-bucket")
-                }
-                Some(403) => {
-                    format!("access to the sink's S3 bucket '{bucket}' is denied: check the credentials and policy")
-                }
-                _ => format!("cannot use the sink's S3 bucket '{bucket}': {}", describe(&e)),
-            }),
+        // On the client without SDK retries, tried four times (see
+        // `start_up_check`): one slow answer must not stop a start.
+        let checked = start_up_check(|| async {
+            let Err(e) = target.puts.head_bucket().bucket(bucket).send().await else { return Check::Ready(()) };
+            match status(&e) {
+                Some(404) => Check::Refused(format!(
+                    "the sink's S3 bucket '{bucket}' does not exist: create it, or fix --sink-s3-bucket"
+                )),
+                Some(403) => Check::Refused(format!(
+                    "access to the sink's S3 bucket '{bucket}' is denied: check the credentials and policy"
+                )),
+                _ => Check::Failed(describe(&e)),
+            }
+        })
+        .await;
+        match checked {
+            Ok(()) => Ok(target),
+            Err(Ok(message)) => Err(message),
+            Err(Err(cause)) => Err(format!("cannot use the sink's S3 bucket '{bucket}': {cause}")),
         }
     }
 
