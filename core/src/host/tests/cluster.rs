@@ -437,16 +437,7 @@ impl Cluster {
 
 /// Records `from..to` of partition 0, each its position in eight bytes.
 fn batch8(from: u64, to: u64) -> SourceBatchIn {
-    let records = (from..to).map(|p| Record { position: Position(p), bytes: p.to_le_bytes().to_vec() }).collect();
-    SourceBatchIn {
-        partition: 0,
-        stream: StreamId(0),
-        records,
-        end: Position(to),
-        checkpoint: None,
-        schema: None,
-        faults: Vec::new(),
-    }
+    batch_of((from..to).map(|p| Record { position: Position(p), bytes: p.to_le_bytes().to_vec() }).collect(), to)
 }
 
 fn run(seed: u64, mutations: Mutations) -> Cluster {

@@ -296,16 +296,13 @@ impl Harness {
 
 /// Records `from..to` of partition 0, three bytes each.
 fn batch(from: u64, to: u64) -> SourceBatchIn {
-    let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8; 3] }).collect();
-    SourceBatchIn {
-        partition: 0,
-        stream: StreamId(0),
-        records,
-        end: Position(to),
-        checkpoint: None,
-        schema: None,
-        faults: Vec::new(),
-    }
+    batch_of((from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8; 3] }).collect(), to)
+}
+
+/// `records` of partition 0 up to `end`: no checkpoint, schema or fault.
+fn batch_of(records: Vec<Record>, end: u64) -> SourceBatchIn {
+    let (stream, end) = (StreamId(0), Position(end));
+    SourceBatchIn { partition: 0, stream, records, end, checkpoint: None, schema: None, faults: Vec::new() }
 }
 
 /// The append among `outputs`: its id, segment and bytes.

@@ -9,16 +9,7 @@ fn schema_config() -> HostConfig {
 
 fn batch_with_schema(from: u64, to: u64, schema: &str) -> SourceBatchIn {
     let records = (from..to).map(|p| Record { position: Position(p), bytes: vec![p as u8] }).collect();
-    let schema = Some(Arc::from(schema.as_bytes()));
-    SourceBatchIn {
-        partition: 0,
-        stream: StreamId(0),
-        records,
-        end: Position(to),
-        checkpoint: None,
-        schema,
-        faults: Vec::new(),
-    }
+    SourceBatchIn { schema: Some(Arc::from(schema.as_bytes())), ..batch_of(records, to) }
 }
 
 impl Harness {
