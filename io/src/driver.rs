@@ -692,7 +692,7 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
 
 /// Every record is checked where it enters, before the engine sees its
 /// batch: each that breaks a rule of `skippr_core::admit` is named to the
-/// engine with what is wrong and an operator's message, which says where it
+/// engine with an operator's message, which says what is wrong, where it
 /// is and what to do, down to the command that gives up exactly that
 /// record. Input an operator skipped is not checked: the engine drops it.
 fn intake_faults(
@@ -718,7 +718,7 @@ fn intake_faults(
                  again with the same settings and `{skip}` (recorded in the WAL)",
                 crate::plugin::process::clip(&batch.stream)
             );
-            faults.push(IntakeFault { index: i as u32, fault: fault.to_string(), why });
+            faults.push(IntakeFault { why });
         }
     }
     faults

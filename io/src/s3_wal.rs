@@ -76,21 +76,7 @@ impl S3Wal {
         let client = Client::from_conf(base.build());
         let prefix = normalize_prefix(prefix);
         let wal = S3Wal { puts, client, bucket: bucket.to_string(), prefix, reading: Mutex::new(BTreeMap::new()) };
-        // On the client without SDK retries (see `start_up_check`).
-        let checked = start_up_check(|| async {
-            let Err(e) = wal.puts.head_bucket().bucket(bucket).send().await else { return Check::Ready(()) };
-            match e.raw_response().map(|r| r.status().as_u16()) {
-                Some(404) => Check::Refused(format!(
-                    "the S3 bucket '{bucket}' does not exist: create it, or fix SKIPPR_WAL_S3_BUCKET"
-                )),
-                Some(403) => Check::Refused(format!(
-                    "access to the S3 bucket '{bucket}' is denied: check the credentials and policy"
-                )),
-                _ => Check::Failed(describe(&e)),
-            }
-        })
-        .await;
-        match checked {
+        match check_bucket(&wal.puts, bucket, "the S3 bucket", "SKIPPR_WAL_S3_BUCKET").await {
             Ok(()) => Ok(wal),
             Err(Ok(message)) => Err(message),
             Err(Err(cause)) => Err(format!("cannot use the S3 bucket '{bucket}' at {endpoint}: {cause}")),
@@ -215,31 +201,21 @@ impl S3Wal {
                 .body(ByteStream::from_static(b"probe"))
                 .send()
         };
-        let passing = |e: &aws_sdk_s3::error::SdkError<_, _>| match status(e) {
-            Some(s) => !definite_refusal(s, error_code(e)),
-            None => true,
-        };
-        let first = start_up_check(|| async {
-            match put().await {
-                Ok(_) => Check::Ready(()),
-                Err(e) if status(&e) == Some(412) => Check::Ready(()),
-                Err(e) if passing(&e) => Check::Failed(describe(&e)),
-                Err(e) => Check::Refused(describe(&e)),
-            }
-        })
-        .await;
-        if let Err(Ok(cause) | Err(cause)) = first {
-            return Err(format!("cannot write the probe object {key}: {cause}"));
-        }
-        let second = start_up_check(|| async {
+        // One create: `true` when refused as taken (412).
+        let create = || async {
             match put().await {
                 Ok(_) => Check::Ready(false),
                 Err(e) if status(&e) == Some(412) => Check::Ready(true),
-                Err(e) if passing(&e) => Check::Failed(describe(&e)),
-                Err(e) => Check::Refused(describe(&e)),
+                Err(e) if status(&e).is_some_and(|s| definite_refusal(s, error_code(&e))) => {
+                    Check::Refused(describe(&e))
+                }
+                Err(e) => Check::Failed(describe(&e)),
             }
-        })
-        .await;
+        };
+        if let Err(Ok(cause) | Err(cause)) = start_up_check(create).await {
+            return Err(format!("cannot write the probe object {key}: {cause}"));
+        }
+        let second = start_up_check(create).await;
         let _ = self.client.delete_object().bucket(&self.bucket).key(&key).send().await;
         match second {
             Ok(true) => Ok(()),
@@ -498,6 +474,30 @@ pub fn normalize_prefix(prefix: &str) -> String {
 
 pub(crate) fn status<E>(e: &SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> Option<u16> {
     e.raw_response().map(|r| r.status().as_u16())
+}
+
+/// A start-up check that `bucket` answers, on a client without SDK retries
+/// (`start_up_check`: four tries while the failure may pass). `whose` and
+/// `fix` name the bucket and the setting in the messages: a missing bucket
+/// or denied access is the message to stop with (`Err(Ok)`), anything else
+/// the last failure's cause (`Err(Err)`).
+pub(crate) async fn check_bucket(
+    client: &Client,
+    bucket: &str,
+    whose: &str,
+    fix: &str,
+) -> Result<(), Result<String, String>> {
+    start_up_check(|| async {
+        let Err(e) = client.head_bucket().bucket(bucket).send().await else { return Check::Ready(()) };
+        match status(&e) {
+            Some(404) => Check::Refused(format!("{whose} '{bucket}' does not exist: create it, or fix {fix}")),
+            Some(403) => {
+                Check::Refused(format!("access to {whose} '{bucket}' is denied: check the credentials and policy"))
+            }
+            _ => Check::Failed(describe(&e)),
+        }
+    })
+    .await
 }
 
 /// A 4xx that means the request was refused and will be refused again

@@ -55,7 +55,7 @@ pub struct SimArgs {
     /// With --seeds: start no more seeds once N have failed (those running
     /// finish); the summary counts the seeds that ran. For showing that a
     /// planted bug is caught without sweeping the rest of the range.
-    #[arg(long, value_name = "N", requires = "seeds", conflicts_with = "hashes")]
+    #[arg(long, value_name = "N", requires = "seeds", conflicts_with = "hashes", value_parser = clap::value_parser!(u64).range(1..))]
     stop_after_failures: Option<u64>,
     /// Turn on a planted bug (repeatable); see --list-mutations.
     #[arg(long, value_name = "NAME", value_parser = parse_mutation)]

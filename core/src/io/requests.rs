@@ -291,10 +291,6 @@ pub struct SourceBatchIn {
 /// value, not UTF-8, a line break, too large).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IntakeFault {
-    /// The record's place among the batch's records.
-    pub index: u32,
-    /// What is wrong with it.
-    pub fault: String,
     /// The whole story for an operator: where the record is (the source
     /// names its file and offset) and what to do, down to the option that
     /// gives up exactly this record.

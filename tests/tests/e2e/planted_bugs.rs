@@ -40,10 +40,11 @@ fn every_planted_bug_is_caught_by_a_checker_invariant() {
     // Ten failing seeds show a bug caught (and by which invariants): the
     // sweep starts no seed after that, the rest of its range unrun.
     let stop = 10;
+    let stop_flag = stop.to_string();
     for name in &names {
         let (range, extra) = flags_for(name);
         let mut args = vec!["sim", "--seeds", range, "--jobs", "2", "--mutation", name.as_str()];
-        args.extend(["--stop-after-failures", "10"]);
+        args.extend(["--stop-after-failures", stop_flag.as_str()]);
         args.extend(extra);
         let out = skipprd(&args);
         assert_eq!(out.status.code(), Some(1), "{name} was not caught:\n{}", stdout(&out));

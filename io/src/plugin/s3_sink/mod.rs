@@ -24,8 +24,8 @@
 pub mod settings;
 
 use super::{PluginError, Sink};
-use crate::aws::{describe, start_up_check, Check};
-use crate::s3_wal::{definite_refusal, error_code, normalize_prefix, status};
+use crate::aws::describe;
+use crate::s3_wal::{check_bucket, definite_refusal, error_code, normalize_prefix, status};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::Client;
 use skippr_core::ledger::{conflict_message, judge, Digest, Entry, Scope, Verdict};
@@ -70,22 +70,7 @@ impl S3SinkTarget {
         let puts = Client::from_conf(base.clone().retry_config(aws_config::retry::RetryConfig::disabled()).build());
         let client = Client::from_conf(base.build());
         let target = S3SinkTarget { puts, client, bucket: bucket.to_string(), prefix: normalize_prefix(prefix), gzip };
-        // On the client without SDK retries, tried four times (see
-        // `start_up_check`): one slow answer must not stop a start.
-        let checked = start_up_check(|| async {
-            let Err(e) = target.puts.head_bucket().bucket(bucket).send().await else { return Check::Ready(()) };
-            match status(&e) {
-                Some(404) => Check::Refused(format!(
-                    "the sink's S3 bucket '{bucket}' does not exist: create it, or fix --sink-s3-bucket"
-                )),
-                Some(403) => Check::Refused(format!(
-                    "access to the sink's S3 bucket '{bucket}' is denied: check the credentials and policy"
-                )),
-                _ => Check::Failed(describe(&e)),
-            }
-        })
-        .await;
-        match checked {
+        match check_bucket(&target.puts, bucket, "the sink's S3 bucket", "--sink-s3-bucket").await {
             Ok(()) => Ok(target),
             Err(Ok(message)) => Err(message),
             Err(Err(cause)) => Err(format!("cannot use the sink's S3 bucket '{bucket}': {cause}")),
