@@ -75,6 +75,14 @@ pub fn check_record(bytes: &[u8], bytes_max: u64) -> Result<(), RecordFault> {
     Ok(())
 }
 
+/// Whether a record refused at intake for `fault` goes to the dead letters
+/// (`letters`: they are on) rather than stopping the daemon. A record too
+/// large never does: the WAL would have to hold it whole, and a letter
+/// carries the record whole, so its limit is the one it broke.
+pub fn quarantines(fault: &RecordFault, letters: bool) -> bool {
+    letters && !matches!(fault, RecordFault::TooLarge { .. })
+}
+
 /// Checks a stream name: 1 to 63 bytes of ASCII letters, digits, `_`, `-`
 /// and `.`, starting with a letter, a digit or `_`, and not reserved. Such a
 /// name is a safe directory name, S3 key part and PostgreSQL identifier.

@@ -55,7 +55,7 @@ mod wal;
 pub use config::{BatchSkipRequest, ClusterConfig, SkipRequest, SKIP_REASON_BYTES_MAX};
 pub use config::{ConfigError, DeadLetters, HostConfig, LeaseConfig, Limits};
 pub use consensus::replica::{PeerProgress, RaftStatus};
-pub use dead_letters::{kept_reason, Letter, FATAL_ALONE, REASON_BYTES_MAX};
+pub use dead_letters::{kept_reason, quarantined, Letter, LetterRecord, Quarantined, FATAL_ALONE, REASON_BYTES_MAX};
 pub use host::{Host, RarePaths};
 pub use ids::{
     CompactionId, CompactionSeq, Epoch, IoId, Lsn, PartitionKey, Position, SegmentId, SinkId, SourceId, StreamId,
@@ -96,8 +96,8 @@ pub mod cluster {
 /// What the engine admits from outside, for plugins that check early.
 pub mod rules {
     pub use crate::admit::{
-        check_record, check_stream_name, record_bytes_max_for, segment_record_bytes_max, RECORD_BYTES_MAX_DEFAULT,
-        RECORD_BYTES_MAX_LIMIT,
+        check_record, check_stream_name, quarantines, record_bytes_max_for, segment_record_bytes_max, RecordFault,
+        RECORD_BYTES_MAX_DEFAULT, RECORD_BYTES_MAX_LIMIT,
     };
 }
 

@@ -99,6 +99,9 @@ pub enum Mutation {
     /// planned-through positions where the whole plan ended, so the rest
     /// the split cut off is never planned again.
     SplitLosesRest,
+    /// Dead letters: a record refused at intake, committed quarantined, is
+    /// sent to the sinks like any other.
+    QuarantineSent,
 }
 
 impl Mutation {
@@ -128,6 +131,7 @@ impl Mutation {
         Mutation::LettersRenumbered,
         Mutation::BatchSkipTooFar,
         Mutation::SplitLosesRest,
+        Mutation::QuarantineSent,
     ];
 
     /// The planted bugs of clustered mode, which only its runs can reach.
@@ -175,6 +179,7 @@ impl Mutation {
             Mutation::LettersRenumbered => "dead-letters-renumbered",
             Mutation::BatchSkipTooFar => "batch-skip-too-far",
             Mutation::SplitLosesRest => "split-loses-rest",
+            Mutation::QuarantineSent => "quarantine-sent",
         }
     }
 
@@ -191,7 +196,7 @@ impl fmt::Display for Mutation {
 
 /// The set of planted bugs switched on; empty in production.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Mutations(u32);
+pub struct Mutations(u64);
 
 impl Mutations {
     pub const NONE: Mutations = Mutations(0);

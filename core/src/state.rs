@@ -74,8 +74,10 @@ impl CommittedState {
                 let plan = self.open.remove(&slot).expect("an attempt is of an open plan");
                 self.splits.remove(&slot);
                 let refusals = self.refusals.remove(&slot).unwrap_or_default();
-                let standing = self.settled.remove(&slot).map_or(&[][..], |x| x.standing(&refusals));
-                let standing: u64 = standing.iter().map(|r| r.records.len() as u64).sum();
+                let settled = self.settled.remove(&slot);
+                let standing = settled.as_ref().map_or(&[][..], |x| x.standing(&refusals));
+                let quarantined = settled.as_ref().map_or(0, |x| x.quarantined);
+                let standing = standing.iter().map(|r| r.records.len() as u64).sum::<u64>() + quarantined;
                 if let Some(n) = done.records {
                     self.breaker.decide(n, standing);
                 }

@@ -188,8 +188,8 @@ pub async fn drive(
                         dead_letter_batch = letters.0,
                         refused = reasons.len(),
                         first_reason = reasons.first().map(String::as_str).unwrap_or_default(),
-                        "the sink refused records of a batch: they go to the dead letters (the decision is in the WAL), \
-                         the rest to the sink"
+                        "records of a batch were refused (by the sink, or at intake): they go to the dead letters (the \
+                         decision is in the WAL), the rest to the sink"
                     );
                 }
                 // One line per level of the halving: the dead letter it
@@ -591,8 +591,10 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                 .iter()
                 .map(|batch| intake_faults(&**s, batch, b.record_bytes_max, skips.as_deref().unwrap_or(&[])))
                 .collect();
-            // A read the engine refuses is not counted as read.
-            let counted = faults.iter().all(Vec::is_empty);
+            // A read the engine refuses is not counted as read (by the
+            // engine's own rule: records it quarantines are taken in).
+            let letters = b.dead_letters.is_some();
+            let counted = faults.iter().flatten().all(|f| skippr_core::rules::quarantines(&f.fault, letters));
             let read_at = std::time::Instant::now();
             let batches: Vec<SourceBatchIn> = batches
                 .into_iter()
@@ -692,9 +694,11 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
 
 /// Every record is checked where it enters, before the engine sees its
 /// batch: each that breaks a rule of `skippr_core::admit` is named to the
-/// engine with an operator's message, which says what is wrong, where it
-/// is and what to do, down to the command that gives up exactly that
-/// record. Input an operator skipped is not checked: the engine drops it.
+/// engine with the rule and an operator's message, which says what is
+/// wrong, where it is and what to do, down to the command that gives up
+/// exactly that record (the engine stops with it, or, with dead letters
+/// on, quarantines the record). Input an operator skipped is not checked:
+/// the engine drops it.
 fn intake_faults(
     source: &dyn crate::plugin::Source,
     batch: &Batch,
@@ -715,10 +719,14 @@ fn intake_faults(
                 "the source sent a record of stream {:?} that is refused ({place}): {fault}. Nothing from it was \
                  committed. Fix the input or the source (or, for a record that is only too large, raise \
                  --record-bytes-max, now {bytes_max}) and start again; or give up exactly this record: start \
-                 again with the same settings and `{skip}` (recorded in the WAL)",
-                crate::plugin::process::clip(&batch.stream)
+                 again with the same settings and `{skip}` (recorded in the WAL){}",
+                crate::plugin::process::clip(&batch.stream),
+                match skippr_core::rules::quarantines(&fault, true) {
+                    true => "; or let such records go to the dead letters (`--dead-letter dir|s3|postgres`)",
+                    false => "",
+                }
             );
-            faults.push(IntakeFault { why });
+            faults.push(IntakeFault { position: record.position, fault, why });
         }
     }
     faults

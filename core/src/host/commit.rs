@@ -81,7 +81,10 @@ impl Host {
                 if let Some(letters) = x.letters {
                     let slot = (x.sink, x.stream);
                     let standing = x.standing(self.committed.refusals_of(slot)).iter();
-                    let reasons = standing.flat_map(|r| r.records.iter().map(|x| x.reason.clone())).collect();
+                    let mut reasons: Vec<String> =
+                        standing.flat_map(|r| r.records.iter().map(|x| x.reason.clone())).collect();
+                    let at_intake = crate::dead_letters::AT_INTAKE;
+                    reasons.extend((0..x.quarantined).map(|_| at_intake.to_string()));
                     let (sink, stream, seq) = (x.sink, x.stream, x.seq);
                     self.fx.emit(Output::Refused { sink, stream, seq, letters, reasons });
                 }

@@ -5,17 +5,25 @@
 //! `offsets-before-commit` hook in here.
 
 use super::*;
+use crate::admit::quarantines;
 use crate::offsets::OffsetValue;
 use schema::Decided;
 
 impl Host {
     pub(super) fn on_source_read(&mut self, source: SourceId, result: Result<(Vec<SourceBatchIn>, bool), IoError>) {
-        let Some((batches, exhausted)) = self.sources.on_read(&mut self.fx, source, result) else { return };
+        let Some((mut batches, exhausted)) = self.sources.on_read(&mut self.fx, source, result) else { return };
         // A record that breaks an intake rule stops the daemon before
-        // anything of its read is taken in: the next start reads it again,
-        // unless an operator gave it up (`--skip-input`).
-        if let Some(fault) = batches.iter().flat_map(|b| &b.faults).next() {
+        // anything of its read is taken in (the next start reads it again,
+        // unless an operator gave it up with `--skip-input`), or, with dead
+        // letters on, is committed quarantined: compaction sends it to the
+        // dead letters, never to a sink.
+        let letters = self.cfg.dead_letters.is_some();
+        if let Some(fault) = batches.iter().flat_map(|b| &b.faults).find(|f| !quarantines(&f.fault, letters)) {
             return self.stop(StopReason::SourceRefused { source, why: fault.why.clone() });
+        }
+        let at_ms = self.cfg.wall_origin_ms.saturating_add(self.fx.now.as_micros() / 1_000);
+        for batch in &mut batches {
+            quarantine_faults(batch, at_ms);
         }
         if self.cfg.stop_when_exhausted && self.sources.all_exhausted() {
             self.on_shutdown();
@@ -80,5 +88,18 @@ impl Host {
                 }
             }
         }
+    }
+}
+
+/// Wraps each record of `batch` that breaks an intake rule as quarantined
+/// (`dead_letters::quarantine`), the decision made at `at_ms`.
+fn quarantine_faults(batch: &mut SourceBatchIn, at_ms: u64) {
+    for fault in std::mem::take(&mut batch.faults) {
+        let Ok(i) = batch.records.binary_search_by_key(&fault.position, |r| r.position) else {
+            continue; // a source's mistake: admission names it
+        };
+        let record = &mut batch.records[i];
+        let reason = format!("{}: {}", crate::dead_letters::AT_INTAKE, fault.fault);
+        record.bytes = crate::dead_letters::quarantine(at_ms, &reason, &record.bytes);
     }
 }

@@ -149,6 +149,7 @@ impl Host {
             decide_again: m.has(Mutation::ReplayDecidesAgain),
             renumbered: m.has(Mutation::LettersRenumbered),
             split_loses_rest: m.has(Mutation::SplitLosesRest),
+            quarantine_sent: m.has(Mutation::QuarantineSent),
         }
     }
 

@@ -185,7 +185,7 @@ impl Host {
                 // The breaker: refusals stand only within its bound.
                 let limits = self.cfg.dead_letters.unwrap_or_default();
                 let standing = x.standing(self.committed.refusals_of((sink, stream))).iter();
-                let standing: u64 = standing.map(|r| r.records.len() as u64).sum();
+                let standing = standing.map(|r| r.records.len() as u64).sum::<u64>() + x.quarantined;
                 let refused = self.committed.breaker.refused_within(limits.window) + standing;
                 if refused > limits.max {
                     let (max, window) = (limits.max, limits.window);

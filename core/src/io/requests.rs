@@ -291,6 +291,10 @@ pub struct SourceBatchIn {
 /// value, not UTF-8, a line break, too large).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IntakeFault {
+    /// The record's position.
+    pub position: Position,
+    /// The rule it breaks.
+    pub fault: crate::admit::RecordFault,
     /// The whole story for an operator: where the record is (the source
     /// names its file and offset) and what to do, down to the option that
     /// gives up exactly this record.

@@ -158,8 +158,13 @@ pub struct Settled {
     pub stream: StreamId,
     pub seq: CompactionSeq,
     pub held: CompactionId,
-    /// `None` where no refusal stands (the sink holds the plan's own id).
+    /// `None` where no refusal stands and the held attempt holds no
+    /// record quarantined at intake.
     pub letters: Option<CompactionSeq>,
+    /// How many records quarantined at intake the held attempt's ranges
+    /// hold (never sent to the sink; in the dead letters after the
+    /// refused ones).
+    pub quarantined: u64,
 }
 
 impl Settled {

@@ -32,7 +32,7 @@ impl Frame {
             Frame::Seal | Frame::Fence | Frame::Finished | Frame::AllFinished => 0,
             Frame::Skipped(k) => 2 + 4 + 2 + 8 + 8 + 4 + k.reason.len(),
             Frame::Refused(r) => refusal_len(r),
-            Frame::Settled(_) => SETTLED_BYTES,
+            Frame::Settled(x) => settled_len(x),
             Frame::BatchSkipped(k) => 2 + 2 + 8 + 8 + 4 + k.reason.len(),
             Frame::Split(x) => split_len(x),
             Frame::Membership(cc) => cc.len(),
@@ -332,7 +332,7 @@ fn letters_len(s: &Snapshot) -> usize {
                 + 4
                 + s.letters.refusals.iter().map(refusal_len).sum::<usize>()
                 + 4
-                + s.letters.settled.len() * SETTLED_BYTES
+                + s.letters.settled.iter().map(settled_len).sum::<usize>()
                 + 8
                 + 4
                 + s.letters.breaker.refusals.len() * 16
@@ -428,24 +428,42 @@ fn get_split(r: &mut Reader<'_>) -> Result<Split, DecodeError> {
 const REFUSAL_BYTES_MIN: usize = 2 + 2 + 8 + 8 + 8 + 8 + 4;
 const SETTLED_BYTES: usize = 2 + 2 + 8 + 8 + 1 + 8;
 
+/// A settlement's bytes: the flag says whether it has dead letters, and
+/// (2) whether records quarantined at intake are among them, whose count
+/// then follows (so a settlement without any keeps its bytes).
+fn settled_len(x: &Settled) -> usize {
+    SETTLED_BYTES + if x.letters.is_some() && x.quarantined > 0 { 8 } else { 0 }
+}
+
 fn put_settled(w: &mut Writer<'_>, x: &Settled) {
     w.u16(x.sink.0);
     w.u16(x.stream.0);
     w.u64(x.seq.0);
     w.u64(x.held.0);
-    w.u8(x.letters.is_some() as u8);
+    w.u8(match (x.letters, x.quarantined) {
+        (None, _) => 0,
+        (Some(_), 0) => 1,
+        (Some(_), _) => 2,
+    });
     w.u64(x.letters.map_or(0, |l| l.0));
+    if x.letters.is_some() && x.quarantined > 0 {
+        w.u64(x.quarantined);
+    }
 }
 
 fn get_settled(r: &mut Reader<'_>) -> Result<Settled, DecodeError> {
     let (sink, stream, seq, held) =
         (SinkId(r.u16()?), StreamId(r.u16()?), CompactionSeq(r.u64()?), CompactionId(r.u64()?));
-    let letters = match (r.u8()?, r.u64()?) {
-        (0, _) => None,
-        (1, l) => Some(CompactionSeq(l)),
+    let (letters, quarantined) = match (r.u8()?, r.u64()?) {
+        (0, _) => (None, 0),
+        (1, l) => (Some(CompactionSeq(l)), 0),
+        (2, l) => match r.u64()? {
+            0 => return Err(DecodeError),
+            q => (Some(CompactionSeq(l)), q),
+        },
         _ => return Err(DecodeError),
     };
-    Ok(Settled { sink, stream, seq, held, letters })
+    Ok(Settled { sink, stream, seq, held, letters, quarantined })
 }
 
 fn refusal_len(r: &Refusal) -> usize {

@@ -44,10 +44,30 @@ pub fn letter_position(seq: u64, n: usize) -> Result<Position, String> {
     Ok(Position(seq << 32 | n as u64))
 }
 
+/// What a replay reads of a dead letter: the record a sink refused,
+/// embedded as the source sent it, or one refused at intake, as text or
+/// base64.
 #[derive(serde::Deserialize)]
 struct Letter<'a> {
     #[serde(borrow)]
-    record: &'a serde_json::value::RawValue,
+    record: Option<&'a serde_json::value::RawValue>,
+    record_text: Option<String>,
+    record_base64: Option<String>,
+}
+
+impl Letter<'_> {
+    /// The record's bytes as the source sent them.
+    fn bytes(self) -> Result<Vec<u8>, String> {
+        use base64::Engine as _;
+        match (self.record, self.record_text, self.record_base64) {
+            (Some(raw), None, None) => Ok(raw.get().as_bytes().to_vec()),
+            (None, Some(text), None) => Ok(text.into_bytes()),
+            (None, None, Some(b64)) => {
+                base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| format!("record_base64: {e}"))
+            }
+            _ => Err("it holds not exactly one of record, record_text and record_base64".into()),
+        }
+    }
 }
 
 impl LetterReplay {
@@ -66,10 +86,11 @@ impl LetterReplay {
                 ));
             };
             for (n, line) in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()).enumerate() {
-                let letter: Letter = serde_json::from_slice(line).map_err(|e| {
+                let not_a_letter = |e| {
                     format!("line {} of dead-letter batch {seq} of stream {stream:?} is not a dead letter: {e}", n + 1)
-                })?;
-                let record = letter.record.get().as_bytes().to_vec();
+                };
+                let letter: Letter = serde_json::from_slice(line).map_err(|e| not_a_letter(e.to_string()))?;
+                let record = letter.bytes().map_err(not_a_letter)?;
                 letters[i].push(Replayed { position: letter_position(*seq, n)?, record });
             }
         }
@@ -239,6 +260,19 @@ mod tests {
         let e = LetterReplay::new(vec!["a".into()], &[broken]).err().unwrap();
         assert!(e.contains("line 2 of dead-letter batch 3"), "{e}");
         assert!(letter_position(1 << 32, 0).is_err());
+    }
+
+    #[test]
+    fn a_record_refused_at_intake_goes_back_as_its_bytes() {
+        let lines = "{\"record_text\":\"{\\n\"}\n{\"record_base64\":\"Iv8i\"}\n";
+        let mut r = LetterReplay::new(vec!["a".into()], &[("a".into(), 0, lines.as_bytes().to_vec())]).unwrap();
+        let sent: Vec<Vec<u8>> = drain(&mut r, 10).into_iter().map(|x| x.1).collect();
+        assert_eq!(sent, vec![b"{\n".to_vec(), b"\"\xff\"".to_vec()]);
+        for bad in ["{\"record_base64\":\"!\"}", "{\"record\":1,\"record_text\":\"1\"}", "{}"] {
+            let held = ("a".to_string(), 0, bad.as_bytes().to_vec());
+            let e = LetterReplay::new(vec!["a".into()], &[held]).err().unwrap();
+            assert!(e.contains("line 1 of dead-letter batch 0") && e.contains("is not a dead letter"), "{e}");
+        }
     }
 
     #[test]

@@ -8,31 +8,47 @@
 
 use crate::compaction::without;
 use crate::config::HostConfig;
-use crate::dead_letters::{kept_reason, Letter, FATAL_ALONE};
+use crate::dead_letters::{kept_reason, quarantined, Letter, LetterRecord, FATAL_ALONE};
 use crate::ids::*;
 use crate::io::{Records, RefusedIndex, StopReason};
 use crate::records::Gathered;
-use crate::wal::{CompactionPlan, Frame, Range, Refusal, RefusedRecord, Split};
+use crate::wal::{CompactionPlan, Frame, Range, Refusal, RefusedRecord, Settled, Split};
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
 /// An attempt: the records gathered for the plan within `ranges` (the
 /// plan's, or as its last split before the attempt cut them) less every
-/// record `refusals` refused, and where each of those is.
-pub(super) fn attempt(gathered: Gathered, ranges: &[Range], refusals: &[Refusal]) -> Gathered {
+/// record `refusals` refused and every record quarantined at intake, where
+/// each of those is, and how many quarantined records were left out.
+/// `quarantine_sent` is the planted bug `quarantine-sent`.
+pub(super) fn attempt(
+    gathered: Gathered,
+    ranges: &[Range],
+    refusals: &[Refusal],
+    quarantine_sent: bool,
+) -> (Gathered, u64) {
     let refused: BTreeSet<(PartitionKey, Position)> =
         refusals.iter().flat_map(|r| r.records.iter().map(|x| (x.key, x.position))).collect();
-    if refused.is_empty() && gathered.places.iter().all(|&place| within(ranges, place)) {
-        return gathered;
+    let quarantined = |record: &[u8]| !quarantine_sent && quarantined(record).is_some();
+    if refused.is_empty()
+        && gathered.places.iter().all(|&place| within(ranges, place))
+        && !gathered.records.iter().any(quarantined)
+    {
+        return (gathered, 0);
     }
-    let mut out = Gathered::default();
+    let (mut out, mut left_out) = (Gathered::default(), 0);
     for (record, place) in gathered.records.iter().zip(gathered.places) {
-        if within(ranges, place) && !refused.contains(&place) {
-            out.records.push(record);
-            out.places.push(place);
+        if !within(ranges, place) || refused.contains(&place) {
+            continue;
         }
+        if quarantined(record) {
+            left_out += 1;
+            continue;
+        }
+        out.records.push(record);
+        out.places.push(place);
     }
-    out
+    (out, left_out)
 }
 
 /// Whether a record is in one of `ranges`.
@@ -105,18 +121,45 @@ pub(super) fn decide(
     Ok(Refusal { sink: plan.sink, stream: plan.stream, id: attempt, seq: plan.seq, then, at_ms, records })
 }
 
-/// The dead-letter batch of the refusals that stand: one line per refused
-/// record, from the records gathered for their plan.
-pub(super) fn letters(cfg: &HostConfig, standing: &[Refusal], gathered: &Gathered) -> Records {
+/// The dead-letter batch of a settled plan: one line per record of the
+/// refusals that stand, then one per record quarantined at intake within
+/// the ranges of the attempt the sink holds (`held`, whose id the letter
+/// names), from the records gathered for the plan.
+pub(super) fn letters(
+    cfg: &HostConfig,
+    standing: &[Refusal],
+    held: (&Settled, &[Range]),
+    gathered: &Gathered,
+) -> Records {
     let mut out = Records::default();
+    let (settled, ranges) = held;
+    let names = (
+        cfg.streams[settled.stream.0 as usize].as_str(),
+        cfg.sinks[settled.sink.0 as usize].as_str(),
+        |source: SourceId| cfg.sources[source.0 as usize].as_str(),
+    );
     for refusal in standing {
-        let names = (
-            cfg.streams[refusal.stream.0 as usize].as_str(),
-            cfg.sinks[refusal.sink.0 as usize].as_str(),
-            |source: SourceId| cfg.sources[source.0 as usize].as_str(),
-        );
         let at = |x: &RefusedRecord| gathered.places.binary_search(&(x.key, x.position)).ok();
         push_letters(&mut out, refusal, names, at, &gathered.records);
+    }
+    let mut line = Vec::new();
+    for (record, &(key, position)) in gathered.records.iter().zip(&gathered.places) {
+        let Some(q) = quarantined(record).filter(|_| within(ranges, (key, position))) else { continue };
+        let letter = Letter {
+            stream: names.0,
+            sink: names.1,
+            source: (names.2)(key.source),
+            partition: key.partition,
+            position,
+            compaction_id: settled.held,
+            seq: settled.seq,
+            reason: q.reason,
+            at_ms: q.at_ms,
+            record: LetterRecord::Intake(q.record),
+        };
+        line.clear();
+        letter.write(&mut line);
+        out.push(&line);
     }
     out
 }
@@ -153,7 +196,7 @@ fn push_letters<'a>(
             seq: refusal.seq,
             reason: &x.reason,
             at_ms: refusal.at_ms,
-            record: records.get(i).expect("an index of the batch"),
+            record: LetterRecord::Json(records.get(i).expect("an index of the batch")),
         };
         line.clear();
         letter.write(&mut line);

@@ -70,10 +70,11 @@ struct Refused {
     /// The sink answered `fatal` to a later attempt: the attempt at this
     /// index is sent to learn whether the sink holds it.
     probing: Option<usize>,
-    /// The index of the attempt last sent, and where each of its records
-    /// is.
+    /// The index of the attempt last sent, where each of its records is,
+    /// and how many records quarantined at intake it left out.
     attempt: usize,
     sent: Vec<(PartitionKey, Position)>,
+    quarantined: u64,
     /// Sent again by a restarted engine (its plan came from the WAL).
     replayed: bool,
     /// The attempts of a plan without refusals that the sink may hold
@@ -96,6 +97,8 @@ pub(super) struct LetterBugs {
     /// `split-loses-rest`: a split plan done leaves the planned-through
     /// positions where the plan ended before its split.
     pub split_loses_rest: bool,
+    /// `quarantine-sent`: records quarantined at intake are sent.
+    pub quarantine_sent: bool,
 }
 
 /// What the committed WAL says of a slot's open plan: its splits, its
@@ -439,17 +442,18 @@ impl Compaction {
         })?;
         if let Some(x) = chain.settled {
             let standing = x.standing(chain.refusals);
+            let index = chain.index_of(plan, x.held);
+            let held = chain.ranges(plan, index).to_vec();
             if let (Some(seq), false) = (x.letters, refused.delivered) {
                 let seq = CompactionSeq(seq.0 + (bugs.renumbered && refused.replayed) as u64);
-                let letters = letters::letters(cfg, standing, &gathered);
+                let letters = letters::letters(cfg, standing, (x, &held), &gathered);
                 let batch = SinkApply { sink, stream, id: letters_id(x.held), seq, records: letters };
                 *io = Some(fx.io(Pending::DeadLetters(sink, stream), IoOp::Plugin(PluginOp::DeadLetters(batch))));
                 return Ok(None);
             }
-            let index = chain.index_of(plan, x.held);
-            let held = chain.ranges(plan, index).to_vec();
             let rest = chain.cut_from(plan, index).map(<[Range]>::to_vec);
-            let records = Some(letters::attempt(gathered, &held, standing).records.len() as u64);
+            let (held_records, _) = letters::attempt(gathered, &held, standing, bugs.quarantine_sent);
+            let records = Some(held_records.records.len() as u64);
             let done = CompactionDone { sink, stream, id: x.held, seq: plan.seq, records };
             self.slots.insert((sink, stream), Slot::Idle);
             self.fresh = true;
@@ -458,8 +462,9 @@ impl Compaction {
         }
         let index = refused.probing.unwrap_or(chain.last());
         let (ranges, before) = (chain.ranges(plan, index), chain.refusals_before(index));
-        let Gathered { records: batch, places } = letters::attempt(gathered, ranges, before);
-        (refused.attempt, refused.sent) = (index, places);
+        let (Gathered { records: batch, places }, quarantined) =
+            letters::attempt(gathered, ranges, before, bugs.quarantine_sent);
+        (refused.attempt, refused.sent, refused.quarantined) = (index, places, quarantined);
         refused.records = bugs.before_decision.then(|| batch.clone());
         let attempt = chain.attempt(plan, index);
         let id = match unstable_id {
@@ -556,7 +561,7 @@ impl Compaction {
         match result {
             Ok(SinkOutcome::Applied | SinkOutcome::AlreadyApplied) => {
                 fx.succeeded(Retry::SinkApply(sink, stream));
-                if chain.refusals.is_empty() && index == chain.last() {
+                if chain.refusals.is_empty() && index == chain.last() && refused.quarantined == 0 {
                     let (seq, records) = (plan.seq, Some(refused.sent.len() as u64));
                     let held = chain.ranges(plan, index).to_vec();
                     let rest = chain.cut_from(plan, index).map(<[Range]>::to_vec);
@@ -566,12 +571,15 @@ impl Compaction {
                     return SinkNews::Done(CompactionDone { sink, stream, id: attempt, seq, records });
                 }
                 // The sink holds an attempt after refusals, or (a probe)
-                // an earlier one.
+                // an earlier one, or one that left out records quarantined
+                // at intake.
                 self.held_before_split += (index < chain.splits.len()) as u64;
                 refused.deciding = true;
-                let letters =
-                    (index > chain.splits.len()).then(|| decided.map_or(CompactionSeq(0), |d| d.next_letters));
-                SinkNews::Decided(Frame::Settled(Settled { sink, stream, seq: plan.seq, held: attempt, letters }))
+                let quarantined = refused.quarantined;
+                let letters = (index > chain.splits.len() || quarantined > 0)
+                    .then(|| decided.map_or(CompactionSeq(0), |d| d.next_letters));
+                let (seq, held) = (plan.seq, attempt);
+                SinkNews::Decided(Frame::Settled(Settled { sink, stream, seq, held, letters, quarantined }))
             }
             Ok(SinkOutcome::Fatal | SinkOutcome::FatalUnnamed) if index > 0 && !chain.refusals.is_empty() => {
                 // The number may be held by another attempt: one that was

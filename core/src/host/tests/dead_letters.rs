@@ -104,7 +104,14 @@ fn refused_records_are_decided_in_the_wal_then_the_rest_go_to_the_sink_and_they_
     // ...and once the sink holds it, that is committed, and the refused
     // records go to the dead letters.
     let (_, settled, done) = decisions(&h);
-    let x = Settled { sink: SinkId(0), stream: StreamId(0), seq, held: then, letters: Some(CompactionSeq(0)) };
+    let x = Settled {
+        sink: SinkId(0),
+        stream: StreamId(0),
+        seq,
+        held: then,
+        letters: Some(CompactionSeq(0)),
+        quarantined: 0,
+    };
     assert_eq!((settled, done.len()), (vec![x], 0));
     assert_eq!(h.refused, vec![vec!["SQLSTATE 22P02: bad".to_string(), "worse".to_string()]]);
     let (io, letters, letters_seq, lines) = letters_sent(&mut h);
@@ -471,4 +478,113 @@ fn after_a_split_the_rest_of_the_batch_cut_is_planned_alone_then_batches_fill_up
     let took = run_against_poison(&mut h, 5);
     assert_eq!(took.last(), Some(&(3, (6..16).collect())), "once 5 is refused, a batch as large as the records allow");
     assert_eq!(h.host.committed().acked(SinkId(0), key0()), Position(16));
+}
+
+/// Records `0..4` of partition 0 (three bytes each), record 1 `{` and
+/// record 2 not UTF-8, both refused at intake.
+fn read_with_two_faults(h: &mut Harness) {
+    let (id, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
+    let mut b = batch(0, 4);
+    b.records[1].bytes = b"{".to_vec();
+    b.records[2].bytes = b"\"\xff\"".to_vec();
+    let fault = |p: u64, fault: RecordFault| IntakeFault { position: Position(p), fault, why: "fix it".into() };
+    b.faults = vec![fault(1, RecordFault::NotJson("EOF".into())), fault(2, RecordFault::NotUtf8 { at: 1 })];
+    h.answer(id, Ok(IoReply::Batches { batches: vec![b], exhausted: false }));
+}
+
+#[test]
+fn records_refused_at_intake_are_committed_quarantined_and_go_to_the_dead_letters_never_to_the_sink() {
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    h.now = Instant::from_micros(1_000_000);
+    read_with_two_faults(&mut h);
+    assert_eq!(h.stopped, None);
+    assert_eq!(h.committed_positions(), vec![0, 1, 2, 3], "every record is in the WAL, positions dense");
+    let (apply, records) = h.sink_records();
+    assert_eq!(records, vec![vec![0; 3], vec![3; 3]], "the sink gets only the good records");
+    h.answer(apply, applied());
+    // The settlement says how many were left out; then the letters go.
+    let (refusals, settled, done) = decisions(&h);
+    assert!(refusals.is_empty() && done.is_empty());
+    assert_eq!((settled.len(), settled[0].quarantined, settled[0].letters), (1, 2, Some(CompactionSeq(0))));
+    assert_eq!(h.refused, vec![vec!["refused at intake".to_string(); 2]]);
+    let (io, (letters_id_sent, lines)) = h.take(|op| match op {
+        IoOp::Plugin(PluginOp::DeadLetters(a)) => {
+            Some((a.id, a.records.iter().map(<[u8]>::to_vec).collect::<Vec<_>>()))
+        }
+        _ => None,
+    });
+    assert_eq!(letters_id_sent, letters_id(settled[0].held));
+    let lines: Vec<serde_json::Value> = lines.iter().map(|l| serde_json::from_slice(l).expect("JSON")).collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!((&lines[0]["position"], &lines[0]["record_text"]), (&1.into(), &"{".into()));
+    assert_eq!((&lines[1]["position"], &lines[1]["record_base64"]), (&2.into(), &"Iv8i".into()));
+    assert_eq!(lines[0]["reason"], "refused at intake: it is not exactly one JSON value: EOF");
+    assert_eq!(lines[1]["decided_at_ms"], WALL + 1_000, "the time intake decided, from the WAL");
+    assert_eq!(lines[0]["compaction_id"], format!("{}", settled[0].held));
+    h.answer(io, applied());
+    let (_, _, done) = decisions(&h);
+    assert_eq!(done.iter().map(|d| d.records).collect::<Vec<_>>(), vec![Some(2)]);
+    let c = h.host.committed();
+    assert!(c.open.is_empty() && c.settled.is_empty());
+    assert_eq!(c.acked(SinkId(0), key0()), Position(4));
+    assert_eq!(c.breaker.refused_within(100), 2, "the breaker counts them");
+}
+
+#[test]
+fn after_a_restart_records_refused_at_intake_get_the_same_dead_letters() {
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    read_with_two_faults(&mut h);
+    let (apply, _) = h.sink_records();
+    h.answer(apply, applied());
+    let (_, first) = h.take(|op| match op {
+        IoOp::Plugin(PluginOp::DeadLetters(a)) => Some((a.id, a.seq, a.records.clone())),
+        _ => None,
+    });
+    // A crash before the dead letters' answer: the same letters again, and
+    // nothing to the sink.
+    let mut again = Harness::start_full(with_dead_letters(), h.disk.clone(), h.offsets.clone(), Vec::new());
+    let (io, second) = again.take(|op| match op {
+        IoOp::Plugin(PluginOp::DeadLetters(a)) => Some((a.id, a.seq, a.records.clone())),
+        _ => None,
+    });
+    assert_eq!(first, second);
+    assert!(!again.has(|op| matches!(op, IoOp::Plugin(PluginOp::SinkApply(_)))));
+    again.answer(io, applied());
+    assert_eq!(decisions(&again).2.len(), 1);
+    // A crash before the sink's answer: the plan is sent again without them.
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    read_with_two_faults(&mut h);
+    let (_, sent) = h.sink_records();
+    let mut again = Harness::start_full(with_dead_letters(), h.disk.clone(), h.offsets.clone(), Vec::new());
+    let (_, resent) = again.sink_records();
+    assert_eq!(sent, resent);
+}
+
+#[test]
+fn records_refused_at_intake_count_toward_the_breaker() {
+    let narrow = HostConfig { dead_letters: Some(DeadLetters { max: 1, window: 100 }), ..with_dead_letters() };
+    let mut h = Harness::start_full(narrow, BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    read_with_two_faults(&mut h);
+    let (apply, _) = h.sink_records();
+    h.answer(apply, applied());
+    let (sink, stream) = (SinkId(0), StreamId(0));
+    assert_eq!(h.stopped, Some(StopReason::DeadLetterLimit { sink, stream, refused: 2, max: 1, window: 100 }));
+    assert!(decisions(&h).1.is_empty(), "nothing of the batch is settled");
+}
+
+#[test]
+fn a_record_too_large_stops_the_daemon_even_with_dead_letters() {
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    let (id, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceRead { .. })).then_some(()));
+    let mut b = batch(0, 4);
+    let fault = RecordFault::TooLarge { bytes: 3, bytes_max: 2 };
+    b.faults = vec![IntakeFault { position: Position(3), fault, why: "raise it".into() }];
+    h.answer(id, Ok(IoReply::Batches { batches: vec![b], exhausted: false }));
+    assert_eq!(h.stopped, Some(StopReason::SourceRefused { source: SourceId(0), why: "raise it".into() }));
+    assert!(h.committed_positions().is_empty());
 }

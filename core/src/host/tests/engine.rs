@@ -230,7 +230,8 @@ fn a_record_breaking_an_intake_rule_stops_the_daemon_before_anything_of_its_read
         faults,
     };
     let good = batch(0, vec![record(0, b"1"), record(1, b"2")], Vec::new());
-    let fault = IntakeFault { why: "line 2 of a.jsonl: fix it".into() };
+    let why = "line 2 of a.jsonl: fix it".to_string();
+    let fault = IntakeFault { position: Position(1), fault: RecordFault::NotJson("EOF".into()), why };
     let bad = batch(1, vec![record(0, b"3"), record(1, b"{")], vec![fault]);
     h.answer(id, Ok(IoReply::Batches { batches: vec![good, bad], exhausted: false }));
     let why = "line 2 of a.jsonl: fix it".to_string();

@@ -2,6 +2,7 @@
 //! offsets store, one rule of the contract per test.
 
 use super::*;
+use crate::admit::RecordFault;
 use crate::config::Limits;
 use crate::io::{OffsetsOp, PluginOp, WalOp};
 use crate::offsets::OffsetValue;

@@ -57,13 +57,20 @@ fn split() -> Split {
 
 fn settled() -> Settled {
     let (sink, stream, seq, held) = (SinkId(0), StreamId(0), CompactionSeq(0), CompactionId(0xbeef));
-    Settled { sink, stream, seq, held, letters: Some(CompactionSeq(2)) }
+    Settled { sink, stream, seq, held, letters: Some(CompactionSeq(2)), quarantined: 0 }
 }
 
 fn groups() -> Vec<Vec<Frame>> {
     vec![
         vec![Frame::Snapshot(Snapshot::default()), batch(0, 0, 3)],
-        vec![batch(1, 0, 2), plan(), Frame::Split(split()), Frame::Refused(refusal()), Frame::Settled(settled())],
+        vec![
+            batch(1, 0, 2),
+            plan(),
+            Frame::Split(split()),
+            Frame::Refused(refusal()),
+            Frame::Settled(settled()),
+            Frame::Settled(Settled { quarantined: 2, ..settled() }),
+        ],
         vec![
             Frame::CompactionDone(CompactionDone {
                 sink: SinkId(0),
@@ -128,7 +135,8 @@ fn snapshots_keep_their_bytes_without_dead_letters_and_carry_them_with() {
     let next_letters = vec![(SinkId(0), StreamId(0), CompactionSeq(3))];
     let letters = Snapshot { letters: Box::new(LetterState { next_letters, ..Default::default() }), ..plain.clone() };
     let breaker = Breaker { decided: 40, refusals: vec![(12, 2), (40, 1)] };
-    let state = LetterState { refusals: vec![refusal()], settled: vec![settled()], breaker, ..Default::default() };
+    let settled = vec![settled(), Settled { quarantined: 5, ..settled() }];
+    let state = LetterState { refusals: vec![refusal()], settled, breaker, ..Default::default() };
     let both = Snapshot { letters: Box::new(state), all_finished: Some(Lsn(12)), ..finished.clone() };
     let split = LetterState { splits: vec![split()], ..Default::default() };
     let split = Snapshot { letters: Box::new(split), ..plain.clone() };
