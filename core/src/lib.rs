@@ -55,7 +55,9 @@ mod wal;
 pub use config::{BatchSkipRequest, ClusterConfig, SkipRequest, SKIP_REASON_BYTES_MAX};
 pub use config::{ConfigError, DeadLetters, HostConfig, LeaseConfig, Limits};
 pub use consensus::replica::{PeerProgress, RaftStatus};
-pub use dead_letters::{kept_reason, quarantined, Letter, LetterRecord, Quarantined, FATAL_ALONE, REASON_BYTES_MAX};
+pub use dead_letters::{
+    kept_reason, quarantined, Letter, LetterRecord, Quarantined, AT_INTAKE, FATAL_ALONE, REASON_BYTES_MAX,
+};
 pub use host::{Host, RarePaths};
 pub use ids::{
     CompactionId, CompactionSeq, Epoch, IoId, Lsn, PartitionKey, Position, SegmentId, SinkId, SourceId, StreamId,

@@ -3,11 +3,12 @@
 //! offsets store holds. It never reads the engine's own bookkeeping. A
 //! failure names the invariant it broke.
 
-use crate::plugins::{checkpoint_bytes, record_bytes_into, replayed_bytes, SimSink};
+use crate::plugins::{checkpoint_bytes, record_bytes_into, replayed_bytes, SimSink, SimSource};
 use crate::scenario::Scenario;
 use skippr_core::ledger::Verdict;
 use skippr_core::{CompactionId, CompactionSeq, OffsetValue, PartitionKey, Position, SinkId, SourceId, StreamId};
-use skippr_core::{ResumePoint, SinkApply, FATAL_ALONE};
+use skippr_core::{ResumePoint, SinkApply, AT_INTAKE, FATAL_ALONE};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -39,6 +40,7 @@ pub mod invariant {
     pub const DEAD_LETTER_MALFORMED: &str = "dead-letter-malformed";
     pub const SKIPPED_DELIVERED: &str = "skipped-delivered";
     pub const DEAD_LETTER_UNFOUNDED: &str = "dead-letter-unfounded";
+    pub const BROKEN_DELIVERED: &str = "broken-record-delivered";
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,6 +72,8 @@ pub struct Checker {
     letters_on: bool,
     /// Poison's per mille, where a sink has poison.
     poison: Option<u64>,
+    /// Per mille of records the sources send broken (refused at intake).
+    broken: u64,
     split_letters: u64,
     /// Per (sink, partition): positions of batches the operator gave up;
     /// the batch numbers given up; how many records that accounts for.
@@ -130,6 +134,7 @@ impl Checker {
             gaps: BTreeMap::new(),
             letters_on: scenario.letters.on,
             poison: scenario.poison.on.then_some(scenario.poison.permille),
+            broken: scenario.letters.broken_permille(),
             split_letters: 0,
             skipped: BTreeMap::new(),
             skipped_seqs: BTreeSet::new(),
@@ -296,8 +301,22 @@ impl Checker {
                 let detail = format!("a dead letter without a reason or a record: {}", String::from_utf8_lossy(line));
                 return self.fail(invariant::DEAD_LETTER_MALFORMED, detail);
             };
+            let bytes = &*bytes;
             if let Err(v) = self.check_record(a.sink, a.stream, bytes, true) {
                 return self.fail(v.invariant, v.detail);
+            }
+            // A record refused at intake is one the source sent broken,
+            // and one the source sent broken can only be refused there.
+            let at_intake = line.windows(AT_INTAKE.len()).any(|w| w == AT_INTAKE.as_bytes());
+            if at_intake != self.is_broken(bytes) {
+                let detail = format!(
+                    "sink {}: a dead letter {} intake's reason of a record the source sent {}: {}",
+                    a.sink,
+                    if at_intake { "with" } else { "without" },
+                    if at_intake { "whole" } else { "broken" },
+                    String::from_utf8_lossy(line)
+                );
+                return self.fail(invariant::DEAD_LETTER_UNFOUNDED, detail);
             }
             // A record found by splitting must be one the sink cannot take.
             if line.windows(FATAL_ALONE.len()).any(|w| w == FATAL_ALONE.as_bytes()) {
@@ -401,6 +420,10 @@ impl Checker {
             let detail = format!("{key} belongs to stream {part_stream} but reached stream {stream}");
             return Err(Violation { invariant: invariant::WRONG_STREAM, detail });
         }
+        if !letter && self.is_broken(bytes) {
+            let detail = format!("sink {sink} got {key} position {pos}, which the source sent broken");
+            return Err(Violation { invariant: invariant::BROKEN_DELIVERED, detail });
+        }
         let skipped = self.skipped.get(&(sink, key));
         if skipped.is_some_and(|s| s.contains(&pos)) {
             let what = if letter { "a dead letter of" } else { "" };
@@ -440,6 +463,11 @@ impl Checker {
         self.delivered += 1;
         self.replayed += (self.replay == Some(key.source.0)) as u64;
         Ok(())
+    }
+
+    /// Whether the source sent this record broken (a replay never does).
+    fn is_broken(&self, bytes: &[u8]) -> bool {
+        self.replay != bytes.first().map(|&b| b as u16) && SimSource::broken(self.broken, self.seed, bytes)
     }
 
     /// Every record of every partition reached every sink (or its dead
@@ -509,11 +537,25 @@ fn place(bytes: &[u8]) -> Option<(PartitionKey, u64)> {
 
 /// A dead letter's record bytes, if the line carries a reason and a
 /// record: what follows `"record":`, less the closing brace.
-pub(crate) fn letter_record(line: &[u8]) -> Option<&[u8]> {
-    const KEY: &[u8] = b"\"record\":";
+pub(crate) fn letter_record(line: &[u8]) -> Option<Cow<'_, [u8]>> {
+    // The record comes last, under the first `,"record` (in the fields
+    // before it, a quote is escaped).
+    const KEY: &[u8] = b",\"record";
     let reason = line.windows(10).any(|w| w == b"\"reason\":\"");
+    if !reason || line.last() != Some(&b'}') {
+        return None;
+    }
     let at = line.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
-    (reason && line.last() == Some(&b'}')).then(|| &line[at..line.len() - 1])
+    let rest = &line[at..line.len() - 1];
+    if let Some(record) = rest.strip_prefix(b"\":") {
+        return Some(Cow::Borrowed(record));
+    }
+    if let Some(text) = rest.strip_prefix(b"_text\":") {
+        return serde_json::from_slice::<String>(text).ok().map(|t| Cow::Owned(t.into_bytes()));
+    }
+    use base64::Engine as _;
+    let b64 = rest.strip_prefix(b"_base64\":\"")?.strip_suffix(b"\"")?;
+    base64::engine::general_purpose::STANDARD.decode(b64).ok().map(Cow::Owned)
 }
 
 fn digest(records: &skippr_core::Records) -> u64 {
@@ -706,6 +748,64 @@ mod tests {
         let mut c = Checker::new(&s);
         c.on_letters(&letter(good), Verdict::New);
         assert_eq!(broke(&c), invariant::DEAD_LETTER_UNFOUNDED);
+    }
+
+    /// A record the source sent broken never reaches a sink, and its dead
+    /// letter (as text or base64) says it was refused at intake; a whole
+    /// record cannot be.
+    #[test]
+    fn a_broken_record_reaches_only_the_dead_letters_with_intake_s_reason() {
+        let broken = |s: &Scenario, pos: u64| {
+            SimSource::broken(s.letters.broken_permille(), s.seed, &record_bytes(s.seed, 0, 0, pos))
+        };
+        let n = |s: &Scenario| s.sources[0].partitions[0].records;
+        let s = (0..)
+            .map(Scenario::from_seed)
+            .find(|s| (0..n(s)).any(|p| broken(s, p)))
+            .expect("such a seed");
+        let st = StreamId(stream0(&s));
+        let bad = (0..n(&s)).find(|&p| broken(&s, p)).expect("a broken position");
+        let good = (0..).find(|&p| !broken(&s, p)).expect("a whole position");
+        let letter = |pos: u64, reason: &str| {
+            let letter = skippr_core::Letter {
+                stream: "s",
+                sink: "k",
+                source: "src",
+                partition: 0,
+                position: Position(pos),
+                compaction_id: CompactionId(7),
+                seq: CompactionSeq(0),
+                reason,
+                at_ms: 0,
+                record: skippr_core::LetterRecord::Intake(&record_bytes(s.seed, 0, 0, pos)),
+            };
+            let mut line = Vec::new();
+            letter.write(&mut line);
+            line
+        };
+        let batch = |line: &[u8]| SinkApply {
+            sink: SinkId(0),
+            stream: st,
+            id: CompactionId(7),
+            seq: CompactionSeq(0),
+            records: [line].into_iter().collect(),
+        };
+        let mut c = Checker::new(&s);
+        c.on_letters(&batch(&letter(bad, "refused at intake: no JSON")), Verdict::New);
+        assert_eq!((broke(&c), c.dead_letters()), ("none", 1));
+        let mut c = Checker::new(&s);
+        c.on_apply(&apply(&s, 1, 0, st.0, &[bad]), Verdict::New);
+        assert_eq!(broke(&c), invariant::BROKEN_DELIVERED);
+        let mut c = Checker::new(&s);
+        c.on_letters(&batch(&letter(good, "refused at intake: no JSON")), Verdict::New);
+        assert_eq!(broke(&c), invariant::DEAD_LETTER_UNFOUNDED);
+        let mut c = Checker::new(&s);
+        c.on_letters(&batch(&letter(bad, "the sink said no")), Verdict::New);
+        assert_eq!(broke(&c), invariant::DEAD_LETTER_UNFOUNDED);
+        // Both forms of a record refused at intake read back as its bytes.
+        assert_eq!(letter_record(&letter(bad, "r")).as_deref(), Some(&record_bytes(s.seed, 0, 0, bad)[..]));
+        let text = br#"{"reason":"r","record_text":"{\n"}"#;
+        assert_eq!(letter_record(text).as_deref(), Some(&b"{\n"[..]));
     }
 
     #[test]

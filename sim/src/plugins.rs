@@ -10,6 +10,7 @@
 use crate::scenario::{LettersSpec, SourceSpec};
 use skippr_core::format::Record;
 use skippr_core::ledger::{judge, Digest, Entry, Verdict};
+use skippr_core::rules::RecordFault;
 use skippr_core::{
     CompactionId, CompactionSeq, Duration, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, Records,
     RefusedIndex, StreamId,
@@ -87,6 +88,8 @@ pub struct SimSource {
     /// A replay of dead letters: per partition (one per stream), the
     /// records of the letters it sends.
     letters: Option<Vec<Vec<Vec<u8>>>>,
+    /// Per mille of records sent broken (`SimSource::broken`).
+    broken_permille: u64,
 }
 
 /// The record a replay of dead letters sends for the letter at `position`
@@ -114,7 +117,21 @@ impl SimSource {
     pub fn new(seed: u64, id: u16, spec: SourceSpec, streams: u16, schema_switch: Instant) -> SimSource {
         let cursors = spec.partitions.iter().map(|_| Cursor { next: 0, acked: 0 }).collect();
         let schemas = (0..streams).map(|s| [schema_bytes(s, 1), schema_bytes(s, 2)]).collect();
-        SimSource { id, seed, spec, cursors, turn: 0, schemas, schema_switch, letters: None }
+        SimSource { id, seed, spec, cursors, turn: 0, schemas, schema_switch, letters: None, broken_permille: 0 }
+    }
+
+    /// The source sends `permille` of its records broken: each is named to
+    /// the engine as breaking an intake rule, as the daemon's driver names
+    /// one that is not JSON.
+    pub fn with_broken(mut self, permille: u64) -> SimSource {
+        self.broken_permille = permille;
+        self
+    }
+
+    /// Whether a record is sent broken: a pure function of its bytes, so
+    /// the checker knows it too.
+    pub fn broken(permille: u64, seed: u64, record: &[u8]) -> bool {
+        permille > 0 && xxh3_64_with_seed(record, seed ^ 0x0b40_4e11) % 1000 < permille
     }
 
     /// A replay, as source `id`, of the dead letters a destination holds:
@@ -178,7 +195,17 @@ impl SimSource {
                     out
                 }
             };
-            let records = (from..to).map(|pos| Record { position: Position(pos), bytes: record(pos) }).collect();
+            let records: Vec<Record> =
+                (from..to).map(|pos| Record { position: Position(pos), bytes: record(pos) }).collect();
+            let faults = records
+                .iter()
+                .filter(|r| Self::broken(self.broken_permille, self.seed, &r.bytes))
+                .map(|r| skippr_core::IntakeFault {
+                    position: r.position,
+                    fault: RecordFault::NotJson("the simulator's source broke it".into()),
+                    why: format!("partition {partition} position {} is broken", r.position.0),
+                })
+                .collect();
             self.cursors[p].next = to;
             batches.push(SourceBatchIn {
                 partition,
@@ -189,7 +216,7 @@ impl SimSource {
                 schema: Some(
                     self.schemas[self.spec.partitions[p].stream as usize][(now >= self.schema_switch) as usize].clone(),
                 ),
-                faults: Vec::new(),
+                faults,
             });
         }
         self.turn = (self.turn + 1) % n;

@@ -250,6 +250,10 @@ pub struct LettersSpec {
     /// The dead-letter destination asks for a retry, or its reply is lost.
     pub retryable: f64,
     pub lost_reply: f64,
+    /// Per mille of records the sources send broken (they break an intake
+    /// rule: quarantined, then dead letters of every sink): a pure function
+    /// of the record.
+    pub intake_permille: u64,
 }
 
 /// Records a sink cannot take, in any batch, and cannot name (a version 1
@@ -591,6 +595,18 @@ pub const LETTERS_SHARE: f64 = 0.5;
 /// group (the engine stops, `SegmentTooSmall`, as it should).
 const LETTERS_SEGMENT_BYTES_MIN: u64 = 7168;
 
+impl LettersSpec {
+    /// Per mille of records the sources send broken: none with dead
+    /// letters off (a broken record stops the daemon, by design).
+    pub fn broken_permille(&self) -> u64 {
+        if self.on {
+            self.intake_permille
+        } else {
+            0
+        }
+    }
+}
+
 fn draw_letters(seed: u64, segment_bytes: u64) -> LettersSpec {
     let mut r = Rng::new(seed, Stream::Letters);
     let on = r.chance(LETTERS_SHARE) && segment_bytes >= LETTERS_SEGMENT_BYTES_MIN;
@@ -600,6 +616,7 @@ fn draw_letters(seed: u64, segment_bytes: u64) -> LettersSpec {
         always: r.chance(0.5),
         retryable: r.rate(0.4, 0.01, 0.2),
         lost_reply: r.rate(0.4, 0.01, 0.15),
+        intake_permille: if r.chance(0.5) { r.range(2, 40) } else { 0 },
     }
 }
 

@@ -106,7 +106,10 @@ pub(crate) fn world(seed: u64, opts: RunOptions) -> World<Raft> {
                 .sources
                 .iter()
                 .enumerate()
-                .map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone(), scenario.streams, switch))
+                .map(|(i, spec)| {
+                    SimSource::new(seed, i as u16, spec.clone(), scenario.streams, switch)
+                        .with_broken(scenario.letters.broken_permille())
+                })
                 .collect();
             Proc::new(sources)
         })

@@ -145,7 +145,7 @@ impl<T: Topology> World<T> {
         let verdict = self.letters[apply.sink.0 as usize].apply(apply.id, apply.stream, apply.seq, &apply.records);
         if verdict == skippr_core::ledger::Verdict::New && apply.sink.0 == 0 {
             let log = &mut self.letter_log[apply.stream.0 as usize];
-            log.extend(apply.records.iter().filter_map(crate::checker::letter_record).map(<[u8]>::to_vec));
+            log.extend(apply.records.iter().filter_map(crate::checker::letter_record).map(|r| r.into_owned()));
         }
         self.checker.on_letters(apply, verdict);
         let result = if self.fault(Die::Letters, lost_reply) {

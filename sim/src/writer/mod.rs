@@ -80,7 +80,10 @@ pub(crate) fn world(seed: u64, opts: RunOptions) -> World<Writer> {
         .sources
         .iter()
         .enumerate()
-        .map(|(i, spec)| SimSource::new(seed, i as u16, spec.clone(), scenario.streams, switch))
+        .map(|(i, spec)| {
+            SimSource::new(seed, i as u16, spec.clone(), scenario.streams, switch)
+                .with_broken(scenario.letters.broken_permille())
+        })
         .collect();
     if let Some(id) = scenario.replay_source() {
         // Nothing to replay before the first restart.

@@ -104,6 +104,7 @@ fn list_mutations_names_every_planted_bug() {
         "dead-letters-renumbered",
         "batch-skip-too-far",
         "split-loses-rest",
+        "quarantine-sent",
         "commit-before-quorum",
         "ack-before-persist",
         "vote-not-persisted",

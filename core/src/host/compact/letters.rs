@@ -29,11 +29,8 @@ pub(super) fn attempt(
 ) -> (Gathered, u64) {
     let refused: BTreeSet<(PartitionKey, Position)> =
         refusals.iter().flat_map(|r| r.records.iter().map(|x| (x.key, x.position))).collect();
-    let quarantined = |record: &[u8]| !quarantine_sent && quarantined(record).is_some();
-    if refused.is_empty()
-        && gathered.places.iter().all(|&place| within(ranges, place))
-        && !gathered.records.iter().any(quarantined)
-    {
+    let any_quarantined = gathered.records.iter().any(|r| quarantined(r).is_some());
+    if refused.is_empty() && gathered.places.iter().all(|&place| within(ranges, place)) && !any_quarantined {
         return (gathered, 0);
     }
     let (mut out, mut left_out) = (Gathered::default(), 0);
@@ -41,11 +38,15 @@ pub(super) fn attempt(
         if !within(ranges, place) || refused.contains(&place) {
             continue;
         }
-        if quarantined(record) {
-            left_out += 1;
-            continue;
+        match quarantined(record) {
+            // The planted bug: sent as the source sent it.
+            Some(q) if quarantine_sent => out.records.push(q.record),
+            Some(_) => {
+                left_out += 1;
+                continue;
+            }
+            None => out.records.push(record),
         }
-        out.records.push(record);
         out.places.push(place);
     }
     (out, left_out)
