@@ -75,6 +75,8 @@ pub struct Checker {
     /// Per mille of records the sources send broken (refused at intake).
     broken: u64,
     split_letters: u64,
+    /// Dead letters of records refused at intake.
+    intake_letters: u64,
     /// Per (sink, partition): positions of batches the operator gave up;
     /// the batch numbers given up; how many records that accounts for.
     skipped: BTreeMap<(SinkId, PartitionKey), BTreeSet<u64>>,
@@ -136,6 +138,7 @@ impl Checker {
             poison: scenario.poison.on.then_some(scenario.poison.permille),
             broken: scenario.letters.broken_permille(),
             split_letters: 0,
+            intake_letters: 0,
             skipped: BTreeMap::new(),
             skipped_seqs: BTreeSet::new(),
             skipped_records: 0,
@@ -318,6 +321,7 @@ impl Checker {
                 );
                 return self.fail(invariant::DEAD_LETTER_UNFOUNDED, detail);
             }
+            self.intake_letters += at_intake as u64;
             // A record found by splitting must be one the sink cannot take.
             if line.windows(FATAL_ALONE.len()).any(|w| w == FATAL_ALONE.as_bytes()) {
                 if !self.poison.is_some_and(|permille| SimSink::poison(permille, self.seed, bytes)) {
@@ -354,6 +358,11 @@ impl Checker {
     /// Dead letters of records the engine found by splitting.
     pub fn split_letters(&self) -> u64 {
         self.split_letters
+    }
+
+    /// Dead letters of records refused at intake.
+    pub fn intake_letters(&self) -> u64 {
+        self.intake_letters
     }
 
     /// The operator gave up batch `seq` of (sink, stream), which the sink
@@ -792,7 +801,7 @@ mod tests {
         };
         let mut c = Checker::new(&s);
         c.on_letters(&batch(&letter(bad, "refused at intake: no JSON")), Verdict::New);
-        assert_eq!((broke(&c), c.dead_letters()), ("none", 1));
+        assert_eq!((broke(&c), c.dead_letters(), c.intake_letters()), ("none", 1, 1));
         let mut c = Checker::new(&s);
         c.on_apply(&apply(&s, 1, 0, st.0, &[bad]), Verdict::New);
         assert_eq!(broke(&c), invariant::BROKEN_DELIVERED);

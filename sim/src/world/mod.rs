@@ -93,6 +93,7 @@ pub struct RunStats {
     /// Dead letters of poisoned records, which the engine found by
     /// splitting the batches their sink answered `fatal` for.
     pub split_letters: u64,
+    pub intake_letters: u64,
     pub batch_skips: u64,
     /// Starts that replay dead letters, and replayed records that reached
     /// the sink or the dead letters.
@@ -344,6 +345,7 @@ impl<T: Topology> World<T> {
         self.stats.compactions = self.checker.compactions() as u64;
         self.stats.replayed = self.checker.replayed();
         self.stats.split_letters = self.checker.split_letters();
+        self.stats.intake_letters = self.checker.intake_letters();
         self.stats.sim_micros = self.schedule.now.as_micros();
         RunReport {
             seed: self.scenario.seed,
