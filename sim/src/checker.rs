@@ -768,10 +768,7 @@ mod tests {
             SimSource::broken(s.letters.broken_permille(), s.seed, &record_bytes(s.seed, 0, 0, pos))
         };
         let n = |s: &Scenario| s.sources[0].partitions[0].records;
-        let s = (0..)
-            .map(Scenario::from_seed)
-            .find(|s| (0..n(s)).any(|p| broken(s, p)))
-            .expect("such a seed");
+        let s = (0..).map(Scenario::from_seed).find(|s| (0..n(s)).any(|p| broken(s, p))).expect("such a seed");
         let st = StreamId(stream0(&s));
         let bad = (0..n(&s)).find(|&p| broken(&s, p)).expect("a broken position");
         let good = (0..).find(|&p| !broken(&s, p)).expect("a whole position");

@@ -148,7 +148,10 @@ pub struct Settings {
     /// database; or `s3`, an object per dead-letter batch under
     /// --dead-letter-s3-prefix. Each refused record with its reason, exactly
     /// once (the decision is kept in the WAL). A batch a version 1 sink
-    /// answers `fatal` for is split, down to the record it cannot take
+    /// answers `fatal` for is split, down to the record it cannot take.
+    /// Records refused at intake (not one JSON value on one line; off, they
+    /// stop the daemon, exit 10) go there too, as `record_text` or
+    /// `record_base64`; a record past --record-bytes-max still stops it
     /// [default: off].
     #[arg(long = "dead-letter", env = "SKIPPR_DEAD_LETTER", value_name = "KIND")]
     pub dead_letter: Option<String>,

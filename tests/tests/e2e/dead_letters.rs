@@ -572,3 +572,164 @@ fn a_replay_without_dead_letters_or_with_once_is_refused_naming_why() {
     assert!(text.starts_with("skipprd dead-letters replay: --once"), "{text}");
     assert!(!data.exists(), "nothing was created");
 }
+
+/// Line `s` of the file source's file `p`: `{"stream","partition","seq"}`,
+/// or, every `BAD_EVERY`-th, broken in turn three ways (cut JSON, a byte
+/// that is not UTF-8 in a string, a carriage return between two fields;
+/// one at the end of a line is the file source's line ending).
+fn input_line(p: u64, s: u64, out: &mut Vec<u8>) {
+    let whole = format!(r#"{{"stream":"orders","partition":{p},"seq":{s}}}"#);
+    match (s / BAD_EVERY) % 3 {
+        _ if s % BAD_EVERY != BAD_EVERY - 1 => out.extend_from_slice(whole.as_bytes()),
+        0 => out.extend_from_slice(&whole.as_bytes()[..whole.len() - 1]),
+        1 => {
+            out.extend_from_slice(format!(r#"{{"partition":{p},"seq":{s},"x":""#).as_bytes());
+            out.extend_from_slice(b"\xff\"}");
+        }
+        _ => out.extend_from_slice(whole.replacen(',', ",\r", 1).as_bytes()),
+    }
+    out.push(b'\n');
+}
+
+/// Appends `lines` lines to each of the file source's two files under
+/// `dir`, `per_tick` to each every 10 ms (an upstream writing as the
+/// daemon reads).
+fn write_input(dir: &Path, lines: u64, per_tick: u64) {
+    use std::io::Write as _;
+    std::fs::create_dir_all(dir).unwrap();
+    let mut files: Vec<std::fs::File> = (0..2)
+        .map(|p| std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("p{p}.jsonl"))).unwrap())
+        .collect();
+    let mut chunk = Vec::new();
+    for from in (0..lines).step_by(per_tick as usize) {
+        for (p, file) in files.iter_mut().enumerate() {
+            chunk.clear();
+            (from..(from + per_tick).min(lines)).for_each(|s| input_line(p as u64, s, &mut chunk));
+            file.write_all(&chunk).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// The daemon reading `input` with the file source into the directory
+/// sink at `out`, dead letters in the `dir` destination.
+fn file_daemon(data: &Path, input: &Path, out: &Path, follow: bool) -> Command {
+    let mut cmd = Command::new(skipprd_bin());
+    cmd.args(["run", "--data-dir", data.to_str().unwrap()])
+        .args(["--source", "file", "--file-dir", input.to_str().unwrap(), "--file-stream", "orders"])
+        .args(["--file-follow", if follow { "true" } else { "false" }])
+        .args(["--sink", "dir", "--sink-dir", out.to_str().unwrap()])
+        .args(["--dead-letter", "dir", "--dead-letter-max", "1000"])
+        .args(["--wal-bytes-per-file", "4194304"]);
+    if !follow {
+        cmd.arg("--once");
+    }
+    cmd
+}
+
+/// The dead letters under `dir` by the source that sent the record: for
+/// each broken record (partition, seq, read from its bytes), its letters'
+/// reasons.
+fn intake_letters(dir: &Path) -> BTreeMap<String, BTreeMap<(u64, u64), Vec<String>>> {
+    use base64::Engine as _;
+    let mut out: BTreeMap<String, BTreeMap<(u64, u64), Vec<String>>> = BTreeMap::new();
+    let Ok(files) = std::fs::read_dir(dir.join("orders")) else { return out };
+    for file in files.map(|e| e.unwrap().path()) {
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        if name.starts_with('.') || !name.ends_with(".jsonl") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&file).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(v.get("record"), None, "a record refused at intake is no JSON value: {line}");
+            let bytes = match (v["record_text"].as_str(), v["record_base64"].as_str()) {
+                (Some(text), None) => text.as_bytes().to_vec(),
+                (None, Some(b64)) => base64::engine::general_purpose::STANDARD.decode(b64).unwrap(),
+                _ => panic!("one of record_text and record_base64: {line}"),
+            };
+            let text = String::from_utf8_lossy(&bytes);
+            let field = |name: &str| -> u64 {
+                let at = text.find(&format!("\"{name}\":")).expect(name) + name.len() + 3;
+                text[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+            };
+            let record = (field("partition"), field("seq"));
+            let reason = v["reason"].as_str().unwrap().to_string();
+            out.entry(v["source"].as_str().unwrap().to_string()).or_default().entry(record).or_default().push(reason);
+        }
+    }
+    out
+}
+
+/// Lines a file source reads that are not one JSON value on one line go to
+/// the dead letters, with dead letters on, instead of stopping the daemon:
+/// through SIGKILLs, every whole line is in the sink once and every broken
+/// one a dead letter once, its bytes as read (as text, or base64 where
+/// they are not UTF-8) and the rule it broke. A replay sends each back
+/// through intake, where it is refused again, once.
+#[test]
+fn broken_lines_go_to_the_dead_letters_once_through_sigkills() {
+    let _cores = both_cores();
+    // Written at 20,000 lines a second to each file, for at least 6 s: the
+    // six runs, each killed within 0.8 s, all read while lines arrive.
+    const LINES: u64 = 120_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, input, out) = (tmp.path().join("data"), tmp.path().join("input"), tmp.path().join("out"));
+    std::fs::create_dir_all(&input).unwrap();
+    let writer = std::thread::spawn({
+        let input = input.clone();
+        move || write_input(&input, LINES, 200)
+    });
+    // The file source follows its files here: a run ends only by its kill.
+    let killed = chaos_runs(6, "0.2", "0.8", Work::Endless, || file_daemon(&data, &input, &out, true));
+    assert_eq!(killed, 6);
+    writer.join().unwrap();
+    let done = file_daemon(&data, &input, &out, false).output().unwrap();
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    let sink = read_dir_sink(&out);
+    let broken = |s: &u64| s % BAD_EVERY == BAD_EVERY - 1;
+    let bad: BTreeMap<(u64, u64), Vec<String>> = (0..2u64)
+        .flat_map(|p| (0..LINES).filter(broken).map(move |s| (p, s)))
+        .map(|(p, s)| {
+            let why = match (s / BAD_EVERY) % 3 {
+                0 => "refused at intake: it is not exactly one JSON value",
+                1 => "refused at intake: it is not valid UTF-8",
+                _ => "refused at intake: it holds a line break outside a string",
+            };
+            ((p, s), vec![why.to_string()])
+        })
+        .collect();
+    for p in 0..2u64 {
+        let got = sink.get(&("orders".to_string(), p)).cloned().unwrap_or_default();
+        let good: Vec<u64> = (0..LINES).filter(|s| !broken(s)).collect();
+        let first_off = got.iter().zip(&good).position(|(a, b)| a != b);
+        assert!(
+            got == good,
+            "partition {p}: every whole line once, in order, and no broken one: {} records, {} wanted, first \
+             difference at index {first_off:?}: {:?}",
+            got.len(),
+            good.len(),
+            first_off.map(|i| (&got[i..(i + 5).min(got.len())], &good[i..(i + 5).min(good.len())]))
+        );
+    }
+    let cut = |letters: BTreeMap<(u64, u64), Vec<String>>| -> BTreeMap<(u64, u64), Vec<String>> {
+        let short =
+            |r: &String| bad.values().flatten().find(|w| r.starts_with(w.as_str())).cloned().unwrap_or(r.clone());
+        letters.into_iter().map(|(k, rs)| (k, rs.iter().map(short).collect())).collect()
+    };
+    let letters = intake_letters(&data.join("dead-letters"));
+    assert_eq!(letters.keys().collect::<Vec<_>>(), ["source"], "{letters:?}");
+    assert_eq!(cut(letters["source"].clone()), bad, "every broken line a dead letter once, with the rule it broke");
+
+    // A replay: each letter goes back through intake, refused again once.
+    let replay = Command::new(skipprd_bin())
+        .args(["dead-letters", "replay", "--data-dir", data.to_str().unwrap()])
+        .args(["--source", "file", "--file-dir", input.to_str().unwrap(), "--file-stream", "orders"])
+        .args(["--sink", "dir", "--sink-dir", out.to_str().unwrap()])
+        .args(["--dead-letter", "dir", "--dead-letter-max", "1000"])
+        .output()
+        .unwrap();
+    assert_eq!(replay.status.code(), Some(0), "{}", stderr(&replay));
+    let letters = intake_letters(&data.join("dead-letters"));
+    assert_eq!(cut(letters["dead-letters"].clone()), bad, "each letter refused again once, its bytes intact");
+    assert_eq!(read_dir_sink(&out), sink, "nothing of it reached the sink");
+}
