@@ -205,7 +205,8 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
         ),
         StopReason::SchemaRejected { stream, fingerprint, reason } => format!(
             "the schema plugin refused schema {fingerprint:016x} of stream {}: {reason}. Nothing under it was \
-             committed; fix the source or the schema plugin and start again",
+             committed; fix the source or the schema plugin and start again (or, with --dead-letter on, the records \
+             under a refused schema go to the dead letters instead)",
             stream.0
         ),
         StopReason::Stalled { what: what @ (Stall::RaftNoPeer | Stall::RaftQuorum), for_ } => format!(

@@ -21,7 +21,7 @@ impl Host {
         if let Some(fault) = batches.iter().flat_map(|b| &b.faults).find(|f| !quarantines(&f.fault, letters)) {
             return self.stop(StopReason::SourceRefused { source, why: fault.why.clone() });
         }
-        let at_ms = self.cfg.wall_origin_ms.saturating_add(self.fx.now.as_micros() / 1_000);
+        let at_ms = self.wall_ms();
         for batch in &mut batches {
             quarantine_faults(batch, at_ms);
         }
@@ -47,11 +47,19 @@ impl Host {
             let what = "unknown stream";
             return Err(StopReason::SourceProtocol { source, partition: batch.partition, what });
         }
-        let Some((batch, decision)) = self.schemas.gate(&mut self.fx, source, batch, self.cfg.schema_plugin) else {
+        let Some((mut batch, decision)) = self.schemas.gate(&mut self.fx, source, batch, self.cfg.schema_plugin) else {
             return Ok(()); // held until the schema plugin decides
         };
-        if let Some(frame) = decision {
-            self.wal.push(frame);
+        match decision {
+            Ok(Some(frame)) => self.wal.push(frame),
+            Ok(None) => {}
+            Err(reason) => {
+                // Under a schema the plugin refused: every record quarantined.
+                let at_ms = self.wall_ms();
+                for record in &mut batch.records {
+                    record.bytes = crate::dead_letters::quarantine(at_ms, &reason, &record.bytes);
+                }
+            }
         }
         let accept_resent = self.cfg.mutations.has(Mutation::AcceptResentRecords);
         let Some(admitted) = self.sources.admit(&self.cfg, &self.committed, source, batch, accept_resent)? else {
@@ -73,12 +81,27 @@ impl Host {
         Ok(())
     }
 
+    /// The wall clock's time now, in milliseconds since the Unix epoch, as
+    /// the engine keeps it in the WAL's decisions.
+    pub(super) fn wall_ms(&self) -> u64 {
+        self.cfg.wall_origin_ms.saturating_add(self.fx.now.as_micros() / 1_000)
+    }
+
     /// The schema plugin answered: commit the decision, then let the waiting
-    /// batches in, in order (a later one may carry yet another schema).
+    /// batches in, in order (a later one may carry yet another schema). A
+    /// refusal with dead letters on lets them in too, quarantined.
     pub(super) fn on_schema_decided(&mut self, stream: StreamId, result: Result<(bool, String), IoError>) {
-        match self.schemas.on_decided(&mut self.fx, stream, result) {
+        let letters = self.cfg.dead_letters.is_some();
+        match self.schemas.on_decided(&mut self.fx, stream, result, letters) {
             Decided::Retry => {}
             Decided::Rejected(stop) => self.stop(stop),
+            Decided::Refused(batches) => {
+                for (source, batch) in batches {
+                    if let Err(stop) = self.accept(source, batch) {
+                        return self.stop(stop);
+                    }
+                }
+            }
             Decided::Accepted { decision, batches } => {
                 self.wal.push(*decision);
                 for (source, batch) in batches {

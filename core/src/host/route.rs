@@ -169,7 +169,7 @@ impl Host {
         let slot = (sink, stream);
         let decided = self.cfg.dead_letters.map(|_| compact::Decided {
             next_letters: self.committed.next_letters.get(&slot).copied().unwrap_or_default(),
-            at_ms: self.cfg.wall_origin_ms.saturating_add(self.fx.now.as_micros() / 1_000),
+            at_ms: self.wall_ms(),
         });
         let chain = compact::Chain::of(&self.committed, slot);
         let bugs = self.letter_bugs();

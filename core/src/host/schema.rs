@@ -17,6 +17,9 @@ pub(super) struct Schemas {
     live: BTreeMap<StreamId, u64>,
     /// A decision asked for and not yet answered, per stream.
     waits: BTreeMap<StreamId, Wait>,
+    /// With dead letters on, the schemas the plugin refused in this run,
+    /// and why: their records are let in quarantined.
+    refused: BTreeMap<(StreamId, u64), String>,
 }
 
 struct Wait {
@@ -25,15 +28,20 @@ struct Wait {
     batches: VecDeque<(SourceId, SourceBatchIn)>,
 }
 
-/// A batch that may go in, with the decision to commit ahead of it, if any;
-/// `None` when the batch is held until the plugin decides.
-pub(super) type Gate = Option<(SourceBatchIn, Option<Frame>)>;
+/// A batch that may go in, with the decision to commit ahead of it, if any,
+/// or, under a schema the plugin refused (dead letters on), why: each of its
+/// records goes in quarantined. `None` when the batch is held until the
+/// plugin decides.
+pub(super) type Gate = Option<(SourceBatchIn, Result<Option<Frame>, String>)>;
 
 /// The plugin's answer.
 pub(super) enum Decided {
     /// Failed: asked again after a backoff.
     Retry,
     Rejected(StopReason),
+    /// Refused with dead letters on: let the held batches in again (each
+    /// under the refused schema goes in quarantined).
+    Refused(VecDeque<(SourceId, SourceBatchIn)>),
     /// Accepted: commit `decision`, then let the held batches in, in order.
     Accepted {
         decision: Box<Frame>,
@@ -54,14 +62,17 @@ impl Schemas {
             wait.batches.push_back((source, batch));
             return None;
         }
-        let Some(schema) = batch.schema.clone() else { return Some((batch, None)) };
+        let Some(schema) = batch.schema.clone() else { return Some((batch, Ok(None))) };
         let fingerprint = xxhash_rust::xxh3::xxh3_64(&schema);
         if self.live.get(&stream) == Some(&fingerprint) {
-            return Some((batch, None));
+            return Some((batch, Ok(None)));
+        }
+        if let Some(reason) = self.refused.get(&(stream, fingerprint)) {
+            return Some((batch, Err(reason.clone())));
         }
         if !plugin {
             let decision = self.decide(stream, fingerprint);
-            return Some((batch, Some(decision)));
+            return Some((batch, Ok(Some(decision))));
         }
         let batches = VecDeque::from([(source, batch)]);
         self.waits.insert(stream, Wait { fingerprint, schema, batches });
@@ -79,11 +90,16 @@ impl Schemas {
         fx.io(Pending::SchemaDecide(stream), op);
     }
 
+    /// The plugin answered. A refusal stops the engine, or, with dead
+    /// letters on (`letters`), is remembered for this run and lets the
+    /// batches in quarantined (a restart asks again: what it refused is
+    /// committed quarantined by then).
     pub(super) fn on_decided(
         &mut self,
         fx: &mut Effects,
         stream: StreamId,
         result: Result<(bool, String), IoError>,
+        letters: bool,
     ) -> Decided {
         let (accept, reason) = match result {
             Ok(answer) => answer,
@@ -94,6 +110,11 @@ impl Schemas {
         };
         fx.succeeded(Retry::SchemaDecide(stream));
         let wait = self.waits.remove(&stream).expect("a decision answers a wait");
+        if !accept && letters {
+            let reason = format!("{}: the schema plugin refused its schema: {reason}", crate::dead_letters::AT_INTAKE);
+            self.refused.insert((stream, wait.fingerprint), reason);
+            return Decided::Refused(wait.batches);
+        }
         if !accept {
             let fingerprint = wait.fingerprint;
             return Decided::Rejected(StopReason::SchemaRejected { stream, fingerprint, reason });

@@ -55,6 +55,38 @@ fn a_new_schema_is_decided_and_committed_before_its_records_and_never_asked_agai
 }
 
 #[test]
+fn with_dead_letters_records_under_a_refused_schema_are_committed_quarantined_and_the_rest_goes_on() {
+    let letters = Some(crate::config::DeadLetters { max: 100, window: 1_000 });
+    let mut h = Harness::start_with(HostConfig { dead_letters: letters, ..schema_config() }, BTreeMap::new());
+    h.open_source();
+    h.read_with(batch_with_schema(0, 2, r#"{"v":2}"#));
+    let (ask, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SchemaDecide { .. })).then_some(()));
+    h.answer(ask, Ok(IoReply::Schema { accept: false, reason: "v2 drops a column".into() }));
+    assert_eq!(h.stopped, None);
+    assert_eq!(h.committed_positions(), vec![0, 1], "taken in, positions dense");
+    // Refused once, not asked again in this run; another schema is asked.
+    h.read_with(batch_with_schema(2, 3, r#"{"v":2}"#));
+    assert!(!h.has(|op| matches!(op, IoOp::Plugin(PluginOp::SchemaDecide { .. }))));
+    h.read_with(batch_with_schema(3, 4, r#"{"v":1}"#));
+    let (ask, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SchemaDecide { .. })).then_some(()));
+    h.answer(ask, Ok(IoReply::Schema { accept: true, reason: String::new() }));
+    assert_eq!(h.committed_positions(), vec![0, 1, 2, 3]);
+    let files: Vec<(SegmentId, &[u8])> = h.disk.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    let mut reasons = Vec::new();
+    for frame in scan(&files, false).unwrap().into_iter().flat_map(|s| s.groups).flat_map(|g| g.frames) {
+        if let Frame::SourceBatch(b) = frame {
+            for r in &b.records {
+                let q = crate::dead_letters::quarantined(&r.bytes);
+                reasons.push((r.position.0, q.map(|q| (q.reason.to_string(), q.record.to_vec()))));
+            }
+        }
+    }
+    let refused =
+        |p: u8| Some(("refused at intake: the schema plugin refused its schema: v2 drops a column".into(), vec![p]));
+    assert_eq!(reasons, vec![(0, refused(0)), (1, refused(1)), (2, refused(2)), (3, None)]);
+}
+
+#[test]
 fn a_checkpoint_larger_than_a_group_is_a_protocol_error_not_a_stuck_wal() {
     let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
     h.open_source();
