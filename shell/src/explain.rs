@@ -163,11 +163,12 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
             letters.0, sink.0, stream.0
         ),
         StopReason::DeadLetterLimit { sink, stream, refused, max, window } => format!(
-            "sink {} refused records of stream {} past the dead-letter breaker: {refused} would be refused among \
-             the last {window} decided, and --dead-letter-max allows {max}. Nothing of the batch is done (the \
-             next start asks the sink again). A destination that refuses this much is likely misconfigured (a \
-             column type, a table): fix it, or raise --dead-letter-max (or narrow --dead-letter-window) if these \
-             records really belong in the dead letters",
+            "records of stream {1} for sink {0} were refused (by the sink, or at intake) past the dead-letter \
+             breaker: {refused} would be refused among the last {window} decided, and --dead-letter-max allows \
+             {max}. Nothing of the batch is done (the next start asks the sink again). A destination that refuses \
+             this much is likely misconfigured (a column type, a table), and a source whose records are refused \
+             this much at intake likely sends something else than JSON lines: fix it, or raise --dead-letter-max \
+             (or narrow --dead-letter-window) if these records really belong in the dead letters",
             sink.0, stream.0
         ),
         StopReason::SourceProtocol { source, partition, what } => {

@@ -258,6 +258,28 @@ fn a_schema_plugin_is_asked_once_per_new_schema_and_can_refuse() {
     assert_eq!(out.status.code(), Some(12), "{}", stderr(&out));
     assert!(stderr(&out).contains("this schema is refused on purpose"), "{}", stderr(&out));
     assert_exactly_once(&data.join("sink"), &["orders"], 2, 800);
+    // With dead letters on, the records under it go there instead, each
+    // once with the plugin's reason, and the daemon goes on.
+    let letters = [&args[..], &["--dead-letter", "dir", "--dead-letter-max", "1000"]].concat();
+    let out = daemon(&data, &letters, &[env(r#"{"reject":true}"#), vec![("RECORDS", "900".into())]].concat())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_exactly_once(&data.join("sink"), &["orders"], 2, 800);
+    let mut lettered = Vec::new();
+    for file in std::fs::read_dir(data.join("dead-letters").join("orders")).unwrap().map(|e| e.unwrap().path()) {
+        for line in std::fs::read_to_string(&file).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let reason = v["reason"].as_str().unwrap();
+            assert!(reason.starts_with("refused at intake: the schema plugin refused its schema: "), "{line}");
+            assert!(reason.contains("this schema is refused on purpose"), "{line}");
+            let record: serde_json::Value = serde_json::from_str(v["record_text"].as_str().unwrap()).unwrap();
+            lettered.push((record["partition"].as_u64().unwrap(), record["seq"].as_u64().unwrap()));
+        }
+    }
+    lettered.sort_unstable();
+    let want: Vec<(u64, u64)> = (0..2).flat_map(|p| (800..900).map(move |s| (p, s))).collect();
+    assert_eq!(lettered, want, "each record under the refused schema a dead letter once");
 }
 
 #[test]
