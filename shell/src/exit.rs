@@ -60,7 +60,9 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         | StopReason::DeadLetterLimit { .. } => SINK_FATAL,
         StopReason::SourceProtocol { .. } | StopReason::SourceRefused { .. } => SOURCE_PROTOCOL,
         StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } | StopReason::NotMember { .. } => CONFIG,
-        StopReason::SkipNotNext { .. } | StopReason::BatchSkipNotOpen { .. } => CONFIG,
+        StopReason::SkipNotNext { .. } | StopReason::BatchSkipNotOpen { .. } | StopReason::DeadLettersOff { .. } => {
+            CONFIG
+        }
         StopReason::SchemaRejected { .. } => SCHEMA_REJECTED,
         StopReason::Fenced { .. }
         | StopReason::LeaseLost { .. }

@@ -155,6 +155,12 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
              counted as done; fix the sink, then start again",
             sink.0, stream.0
         ),
+        StopReason::DeadLettersOff { sink, stream, seq } => format!(
+            "batch {} of stream {} (sink {}) holds records refused (by the sink, or at intake) while dead letters \
+             were on, and the decision is in the WAL: they can only go to the dead letters. Nothing of the batch \
+             was sent. Start again with the --dead-letter settings of that run",
+            seq.0, stream.0, sink.0
+        ),
         StopReason::DeadLettersFatal { sink, stream, letters } => format!(
             "the dead-letter destination answered `fatal` for dead-letter batch {} (sink {}, stream {}): it holds \
              other bytes under that number (another pipeline or WAL writing the same place?). Nothing is lost: the \

@@ -54,9 +54,11 @@ impl Host {
             Ok(Some(frame)) => self.wal.push(frame),
             Ok(None) => {}
             Err(reason) => {
-                // Under a schema the plugin refused: every record quarantined.
+                // Under a schema the plugin refused: every record
+                // quarantined (once: one refused at intake already is).
                 let at_ms = self.wall_ms();
-                for record in &mut batch.records {
+                for record in batch.records.iter_mut().filter(|r| crate::dead_letters::quarantined(&r.bytes).is_none())
+                {
                     record.bytes = crate::dead_letters::quarantine(at_ms, &reason, &record.bytes);
                 }
             }

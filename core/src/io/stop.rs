@@ -58,6 +58,10 @@ pub enum StopReason {
     /// The dead-letter destination answered `fatal` (or refused a dead
     /// letter) for the dead-letter batch `letters` of (sink, stream).
     DeadLettersFatal { sink: SinkId, stream: StreamId, letters: CompactionSeq },
+    /// Dead letters are off, but batch `seq` of (sink, stream) has records
+    /// whose refusal (by the sink, or at intake) a run with them on
+    /// committed: they can go nowhere else.
+    DeadLettersOff { sink: SinkId, stream: StreamId, seq: CompactionSeq },
     /// Settling a batch would put more than `max` records refused among
     /// the last `window` decided (`--dead-letter-max`): nothing of it is
     /// done; the next start asks the sink again.

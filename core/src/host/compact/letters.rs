@@ -52,6 +52,13 @@ pub(super) fn attempt(
     (out, left_out)
 }
 
+/// Whether a plan holds what only dead letters can take: committed
+/// refusals, or records quarantined at intake (a run with dead letters on
+/// decided them).
+pub(super) fn undeliverable(chain: super::Chain<'_>, gathered: &Gathered) -> bool {
+    !chain.refusals.is_empty() || gathered.records.iter().any(|r| quarantined(r).is_some())
+}
+
 /// Whether a record is in one of `ranges`.
 pub(super) fn within(ranges: &[Range], (key, position): (PartitionKey, Position)) -> bool {
     ranges.iter().any(|r| r.key == key && position >= r.from && position < r.to)

@@ -440,6 +440,9 @@ impl Compaction {
         let gathered = records.gather(&plan.ranges, &fetch.read).map_err(|span| {
             StopReason::Corrupt(Corruption { segment: span.segment, offset: span.offset, what: READ_BACK_INVALID })
         })?;
+        if cfg.dead_letters.is_none() && letters::undeliverable(chain, &gathered) {
+            return Err(StopReason::DeadLettersOff { sink, stream, seq: plan.seq });
+        }
         if let Some(x) = chain.settled {
             let standing = x.standing(chain.refusals);
             let index = chain.index_of(plan, x.held);

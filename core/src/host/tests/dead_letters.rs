@@ -588,3 +588,16 @@ fn a_record_too_large_stops_the_daemon_even_with_dead_letters() {
     assert_eq!(h.stopped, Some(StopReason::SourceRefused { source: SourceId(0), why: "raise it".into() }));
     assert!(h.committed_positions().is_empty());
 }
+
+#[test]
+fn records_refused_at_intake_stop_a_later_run_without_dead_letters_before_their_batch_is_sent() {
+    let mut h = Harness::start_full(with_dead_letters(), BTreeMap::new(), BTreeMap::new(), Vec::new());
+    h.open_source();
+    read_with_two_faults(&mut h);
+    // A crash before the sink's answer; the next start has dead letters off.
+    let off = HostConfig { dead_letters: None, ..with_dead_letters() };
+    let again = Harness::start_full(off, h.disk.clone(), h.offsets.clone(), Vec::new());
+    let (sink, stream, seq) = (SinkId(0), StreamId(0), CompactionSeq(0));
+    assert_eq!(again.stopped, Some(StopReason::DeadLettersOff { sink, stream, seq }));
+    assert!(!again.has(|op| matches!(op, IoOp::Plugin(PluginOp::SinkApply(_)))), "nothing of the batch is sent");
+}

@@ -59,7 +59,10 @@ fn with_dead_letters_records_under_a_refused_schema_are_committed_quarantined_an
     let letters = Some(crate::config::DeadLetters { max: 100, window: 1_000 });
     let mut h = Harness::start_with(HostConfig { dead_letters: letters, ..schema_config() }, BTreeMap::new());
     h.open_source();
-    h.read_with(batch_with_schema(0, 2, r#"{"v":2}"#));
+    // Record 1 breaks an intake rule too: it is wrapped once, with intake's reason.
+    let fault = RecordFault::NotJson("EOF".into());
+    let faults = vec![IntakeFault { position: Position(1), fault, why: "fix it".into() }];
+    h.read_with(SourceBatchIn { faults, ..batch_with_schema(0, 2, r#"{"v":2}"#) });
     let (ask, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SchemaDecide { .. })).then_some(()));
     h.answer(ask, Ok(IoReply::Schema { accept: false, reason: "v2 drops a column".into() }));
     assert_eq!(h.stopped, None);
@@ -83,7 +86,8 @@ fn with_dead_letters_records_under_a_refused_schema_are_committed_quarantined_an
     }
     let refused =
         |p: u8| Some(("refused at intake: the schema plugin refused its schema: v2 drops a column".into(), vec![p]));
-    assert_eq!(reasons, vec![(0, refused(0)), (1, refused(1)), (2, refused(2)), (3, None)]);
+    let at_intake = Some(("refused at intake: it is not exactly one JSON value: EOF".into(), vec![1]));
+    assert_eq!(reasons, vec![(0, refused(0)), (1, at_intake), (2, refused(2)), (3, None)]);
 }
 
 #[test]
