@@ -184,3 +184,93 @@ fn a_tap_that_holds_more_than_the_buffer_between_two_states_stops_the_daemon_nam
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_exactly_once(&data.join("sink"), &["events"], 1, 5000);
 }
+
+fn tap_postgres() -> String {
+    std::env::var("SKIPPR_TEST_TAP_POSTGRES")
+        .expect("SKIPPR_TEST_TAP_POSTGRES is not set: run the suite with ./test.sh, which installs tap-postgres")
+}
+
+/// MeltanoLabs' tap-postgres, a Singer SDK tap, reading table `items` of
+/// `source` in the suite's PostgreSQL incrementally on its integer `id`
+/// (resumed inclusively, `id >= bookmark`, as SDK taps do), through three
+/// syncs with new rows between them and SIGKILLs during the second, into
+/// the PostgreSQL sink upserting by the tap's key: each row once. The
+/// sink was sent more records than there are rows: the rows each resumed
+/// sync sent again (what issue #33 is to recognise).
+#[test]
+fn an_sdk_tap_resuming_its_bookmark_inclusively_lands_each_row_once_in_postgres_upserted() {
+    let _cores = both_cores();
+    let (source, sink) = (pg::fresh_schema("tap_src"), pg::fresh_schema("tap_sink"));
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let insert = |from: u64, to: u64| {
+        let sql =
+            format!("INSERT INTO \"{source}\".items SELECT i, 'value-' || i FROM generate_series({from}, {to}) AS i;");
+        pg::client().batch_execute(&sql).unwrap();
+    };
+    let create =
+        format!("CREATE SCHEMA \"{source}\"; CREATE TABLE \"{source}\".items (id bigint PRIMARY KEY, v text);");
+    pg::client().batch_execute(&create).unwrap();
+    let config = tmp.path().join("tap.json");
+    let tap_config = serde_json::json!({ "sqlalchemy_url": pg::url(), "filter_schemas": [source] });
+    std::fs::write(&config, tap_config.to_string()).unwrap();
+    let tap = format!("{} --config {}", tap_postgres(), config.display());
+    // The catalog: the tap's discovery, `items` selected, replicated
+    // incrementally on `id`.
+    let discovered = Command::new("sh").args(["-c", &format!("{tap} --discover")]).output().unwrap();
+    assert!(discovered.status.success(), "{}", stderr(&discovered));
+    let mut catalog: serde_json::Value = serde_json::from_slice(&discovered.stdout).unwrap();
+    let stream_id = format!("{source}-items");
+    let streams = catalog["streams"].as_array_mut().unwrap();
+    streams.retain(|s| s["tap_stream_id"] == stream_id.as_str());
+    assert_eq!(streams.len(), 1, "{catalog}");
+    for m in streams[0]["metadata"].as_array_mut().unwrap() {
+        if m["breadcrumb"].as_array().is_some_and(Vec::is_empty) {
+            let meta = m["metadata"].as_object_mut().unwrap();
+            meta.insert("selected".into(), true.into());
+            meta.insert("replication-key".into(), "id".into());
+            meta.insert("replication-method".into(), "INCREMENTAL".into());
+            meta.remove("forced-replication-method");
+        }
+    }
+    let catalog_file = tmp.path().join("catalog.json");
+    std::fs::write(&catalog_file, catalog.to_string()).unwrap();
+    let run = |extra: &[&str]| {
+        let mut c = daemon(&data, &tap, extra);
+        c.args(["--singer-catalog", catalog_file.to_str().unwrap()])
+            .args(["--sink", "postgres", "--postgres-schema", &sink, "--postgres-upsert", "true"])
+            .env("SKIPPR_POSTGRES_URL", pg::url());
+        c
+    };
+    // Keys start at 1: the SDK takes a bookmark of 0 for none.
+    insert(1, 3_000);
+    let out = run(&["--once"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    insert(3_001, 6_000);
+    // Each run syncs again every 0.2 s (resuming at the bookmark each
+    // time); kills land within 1 to 3 s, during a sync or between two.
+    let killed = chaos_runs(3, "1.0", "3.0", Work::Endless, || run(&["--singer-interval", "0.2"]));
+    assert_eq!(killed, 3, "an endless source: every run was killed");
+    insert(6_001, 9_000);
+    let out = run(&["--once"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let table = format!("\"{sink}\".\"{stream_id}\"");
+    let row = pg::client()
+        .query_one(
+            &format!(
+                "SELECT count(*), count(DISTINCT data->>'id'), min((data->>'id')::bigint), \
+                 max((data->>'id')::bigint), count(*) FILTER (WHERE data->>'v' = 'value-' || (data->>'id')) \
+                 FROM {table}"
+            ),
+            &[],
+        )
+        .unwrap();
+    let got: (i64, i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    assert_eq!(got, (9_000, 9_000, 1, 9_000, 9_000), "each row once, as the table holds it");
+    let sent: i64 = pg::client()
+        .query_one(&format!("SELECT sum(records)::bigint FROM \"{sink}\".skippr_progress"), &[])
+        .unwrap()
+        .get(0);
+    assert!(sent > 9_000, "each resumed sync sent its bookmark's row again ({sent} applied), kept once");
+    eprintln!("the sink was sent {sent} records for 9,000 rows");
+}
