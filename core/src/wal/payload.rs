@@ -436,6 +436,7 @@ fn settled_len(x: &Settled) -> usize {
 }
 
 fn put_settled(w: &mut Writer<'_>, x: &Settled) {
+    debug_assert!(x.quarantined == 0 || x.letters.is_some(), "quarantined records have dead letters");
     w.u16(x.sink.0);
     w.u16(x.stream.0);
     w.u64(x.seq.0);

@@ -49,10 +49,16 @@ pub fn letter_position(seq: u64, n: usize) -> Result<Position, String> {
 /// base64.
 #[derive(serde::Deserialize)]
 struct Letter<'a> {
-    #[serde(borrow)]
+    /// Present or not: a record that is JSON `null` is a record.
+    #[serde(borrow, default, deserialize_with = "present")]
     record: Option<&'a serde_json::value::RawValue>,
     record_text: Option<String>,
     record_base64: Option<String>,
+}
+
+/// A field that is there, whatever its value (`null` too).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de serde_json::value::RawValue>, D::Error> {
+    <&serde_json::value::RawValue as serde::Deserialize>::deserialize(d).map(Some)
 }
 
 impl Letter<'_> {
@@ -268,6 +274,9 @@ mod tests {
         let mut r = LetterReplay::new(vec!["a".into()], &[("a".into(), 0, lines.as_bytes().to_vec())]).unwrap();
         let sent: Vec<Vec<u8>> = drain(&mut r, 10).into_iter().map(|x| x.1).collect();
         assert_eq!(sent, vec![b"{\n".to_vec(), b"\"\xff\"".to_vec()]);
+        // A record that is JSON `null` is a record, not a missing one.
+        let mut r = LetterReplay::new(vec!["a".into()], &[held("a", 0, &["null"])]).unwrap();
+        assert_eq!(drain(&mut r, 10).into_iter().map(|x| x.1).collect::<Vec<_>>(), vec![b"null".to_vec()]);
         for bad in ["{\"record_base64\":\"!\"}", "{\"record\":1,\"record_text\":\"1\"}", "{}"] {
             let held = ("a".to_string(), 0, bad.as_bytes().to_vec());
             let e = LetterReplay::new(vec!["a".into()], &[held]).err().unwrap();
