@@ -28,6 +28,8 @@ pub struct Seen {
     pub writes: AtomicU64,
     pub file_syncs: AtomicU64,
     pub dir_syncs: AtomicU64,
+    /// Unmounts refused as busy (and asked again) at cuts.
+    pub busy_unmounts: AtomicU64,
 }
 
 struct ForgetFs {
@@ -371,17 +373,7 @@ impl Mount {
     /// Cuts the power: unmounts, drops what was not durable, mounts again.
     /// Whatever used the mount must have been killed.
     pub fn cut(&mut self) -> std::io::Result<super::Cut> {
-        if let Some(session) = self.session.take() {
-            match session.umount_and_join() {
-                Ok(()) => {}
-                // The unmount went through, and the kernel aborted the
-                // FUSE connection under the session's last read (fuser
-                // ends quietly only on ENODEV): the session is over all
-                // the same. Seen once in a fresh clone's suite.
-                Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ECONNABORTED as i32) => {}
-                Err(e) => return Err(e),
-            }
-        }
+        end(&mut self.session, &self.dir, &self.seen)?;
         let cut = self.model.lock().unwrap_or_else(|p| p.into_inner()).cut();
         self.mount()?;
         Ok(cut)
@@ -402,13 +394,79 @@ impl Mount {
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        if let Some(session) = self.session.take() {
-            if let Err(e) = session.umount_and_join() {
-                // The mount stays behind, dead (`tests/scripts/fuse.sh`
-                // takes such mounts down at the suite's next start).
-                eprintln!("forgetfs: unmounting {} failed: {e} (a file still open on it?)", self.dir.display());
-            }
+        if let Err(e) = end(&mut self.session, &self.dir, &self.seen) {
+            // The mount stays behind, dead (`tests/scripts/fuse.sh` takes
+            // such mounts down at the suite's next start).
+            eprintln!("forgetfs: unmounting {} failed: {e}", self.dir.display());
         }
+    }
+}
+
+/// Times a busy mount is asked again to unmount, 50 ms apart.
+const UNMOUNT_TRIES: u32 = 100;
+
+/// Unmounts `dir` and waits for `session` (if any) to end. A mount still busy is
+/// asked again: a host SIGKILLed and reaped has let go of its files, but a
+/// process it was forking at the kill (a plugin's watchdog before it closes
+/// what it inherited, a plugin before its exec) may hold copies of them
+/// for a moment longer. Seen once in CI (`EBUSY` at a cut). Past the tries,
+/// the error names the processes that hold the mount, which stays mounted
+/// with its session (a later cut or the drop tries again).
+fn end(session: &mut Option<fuser::BackgroundSession>, dir: &Path, seen: &Seen) -> std::io::Result<()> {
+    use nix::errno::Errno;
+    if session.is_none() {
+        return Ok(());
+    }
+    let mut tries = 0;
+    loop {
+        match nix::mount::umount2(dir, nix::mount::MntFlags::empty()) {
+            Ok(()) => break,
+            Err(Errno::EBUSY) if tries < UNMOUNT_TRIES => {
+                tries += 1;
+                seen.busy_unmounts.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(Errno::EBUSY) => {
+                return Err(std::io::Error::other(format!(
+                    "{} is still busy after {tries} tries to unmount it, held by: {}",
+                    dir.display(),
+                    holders(dir)
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match session.take().expect("checked above").join() {
+        Ok(()) => Ok(()),
+        // The unmount went through, and the kernel aborted the FUSE
+        // connection under the session's last read (fuser ends quietly
+        // only on ENODEV): the session is over all the same. Seen once in
+        // a fresh clone's suite.
+        Err(e) if e.raw_os_error() == Some(Errno::ECONNABORTED as i32) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The processes with a file, or their working directory, under `dir`:
+/// pid and command line of each, for an unmount that stays busy.
+fn holders(dir: &Path) -> String {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let proc = entry.path();
+        let mut links: Vec<PathBuf> =
+            std::fs::read_dir(proc.join("fd")).into_iter().flatten().flatten().map(|f| f.path()).collect();
+        links.push(proc.join("cwd"));
+        if links.iter().any(|l| std::fs::read_link(l).is_ok_and(|t| t.starts_with(dir))) {
+            let cmdline = std::fs::read(proc.join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            found.push(format!("{pid} ({})", cmdline.trim()));
+        }
+    }
+    if found.is_empty() {
+        "no process this one can see".into()
+    } else {
+        found.join(", ")
     }
 }
 

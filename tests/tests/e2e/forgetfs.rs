@@ -158,3 +158,30 @@ fn a_clusters_certificates_and_data_dirs_survive_a_cut_right_after_they_are_made
     assert_eq!(listing(&certs), made, "an operator's certificates, written and reported, are kept");
     assert_eq!((listing(&data), listing(&joined)), (inited, prepared), "the DATA_DIRs init and join prepared");
 }
+
+#[test]
+fn a_cut_waits_for_a_file_still_open_on_the_mount_and_names_one_never_closed() {
+    let (_tmp, mut m) = mounted();
+    let path = m.path().join("held");
+    std::fs::write(&path, b"x").unwrap();
+    // Held until the cut has been refused once as busy (counted, never
+    // timed): the cut must then go through.
+    let held = File::open(&path).unwrap();
+    let seen = std::sync::Arc::clone(&m.seen);
+    let closer = std::thread::spawn(move || {
+        while seen.busy_unmounts.load(Ordering::Relaxed) == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(held);
+    });
+    m.cut().expect("the cut goes through once the file is closed");
+    closer.join().unwrap();
+    assert!(m.seen.busy_unmounts.load(Ordering::Relaxed) >= 1);
+    // Never closed (the mount's root, which every cut keeps): the cut
+    // gives up, naming this process.
+    let held = File::open(m.path()).unwrap();
+    let err = m.cut().expect_err("a mount held open cannot be cut").to_string();
+    let me = std::process::id().to_string();
+    assert!(err.contains("still busy") && err.contains(&me), "{err}");
+    drop(held);
+}
