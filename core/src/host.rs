@@ -55,6 +55,7 @@ use stall::{StallAction, StallWatch};
 use startup::{Doubt, Startup};
 use std::collections::BTreeMap;
 use wal_writer::{SnapshotSource, WalWriter};
+use windows::Windows;
 
 /// Reading a segment during recovery is tried this many times before the
 /// engine stops: a segment that cannot be read cannot be trusted or skipped.
@@ -87,6 +88,7 @@ pub struct Host {
     wal: WalWriter,
     compaction: Compaction,
     sources: Sources,
+    windows: Windows,
     offsets: OffsetsWriter,
     schemas: Schemas,
     stall: StallWatch,
@@ -172,6 +174,7 @@ impl Host {
             compaction: Compaction::default(),
             offsets: OffsetsWriter::default(),
             schemas: Schemas::default(),
+            windows: Windows::default(),
         };
         match host.authority.lease() {
             Some(lease) => lease.read(&mut host.fx),
@@ -385,6 +388,7 @@ mod sources;
 mod stall;
 mod startup;
 mod wal_writer;
+mod windows;
 
 #[cfg(test)]
 mod tests;

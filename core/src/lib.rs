@@ -66,6 +66,7 @@ pub use io::{
     Input, Install, IntakeFault, IoError, IoOp, IoReply, LeaseOp, LeaseRow, LogRestored, OffsetEntry, OffsetRow,
     OffsetsOp, Output, PeerMessage, PeerMessageType, PluginOp, Records, RecoverySummary, RefusedIndex, Replicate,
     ResumePoint, SinkApply, SinkOutcome, SourceBatchIn, Stall, StopReason, StopRecordUse, Timer, WalListing, WalOp,
+    Window,
 };
 pub use mutation::{Mutation, Mutations};
 pub use offsets::OffsetValue;
@@ -78,7 +79,8 @@ pub mod format {
     pub use crate::wal::stream::Scanned;
     pub use crate::wal::{
         encode_group, encode_header, first_overlap, lay_out, scan, split_leftovers, taken_key, unreadable_tail, Frame,
-        GroupPlace, Record, ScannedSegment, SourceBatch, SEGMENT_HEADER_BYTES, UNREADABLE_TAIL,
+        GroupPlace, Record, ScannedSegment, SourceBatch, Tail, WindowEnd, WindowPart, SEGMENT_HEADER_BYTES,
+        TAIL_DIGESTS_MAX, UNREADABLE_TAIL,
     };
     pub use crate::wal::{tail_segment, tail_unreadable, UnreadableTail, BREAKER_WINDOW_MAX, TAIL_PROBE_BYTES};
 }

@@ -50,6 +50,12 @@ struct Held {
     bytes: u64,
     /// In memory, or `None`: only in the WAL.
     records: Option<VecDeque<Record>>,
+    /// Of an open window (section 22): a run joins only batches of its
+    /// own kind, so a void window's batches can be dropped whole.
+    provisional: bool,
+    /// No batch joins it: a void window's records lay after it, and a run
+    /// never spans them.
+    sealed: bool,
 }
 
 /// What a stop record keeps of a batch or run held: where it lies and what
@@ -145,13 +151,23 @@ impl RecordStore {
     /// A committed batch of `key` from the group at `place`. Its records
     /// stay in memory if the cache has room for all of them.
     pub fn push(&mut self, key: PartitionKey, place: GroupPlace, records: Vec<Record>) {
+        self.push_as(key, place, records, false)
+    }
+
+    /// A committed batch of an open window (section 22): held like any
+    /// other, never in a run with batches outside its window.
+    pub fn push_provisional(&mut self, key: PartitionKey, place: GroupPlace, records: Vec<Record>) {
+        self.push_as(key, place, records, true)
+    }
+
+    fn push_as(&mut self, key: PartitionKey, place: GroupPlace, records: Vec<Record>, provisional: bool) {
         let (Some(first), Some(last)) = (records.first(), records.last()) else { return };
         let (first, last) = (first.position, last.position);
         let bytes: u64 = records.iter().map(|r| r.bytes.len() as u64).sum();
         let count = records.len() as u64;
         if self.cached.saturating_add(bytes) > self.limits.cache_bytes {
             self.spilled = true;
-            return self.push_counted(key, place, Counted { first, last, count, bytes });
+            return self.push_counted_as(key, place, Counted { first, last, count, bytes }, provisional);
         }
         (self.count, self.bytes, self.cached) = (self.count + count, self.bytes + bytes, self.cached + bytes);
         let held = Held {
@@ -162,6 +178,8 @@ impl RecordStore {
             count,
             bytes,
             records: Some(records.into()),
+            provisional,
+            sealed: false,
         };
         self.parts.entry(key).or_default().push_back(held);
     }
@@ -169,13 +187,21 @@ impl RecordStore {
     /// A committed batch held only in the WAL (read counted, or past the
     /// cache): it joins the partition's last run when it can.
     pub fn push_counted(&mut self, key: PartitionKey, place: GroupPlace, c: Counted) {
+        self.push_counted_as(key, place, c, false)
+    }
+
+    /// `push_counted` for a batch of an open window, or not.
+    pub fn push_counted_as(&mut self, key: PartitionKey, place: GroupPlace, c: Counted, provisional: bool) {
         if c.count == 0 {
             return;
         }
         (self.count, self.bytes) = (self.count + c.count, self.bytes + c.bytes);
         let part = self.parts.entry(key).or_default();
         let run_records = self.limits.run_records;
-        if let Some(run) = part.back_mut().filter(|h| h.records.is_none() && h.count + c.count <= run_records) {
+        let joins = |h: &&mut Held| {
+            h.records.is_none() && !h.sealed && h.provisional == provisional && h.count + c.count <= run_records
+        };
+        if let Some(run) = part.back_mut().filter(joins) {
             if run.span.reach(place, RUN_BLOCK_BYTES) {
                 (run.last, run.count, run.bytes) = (c.last, run.count + c.count, run.bytes + c.bytes);
                 return;
@@ -189,8 +215,49 @@ impl RecordStore {
             count: c.count,
             bytes: c.bytes,
             records: None,
+            provisional,
+            sealed: false,
         };
         part.push_back(held);
+    }
+
+    /// A source's window ended (section 22): each partition's batches of it
+    /// settle (closed) or are dropped (void).
+    pub fn window_ended(&mut self, x: &crate::wal::WindowEnd) {
+        for part in &x.parts {
+            let key = PartitionKey { source: x.source, partition: part.partition };
+            match x.closed {
+                true => self.settle(key),
+                false => self.void(key, part.from),
+            }
+        }
+    }
+
+    /// The window holding `key`'s provisional batches closed: they are
+    /// held like any other from now on (a later window's never join them).
+    pub fn settle(&mut self, key: PartitionKey) {
+        let Some(part) = self.parts.get_mut(&key) else { return };
+        for held in part.iter_mut().rev().take_while(|h| h.provisional) {
+            held.provisional = false;
+        }
+    }
+
+    /// The window holding `key`'s records from `from` on is void: they
+    /// are dropped (they lie after everything else held of `key`), and no
+    /// batch joins what is left.
+    pub fn void(&mut self, key: PartitionKey, from: Position) {
+        let Some(part) = self.parts.get_mut(&key) else { return };
+        while let Some(held) = part.back().filter(|h| h.first >= from) {
+            (self.count, self.bytes) = (self.count - held.count, self.bytes - held.bytes);
+            if held.records.is_some() {
+                self.cached -= held.bytes;
+            }
+            part.pop_back();
+        }
+        assert!(part.back().is_none_or(|h| h.last < from), "a window's records lie after the rest");
+        if let Some(held) = part.back_mut() {
+            held.sealed = true;
+        }
     }
 
     /// Every batch and run held, by where it lies: what a stop record keeps.
@@ -224,6 +291,8 @@ impl RecordStore {
                 count: h.count,
                 bytes: h.bytes,
                 records: None,
+                provisional: false,
+                sealed: false,
             };
             store.parts.entry(h.key).or_default().push_back(held);
         }

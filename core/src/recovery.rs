@@ -392,10 +392,12 @@ impl Rebuild {
             wal.state.apply(group.lsn, &frame);
             summary.note(place, &frame);
             match (frame, self.keep_records) {
-                (Frame::SourceBatch(SourceBatch { key, counted: Some(c), .. }), true) => {
-                    wal.records.push_counted(key, place, c)
+                (Frame::SourceBatch(SourceBatch { key, counted: Some(c), provisional, .. }), true) => {
+                    wal.records.push_counted_as(key, place, c, provisional)
                 }
+                (Frame::SourceBatch(b), true) if b.provisional => wal.records.push_provisional(b.key, place, b.records),
                 (Frame::SourceBatch(b), true) => wal.records.push(b.key, place, b.records),
+                (Frame::Window(x), true) => wal.records.window_ended(&x),
                 _ => {}
             }
         }

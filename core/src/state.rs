@@ -6,7 +6,7 @@ use crate::ids::*;
 pub use crate::wal::PartitionState;
 use crate::wal::{
     BatchSkipped, Breaker, CompactionPlan, Frame, LetterState, Names, Range, Refusal, SchemaDecision, Settled, Skipped,
-    Snapshot, Split,
+    Snapshot, Split, Tail, WindowEnd, WindowPart, WindowState,
 };
 use std::collections::BTreeMap;
 
@@ -38,13 +38,39 @@ pub struct CommittedState {
     pub next_letters: BTreeMap<(SinkId, StreamId), CompactionSeq>,
     /// Records decided and refused, for the dead-letter breaker.
     pub breaker: Breaker,
+    /// Each source's open window: its provisional batches so far, by
+    /// partition (section 22).
+    pub windows: BTreeMap<SourceId, BTreeMap<u32, WindowPart>>,
+    /// Each partition's tail: its last records at one resume key, from
+    /// the last window that closed with records of it.
+    pub tails: BTreeMap<PartitionKey, Tail>,
+    /// Void windows some sink has not passed, per partition: from, to. A
+    /// sink whose acknowledged position reaches a void window's start moves
+    /// past it (nothing there is ever delivered).
+    pub voids: BTreeMap<PartitionKey, BTreeMap<Position, Position>>,
 }
 
 impl CommittedState {
     /// Folds one committed frame in.
     pub fn apply(&mut self, lsn: Lsn, frame: &Frame) {
         match frame {
+            Frame::SourceBatch(b) if b.provisional => {
+                let from = self.partitions.get(&b.key).map_or(Position(0), |p| p.position);
+                let part = self.windows.entry(b.key.source).or_default().entry(b.key.partition).or_insert(WindowPart {
+                    partition: b.key.partition,
+                    stream: b.stream,
+                    from,
+                    to: from,
+                    records: 0,
+                });
+                assert_eq!(part.stream, b.stream, "a window's partition keeps its stream");
+                part.to = b.end;
+                part.records += b.count();
+                self.finished = None;
+                self.all_finished = None;
+            }
             Frame::SourceBatch(b) => {
+                assert!(!self.windows.contains_key(&b.key.source), "a source with an open window sends only to it");
                 let p = self.partitions.entry(b.key).or_insert(PartitionState {
                     stream: b.stream,
                     position: Position(0),
@@ -83,6 +109,7 @@ impl CommittedState {
                 }
                 for r in &ranges {
                     self.acked.insert((plan.sink, r.key), r.to);
+                    self.pass_voids(plan.sink, r.key);
                 }
             }
             Frame::Split(x) => {
@@ -114,8 +141,75 @@ impl CommittedState {
             Frame::AllFinished => self.all_finished = self.finished.map(|_| lsn),
             Frame::Skipped(k) => self.skip(lsn, k),
             Frame::BatchSkipped(k) => self.skip_batch(k),
+            Frame::Window(x) => self.end_window(lsn, x),
             Frame::Seal | Frame::Commit(_) | Frame::Fence | Frame::Membership(_) => {}
         }
+    }
+
+    /// A source's open window ends: closed, its partitions move to their
+    /// ends with the closing checkpoint and their tails are replaced; void,
+    /// they move there as they were (no position is used twice), and so
+    /// does every sink that had delivered everything before it.
+    fn end_window(&mut self, lsn: Lsn, x: &WindowEnd) {
+        let open = self.windows.remove(&x.source).unwrap_or_default();
+        assert!(open.values().copied().eq(x.parts.iter().copied()), "a window's end names its open window's parts");
+        let sinks = self.names.sinks.len() as u16;
+        for part in &x.parts {
+            let key = PartitionKey { source: x.source, partition: part.partition };
+            let fresh = PartitionState { stream: part.stream, position: part.from, lsn, records: 0, checkpoint: None };
+            let p = self.partitions.entry(key).or_insert(fresh);
+            assert_eq!(p.position, part.from, "a window starts where its partition stood");
+            (p.position, p.lsn) = (part.to, lsn);
+            if x.closed {
+                p.records += part.records;
+                p.checkpoint.clone_from(&x.checkpoint);
+            } else if part.from < part.to {
+                self.voids.entry(key).or_default().insert(part.from, part.to);
+                for sink in (0..sinks).map(SinkId) {
+                    self.pass_voids(sink, key);
+                }
+            }
+        }
+        for t in &x.tails {
+            let key = PartitionKey { source: x.source, partition: t.partition };
+            match t.digests.is_empty() {
+                true => self.tails.remove(&key),
+                false => self.tails.insert(key, t.clone()),
+            };
+        }
+        self.finished = None;
+        self.all_finished = None;
+    }
+
+    /// A sink's acknowledged position of `key` moves past every void window
+    /// that starts there; void windows every sink passed are forgotten.
+    fn pass_voids(&mut self, sink: SinkId, key: PartitionKey) {
+        let Some(voids) = self.voids.get(&key) else { return };
+        let mut at = self.acked(sink, key);
+        while let Some(&to) = voids.get(&at) {
+            at = to;
+        }
+        self.acked.insert((sink, key), at);
+        let sinks = self.names.sinks.len() as u16;
+        let floor = (0..sinks).map(|s| self.acked(SinkId(s), key)).min().unwrap_or_default();
+        let voids = self.voids.get_mut(&key).expect("looked up above");
+        voids.retain(|_, to| *to > floor);
+        if voids.is_empty() {
+            self.voids.remove(&key);
+        }
+    }
+
+    /// Where partition `key` resumes: past its source's open window if it
+    /// has records there (a restart voids the window: section 22).
+    pub fn resume_position(&self, key: PartitionKey) -> Position {
+        let open = self.windows.get(&key.source).and_then(|w| w.get(&key.partition)).map(|part| part.to);
+        open.unwrap_or_else(|| self.partitions.get(&key).map_or(Position(0), |p| p.position))
+    }
+
+    /// The void end of `source`'s open window, if it has one.
+    pub fn void_window(&self, source: SourceId) -> Option<WindowEnd> {
+        let parts = self.windows.get(&source)?.values().copied().collect();
+        Some(WindowEnd { source, checkpoint: None, closed: false, parts, tails: Vec::new() })
     }
 
     /// An operator gave up an open plan: it is done, its refusals with it,
@@ -130,6 +224,7 @@ impl CommittedState {
         self.splits.remove(&slot);
         for r in &ranges {
             self.acked.insert((plan.sink, r.key), r.to);
+            self.pass_voids(plan.sink, r.key);
         }
     }
 
@@ -180,6 +275,11 @@ impl CommittedState {
                 breaker: self.breaker.clone(),
                 splits: self.splits.values().flatten().cloned().collect(),
             }),
+            windows: Box::new(WindowState {
+                open: self.windows.iter().map(|(&source, parts)| (source, parts.values().copied().collect())).collect(),
+                tails: self.tails.iter().map(|(key, t)| (key.source, t.clone())).collect(),
+                voids: self.voids.iter().flat_map(|(key, v)| v.iter().map(|(f, t)| (*key, *f, *t))).collect(),
+            }),
         }
     }
 
@@ -211,6 +311,18 @@ impl CommittedState {
         }
         self.settled = l.settled.iter().map(|x| ((x.sink, x.stream), x.clone())).collect();
         self.breaker = l.breaker.clone();
+        let w = &s.windows;
+        self.windows =
+            w.open.iter().map(|(source, parts)| (*source, parts.iter().map(|p| (p.partition, *p)).collect())).collect();
+        self.tails = w
+            .tails
+            .iter()
+            .map(|(source, t)| (PartitionKey { source: *source, partition: t.partition }, t.clone()))
+            .collect();
+        self.voids = BTreeMap::new();
+        for (key, from, to) in &w.voids {
+            self.voids.entry(*key).or_default().insert(*from, *to);
+        }
     }
 
     /// Every attempt of the open plan of `slot`, oldest first: its own id,

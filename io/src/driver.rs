@@ -624,6 +624,8 @@ fn perform_plugin(op: PluginOp, b: &Backends, totals: &RunTotals) -> Result<IoRe
                         checkpoint: batch.checkpoint,
                         schema: batch.schema.map(Arc::from),
                         faults,
+                        window: batch.window,
+                        keys: batch.keys,
                     }
                 })
                 .collect();

@@ -58,7 +58,9 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         | StopReason::SinkProtocol { .. }
         | StopReason::DeadLettersFatal { .. }
         | StopReason::DeadLetterLimit { .. } => SINK_FATAL,
-        StopReason::SourceProtocol { .. } | StopReason::SourceRefused { .. } => SOURCE_PROTOCOL,
+        StopReason::SourceProtocol { .. } | StopReason::SourceRefused { .. } | StopReason::WindowTooLarge { .. } => {
+            SOURCE_PROTOCOL
+        }
         StopReason::SegmentTooSmall { .. } | StopReason::NamesChanged { .. } | StopReason::NotMember { .. } => CONFIG,
         StopReason::SkipNotNext { .. } | StopReason::BatchSkipNotOpen { .. } | StopReason::DeadLettersOff { .. } => {
             CONFIG

@@ -184,6 +184,13 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
             "source {} cannot go on: {why}. Nothing committed is lost",
             source.0
         ),
+        StopReason::WindowTooLarge { source, limit } => format!(
+            "source {}'s open window (the records a Singer tap sent since its last STATE) filled the WAL to its \
+             limit of {limit} bytes: its records stay in the WAL until the STATE that closes the window, and no \
+             more of it can be read. Raise --wal-max-bytes (WAL_MAX_BYTES) above the largest window, or make \
+             the tap send STATE more often. Nothing committed is lost; the next start sends the window again",
+            source.0
+        ),
         StopReason::BatchSkipNotOpen { stream, seq, next, settled: false, .. } => format!(
             "--skip-batch names batch {} of stream {}, but the WAL has planned that stream's batches only up to {} \
              (the first not planned): only a batch the sink was sent can be given up. Nothing was skipped; copy \

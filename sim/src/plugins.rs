@@ -217,6 +217,8 @@ impl SimSource {
                     self.schemas[self.spec.partitions[p].stream as usize][(now >= self.schema_switch) as usize].clone(),
                 ),
                 faults,
+                window: skippr_core::Window::None,
+                keys: Vec::new(),
             });
         }
         self.turn = (self.turn + 1) % n;

@@ -275,6 +275,7 @@ impl World {
             checkpoint: None,
             records: records.collect(),
             counted: None,
+            provisional: false,
         });
         let len = encode_group(at.segment, Epoch(term), Lsn(index), &[&batch]).len() as u64;
         let size = at.opens.map_or(end.segment_bytes, |o| o.segment_bytes);

@@ -238,6 +238,7 @@ mod tests {
             checkpoint: None,
             records,
             counted: None,
+            provisional: false,
         })
     }
 

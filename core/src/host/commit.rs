@@ -52,6 +52,7 @@ impl Host {
     /// The live effects of a frame that just became committed.
     fn on_committed(&mut self, place: GroupPlace, frame: Frame) {
         match frame {
+            Frame::SourceBatch(b) if b.provisional => self.records.push_provisional(b.key, place, b.records),
             Frame::SourceBatch(b) => {
                 self.sources.committed(b.key, b.end);
                 let keep_first = self.cfg.mutations.has(Mutation::OffsetsStaleValue);
@@ -91,6 +92,23 @@ impl Host {
                 if self.compaction.decision_committed(x.sink, x.stream) {
                     self.dispatch(x.sink, x.stream);
                 }
+            }
+            Frame::Window(x) => {
+                // Its partitions moved: the source and the offsets store
+                // learn where; a void window's records are dropped.
+                self.records.window_ended(&x);
+                for part in &x.parts {
+                    let key = PartitionKey { source: x.source, partition: part.partition };
+                    self.sources.committed(key, part.to);
+                    self.offsets.committed(key, &self.committed.partitions[&key], false);
+                }
+                if !x.closed {
+                    let streams: std::collections::BTreeSet<StreamId> = x.parts.iter().map(|p| p.stream).collect();
+                    for stream in streams {
+                        self.prune_acked(stream);
+                    }
+                }
+                self.compaction.records_committed();
             }
             Frame::Skipped(k) => {
                 // Where it moved the partition on, the source and the

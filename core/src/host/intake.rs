@@ -64,11 +64,14 @@ impl Host {
             }
         }
         let accept_resent = self.cfg.mutations.has(Mutation::AcceptResentRecords);
-        let Some(admitted) = self.sources.admit(&self.cfg, &self.committed, source, batch, accept_resent)? else {
-            return Ok(());
-        };
+        let admitted =
+            self.sources.admit(&self.cfg, &self.committed, &mut self.windows, source, batch, accept_resent)?;
+        let Some(admitted) = admitted else { return Ok(()) };
         for frame in admitted.frames {
             self.wal.push(frame);
+        }
+        if admitted.windowed {
+            return Ok(());
         }
         if self.cfg.mutations.has(Mutation::AckBeforeCommit) {
             self.sources.committed(admitted.key, admitted.end);

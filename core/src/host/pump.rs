@@ -118,6 +118,13 @@ impl Host {
                 self.wal.make_room(&self.committed.acked, self.cfg.sinks.len() as u16);
             }
         }
+        if full && self.wal.pending_bytes() == 0 {
+            // Nothing can go until the window closes, and nothing more of
+            // it can be read (section 22).
+            if let Some(source) = self.wal.oldest_holds_window(&self.committed) {
+                return self.stop(StopReason::WindowTooLarge { source, limit: l.wal_bytes_max });
+            }
+        }
         if Sources::backpressured(l, self.wal.pending_bytes(), full) {
             return;
         }

@@ -291,6 +291,14 @@ impl Host {
         }
         self.records.set_limits(self.cfg.limits.records());
         self.sources.restore(&self.committed);
+        self.windows.restore(&self.committed);
+        // A window the WAL holds open is void: its source starts over
+        // past it (section 22).
+        let open: Vec<SourceId> = self.committed.windows.keys().copied().collect();
+        for source in open {
+            let void = self.committed.void_window(source).expect("listed as open");
+            self.wal.push(Frame::Window(void));
+        }
         self.schemas.restore(&self.committed.schemas);
         let replay = !self.cfg.mutations.has(Mutation::SkipCompactionReplay);
         let mut open = self.compaction.restore(&self.cfg, &self.committed, replay);

@@ -6,7 +6,7 @@
 use super::effects::{Effects, Pending, Retry};
 use crate::ids::*;
 use crate::io::PluginOp;
-use crate::io::{IoError, IoOp, SourceBatchIn, StopReason};
+use crate::io::{IoError, IoOp, SourceBatchIn, StopReason, Window};
 use crate::wal::{Frame, SchemaDecision};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -58,6 +58,15 @@ impl Schemas {
     /// opens one (`plugin`: a schema plugin decides), or passes.
     pub(super) fn gate(&mut self, fx: &mut Effects, source: SourceId, batch: SourceBatchIn, plugin: bool) -> Gate {
         let stream = batch.stream;
+        // A window's batches keep their source's order across streams:
+        // behind any batch of the source that waits (section 22).
+        if batch.window != Window::None {
+            let holding = self.waits.values_mut().find(|w| w.batches.iter().any(|(s, _)| *s == source));
+            if let Some(wait) = holding {
+                wait.batches.push_back((source, batch));
+                return None;
+            }
+        }
         if let Some(wait) = self.waits.get_mut(&stream) {
             wait.batches.push_back((source, batch));
             return None;

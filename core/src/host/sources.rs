@@ -7,10 +7,11 @@
 //! coordinator.
 
 use super::effects::{Effects, Pending, Retry};
+use super::windows::Windows;
 use crate::config::{HostConfig, Limits, SkipRequest, SEAL_RESERVE};
 use crate::ids::*;
 use crate::io::PluginOp;
-use crate::io::{IoError, IoOp, ResumePoint, SourceBatchIn, StopReason};
+use crate::io::{IoError, IoOp, ResumePoint, SourceBatchIn, StopReason, Window};
 use crate::state::CommittedState;
 use crate::wal::{Frame, Record, Skipped, SourceBatch, FRAME_HEADER_BYTES};
 use std::collections::BTreeMap;
@@ -41,6 +42,9 @@ pub(super) struct Admitted {
     pub(super) end: Position,
     pub(super) records: u64,
     pub(super) checkpoint: Option<Vec<u8>>,
+    /// Of a window: nothing is acknowledged or materialized before its
+    /// `Window` frame commits.
+    pub(super) windowed: bool,
 }
 
 impl Sources {
@@ -55,23 +59,37 @@ impl Sources {
     }
 
     /// At the end of recovery: every partition resumes after what the WAL holds.
+    /// Partitions of an open window resume past it (recovery voids it).
     pub(super) fn restore(&mut self, committed: &CommittedState) {
-        for (key, p) in &committed.partitions {
-            self.accepted.insert(*key, p.position);
+        for key in committed.partitions.keys() {
+            self.accepted.insert(*key, committed.resume_position(*key));
+        }
+        for (source, parts) in &committed.windows {
+            for partition in parts.keys() {
+                let key = PartitionKey { source: *source, partition: *partition };
+                self.accepted.insert(key, committed.resume_position(key));
+            }
         }
     }
 
     pub(super) fn open(&mut self, fx: &mut Effects, committed: &CommittedState, source: SourceId) {
-        let resume = committed
+        let mut resume: Vec<ResumePoint> = committed
             .partitions
             .iter()
             .filter(|(key, _)| key.source == source)
             .map(|(key, p)| ResumePoint {
                 partition: key.partition,
-                position: p.position,
+                position: committed.resume_position(*key),
                 checkpoint: p.checkpoint.clone(),
             })
             .collect();
+        // A partition only an open window holds resumes past it too.
+        for (&partition, part) in committed.windows.get(&source).into_iter().flatten() {
+            if !resume.iter().any(|r| r.partition == partition) {
+                resume.push(ResumePoint { partition, position: part.to, checkpoint: None });
+            }
+        }
+        resume.sort_by_key(|r| r.partition);
         let skips = self.slots[source.0 as usize].skips.iter().map(|k| (k.key.partition, k.at, k.next)).collect();
         fx.io(Pending::SourceOpen(source), IoOp::Plugin(PluginOp::SourceOpen { source, resume, skips }));
     }
@@ -148,11 +166,15 @@ impl Sources {
 
     /// Takes a batch in as frames, dropping records at or below what the
     /// partition already holds; `None` when nothing new is left.
-    /// `accept_resent` is the planted bug `accept-resent-records`.
+    /// `accept_resent` is the planted bug `accept-resent-records`. A
+    /// windowed batch (section 22) goes through `windows`: its records
+    /// are committed provisional, the bookmark rule drops some, and a
+    /// closing or restarting batch ends the window.
     pub(super) fn admit(
         &mut self,
         cfg: &HostConfig,
         committed: &CommittedState,
+        windows: &mut Windows,
         source: SourceId,
         batch: SourceBatchIn,
         accept_resent: bool,
@@ -167,6 +189,30 @@ impl Sources {
         if committed.partitions.get(&key).is_some_and(|p| p.stream != batch.stream) {
             return Err(protocol("a partition cannot change stream"));
         }
+        let window = batch.window;
+        match window {
+            Window::None if windows.is_open(source) => {
+                return Err(protocol("a source with an open window sent a batch outside it"));
+            }
+            Window::Open if batch.checkpoint.is_some() => {
+                return Err(protocol("a batch of an open window carries no checkpoint"));
+            }
+            Window::Restart => {
+                let frames = windows.restart(source).into_iter().collect();
+                return Ok(Some(Admitted {
+                    key,
+                    frames,
+                    end: batch.end,
+                    records: 0,
+                    checkpoint: None,
+                    windowed: true,
+                }));
+            }
+            _ => {}
+        }
+        if !batch.keys.is_empty() && batch.keys.len() != batch.records.len() {
+            return Err(protocol("a batch names a resume key for some of its records only"));
+        }
         let floor = self.accepted.get(&key).copied().unwrap_or_default();
         let mut records = batch.records;
         if !accept_resent {
@@ -174,6 +220,25 @@ impl Sources {
         }
         let skips = &self.slots[source.0 as usize].skips;
         records.retain(|r| !skips.iter().any(|k| k.key == key && k.at <= r.position && r.position < k.next));
+        if window != Window::None {
+            let mut keys = batch.keys.into_iter();
+            let keyed = records.into_iter().map(|r| (r, keys.next().flatten())).collect();
+            records = windows.take(key, keyed);
+            let mut frames = Vec::new();
+            if !records.is_empty() {
+                self.accepted.insert(key, batch.end);
+                let count = records.len() as u64;
+                windows.admitted(key, batch.stream, floor, batch.end, count);
+                frames = split(cfg, key, batch.stream, records, batch.end, &None, true).map_err(protocol)?;
+            }
+            if window == Window::Close {
+                frames.extend(windows.close(source, batch.checkpoint));
+            }
+            if frames.is_empty() {
+                return Ok(None);
+            }
+            return Ok(Some(Admitted { key, frames, end: batch.end, records: 0, checkpoint: None, windowed: true }));
+        }
         if records.is_empty() {
             // Nothing but skipped input, from where the partition stands:
             // the skip, committed again there, moves it on.
@@ -183,7 +248,15 @@ impl Sources {
             let frame =
                 Frame::Skipped(Skipped { key, stream: batch.stream, at: k.at, next: k.next, reason: k.reason.clone() });
             self.accepted.insert(key, k.next);
-            return Ok(Some(Admitted { key, frames: vec![frame], end: k.next, records: 0, checkpoint: None }));
+            let checkpoint = None;
+            return Ok(Some(Admitted {
+                key,
+                frames: vec![frame],
+                end: k.next,
+                records: 0,
+                checkpoint,
+                windowed: false,
+            }));
         }
         let end = batch.end;
         if !accept_resent {
@@ -191,8 +264,8 @@ impl Sources {
         }
         self.accepted.insert(key, end);
         let total = records.len() as u64;
-        let frames = split(cfg, key, batch.stream, records, end, &batch.checkpoint).map_err(protocol)?;
-        Ok(Some(Admitted { key, frames, end, records: total, checkpoint: batch.checkpoint }))
+        let frames = split(cfg, key, batch.stream, records, end, &batch.checkpoint, false).map_err(protocol)?;
+        Ok(Some(Admitted { key, frames, end, records: total, checkpoint: batch.checkpoint, windowed: false }))
     }
 
     /// Everything below `end` of this partition is committed: ack it.
@@ -250,6 +323,7 @@ fn split(
     records: Vec<Record>,
     end: Position,
     checkpoint: &Option<Vec<u8>>,
+    provisional: bool,
 ) -> Result<Vec<Frame>, &'static str> {
     let checkpoint_bytes = checkpoint.as_ref().map_or(0, |c| 4 + c.len());
     let group_room = (cfg.limits.group_bytes_max - SEAL_RESERVE) as usize - FRAME_HEADER_BYTES - 64;
@@ -257,7 +331,7 @@ fn split(
         return Err("a checkpoint is larger than a commit group allows");
     };
     let frame = |records, end, checkpoint| {
-        Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records, counted: None })
+        Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records, counted: None, provisional })
     };
     let mut frames = Vec::new();
     let mut chunk: Vec<Record> = Vec::new();

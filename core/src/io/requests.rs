@@ -285,6 +285,32 @@ pub struct SourceBatchIn {
     /// Records that break an intake rule (`admit::check_record`), found
     /// where they arrived; the engine decides what becomes of them.
     pub faults: Vec<IntakeFault>,
+    /// Whether the batch belongs to its source's window (section 22).
+    pub window: Window,
+    /// Windowed batches: each record's resume key (a hash of a Singer
+    /// record's replication-key value), in record order, or nothing (no
+    /// record has one). What the bookmark rule compares.
+    pub keys: Vec<Option<u64>>,
+}
+
+/// How a source batch stands to its source's window (section 22). A source
+/// that sends windows sends nothing else.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Window {
+    /// No window: committed, acknowledged and delivered as it comes.
+    #[default]
+    None,
+    /// Its records join the source's open window (opening one): committed
+    /// now, taken as read only when the window closes. No checkpoint.
+    Open,
+    /// Its records (there may be none) and the window so far close with
+    /// its checkpoint, which becomes that of every partition the window
+    /// holds.
+    Close,
+    /// The source starts over from its last closed window (a tap started
+    /// again): the open window, if any, is void; each partition's next
+    /// records may be its tail again (the bookmark rule). No records.
+    Restart,
 }
 
 /// A record of a source batch that breaks an intake rule (not one JSON

@@ -72,6 +72,11 @@ pub enum StopReason {
     SourceProtocol { source: SourceId, partition: u32, what: &'static str },
     /// A source said it cannot go on until an operator changes something.
     SourceRefused { source: SourceId, why: String },
+    /// The WAL reached its size limit (`limit` bytes, `WAL_MAX_BYTES`) with
+    /// its oldest segment holding records of `source`'s open window: no
+    /// segment can go until the window closes, and no more of it can be
+    /// read (section 22).
+    WindowTooLarge { source: SourceId, limit: u64 },
     /// An operator's skip names input that is not next to be read: the
     /// partition's committed position is past its start but short of its
     /// end.

@@ -9,7 +9,7 @@
 //! group never pass as current ones.
 
 use super::codec::{Reader, Writer};
-use super::payload::{decode_payload_as, get_key};
+use super::payload::{decode_payload_as, get_checkpoint, get_key};
 use crate::ids::*;
 
 pub const FRAME_HEADER_BYTES: usize = 4 + 4 + 8 + 8 + 1;
@@ -38,6 +38,7 @@ pub enum FrameKind {
     Settled = 14,
     BatchSkipped = 15,
     Split = 16,
+    Window = 17,
 }
 
 impl FrameKind {
@@ -59,6 +60,7 @@ impl FrameKind {
             14 => FrameKind::Settled,
             15 => FrameKind::BatchSkipped,
             16 => FrameKind::Split,
+            17 => FrameKind::Window,
             _ => return None,
         })
     }
@@ -83,6 +85,11 @@ pub struct SourceBatch {
     /// Read back counted, not decoded (`RecordMode::Counted`): `records`
     /// is empty and this says what it would hold. Never written.
     pub counted: Option<Counted>,
+    /// Its records belong to its source's open window: committed, but the
+    /// partition's position, checkpoint, acks and offsets move only when a
+    /// `Window` frame closes the window, and a void window's records are
+    /// never delivered. Never with a checkpoint.
+    pub provisional: bool,
 }
 
 /// What the records of a batch read in `RecordMode::Counted` are: how many,
@@ -199,6 +206,54 @@ pub struct Split {
     pub ranges: Vec<Range>,
 }
 
+/// The end of a source's open window (its provisional batches): closed,
+/// the partitions it holds move to the ends given here with the closing
+/// checkpoint; void (the source started over from its last closed window,
+/// or a restart found the window open), they move to the same ends with
+/// their checkpoints as they were, so that positions of a void window are
+/// never used again, and its records are never delivered. Every sink that
+/// had delivered everything before a void window moves past it too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WindowEnd {
+    pub source: SourceId,
+    /// `None` for a void window.
+    pub checkpoint: Option<Vec<u8>>,
+    pub closed: bool,
+    /// Each partition the window holds records of, in partition order.
+    pub parts: Vec<WindowPart>,
+    /// Closed windows: each partition's records at its bookmark
+    /// (`Tail`), for the partitions the window holds.
+    pub tails: Vec<Tail>,
+}
+
+/// A partition's share of an open window: its records from `from` (the
+/// partition's position when the window opened) to `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowPart {
+    pub partition: u32,
+    pub stream: StreamId,
+    pub from: Position,
+    pub to: Position,
+    pub records: u64,
+}
+
+/// The last records a partition committed that share one resume key (a
+/// Singer tap's replication-key value): their digests, in order, at most
+/// `TAIL_DIGESTS_MAX` (`more` when there were more). A source that
+/// resumes inclusively sends them again first; those found here are
+/// dropped (`host::sources`, the bookmark rule). No digests: the
+/// partition's last records carried no resume key, and nothing is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tail {
+    pub partition: u32,
+    pub key: u64,
+    pub digests: Vec<u64>,
+    pub more: bool,
+}
+
+/// The most record digests a partition's tail keeps.
+pub const TAIL_DIGESTS_MAX: usize = 128;
+
 /// An open plan an operator gave up (`run --skip-batch`): its records go to
 /// neither the sink nor the dead letters, and the plan counts as done.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -305,6 +360,19 @@ pub struct Snapshot {
     /// `run --dead-letter`'s state (written only where there is any, so
     /// other snapshots keep their bytes).
     pub letters: Box<LetterState>,
+    /// Sources' open windows and partitions' tails (written only where
+    /// there are any).
+    pub windows: Box<WindowState>,
+}
+
+/// What a snapshot keeps of windows: each source's open window (its
+/// parts), and each partition's tail.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct WindowState {
+    pub open: Vec<(SourceId, Vec<WindowPart>)>,
+    pub tails: Vec<(SourceId, Tail)>,
+    /// Void windows some sink has not passed: partition, from, to.
+    pub voids: Vec<(PartitionKey, Position, Position)>,
 }
 
 /// What a snapshot keeps of dead letters: the next dead-letter batch
@@ -428,6 +496,8 @@ pub enum Frame {
     /// A sink answered `fatal` for the whole of the open plan's last
     /// attempt: the plan is cut to its first records.
     Split(Split),
+    /// A source's open window closed, or void.
+    Window(WindowEnd),
 }
 
 impl Frame {
@@ -449,6 +519,7 @@ impl Frame {
             Frame::Settled(_) => FrameKind::Settled,
             Frame::BatchSkipped(_) => FrameKind::BatchSkipped,
             Frame::Split(_) => FrameKind::Split,
+            Frame::Window(_) => FrameKind::Window,
         }
     }
 
@@ -573,7 +644,7 @@ pub(crate) fn decode_batch_lenient(payload: &[u8]) -> Option<Frame> {
     let key = get_key(&mut r).ok()?;
     let stream = StreamId(r.u16().ok()?);
     let end = Position(r.u64().ok()?);
-    let checkpoint = r.opt_bytes().ok()?;
+    let (checkpoint, provisional) = get_checkpoint(&mut r).ok()?;
     let n = r.u32().ok()?;
     let mut records = Vec::new();
     for _ in 0..n {
@@ -582,5 +653,5 @@ pub(crate) fn decode_batch_lenient(payload: &[u8]) -> Option<Frame> {
         let bytes = r.take_up_to(len as usize).to_vec();
         records.push(Record { position: Position(position), bytes });
     }
-    Some(Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records, counted: None }))
+    Some(Frame::SourceBatch(SourceBatch { key, stream, end, checkpoint, records, counted: None, provisional }))
 }

@@ -35,6 +35,7 @@ impl Frame {
             Frame::Settled(x) => settled_len(x),
             Frame::BatchSkipped(k) => 2 + 2 + 8 + 8 + 4 + k.reason.len(),
             Frame::Split(x) => split_len(x),
+            Frame::Window(x) => window_len(x),
             Frame::Membership(cc) => cc.len(),
             Frame::Commit(_) => COMMIT_PAYLOAD_BYTES,
         }
@@ -69,6 +70,7 @@ impl Frame {
             Frame::Refused(r) => put_refusal(w, r),
             Frame::Settled(x) => put_settled(w, x),
             Frame::Split(x) => put_split(w, x),
+            Frame::Window(x) => put_window(w, x),
             Frame::BatchSkipped(k) => {
                 w.u16(k.sink.0);
                 w.u16(k.stream.0);
@@ -126,13 +128,7 @@ pub(super) fn visit_batch(payload: &[u8], mut each: impl FnMut(Position, &[u8]))
     let key = get_key(&mut r)?;
     let _stream = r.u16()?;
     let _end = r.u64()?;
-    match r.u8()? {
-        0 => {}
-        1 => {
-            r.bytes()?;
-        }
-        _ => return Err(DecodeError),
-    }
+    get_checkpoint(&mut r)?;
     let n = r.count(12)?;
     for _ in 0..n {
         let position = Position(r.u64()?);
@@ -179,6 +175,7 @@ pub(super) fn decode_payload_as(kind: FrameKind, payload: &[u8], mode: RecordMod
         FrameKind::Refused => Frame::Refused(get_refusal(&mut r)?),
         FrameKind::Settled => Frame::Settled(get_settled(&mut r)?),
         FrameKind::Split => Frame::Split(get_split(&mut r)?),
+        FrameKind::Window => Frame::Window(get_window(&mut r)?),
         FrameKind::BatchSkipped => Frame::BatchSkipped(BatchSkipped {
             sink: SinkId(r.u16()?),
             stream: StreamId(r.u16()?),
@@ -200,7 +197,12 @@ fn put_batch(w: &mut Writer<'_>, b: &SourceBatch) {
     put_key(w, b.key);
     w.u16(b.stream.0);
     w.u64(b.end.0);
-    w.opt_bytes(b.checkpoint.as_deref());
+    if b.provisional {
+        assert!(b.checkpoint.is_none(), "a provisional batch carries no checkpoint");
+        w.u8(2);
+    } else {
+        w.opt_bytes(b.checkpoint.as_deref());
+    }
     w.u32(b.records.len() as u32);
     for r in &b.records {
         w.u64(r.position.0);
@@ -212,9 +214,9 @@ fn get_batch(r: &mut Reader<'_>, mode: RecordMode) -> Result<SourceBatch, Decode
     let key = get_key(r)?;
     let stream = StreamId(r.u16()?);
     let end = Position(r.u64()?);
-    let checkpoint = r.opt_bytes()?;
+    let (checkpoint, provisional) = get_checkpoint(r)?;
     let n = r.count(12)?;
-    let mut batch = SourceBatch { key, stream, end, checkpoint, records: Vec::new(), counted: None };
+    let mut batch = SourceBatch { key, stream, end, checkpoint, records: Vec::new(), counted: None, provisional };
     match mode {
         RecordMode::Owned => {
             batch.records.reserve_exact(n);
@@ -275,7 +277,8 @@ pub(crate) fn put_snapshot(w: &mut Writer<'_>, s: &Snapshot) {
             w.bytes(name.as_bytes());
         }
     }
-    let letters = has_letters(s);
+    let windows = has_windows(s);
+    let letters = has_letters(s) || windows;
     if s.finished.is_some() || letters {
         // Zero where there is none: no group at LSN 0 is a terminal entry.
         w.u64(s.finished.map_or(0, |l| l.0));
@@ -302,13 +305,37 @@ pub(crate) fn put_snapshot(w: &mut Writer<'_>, s: &Snapshot) {
             w.u64(*at);
             w.u64(*n);
         }
-        if !s.letters.splits.is_empty() {
+        if !s.letters.splits.is_empty() || windows {
             w.u32(s.letters.splits.len() as u32);
             for x in &s.letters.splits {
                 put_split(w, x);
             }
         }
     }
+    if windows {
+        w.u32(s.windows.open.len() as u32);
+        for (source, parts) in &s.windows.open {
+            w.u16(source.0);
+            put_window_parts(w, parts);
+        }
+        w.u32(s.windows.tails.len() as u32);
+        for (source, t) in &s.windows.tails {
+            w.u16(source.0);
+            put_tail(w, t);
+        }
+        w.u32(s.windows.voids.len() as u32);
+        for (key, from, to) in &s.windows.voids {
+            put_key(w, *key);
+            w.u64(from.0);
+            w.u64(to.0);
+        }
+    }
+}
+
+/// Open windows and tails, in a tail of their own after the splits (so
+/// other snapshots keep their bytes).
+fn has_windows(s: &Snapshot) -> bool {
+    !s.windows.open.is_empty() || !s.windows.tails.is_empty() || !s.windows.voids.is_empty()
 }
 
 fn has_letters(s: &Snapshot) -> bool {
@@ -323,26 +350,38 @@ fn has_letters(s: &Snapshot) -> bool {
 /// dead-letter state; a snapshot with neither ends at its names, one with
 /// only the first (as before dead letters) 16 bytes later.
 fn letters_len(s: &Snapshot) -> usize {
-    let letters = has_letters(s);
+    let windows = has_windows(s);
+    let letters = has_letters(s) || windows;
     let tail = if s.finished.is_some() || letters { 16 } else { 0 };
-    match letters {
+    let windows_len = match windows {
+        false => 0,
         true => {
-            tail + 4
-                + s.letters.next_letters.len() * 12
+            4 + s.windows.open.iter().map(|(_, parts)| 2 + 4 + parts.len() * WINDOW_PART_BYTES).sum::<usize>()
                 + 4
-                + s.letters.refusals.iter().map(refusal_len).sum::<usize>()
+                + s.windows.tails.iter().map(|(_, t)| 2 + TAIL_BYTES_MIN + 8 * t.digests.len()).sum::<usize>()
                 + 4
-                + s.letters.settled.iter().map(settled_len).sum::<usize>()
-                + 8
-                + 4
-                + s.letters.breaker.refusals.len() * 16
-                + match s.letters.splits.is_empty() {
-                    true => 0,
-                    false => 4 + s.letters.splits.iter().map(split_len).sum::<usize>(),
-                }
+                + s.windows.voids.len() * (6 + 8 + 8)
         }
-        false => tail,
-    }
+    };
+    windows_len
+        + match letters {
+            true => {
+                tail + 4
+                    + s.letters.next_letters.len() * 12
+                    + 4
+                    + s.letters.refusals.iter().map(refusal_len).sum::<usize>()
+                    + 4
+                    + s.letters.settled.iter().map(settled_len).sum::<usize>()
+                    + 8
+                    + 4
+                    + s.letters.breaker.refusals.len() * 16
+                    + match s.letters.splits.is_empty() && !windows {
+                        true => 0,
+                        false => 4 + s.letters.splits.iter().map(split_len).sum::<usize>(),
+                    }
+            }
+            false => tail,
+        }
 }
 
 pub(crate) fn get_snapshot(r: &mut Reader<'_>) -> Result<Snapshot, DecodeError> {
@@ -397,6 +436,20 @@ pub(crate) fn get_snapshot(r: &mut Reader<'_>) -> Result<Snapshot, DecodeError> 
         if !r.is_empty() {
             for _ in 0..r.count(SPLIT_BYTES_MIN)? {
                 s.letters.splits.push(get_split(r)?);
+            }
+        }
+        // Open windows and tails, where there are any.
+        if !r.is_empty() {
+            for _ in 0..r.count(2 + 4)? {
+                let source = SourceId(r.u16()?);
+                s.windows.open.push((source, get_window_parts(r)?));
+            }
+            for _ in 0..r.count(2 + TAIL_BYTES_MIN)? {
+                let source = SourceId(r.u16()?);
+                s.windows.tails.push((source, get_tail(r)?));
+            }
+            for _ in 0..r.count(6 + 8 + 8)? {
+                s.windows.voids.push((get_key(r)?, Position(r.u64()?), Position(r.u64()?)));
             }
         }
     }
@@ -497,6 +550,106 @@ fn get_refusal(r: &mut Reader<'_>) -> Result<Refusal, DecodeError> {
         records.push(RefusedRecord { key, position, reason });
     }
     Ok(Refusal { sink, stream, id, seq, then, at_ms, records })
+}
+
+/// A source batch's checkpoint and whether the batch is provisional: the
+/// checkpoint's tag is 0 (none), 1 (one follows) or 2 (none, provisional:
+/// so batches of no window keep their bytes).
+pub(crate) fn get_checkpoint(r: &mut Reader<'_>) -> Result<(Option<Vec<u8>>, bool), DecodeError> {
+    match r.u8()? {
+        0 => Ok((None, false)),
+        1 => Ok((Some(r.bytes()?.to_vec()), false)),
+        2 => Ok((None, true)),
+        _ => Err(DecodeError),
+    }
+}
+
+const WINDOW_PART_BYTES: usize = 4 + 2 + 8 + 8 + 8;
+const TAIL_BYTES_MIN: usize = 4 + 8 + 1 + 4;
+
+fn window_len(x: &WindowEnd) -> usize {
+    2 + 1
+        + opt_len(&x.checkpoint)
+        + 4
+        + x.parts.len() * WINDOW_PART_BYTES
+        + 4
+        + x.tails.iter().map(|t| TAIL_BYTES_MIN + 8 * t.digests.len()).sum::<usize>()
+}
+
+fn put_window(w: &mut Writer<'_>, x: &WindowEnd) {
+    w.u16(x.source.0);
+    w.u8(u8::from(x.closed));
+    w.opt_bytes(x.checkpoint.as_deref());
+    put_window_parts(w, &x.parts);
+    w.u32(x.tails.len() as u32);
+    for t in &x.tails {
+        put_tail(w, t);
+    }
+}
+
+fn get_window(r: &mut Reader<'_>) -> Result<WindowEnd, DecodeError> {
+    let source = SourceId(r.u16()?);
+    let closed = match r.u8()? {
+        0 => false,
+        1 => true,
+        _ => return Err(DecodeError),
+    };
+    let checkpoint = r.opt_bytes()?;
+    let parts = get_window_parts(r)?;
+    let mut tails = Vec::new();
+    for _ in 0..r.count(TAIL_BYTES_MIN)? {
+        tails.push(get_tail(r)?);
+    }
+    Ok(WindowEnd { source, checkpoint, closed, parts, tails })
+}
+
+fn put_window_parts(w: &mut Writer<'_>, parts: &[WindowPart]) {
+    w.u32(parts.len() as u32);
+    for p in parts {
+        w.u32(p.partition);
+        w.u16(p.stream.0);
+        w.u64(p.from.0);
+        w.u64(p.to.0);
+        w.u64(p.records);
+    }
+}
+
+fn get_window_parts(r: &mut Reader<'_>) -> Result<Vec<WindowPart>, DecodeError> {
+    let mut parts = Vec::new();
+    for _ in 0..r.count(WINDOW_PART_BYTES)? {
+        parts.push(WindowPart {
+            partition: r.u32()?,
+            stream: StreamId(r.u16()?),
+            from: Position(r.u64()?),
+            to: Position(r.u64()?),
+            records: r.u64()?,
+        });
+    }
+    Ok(parts)
+}
+
+fn put_tail(w: &mut Writer<'_>, t: &Tail) {
+    w.u32(t.partition);
+    w.u64(t.key);
+    w.u8(u8::from(t.more));
+    w.u32(t.digests.len() as u32);
+    for d in &t.digests {
+        w.u64(*d);
+    }
+}
+
+fn get_tail(r: &mut Reader<'_>) -> Result<Tail, DecodeError> {
+    let (partition, key) = (r.u32()?, r.u64()?);
+    let more = match r.u8()? {
+        0 => false,
+        1 => true,
+        _ => return Err(DecodeError),
+    };
+    let mut digests = Vec::new();
+    for _ in 0..r.count(8)? {
+        digests.push(r.u64()?);
+    }
+    Ok(Tail { partition, key, digests, more })
 }
 
 fn opt_len(v: &Option<Vec<u8>>) -> usize {

@@ -58,6 +58,11 @@ pub struct Batch {
     pub checkpoint: Option<Vec<u8>>,
     /// The stream's schema (JSON), when the source sends one.
     pub schema: Option<Vec<u8>>,
+    /// How the batch stands to the source's window (Singer taps: section
+    /// 22 of docs/ARCHITECTURE.md); `Window::None` for every other source.
+    pub window: skippr_core::Window,
+    /// Windowed batches: each record's resume key, or nothing.
+    pub keys: Vec<Option<u64>>,
 }
 
 pub trait Source: Send {

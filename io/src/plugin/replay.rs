@@ -151,6 +151,8 @@ impl Source for LetterReplay {
                 end,
                 checkpoint: None,
                 schema: None,
+                window: skippr_core::Window::None,
+                keys: Vec::new(),
             });
             budget -= to - from;
             self.next[i] = to;

@@ -94,6 +94,7 @@ fn wal_round(dir: &Path, commits: u32) -> std::io::Result<f64> {
             checkpoint: None,
             records: records.clone(),
             counted: None,
+            provisional: false,
         });
         let bytes = encode_group(segment, Epoch(1), Lsn(i as u64), &[&frame]);
         wal.append(segment, offset, &bytes)?;

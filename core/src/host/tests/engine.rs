@@ -209,6 +209,8 @@ fn a_source_breaking_position_order_stops_with_a_protocol_error() {
         checkpoint: None,
         schema: None,
         faults: Vec::new(),
+        window: Window::None,
+        keys: Vec::new(),
     };
     h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
     assert!(matches!(h.stopped, Some(StopReason::SourceProtocol { partition: 0, .. })), "{:?}", h.stopped);
@@ -228,6 +230,8 @@ fn a_record_breaking_an_intake_rule_stops_the_daemon_before_anything_of_its_read
         checkpoint: None,
         schema: None,
         faults,
+        window: Window::None,
+        keys: Vec::new(),
     };
     let good = batch(0, vec![record(0, b"1"), record(1, b"2")], Vec::new());
     let why = "line 2 of a.jsonl: fix it".to_string();
@@ -266,6 +270,8 @@ fn with_stop_when_exhausted_the_engine_drains_once_every_source_is_done() {
         checkpoint: None,
         schema: None,
         faults: Vec::new(),
+        window: Window::None,
+        keys: Vec::new(),
     };
     h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: true }));
     let (ack, ()) = h.take(|op| matches!(op, IoOp::Plugin(PluginOp::SourceAck { .. })).then_some(()));

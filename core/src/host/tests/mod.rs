@@ -303,7 +303,8 @@ fn batch(from: u64, to: u64) -> SourceBatchIn {
 /// `records` of partition 0 up to `end`: no checkpoint, schema or fault.
 fn batch_of(records: Vec<Record>, end: u64) -> SourceBatchIn {
     let (stream, end) = (StreamId(0), Position(end));
-    SourceBatchIn { partition: 0, stream, records, end, checkpoint: None, schema: None, faults: Vec::new() }
+    let (window, keys, faults) = (Window::None, Vec::new(), Vec::new());
+    SourceBatchIn { partition: 0, stream, records, end, checkpoint: None, schema: None, faults, window, keys }
 }
 
 /// The append among `outputs`: its id, segment and bytes.
@@ -353,3 +354,4 @@ mod memory;
 mod recovery;
 mod skips;
 mod stop_record;
+mod windows;

@@ -105,6 +105,8 @@ fn a_checkpoint_larger_than_a_group_is_a_protocol_error_not_a_stuck_wal() {
         checkpoint,
         schema: None,
         faults: Vec::new(),
+        window: Window::None,
+        keys: Vec::new(),
     };
     h.answer(id, Ok(IoReply::Batches { batches: vec![batch], exhausted: false }));
     assert!(

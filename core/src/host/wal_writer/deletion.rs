@@ -32,6 +32,17 @@ impl WalWriter {
         })
     }
 
+    /// The source whose open window holds records in the oldest segment,
+    /// if any: records past its partition's committed position.
+    pub(in crate::host) fn oldest_holds_window(&self, committed: &CommittedState) -> Option<SourceId> {
+        let seg = self.segments.front()?;
+        let position = |key: &PartitionKey| committed.partitions.get(key).map_or(Position(0), |p| p.position);
+        seg.ends
+            .iter()
+            .find(|(key, end)| committed.windows.contains_key(&key.source) && position(key) < **end)
+            .map(|(key, _)| key.source)
+    }
+
     /// The deletion rule, evaluated when a snapshot commits at `lsn`.
     /// `ignore_acks` is the planted bug `delete-before-compaction-ack`.
     pub(in crate::host) fn plan_deletions(&mut self, lsn: Lsn, acked: &Acked, sinks: u16, ignore_acks: bool) {

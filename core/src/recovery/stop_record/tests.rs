@@ -18,6 +18,7 @@ fn batch(p: u32, from: u64, n: u64) -> Frame {
         checkpoint: None,
         records,
         counted: None,
+        provisional: false,
     })
 }
 

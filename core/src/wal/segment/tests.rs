@@ -23,6 +23,7 @@ fn batch(p: u32, from: u64, n: u64) -> Frame {
         checkpoint: Some(vec![p as u8, from as u8]),
         records,
         counted: None,
+        provisional: false,
     })
 }
 
@@ -148,7 +149,17 @@ fn snapshots_keep_their_bytes_without_dead_letters_and_carry_them_with() {
     assert_eq!(len(&finished), len(&plain) + 16);
     // A snapshot with splits is longer by them alone.
     assert_eq!(len(&all), len(&both) + 4 + Frame::Split(self::split()).encoded_len() - FRAME_HEADER_BYTES);
-    for s in [plain, finished, letters, both, split, all] {
+    let part = WindowPart { partition: 3, stream: StreamId(1), from: Position(10), to: Position(14), records: 4 };
+    let tail = Tail { partition: 3, key: 99, digests: vec![1, 2], more: true };
+    let key = PartitionKey { source: SourceId(0), partition: 3 };
+    let windows = WindowState {
+        open: vec![(SourceId(0), vec![part])],
+        tails: vec![(SourceId(0), tail)],
+        voids: vec![(key, Position(4), Position(10))],
+    };
+    let windowed = Snapshot { windows: Box::new(windows.clone()), ..plain.clone() };
+    let windowed_all = Snapshot { windows: Box::new(windows), ..all.clone() };
+    for s in [plain, finished, letters, both, split, all, windowed, windowed_all] {
         let (buf, _) = segment_with(SEG, EPOCH, 0, &[vec![Frame::Snapshot(s.clone())]]);
         let scanned = scan_one(&buf).unwrap();
         assert_eq!(scanned[0].groups[0].frames, vec![Frame::Snapshot(s)]);
@@ -374,4 +385,34 @@ fn spans_reach_later_groups_of_their_block_and_merge_where_they_share_one() {
     assert!(a.merge(&b));
     assert_eq!(a, GroupSpan { lsn: Lsn(1), last: Lsn(5), segment: SEG, offset: 100, len: 500 });
     assert!(!a.merge(&GroupSpan::of(place(6, 600))), "no group shared");
+}
+
+#[test]
+fn provisional_batches_and_window_ends_round_trip() {
+    let key = PartitionKey { source: SourceId(1), partition: 2 };
+    let records = vec![Record { position: Position(5), bytes: b"{}".to_vec() }];
+    let batch = SourceBatch {
+        key,
+        stream: StreamId(0),
+        end: Position(6),
+        checkpoint: None,
+        records,
+        counted: None,
+        provisional: true,
+    };
+    let whole = SourceBatch { provisional: false, ..batch.clone() };
+    assert_eq!(Frame::SourceBatch(batch.clone()).encoded_len(), Frame::SourceBatch(whole.clone()).encoded_len());
+    let part = WindowPart { partition: 2, stream: StreamId(0), from: Position(5), to: Position(6), records: 1 };
+    let tail = Tail { partition: 2, key: 7, digests: vec![42], more: false };
+    let close = WindowEnd {
+        source: SourceId(1),
+        checkpoint: Some(b"state".to_vec()),
+        closed: true,
+        parts: vec![part],
+        tails: vec![tail],
+    };
+    let void = WindowEnd { checkpoint: None, closed: false, tails: Vec::new(), ..close.clone() };
+    let frames = vec![Frame::SourceBatch(batch), Frame::SourceBatch(whole), Frame::Window(close), Frame::Window(void)];
+    let (buf, _) = segment_with(SEG, EPOCH, 0, std::slice::from_ref(&frames));
+    assert_eq!(scan_one(&buf).unwrap()[0].groups[0].frames, frames);
 }

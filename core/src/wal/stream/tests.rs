@@ -36,6 +36,7 @@ fn batch(r: &mut Rng, p: u32, from: u64) -> Frame {
         checkpoint: None,
         records,
         counted: None,
+        provisional: false,
     })
 }
 

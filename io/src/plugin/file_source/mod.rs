@@ -343,6 +343,8 @@ impl FileSource {
             end: Self::position(generation, end),
             checkpoint: Some(serde_json::to_vec(&checkpoint).expect("a checkpoint serializes")),
             schema: None,
+            window: skippr_core::Window::None,
+            keys: Vec::new(),
         };
         Ok((Some(batch), read))
     }

@@ -95,6 +95,8 @@ impl Source for Generator {
                 end: Position(to),
                 checkpoint: None,
                 schema: None,
+                window: skippr_core::Window::None,
+                keys: Vec::new(),
             });
             budget -= to - from;
             self.produced += to - from;

@@ -461,6 +461,8 @@ impl Source for ExternalSource {
                 end: Position(b.end),
                 checkpoint: b.checkpoint.map(String::into_bytes),
                 schema: b.schema.map(|s| s.get().as_bytes().to_vec()),
+                window: skippr_core::Window::None,
+                keys: Vec::new(),
             });
         }
         Ok((batches, reply.exhausted))

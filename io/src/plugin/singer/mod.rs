@@ -447,6 +447,8 @@ impl SingerSource {
                     end: Position(*position),
                     checkpoint: Some(with_part(base, end, hash)),
                     schema: schema.take(),
+                    window: skippr_core::Window::None,
+                    keys: Vec::new(),
                 });
                 start = end;
             }

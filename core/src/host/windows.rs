@@ -1,0 +1,134 @@
+//! Part `Windows`: sources' windows as admitted (committed or on their
+//! way), and the bookmark rule (section 22).
+//!
+//! A windowed source's batches join its open window until one closes it;
+//! this part knows each open window's parts (what the `Window` frame that
+//! ends it names) before they commit. It also keeps each partition's *run*:
+//! the digests of its last records admitted under one resume key, which a
+//! closing frame commits as the partition's tail. When the source starts
+//! over (`Window::Restart`), each partition's committed tail is armed: its
+//! next records under the tail's key that are byte for byte one of the
+//! tail's are dropped (each digest once), until a record under another key
+//! comes. That is a tap resuming inclusively from its bookmark, sending the
+//! records at the bookmark again.
+
+use crate::ids::*;
+use crate::state::CommittedState;
+use crate::wal::{Frame, Record, Tail, WindowEnd, WindowPart, TAIL_DIGESTS_MAX};
+use std::collections::BTreeMap;
+
+#[derive(Default)]
+pub(super) struct Windows {
+    open: BTreeMap<SourceId, BTreeMap<u32, WindowPart>>,
+    /// Each partition's tail as admitted: the committed ones, and those of
+    /// closing frames on their way.
+    tails: BTreeMap<PartitionKey, Tail>,
+    runs: BTreeMap<PartitionKey, Tail>,
+    resuming: BTreeMap<PartitionKey, Tail>,
+}
+
+/// A record's digest, as tails keep it.
+pub fn digest(record: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(record)
+}
+
+impl Windows {
+    /// At the end of recovery: no window is open (recovery voids the ones
+    /// the WAL holds), and runs are the committed tails.
+    pub(super) fn restore(&mut self, committed: &CommittedState) {
+        self.open.clear();
+        self.resuming.clear();
+        self.tails = committed.tails.clone();
+        self.runs = committed.tails.clone();
+    }
+
+    pub(super) fn is_open(&self, source: SourceId) -> bool {
+        self.open.contains_key(&source)
+    }
+
+    /// The records of a windowed batch of `key` to take in: those the
+    /// bookmark rule does not drop. Runs follow the records taken.
+    pub(super) fn take(&mut self, key: PartitionKey, keyed: Vec<(Record, Option<u64>)>) -> Vec<Record> {
+        let mut out = Vec::with_capacity(keyed.len());
+        for (record, resume_key) in keyed {
+            let d = digest(&record.bytes);
+            if let Some(tail) = self.resuming.get_mut(&key) {
+                if resume_key == Some(tail.key) {
+                    if let Some(i) = tail.digests.iter().position(|x| *x == d) {
+                        tail.digests.remove(i);
+                        continue;
+                    }
+                } else {
+                    self.resuming.remove(&key);
+                }
+            }
+            match resume_key {
+                Some(k) => {
+                    let fresh = || Tail { partition: key.partition, key: k, digests: Vec::new(), more: false };
+                    let run = self.runs.entry(key).or_insert_with(fresh);
+                    if run.key != k {
+                        *run = fresh();
+                    }
+                    match run.digests.len() < TAIL_DIGESTS_MAX {
+                        true => run.digests.push(d),
+                        false => run.more = true,
+                    }
+                }
+                None => {
+                    self.runs.remove(&key);
+                }
+            }
+            out.push(record);
+        }
+        out
+    }
+
+    /// Records of `key` from `from` to `to` joined its source's window.
+    pub(super) fn admitted(&mut self, key: PartitionKey, stream: StreamId, from: Position, to: Position, records: u64) {
+        let fresh = WindowPart { partition: key.partition, stream, from, to: from, records: 0 };
+        let part = self.open.entry(key.source).or_default().entry(key.partition).or_insert(fresh);
+        part.to = to;
+        part.records += records;
+    }
+
+    /// The frame closing `source`'s window with `checkpoint`, if one is
+    /// open: its parts, and the tail of each (none where the partition's
+    /// last records had no resume key and it had a tail).
+    pub(super) fn close(&mut self, source: SourceId, checkpoint: Option<Vec<u8>>) -> Option<Frame> {
+        let parts = self.open.remove(&source)?;
+        let mut tails = Vec::new();
+        for &partition in parts.keys() {
+            let key = PartitionKey { source, partition };
+            match self.runs.get(&key) {
+                Some(run) => {
+                    self.tails.insert(key, run.clone());
+                    tails.push(run.clone());
+                }
+                None if self.tails.remove(&key).is_some() => {
+                    tails.push(Tail { partition, key: 0, digests: Vec::new(), more: false })
+                }
+                None => {}
+            }
+        }
+        let parts = parts.into_values().collect();
+        Some(Frame::Window(WindowEnd { source, checkpoint, closed: true, parts, tails }))
+    }
+
+    /// `source` starts over from its last closed window: the frame voiding
+    /// its open window, if any; its runs go back to the tails, which are
+    /// armed.
+    pub(super) fn restart(&mut self, source: SourceId) -> Option<Frame> {
+        let void = self.open.remove(&source).map(|parts| {
+            let parts = parts.into_values().collect();
+            Frame::Window(WindowEnd { source, checkpoint: None, closed: false, parts, tails: Vec::new() })
+        });
+        let of_source = |key: &PartitionKey| key.source == source;
+        self.runs.retain(|key, _| !of_source(key));
+        self.resuming.retain(|key, _| !of_source(key));
+        for (key, tail) in self.tails.iter().filter(|(key, _)| of_source(key)) {
+            self.runs.insert(*key, tail.clone());
+            self.resuming.insert(*key, tail.clone());
+        }
+        void
+    }
+}
