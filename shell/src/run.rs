@@ -214,10 +214,7 @@ fn plugins(cfg: &RunConfig, wal_identity: &str, s3: &S3Targets) -> Result<Plugin
                 properties: singer.properties.clone(),
                 // --once: one sync, then the daemon drains and exits.
                 interval: if cfg.once { None } else { singer.interval.map(std::time::Duration::from_secs_f64) },
-                buffer_bytes: singer.buffer_bytes,
                 timeout,
-                // Half a commit group: the host never splits a batch.
-                batch_bytes: limits(cfg).group_bytes_max / 2,
                 record_bytes_max: cfg.record_bytes_max,
             };
             let source = SingerSource::start(settings).map_err(|e| (exit::PLUGIN, e.to_string()))?;

@@ -28,7 +28,8 @@ impl Host {
         if self.cfg.stop_when_exhausted && self.sources.all_exhausted() {
             self.on_shutdown();
         }
-        let any = batches.iter().any(|b| !b.records.is_empty());
+        // A window's close or restart is news too: read on at once.
+        let any = batches.iter().any(|b| !b.records.is_empty() || b.window != Window::None);
         for batch in batches {
             if let Err(stop) = self.accept(source, batch) {
                 return self.stop(stop);

@@ -232,7 +232,7 @@ impl Sources {
                 frames = split(cfg, key, batch.stream, records, batch.end, &None, true).map_err(protocol)?;
             }
             if window == Window::Close {
-                frames.extend(windows.close(source, batch.checkpoint));
+                frames.extend(windows.close(source, batch.checkpoint, group_room(cfg)).map_err(protocol)?);
             }
             if frames.is_empty() {
                 return Ok(None);
@@ -311,6 +311,11 @@ impl Sources {
     }
 }
 
+/// Bytes a frame may take in a commit group of its own, less a margin.
+fn group_room(cfg: &HostConfig) -> usize {
+    (cfg.limits.group_bytes_max - SEAL_RESERVE) as usize - FRAME_HEADER_BYTES - 64
+}
+
 /// Splits a batch's records into source-batch frames that each fit a commit
 /// group; every chunk leaves room for the checkpoint the last one carries. A
 /// record too large for a group's usual size goes in a frame of its own,
@@ -326,8 +331,7 @@ fn split(
     provisional: bool,
 ) -> Result<Vec<Frame>, &'static str> {
     let checkpoint_bytes = checkpoint.as_ref().map_or(0, |c| 4 + c.len());
-    let group_room = (cfg.limits.group_bytes_max - SEAL_RESERVE) as usize - FRAME_HEADER_BYTES - 64;
-    let Some(frame_budget) = group_room.checked_sub(checkpoint_bytes).filter(|b| *b >= 64) else {
+    let Some(frame_budget) = group_room(cfg).checked_sub(checkpoint_bytes).filter(|b| *b >= 64) else {
         return Err("a checkpoint is larger than a commit group allows");
     };
     let frame = |records, end, checkpoint| {

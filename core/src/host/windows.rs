@@ -93,17 +93,32 @@ impl Windows {
 
     /// The frame closing `source`'s window with `checkpoint`, if one is
     /// open: its parts, and the tail of each (none where the partition's
-    /// last records had no resume key and it had a tail).
-    pub(super) fn close(&mut self, source: SourceId, checkpoint: Option<Vec<u8>>) -> Option<Frame> {
-        let parts = self.open.remove(&source)?;
+    /// last records had no resume key and it had a tail). Tails lose
+    /// digests (and say there were more) until the frame takes at most
+    /// `room` bytes; `Err` when its parts and checkpoint alone take more.
+    pub(super) fn close(
+        &mut self,
+        source: SourceId,
+        checkpoint: Option<Vec<u8>>,
+        room: usize,
+    ) -> Result<Option<Frame>, &'static str> {
+        let Some(parts) = self.open.get(&source) else { return Ok(None) };
+        let bare = WindowEnd {
+            source,
+            checkpoint: checkpoint.clone(),
+            closed: true,
+            parts: parts.values().copied().collect(),
+            tails: Vec::new(),
+        };
+        if Frame::Window(bare).encoded_len() > room {
+            return Err("a checkpoint is larger than a commit group allows");
+        }
+        let parts = self.open.remove(&source).expect("looked up above");
         let mut tails = Vec::new();
         for &partition in parts.keys() {
             let key = PartitionKey { source, partition };
             match self.runs.get(&key) {
-                Some(run) => {
-                    self.tails.insert(key, run.clone());
-                    tails.push(run.clone());
-                }
+                Some(run) => tails.push(run.clone()),
                 None if self.tails.remove(&key).is_some() => {
                     tails.push(Tail { partition, key: 0, digests: Vec::new(), more: false })
                 }
@@ -111,7 +126,22 @@ impl Windows {
             }
         }
         let parts = parts.into_values().collect();
-        Some(Frame::Window(WindowEnd { source, checkpoint, closed: true, parts, tails }))
+        let mut end = WindowEnd { source, checkpoint, closed: true, parts, tails };
+        let mut over = Frame::Window(end.clone()).encoded_len().saturating_sub(room);
+        while over > 0 {
+            let longest = end.tails.iter_mut().max_by_key(|t| t.digests.len()).expect("tails make it too large");
+            longest.digests.pop();
+            longest.more = true;
+            over = over.saturating_sub(8);
+        }
+        for t in &end.tails {
+            let key = PartitionKey { source, partition: t.partition };
+            match t.digests.is_empty() {
+                true => self.tails.remove(&key),
+                false => self.tails.insert(key, t.clone()),
+            };
+        }
+        Ok(Some(Frame::Window(end)))
     }
 
     /// `source` starts over from its last closed window: the frame voiding
@@ -130,5 +160,27 @@ impl Windows {
             self.resuming.insert(*key, tail.clone());
         }
         void
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_keeps_at_most_its_bound_and_says_there_were_more() {
+        let mut w = Windows::default();
+        let key = PartitionKey { source: SourceId(0), partition: 0 };
+        let n = TAIL_DIGESTS_MAX as u64 + 3;
+        let keyed = (0..n).map(|p| (Record { position: Position(p), bytes: p.to_le_bytes().to_vec() }, Some(7)));
+        assert_eq!(w.take(key, keyed.collect()).len() as u64, n);
+        let run = &w.runs[&key];
+        assert_eq!((run.key, run.digests.len(), run.more), (7, TAIL_DIGESTS_MAX, true));
+        // A record under another key starts the run again; one without a
+        // key ends it.
+        w.take(key, vec![(Record { position: Position(n), bytes: vec![1] }, Some(8))]);
+        assert_eq!((w.runs[&key].key, w.runs[&key].digests.len(), w.runs[&key].more), (8, 1, false));
+        w.take(key, vec![(Record { position: Position(n + 1), bytes: vec![2] }, None)]);
+        assert!(!w.runs.contains_key(&key));
     }
 }

@@ -252,7 +252,7 @@ pub struct Tail {
 }
 
 /// The most record digests a partition's tail keeps.
-pub const TAIL_DIGESTS_MAX: usize = 128;
+pub const TAIL_DIGESTS_MAX: usize = 4096;
 
 /// An open plan an operator gave up (`run --skip-batch`): its records go to
 /// neither the sink nor the dead letters, and the plan counts as done.

@@ -39,7 +39,6 @@ fn the_singer_source_needs_its_tap_and_takes_a_catalog_or_properties_not_both() 
             catalog: None,
             properties: None,
             interval: Some(60.0),
-            buffer_bytes: 64 << 20,
         })
     );
     let once = singer("singer_command = \"t\"\nsinger_interval = 0").unwrap();
@@ -47,6 +46,8 @@ fn the_singer_source_needs_its_tap_and_takes_a_catalog_or_properties_not_both() 
     assert!(singer("singer_command = \"t\"\nsinger_interval = -1").unwrap_err().contains("--singer-interval"));
     let both = "singer_command = \"t\"\nsinger_catalog = \"c.json\"\nsinger_properties = \"p.json\"";
     assert!(singer(both).unwrap_err().contains("not both"));
+    let gone = singer("singer_command = \"t\"\nsinger_buffer_bytes = 100").unwrap_err();
+    assert!(gone.contains("is gone") && gone.contains("--wal-max-bytes"), "{gone}");
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! the bookmark rule drops records a resumed source sends again.
 
 use super::*;
-use crate::wal::{Tail, WindowEnd};
+use crate::wal::WindowEnd;
 
 impl Harness {
     fn send(&mut self, batches: Vec<SourceBatchIn>) {
@@ -199,18 +199,6 @@ fn the_bookmark_rule_holds_across_a_restart_of_the_daemon() {
 }
 
 #[test]
-fn a_tail_keeps_at_most_its_bound_and_says_there_were_more() {
-    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
-    h.open_source();
-    let n = crate::wal::TAIL_DIGESTS_MAX as u64 + 3;
-    let mut b = rows_at(0, n, Window::Open);
-    b.keys = vec![Some(7); n as usize];
-    h.send(vec![b, close(n, "state-1")]);
-    let tail: &Tail = &h.host.committed().tails[&key0()];
-    assert_eq!((tail.digests.len(), tail.more), (crate::wal::TAIL_DIGESTS_MAX, true));
-}
-
-#[test]
 fn a_window_that_fills_the_wal_stops_the_engine_naming_the_limit() {
     let limits = Limits { wal_bytes_max: 3 * 64 * 1024, ..config().limits };
     let mut h = Harness::start_full(HostConfig { limits, ..config() }, BTreeMap::new(), BTreeMap::new(), Vec::new());
@@ -234,4 +222,34 @@ fn a_window_that_fills_the_wal_stops_the_engine_naming_the_limit() {
         "{:?} after {at} records",
         h.stopped
     );
+}
+
+#[test]
+fn a_close_too_large_for_a_group_keeps_fewer_digests_and_a_checkpoint_too_large_stops() {
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    // Four partitions of 200 records under one key each: 6,400 bytes of
+    // digests, more than a group of this engine (4 KiB) holds.
+    let n = 200;
+    let batches: Vec<SourceBatchIn> = (0..4)
+        .map(|p| {
+            let mut b = rows_at(0, n, Window::Open);
+            b.partition = p;
+            b.keys = vec![Some(1); n as usize];
+            b
+        })
+        .collect();
+    h.send(batches);
+    h.send(vec![close(n, "state-1")]);
+    assert!(h.stopped.is_none(), "{:?}", h.stopped);
+    let tails = &h.host.committed().tails;
+    assert_eq!(tails.len(), 4);
+    assert!(tails.values().any(|t| t.more && t.digests.len() < n as usize), "trimmed");
+    let kept: usize = tails.values().map(|t| t.digests.len()).sum();
+    assert!((400..512).contains(&kept), "trimmed only as far as needed: {kept}");
+    // A checkpoint larger than a group: the source broke the protocol.
+    let mut h = Harness::start(BTreeMap::new(), BTreeMap::new());
+    h.open_source();
+    h.send(vec![rows_at(0, 1, Window::Open), close(1, &"s".repeat(5000))]);
+    assert!(matches!(h.stopped, Some(StopReason::SourceProtocol { .. })), "{:?}", h.stopped);
 }

@@ -1,36 +1,28 @@
-//! Singer taps as a source: the host runs the tap, reads its `SCHEMA`,
-//! `RECORD` and `STATE` messages, and commits records only at a `STATE`.
+//! Singer taps as a source: the host runs the tap and reads its `SCHEMA`,
+//! `RECORD` and `STATE` messages; the engine's windows (section 22 of
+//! docs/ARCHITECTURE.md) make it exactly once.
 //!
 //! Each Singer stream is a partition (the 31-bit name hash the file source
 //! uses) and a stream of the WAL. A record's position is a per-partition
-//! count that grows across runs. The records between two `STATE` messages
-//! (a *window*) are held here, in memory up to `buffer_bytes`, and handed
-//! to the host only when the `STATE` that closes the window arrives; what a
-//! tap sent after its last `STATE` is dropped when it ends, and comes again
-//! on the next run. A tap that holds more than `buffer_bytes` between two
-//! states stops the engine (`Source::refused`) with a message naming the
-//! limit to raise.
-//!
-//! The checkpoint, on the last batch of a window of every partition that has
-//! records in it, is the window's number `k`, the tap's state, the end
-//! position of every partition at that state, and the same for the window
-//! before (`prev`). Batches of a window are cut small enough that the host
-//! never splits one across commit groups, and the ones before a partition's
-//! last carry the previous window's checkpoint, so every committed frame
-//! names a state the tap can resume from. On open the source takes the
-//! newest checkpoint among the partitions; if some partition has not
-//! committed that window's records (a crash between the window's commit
-//! groups), it resumes from the window before. WAL groups commit in order,
-//! so that one is whole. Each batch's checkpoint also carries the count
-//! and hash of its partition's records of the window so far: the first
-//! records the tap sends again of a partition are checked against them.
-//! The same records keep their positions and the host drops them as held;
-//! other records go after what is committed, so nothing is lost, and a sink
-//! that does not upsert by the stream's key holds both copies.
+//! count that only grows, across runs and restarts of the tap. The records
+//! between two `STATE` messages are a *window*: handed to the host as they
+//! come (`Window::Open`), committed to the WAL, and taken as read only when
+//! the `STATE` that closes them commits (`Window::Close`, the state as the
+//! checkpoint of every partition the window holds). Each time the tap
+//! starts, the host is told first (`Window::Restart`): a window left open
+//! (the tap died, or ended without a last `STATE`) is void, and the records
+//! the tap sends again from its state are new ones at new positions. With
+//! each record goes its *resume key*, a hash of its replication-key value
+//! (the `SCHEMA`'s `bookmark_properties`, or the catalog's
+//! `replication-key`): after a restart the engine drops the records that
+//! are byte for byte ones committed last under the same key (the bookmark
+//! rule), so a tap that resumes inclusively (`>=`, as the Singer SDK's SQL
+//! taps do) sends nothing twice.
 //!
 //! Taps end when their sync ends; the next run starts `interval` after the
-//! last one ended, from the last state handed to the host (after a restart,
-//! from the committed one), written to a file passed as `--state`.
+//! last one ended, from the last state handed to the host (after a restart
+//! of the daemon, from the committed one), written to a file passed as
+//! `--state`.
 
 pub mod settings;
 
@@ -41,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use skippr_core::format::Record;
-use skippr_core::{Position, ResumePoint};
+use skippr_core::{Position, ResumePoint, Window};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::PathBuf;
@@ -62,13 +54,8 @@ pub struct SingerSettings {
     /// Between the end of one run and the start of the next; `None` runs the
     /// tap once (the source is then exhausted).
     pub interval: Option<Duration>,
-    /// Records held between two states, at most.
-    pub buffer_bytes: u64,
     /// A tap silent this long while it runs is killed.
     pub timeout: Duration,
-    /// A batch handed to the host stays below this many bytes, so that it
-    /// commits in one group.
-    pub batch_bytes: u64,
     /// The largest record (`--record-bytes-max`): a line of the tap may be
     /// this long and 1 MiB more, and a longer one stops the daemon.
     pub record_bytes_max: u64,
@@ -92,42 +79,23 @@ pub struct SingerStream {
     /// than letters, digits, '-' and '_' made '_'.
     pub name: String,
     pub key_properties: Vec<String>,
+    /// The catalog's replication key (`replication-key` in the stream's
+    /// metadata, or `replication_key`), if it names one.
+    pub replication_key: Option<String>,
 }
 
+/// A window's checkpoint: its number and the tap's state. Checkpoints of
+/// earlier versions also carry each partition's end at the state and the
+/// window before (`ends`, `prev`): read only, to resume from a window an
+/// earlier version committed in part.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 struct Checkpoint {
     k: u64,
     state: Option<Value>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     ends: BTreeMap<u32, u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     prev: Option<Box<Checkpoint>>,
-    /// On a batch's checkpoint: how many of its partition's records of the
-    /// window it belongs to are at or below its end, and their hash; what a
-    /// resume checks the tap's re-sent records against.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    part: Option<Part>,
-}
-
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-struct Part {
-    count: u64,
-    hash: u64,
-}
-
-impl Checkpoint {
-    fn none() -> Checkpoint {
-        Checkpoint { k: 0, state: None, ends: BTreeMap::new(), prev: None, part: None }
-    }
-}
-
-/// The running hash of a partition's records in a window.
-fn hash_records<'a>(records: impl IntoIterator<Item = &'a Vec<u8>>) -> u64 {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for r in records {
-        h.update(&(r.len() as u64).to_le_bytes());
-        h.update(r);
-    }
-    h.digest()
 }
 
 struct Run {
@@ -135,6 +103,8 @@ struct Run {
     lines: Lines,
     last_line: Instant,
     state_file: Option<PathBuf>,
+    /// The host has not yet been told that the tap started.
+    announce: bool,
 }
 
 pub struct SingerSource {
@@ -145,23 +115,24 @@ pub struct SingerSource {
     run: Option<Run>,
     next_run: Option<Instant>,
     exhausted: bool,
-    /// The last checkpoint handed to the host (or given at open).
-    latest: Checkpoint,
+    /// The number of the last window handed to the host, and its state:
+    /// what the tap starts from.
+    k: u64,
+    state: Option<Value>,
     /// Next position per partition.
     next: BTreeMap<u32, u64>,
-    /// The open window: records per partition, and their bytes.
-    window: BTreeMap<u32, Vec<Vec<u8>>>,
-    window_bytes: u64,
+    /// Batches of this read, ready; and per partition the one being filled.
+    ready: Vec<Batch>,
+    filling: BTreeMap<u32, Batch>,
+    /// Records in this read so far.
+    taken: usize,
     /// The schema a partition's next batch carries (a `SCHEMA` since its last).
     schemas: BTreeMap<u32, Vec<u8>>,
+    /// Per partition, the field whose value is a record's resume key.
+    resume_keys: BTreeMap<u32, String>,
     runs: u64,
-    /// Why the source cannot go on (a window past the buffer).
+    /// Why the source cannot go on (a line past the limit).
     refused: Option<String>,
-    /// After a resume, per partition: its records committed past the state
-    /// the tap resumes from (a window a crash split), their count and hash,
-    /// and the committed position. The tap's first records of that
-    /// partition are checked against them.
-    verify: BTreeMap<u32, (Part, u64)>,
 }
 
 #[derive(Deserialize)]
@@ -176,6 +147,15 @@ struct Message<'a> {
     schema: Option<&'a RawValue>,
     #[serde(default)]
     value: Option<Value>,
+    #[serde(default)]
+    bookmark_properties: Option<Vec<String>>,
+}
+
+/// A record's resume key: the hash of its `field`'s value as the tap wrote
+/// it, or `None` without that field (or not an object).
+fn resume_key(record: &RawValue, field: &str) -> Option<u64> {
+    let fields: BTreeMap<&str, &RawValue> = serde_json::from_str(record.get()).ok()?;
+    Some(xxhash_rust::xxh3::xxh3_64(fields.get(field)?.get().as_bytes()))
 }
 
 impl SingerSource {
@@ -195,6 +175,7 @@ impl SingerSource {
         let mut partitions = BTreeMap::new();
         let mut by_partition: BTreeMap<u32, &str> = BTreeMap::new();
         let mut names = BTreeSet::new();
+        let mut resume_keys = BTreeMap::new();
         for s in &streams {
             let p = super::FileSource::partition_of(&s.tap_name);
             if let Some(other) = by_partition.insert(p, &s.tap_name) {
@@ -210,6 +191,9 @@ impl SingerSource {
                 )));
             }
             partitions.insert(s.tap_name.clone(), p);
+            if let Some(field) = &s.replication_key {
+                resume_keys.insert(p, field.clone());
+            }
         }
         info!(streams = ?streams.iter().map(|s| &s.name).collect::<Vec<_>>(), "singer source: streams");
         Ok(SingerSource {
@@ -219,14 +203,16 @@ impl SingerSource {
             run: None,
             next_run: None,
             exhausted: false,
-            latest: Checkpoint::none(),
+            k: 0,
+            state: None,
             next: BTreeMap::new(),
-            window: BTreeMap::new(),
-            window_bytes: 0,
+            ready: Vec::new(),
+            filling: BTreeMap::new(),
+            taken: 0,
             schemas: BTreeMap::new(),
+            resume_keys,
             runs: 0,
             refused: None,
-            verify: BTreeMap::new(),
         })
     }
 
@@ -261,18 +247,22 @@ impl SingerSource {
         }
     }
 
-    /// Drops the open window (never handed to the host).
-    fn drop_window(&mut self) -> usize {
-        let n = self.window.values().map(Vec::len).sum();
-        self.window.clear();
-        self.window_bytes = 0;
+    /// Drops what this read gathered and not yet handed over.
+    fn drop_gathered(&mut self) -> usize {
+        let n = self.ready.iter().chain(self.filling.values()).map(|b| b.records.len()).sum();
+        self.ready.clear();
+        self.filling.clear();
+        self.taken = 0;
         n
     }
 
     fn fail(&mut self, what: String) -> PluginError {
         let (status, _) = self.stop_run();
-        let dropped = self.drop_window();
-        let e = PluginError(format!("singer tap: {what}; it {status}; {dropped} records after its last STATE are dropped and come again from that state"));
+        self.drop_gathered();
+        let e = PluginError(format!(
+            "singer tap: {what}; it {status}; what it sent after its last STATE is void and comes again from that \
+             state"
+        ));
         warn!("{e}");
         e
     }
@@ -280,7 +270,7 @@ impl SingerSource {
     fn launch(&mut self) -> Result<(), PluginError> {
         let mut command = self.settings.command.clone();
         let mut state_file = None;
-        if let Some(state) = &self.latest.state {
+        if let Some(state) = &self.state {
             let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
             let path = std::env::temp_dir().join(format!(
                 "skipprd-singer-state-{}-{}-{nanos}.json",
@@ -313,13 +303,32 @@ impl SingerSource {
                 return Err(e);
             }
         };
-        info!(pid = child.id(), from_window = self.latest.k, "singer tap started");
-        self.run = Some(Run { child, lines, last_line: Instant::now(), state_file });
+        info!(pid = child.id(), from_window = self.k, "singer tap started");
+        self.run = Some(Run { child, lines, last_line: Instant::now(), state_file, announce: true });
         Ok(())
     }
 
-    /// One line of the tap; `Some` when it closed a window.
-    fn take_line(&mut self, line: &str) -> Result<Option<Vec<Batch>>, PluginError> {
+    /// A batch of `partition` that carries no record (a restart or a close).
+    fn empty_batch(&self, partition: u32, window: Window, checkpoint: Option<Vec<u8>>) -> Batch {
+        Batch {
+            partition,
+            stream: self.stream_name(partition),
+            records: Vec::new(),
+            end: Position(self.next.get(&partition).copied().unwrap_or(0)),
+            checkpoint,
+            schema: None,
+            window,
+            keys: Vec::new(),
+        }
+    }
+
+    /// Any partition of the source: a batch with no record names one.
+    fn some_partition(&self) -> u32 {
+        self.partitions.values().copied().min().expect("a Singer source has a stream")
+    }
+
+    /// One line of the tap; true when it closed a window.
+    fn take_line(&mut self, line: &str) -> Result<bool, PluginError> {
         let message: Message = match serde_json::from_str(line) {
             Ok(m) => m,
             Err(e) => {
@@ -345,137 +354,68 @@ impl SingerSource {
                 let Some(record) = message.record else {
                     return Err(self.fail(format!("sent a RECORD without a record: {}", clip(line))));
                 };
-                let bytes = record.get().as_bytes().to_vec();
-                self.window_bytes += bytes.len() as u64 + 12;
-                if self.window_bytes > self.settings.buffer_bytes {
-                    let limit = self.settings.buffer_bytes;
-                    let why = format!(
-                        "the Singer tap sent more than {limit} bytes of records without a STATE; the records of one \
-                         window are held in memory until the STATE that closes it: raise --singer-buffer-bytes (now \
-                         {limit}) or make the tap send STATE more often"
-                    );
-                    self.refused = Some(why.clone());
-                    return Err(self.fail(why));
+                let key = self.resume_keys.get(&p).and_then(|field| resume_key(record, field));
+                let position = self.next.entry(p).or_default();
+                let at = Position(*position);
+                *position += 1;
+                let end = Position(*position);
+                if !self.filling.contains_key(&p) {
+                    let mut batch = self.empty_batch(p, Window::Open, None);
+                    batch.schema = self.schemas.remove(&p);
+                    self.filling.insert(p, batch);
                 }
-                self.window.entry(p).or_default().push(bytes);
-                Ok(None)
+                let batch = self.filling.get_mut(&p).expect("inserted above");
+                batch.records.push(Record { position: at, bytes: record.get().as_bytes().to_vec() });
+                batch.keys.push(key);
+                batch.end = end;
+                self.taken += 1;
+                Ok(false)
             }
             "SCHEMA" => {
                 let p = partition(self, &message)?;
                 if let Some(schema) = message.schema {
+                    // Records before it went under the schema before.
+                    if let Some(batch) = self.filling.remove(&p) {
+                        self.ready.push(batch);
+                    }
                     self.schemas.insert(p, schema.get().as_bytes().to_vec());
                 }
-                Ok(None)
+                if let Some(field) = message.bookmark_properties.and_then(|b| b.into_iter().next()) {
+                    self.resume_keys.insert(p, field);
+                }
+                Ok(false)
             }
             "STATE" => {
                 let Some(value) = message.value else {
                     return Err(self.fail(format!("sent a STATE without a value: {}", clip(line))));
                 };
-                self.close_window(value).map(Some)
+                self.close_window(value);
+                Ok(true)
             }
             // ACTIVATE_VERSION, BATCH and newer kinds carry nothing this
             // source acts on.
-            _ => Ok(None),
+            _ => Ok(false),
         }
     }
 
-    /// The window closed by `state`, as batches: each under the batch size,
-    /// the last of a partition with the new checkpoint, the others with the
-    /// one before.
-    fn close_window(&mut self, state: Value) -> Result<Vec<Batch>, PluginError> {
-        let window = std::mem::take(&mut self.window);
-        self.window_bytes = 0;
-        let mut prev = self.latest.clone();
-        prev.prev = None;
-        let mut ends = self.next.clone();
-        for (p, records) in &window {
-            *ends.entry(*p).or_default() += records.len() as u64;
-        }
-        let next = Checkpoint {
-            k: prev.k + 1,
-            state: Some(state),
-            ends: ends.clone(),
-            prev: Some(Box::new(prev.clone())),
-            part: None,
-        };
-        // Each batch's checkpoint names its partition's count and hash so
-        // far; the rest is the window's (the last batch of a partition) or
-        // the one before (the others).
-        let with_part = |c: &Checkpoint, count: usize, hash: u64| {
-            let c = Checkpoint { part: Some(Part { count: count as u64, hash }), ..c.clone() };
-            serde_json::to_vec(&c).expect("a checkpoint serializes")
-        };
-        let closing_len = with_part(&next, 0, 0).len() as u64;
-        if closing_len + 256 > self.settings.batch_bytes {
-            let why = format!(
-                "the Singer tap's state is {closing_len} bytes, too large for a commit group: raise \
-                 --wal-bytes-per-file (a commit group is an eighth of it, at most 1 MiB), or make the tap's \
-                 state smaller"
-            );
-            self.refused = Some(why.clone());
-            warn!("{why}");
-            return Err(PluginError(why));
-        }
-        let budget = self.settings.batch_bytes - closing_len - 64;
-        let mut batches = Vec::new();
-        for (p, records) in window {
-            self.check_resent(p, &records);
-            let stream = self.stream_name(p);
-            let mut schema = self.schemas.remove(&p);
-            let position = self.next.entry(p).or_default();
-            let total = records.len();
-            let mut start = 0;
-            while start < total {
-                let mut end = start;
-                let mut bytes = 0u64;
-                while end < total && (end == start || bytes + 12 + records[end].len() as u64 <= budget) {
-                    bytes += 12 + records[end].len() as u64;
-                    end += 1;
-                }
-                let hash = hash_records(&records[..end]);
-                let base = if end == total { &next } else { &prev };
-                let chunk = records[start..end]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| Record { position: Position(*position + i as u64), bytes: r.clone() })
-                    .collect();
-                *position += (end - start) as u64;
-                batches.push(Batch {
-                    partition: p,
-                    stream: stream.clone(),
-                    records: chunk,
-                    end: Position(*position),
-                    checkpoint: Some(with_part(base, end, hash)),
-                    schema: schema.take(),
-                    window: skippr_core::Window::None,
-                    keys: Vec::new(),
-                });
-                start = end;
-            }
-        }
-        self.latest = next;
-        Ok(batches)
+    /// The window closed by `state`: what it gathered, then the close.
+    fn close_window(&mut self, state: Value) {
+        let filled = std::mem::take(&mut self.filling);
+        self.ready.extend(filled.into_values());
+        self.k += 1;
+        let checkpoint = Checkpoint { k: self.k, state: Some(state), ends: BTreeMap::new(), prev: None };
+        let bytes = serde_json::to_vec(&checkpoint).expect("a checkpoint serializes");
+        self.state = checkpoint.state;
+        let close = self.empty_batch(self.some_partition(), Window::Close, Some(bytes));
+        self.ready.push(close);
     }
 
-    /// After a resume from a state some of whose later records of `p` are
-    /// committed: the tap's first records of `p` are those again (same
-    /// count and hash), and keep their positions, so the host drops them as
-    /// already held; or they are not, and they go after what is committed
-    /// (nothing lost; a sink that does not upsert keeps both copies).
-    fn check_resent(&mut self, p: u32, records: &[Vec<u8>]) {
-        let Some((part, committed)) = self.verify.remove(&p) else { return };
-        let n = part.count as usize;
-        if records.len() >= n && hash_records(&records[..n]) == part.hash {
-            info!(partition = p, records = n, "singer source: the tap re-sent the split window's committed records faithfully; they are not taken twice");
-            return;
-        }
-        warn!(
-            partition = p,
-            records = n,
-            "singer source: the tap did not re-send the split window's committed records as they were; they stay, \
-             and what it sent now goes after them (a sink that does not upsert by key holds both)"
-        );
-        self.next.insert(p, committed);
+    /// What this read gathered, handed over.
+    fn hand_over(&mut self) -> Vec<Batch> {
+        let filled = std::mem::take(&mut self.filling);
+        self.ready.extend(filled.into_values());
+        self.taken = 0;
+        std::mem::take(&mut self.ready)
     }
 }
 
@@ -486,27 +426,20 @@ impl Source for SingerSource {
 
     fn open(&mut self, resume: &[ResumePoint]) -> Result<(), PluginError> {
         self.stop_run();
-        self.drop_window();
+        self.drop_gathered();
         self.schemas.clear();
         self.exhausted = false;
         self.refused = None;
-        self.verify.clear();
         self.next_run = None;
         let resumed = resume_from(resume)?;
         self.next = resumed.at;
-        self.verify = resumed.verify;
-        info!(
-            window = resumed.from.k,
-            partitions = self.next.len(),
-            "singer source: resuming from the committed state"
-        );
-        // Window numbers only grow: a resume from the window before a split
-        // one must not number its next window like one already committed.
-        self.latest = Checkpoint { k: resumed.newest_k, ..resumed.from };
+        info!(window = resumed.k, partitions = self.next.len(), "singer source: resuming from the committed state");
+        self.k = resumed.k;
+        self.state = resumed.state;
         Ok(())
     }
 
-    fn read(&mut self, _records_max: u32) -> Result<(Vec<Batch>, bool), PluginError> {
+    fn read(&mut self, records_max: u32) -> Result<(Vec<Batch>, bool), PluginError> {
         if self.exhausted {
             return Ok((Vec::new(), true));
         }
@@ -516,8 +449,17 @@ impl Source for SingerSource {
             }
             self.launch()?;
         }
+        if self.run.as_mut().is_some_and(|r| std::mem::take(&mut r.announce)) {
+            // The tap starts over from its state: whatever the host holds
+            // of a window after it is void.
+            let restart = self.empty_batch(self.some_partition(), Window::Restart, None);
+            self.ready.push(restart);
+        }
         let deadline = Instant::now() + Duration::from_millis(200);
         loop {
+            if self.taken >= records_max as usize {
+                return Ok((self.hand_over(), false));
+            }
             let run = self.run.as_mut().expect("launched above");
             let wait = deadline.saturating_duration_since(Instant::now());
             match run.lines.recv_timeout(wait) {
@@ -526,10 +468,8 @@ impl Source for SingerSource {
                     if line.trim().is_empty() {
                         continue;
                     }
-                    // A STATE that closed an empty window brings nothing:
-                    // read on.
-                    if let Some(batches) = self.take_line(&line)?.filter(|b| !b.is_empty()) {
-                        return Ok((batches, false));
+                    if self.take_line(&line)? {
+                        return Ok((self.hand_over(), false));
                     }
                 }
                 Ok(Line::NotUtf8(lossy)) => {
@@ -547,16 +487,17 @@ impl Source for SingerSource {
                 }
                 Ok(Line::End) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let (status, clean) = self.stop_run();
+                    // Records after the last STATE: those handed over stay
+                    // in an open window, void when the tap starts again.
+                    let dropped = self.drop_gathered();
                     if !clean {
-                        let dropped = self.drop_window();
                         let e = PluginError(format!(
-                            "singer tap {status}; {dropped} records after its last STATE are dropped and come again \
-                             from that state"
+                            "singer tap {status}; what it sent after its last STATE is void and comes again from \
+                             that state"
                         ));
                         warn!("{e}");
                         return Err(e);
                     }
-                    let dropped = self.drop_window();
                     if dropped > 0 {
                         warn!(
                             dropped,
@@ -584,7 +525,7 @@ impl Source for SingerSource {
                             self.fail(format!("sent nothing for {silent:?} (more than --plugin-timeout {timeout:?})"))
                         );
                     }
-                    return Ok((Vec::new(), false));
+                    return Ok((self.hand_over(), false));
                 }
             }
         }
@@ -611,21 +552,15 @@ impl Drop for SingerSource {
 
 /// Where a resume starts.
 struct Resumed {
-    /// The state to start the tap from: the newest checkpoint, or the one
-    /// before it when some partition has not committed the newest window.
-    from: Checkpoint,
-    /// The next position of every partition, at that state.
+    /// The newest window committed, and its state.
+    k: u64,
+    state: Option<Value>,
+    /// The next position of every partition.
     at: BTreeMap<u32, u64>,
-    /// Partitions with records committed past that state: see
-    /// `SingerSource::verify`.
-    verify: BTreeMap<u32, (Part, u64)>,
-    /// The highest window number committed.
-    newest_k: u64,
 }
 
 fn resume_from(resume: &[ResumePoint]) -> Result<Resumed, PluginError> {
     let mut newest: Option<Checkpoint> = None;
-    let mut parts: BTreeMap<u32, Option<Part>> = BTreeMap::new();
     for r in resume {
         let Some(bytes) = &r.checkpoint else { continue };
         let c: Checkpoint = serde_json::from_slice(bytes).map_err(|e| {
@@ -634,52 +569,33 @@ fn resume_from(resume: &[ResumePoint]) -> Result<Resumed, PluginError> {
                 r.partition
             ))
         })?;
-        parts.insert(r.partition, c.part);
         if newest.as_ref().is_none_or(|n| c.k > n.k) {
             newest = Some(c);
         }
     }
-    let committed: BTreeMap<u32, u64> = resume.iter().map(|r| (r.partition, r.position.0)).collect();
-    let Some(newest) = newest else {
-        if let Some(r) = resume.iter().find(|r| r.position.0 > 0) {
-            return Err(PluginError(format!(
-                "partition {} holds records but no Singer checkpoint; was this WAL written by another source?",
-                r.partition
-            )));
+    let at: BTreeMap<u32, u64> = resume.iter().map(|r| (r.partition, r.position.0)).collect();
+    // No checkpoint: nothing committed yet (a void window moves positions
+    // on without one).
+    let Some(newest) = newest else { return Ok(Resumed { k: 0, state: None, at }) };
+    // An earlier version could commit a window in part (a crash between
+    // its commit groups): its checkpoint names every partition's end at
+    // its state, and the tap resumes from the window before if some
+    // partition did not reach it. What it sends again is then new: the
+    // bookmark rule or an upserting sink keeps it once.
+    let whole = newest.ends.iter().all(|(p, end)| at.get(p).copied().unwrap_or(0) >= *end);
+    let from = match whole {
+        true => newest.clone(),
+        false => {
+            warn!("singer source: a WAL of an earlier version holds a window in part; the tap resumes from the state before it");
+            newest.prev.clone().map(|p| *p).unwrap_or(Checkpoint {
+                k: 0,
+                state: None,
+                ends: BTreeMap::new(),
+                prev: None,
+            })
         }
-        let none = BTreeMap::new();
-        return Ok(Resumed { from: Checkpoint::none(), at: none.clone(), verify: BTreeMap::new(), newest_k: 0 });
     };
-    let newest_k = newest.k;
-    let whole = newest.ends.iter().all(|(p, end)| committed.get(p).copied().unwrap_or(0) >= *end);
-    let mut from = if whole {
-        newest
-    } else {
-        let prev = newest.prev.map(|p| *p).unwrap_or_else(Checkpoint::none);
-        warn!(
-            window = prev.k + 1,
-            "singer source: a crash split the last window's commit; the tap resumes from the state before it, and \
-             what it sends again of that window is checked against what was committed"
-        );
-        prev
-    };
-    from.prev = None;
-    from.part = None;
-    let at = from.ends.clone();
-    let mut verify = BTreeMap::new();
-    for (p, committed) in &committed {
-        let start = at.get(p).copied().unwrap_or(0);
-        if *committed <= start {
-            continue;
-        }
-        // Records committed past the state: the last batch's part says how
-        // many and their hash; a part that does not add up is checked as a
-        // mismatch (they stay, and what comes again goes after them).
-        let part = parts.get(p).copied().flatten().filter(|part| part.count == committed - start);
-        let part = part.unwrap_or(Part { count: u64::MAX, hash: 0 });
-        verify.insert(*p, (part, *committed));
-    }
-    Ok(Resumed { from, at, verify, newest_k })
+    Ok(Resumed { k: newest.k, state: from.state, at })
 }
 
 /// The streams of a catalog: the selected ones (all, if none says).
@@ -717,11 +633,16 @@ pub fn parse_catalog(text: &str) -> Result<Vec<SingerStream>, PluginError> {
             .and_then(Value::as_array)
             .map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect())
             .unwrap_or_default();
+        let replication_key = e
+            .get("replication_key")
+            .or_else(|| meta.as_ref()?.get("replication-key"))
+            .and_then(Value::as_str)
+            .map(String::from);
         let name: String =
             tap_name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
         skippr_core::rules::check_stream_name(&name)
             .map_err(|why| bad(format!("selects the stream {:?}, refused: {why}", super::process::clip(&tap_name))))?;
-        streams.push(SingerStream { tap_name, name, key_properties: keys });
+        streams.push(SingerStream { tap_name, name, key_properties: keys, replication_key });
     }
     if streams.is_empty() {
         return Err(bad("selects no stream: mark one `\"selected\": true`".into()));
@@ -786,6 +707,81 @@ fn shell_quote(s: &str) -> String {
 mod tests {
     use super::*;
 
+    fn settings() -> SingerSettings {
+        SingerSettings {
+            command: "true".into(),
+            catalog: None,
+            properties: None,
+            interval: None,
+            timeout: Duration::from_secs(5),
+            record_bytes_max: 4 << 20,
+        }
+    }
+
+    fn source() -> SingerSource {
+        let catalog = r#"{"streams":[{"tap_stream_id":"a","key_properties":["id"],"replication_key":"id"},
+            {"tap_stream_id":"b.c"}]}"#;
+        SingerSource::with_streams(settings(), parse_catalog(catalog).unwrap()).unwrap()
+    }
+
+    fn key_of(value: &str) -> Option<u64> {
+        Some(xxhash_rust::xxh3::xxh3_64(value.as_bytes()))
+    }
+
+    #[test]
+    fn records_go_over_as_they_come_and_a_state_closes_their_window() {
+        let mut s = source();
+        let a = super::super::FileSource::partition_of("a");
+        let bc = super::super::FileSource::partition_of("b.c");
+        for i in 0..3 {
+            assert!(!s
+                .take_line(&format!(r#"{{"type":"RECORD","stream":"a","record":{{"id":{i},"x":"y"}}}}"#))
+                .unwrap());
+        }
+        s.take_line(r#"{"type":"SCHEMA","stream":"b.c","schema":{"type":"object"},"key_properties":[]}"#).unwrap();
+        s.take_line(r#"{"type":"RECORD","stream":"b.c","record":{"v":1}}"#).unwrap();
+        // A read that stops before the STATE hands over an open window.
+        let open = s.hand_over();
+        assert_eq!(open.len(), 2);
+        assert!(open.iter().all(|b| b.window == Window::Open && b.checkpoint.is_none()));
+        let of_a = open.iter().find(|b| b.partition == a).unwrap();
+        assert_eq!(of_a.records.iter().map(|r| r.position.0).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(of_a.keys, vec![key_of("0"), key_of("1"), key_of("2")], "the replication key's value");
+        assert_eq!(&of_a.records[0].bytes[..], br#"{"id":0,"x":"y"}"#, "the record object as the tap wrote it");
+        let of_bc = open.iter().find(|b| b.partition == bc).unwrap();
+        assert_eq!((of_bc.stream.as_str(), of_bc.keys.clone()), ("b_c", vec![None]), "no replication key");
+        assert_eq!(of_bc.schema.as_deref(), Some(&br#"{"type":"object"}"#[..]));
+        // The STATE closes it: the window's number and the state.
+        s.take_line(r#"{"type":"RECORD","stream":"a","record":{"id":3}}"#).unwrap();
+        assert!(s.take_line(r#"{"type":"STATE","value":{"bookmarks":{"a":3}}}"#).unwrap());
+        let closing = s.hand_over();
+        assert_eq!(closing.iter().map(|b| b.window).collect::<Vec<_>>(), vec![Window::Open, Window::Close]);
+        assert_eq!(closing[0].records[0].position.0, 3, "positions count on");
+        let c: Checkpoint = serde_json::from_slice(closing[1].checkpoint.as_ref().unwrap()).unwrap();
+        assert_eq!((c.k, c.state), (1, Some(serde_json::json!({"bookmarks":{"a":3}}))));
+        assert!(closing[1].records.is_empty());
+    }
+
+    #[test]
+    fn a_schema_mid_window_starts_a_batch_and_its_bookmark_properties_name_the_resume_key() {
+        let mut s = source();
+        let bc = super::super::FileSource::partition_of("b.c");
+        s.take_line(r#"{"type":"RECORD","stream":"b.c","record":{"v":1,"t":5}}"#).unwrap();
+        s.take_line(
+            r#"{"type":"SCHEMA","stream":"b.c","schema":{"v":2},"key_properties":[],"bookmark_properties":["t"]}"#,
+        )
+        .unwrap();
+        s.take_line(r#"{"type":"RECORD","stream":"b.c","record":{"v":2,"t":6}}"#).unwrap();
+        let batches = s.hand_over();
+        assert_eq!(batches.len(), 2);
+        assert!(batches.iter().all(|b| b.partition == bc));
+        assert_eq!((batches[0].schema.as_deref(), batches[0].keys.clone()), (None, vec![None]));
+        assert_eq!(
+            (batches[1].schema.as_deref(), batches[1].keys.clone()),
+            (Some(&br#"{"v":2}"#[..]), vec![key_of("6")])
+        );
+    }
+
     fn point(partition: u32, position: u64, c: Option<&Checkpoint>) -> ResumePoint {
         ResumePoint { partition, position: Position(position), checkpoint: c.map(|c| serde_json::to_vec(c).unwrap()) }
     }
@@ -796,132 +792,57 @@ mod tests {
             state: Some(serde_json::json!({ "k": k })),
             ends: ends.iter().copied().collect(),
             prev: prev.map(Box::new),
-            part: None,
         }
     }
 
     #[test]
-    fn a_whole_window_resumes_from_its_state_and_a_split_one_from_the_state_before() {
-        let c1 = checkpoint(1, &[(1, 10), (2, 5)], None);
-        let c2 = checkpoint(2, &[(1, 20), (2, 9)], Some(c1.clone()));
-        let at = |v: &[(u32, u64)]| v.iter().copied().collect::<BTreeMap<u32, u64>>();
-        // Both partitions committed window 2.
-        let r = resume_from(&[point(1, 20, Some(&c2)), point(2, 9, Some(&c2))]).unwrap();
-        assert_eq!((r.from.k, r.at, r.verify.len(), r.newest_k), (2, at(&[(1, 20), (2, 9)]), 0, 2));
-        // Partition 2's batch of window 2 did not commit: resume from 1, and
-        // check what the tap sends again of partition 1 against the ten
-        // records it committed past state 1.
-        let part = Part { count: 10, hash: 77 };
-        let c2_of_1 = Checkpoint { part: Some(part), ..c2.clone() };
-        let r = resume_from(&[point(1, 20, Some(&c2_of_1)), point(2, 5, Some(&c1))]).unwrap();
-        assert_eq!((r.from.k, r.from.state, r.at), (1, Some(serde_json::json!({"k": 1})), at(&[(1, 10), (2, 5)])));
-        assert_eq!((r.verify.get(&1), r.verify.get(&2), r.newest_k), (Some(&(part, 20)), None, 2));
-        // Partition 1 committed only a first part of window 2 (its earlier
-        // batch carries window 1's checkpoint and the part so far); a part
-        // that does not add up is a mismatch.
-        let c1_part = Checkpoint { part: Some(Part { count: 4, hash: 5 }), ..c1.clone() };
-        let r = resume_from(&[point(1, 14, Some(&c1_part)), point(2, 5, Some(&c1))]).unwrap();
-        assert_eq!((r.from.k, r.verify.get(&1)), (1, Some(&(Part { count: 4, hash: 5 }, 14))));
-        let r = resume_from(&[point(1, 15, Some(&c1_part)), point(2, 5, Some(&c1))]).unwrap();
-        assert_eq!(r.verify.get(&1).map(|v| v.0.count), Some(u64::MAX));
-        // Nothing yet.
+    fn a_resume_starts_from_the_newest_state_at_the_committed_positions() {
+        let c1 = checkpoint(1, &[], None);
+        let c2 = checkpoint(2, &[], None);
+        let r = resume_from(&[point(1, 20, Some(&c2)), point(2, 9, Some(&c1)), point(3, 4, None)]).unwrap();
+        assert_eq!((r.k, r.state), (2, Some(serde_json::json!({"k": 2}))));
+        assert_eq!(
+            r.at,
+            BTreeMap::from([(1, 20), (2, 9), (3, 4)]),
+            "a void window moves a partition without a checkpoint"
+        );
         let r = resume_from(&[]).unwrap();
-        assert_eq!((r.from.k, r.from.state, r.at.len()), (0, None, 0));
-        // Records without a Singer checkpoint: another source's WAL.
-        assert!(resume_from(&[point(1, 3, None)]).err().unwrap().0.contains("another source"));
-    }
-
-    #[test]
-    fn records_sent_again_keep_their_positions_only_when_they_are_the_ones_committed() {
-        let a = super::super::FileSource::partition_of("a");
-        let line = |i: u32| format!(r#"{{"type":"RECORD","stream":"a","record":{{"id":{i}}}}}"#);
-        let bytes = |i: u32| format!(r#"{{"id":{i}}}"#).into_bytes();
-        for (first, faithful) in [(0, true), (1, false)] {
-            let mut s = source(1 << 16);
-            s.next.insert(a, 10);
-            // Records 0 and 1 were committed at 10 and 11 past the state.
-            let part = Part { count: 2, hash: hash_records(&[bytes(0), bytes(1)]) };
-            s.verify.insert(a, (part, 12));
-            for i in first..3 {
-                s.take_line(&line(i)).unwrap();
-            }
-            let batches = s.take_line(r#"{"type":"STATE","value":{}}"#).unwrap().unwrap();
-            let positions: Vec<u64> = batches[0].records.iter().map(|r| r.position.0).collect();
-            if faithful {
-                assert_eq!(positions, vec![10, 11, 12], "the host drops 10 and 11 as held");
-            } else {
-                assert_eq!(positions, vec![12, 13], "nothing is dropped: it goes after what is committed");
-            }
-            assert!(s.verify.is_empty());
-        }
-    }
-
-    fn settings(batch_bytes: u64) -> SingerSettings {
-        SingerSettings {
-            command: "true".into(),
-            catalog: None,
-            properties: None,
-            interval: None,
-            buffer_bytes: 1 << 20,
-            timeout: Duration::from_secs(5),
-            batch_bytes,
-            record_bytes_max: 4 << 20,
-        }
-    }
-
-    fn source(batch_bytes: u64) -> SingerSource {
-        let catalog = r#"{"streams":[{"tap_stream_id":"a","key_properties":["id"]},{"tap_stream_id":"b.c"}]}"#;
-        SingerSource::with_streams(settings(batch_bytes), parse_catalog(catalog).unwrap()).unwrap()
-    }
-
-    #[test]
-    fn records_wait_for_the_state_that_closes_their_window_and_batches_stay_small() {
-        let mut s = source(600);
-        let a = super::super::FileSource::partition_of("a");
-        for i in 0..10 {
-            let line = format!(r#"{{"type":"RECORD","stream":"a","record":{{"id":{i},"pad":"{}"}}}}"#, "x".repeat(40));
-            assert!(s.take_line(&line).unwrap().is_none());
-        }
-        assert!(s
-            .take_line(r#"{"type":"SCHEMA","stream":"b.c","schema":{"type":"object"},"key_properties":[]}"#)
+        assert_eq!((r.k, r.state, r.at.len()), (0, None, 0));
+        assert!(resume_from(&[ResumePoint { partition: 1, position: Position(3), checkpoint: Some(b"x".to_vec()) }])
+            .err()
             .unwrap()
-            .is_none());
-        assert!(s.take_line(r#"{"type":"RECORD","stream":"b.c","record":{"v":1}}"#).unwrap().is_none());
-        let batches = s.take_line(r#"{"type":"STATE","value":{"bookmarks":{"a":1}}}"#).unwrap().unwrap();
-        let of_a: Vec<&Batch> = batches.iter().filter(|b| b.partition == a).collect();
-        assert!(of_a.len() > 1, "ten 60-byte records cut at 600 bytes less the checkpoint");
-        let positions: Vec<u64> = of_a.iter().flat_map(|b| b.records.iter().map(|r| r.position.0)).collect();
-        assert_eq!(positions, (0..10).collect::<Vec<_>>());
-        let last: Checkpoint = serde_json::from_slice(of_a.last().unwrap().checkpoint.as_ref().unwrap()).unwrap();
-        let first: Checkpoint = serde_json::from_slice(of_a[0].checkpoint.as_ref().unwrap()).unwrap();
-        assert_eq!((first.k, last.k), (0, 1), "earlier batches name the state before");
-        assert_eq!(last.state, Some(serde_json::json!({"bookmarks":{"a":1}})));
-        let bc = batches.iter().find(|b| b.stream == "b_c").expect("the stream's name made safe");
-        assert_eq!(bc.schema.as_deref(), Some(&br#"{"type":"object"}"#[..]));
-        assert_eq!(&bc.records[0].bytes[..], br#"{"v":1}"#);
-        // The next window counts on.
-        s.take_line(r#"{"type":"RECORD","stream":"a","record":{"id":10}}"#).unwrap();
-        let batches = s.take_line(r#"{"type":"STATE","value":{"bookmarks":{"a":2}}}"#).unwrap().unwrap();
-        assert_eq!((batches.len(), batches[0].records[0].position.0, batches[0].end.0), (1, 10, 11));
+            .0
+            .contains("another source"));
     }
 
     #[test]
-    fn garbage_an_unselected_stream_and_a_window_past_the_buffer_fail_the_read() {
-        let mut s = source(1 << 16);
+    fn a_window_an_earlier_version_committed_in_part_resumes_from_the_state_before_it() {
+        // Checkpoints of before windows in the engine: each names the ends
+        // at its state, the window before, and a part hash (ignored now).
+        let old = r#"{"k":2,"state":{"k":2},"ends":{"1":20,"2":9},"prev":{"k":1,"state":{"k":1},"ends":{"1":10,"2":5}},"part":{"count":10,"hash":7}}"#;
+        let old = |position| ResumePoint {
+            partition: 1,
+            position: Position(position),
+            checkpoint: Some(old.as_bytes().to_vec()),
+        };
+        let c1 = checkpoint(1, &[(1, 10), (2, 5)], None);
+        let r = resume_from(&[old(20), point(2, 5, Some(&c1))]).unwrap();
+        assert_eq!((r.k, r.state), (2, Some(serde_json::json!({"k": 1}))), "partition 2 never reached state 2");
+        let r = resume_from(&[old(20), point(2, 9, Some(&c1))]).unwrap();
+        assert_eq!(r.state, Some(serde_json::json!({"k": 2})));
+    }
+
+    #[test]
+    fn garbage_and_an_unselected_stream_fail_the_read() {
+        let mut s = source();
+        s.take_line(r#"{"type":"RECORD","stream":"a","record":{"id":1}}"#).unwrap();
         assert!(s.take_line("this is not json").unwrap_err().0.contains("not a Singer message"));
+        assert!(s.hand_over().is_empty(), "what the read gathered is dropped");
         assert!(s
             .take_line(r#"{"type":"RECORD","stream":"zzz","record":{}}"#)
             .unwrap_err()
             .0
             .contains("does not select"));
-        s.settings.buffer_bytes = 100;
-        s.take_line(r#"{"type":"RECORD","stream":"a","record":{"id":1}}"#).unwrap();
-        let e = s
-            .take_line(&format!(r#"{{"type":"RECORD","stream":"a","record":{{"p":"{}"}}}}"#, "x".repeat(100)))
-            .unwrap_err();
-        assert!(e.0.contains("--singer-buffer-bytes"), "{e}");
-        assert!(s.window.is_empty(), "the open window is dropped");
-        assert!(s.refused().is_some_and(|why| why.contains("--singer-buffer-bytes")), "the engine is told to stop");
     }
 
     #[test]
@@ -930,11 +851,13 @@ mod tests {
             {"tap_stream_id":"users","stream":"users","key_properties":["id"],
              "metadata":[{"breadcrumb":[],"metadata":{"selected":true}}]},
             {"tap_stream_id":"orders","metadata":[{"breadcrumb":[],"metadata":{"selected":false,"table-key-properties":["o"]}}]},
-            {"tap_stream_id":"public-items","metadata":[{"breadcrumb":[],"metadata":{"selected":true,"table-key-properties":["a","b"]}}]}]}"#;
+            {"tap_stream_id":"public-items","metadata":[{"breadcrumb":[],"metadata":{"selected":true,
+              "table-key-properties":["a","b"],"replication-key":"updated_at"}}]}]}"#;
         let s = parse_catalog(c).unwrap();
         assert_eq!(s.len(), 2);
-        assert_eq!(s[0].key_properties, vec!["id".to_string()]);
+        assert_eq!((s[0].key_properties.clone(), s[0].replication_key.clone()), (vec!["id".to_string()], None));
         assert_eq!((s[1].name.as_str(), s[1].key_properties.len()), ("public-items", 2));
+        assert_eq!(s[1].replication_key.as_deref(), Some("updated_at"));
         assert!(parse_catalog(r#"{"streams":[]}"#).unwrap_err().0.contains("selects no stream"));
         assert!(parse_catalog("nope").unwrap_err().0.contains("not JSON"));
     }

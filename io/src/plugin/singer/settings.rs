@@ -24,10 +24,9 @@ pub struct SingerArgs {
     /// sync, then the source is done [default: 60].
     #[arg(long = "singer-interval", value_name = "S")]
     pub singer_interval: Option<f64>,
-    /// Singer source: bytes of records held in memory between two STATE
-    /// messages; a tap that sends more stops the daemon (exit 10) with a
-    /// message naming this setting [default: 67108864].
-    #[arg(long = "singer-buffer-bytes", value_name = "N")]
+    /// Gone: a tap's window is committed to the WAL as it comes, and the
+    /// WAL's size limit bounds it. Refused with a message saying so.
+    #[arg(long = "singer-buffer-bytes", value_name = "N", hide = true)]
     pub singer_buffer_bytes: Option<u64>,
 }
 
@@ -40,7 +39,6 @@ pub struct SingerConfig {
     pub properties: Option<PathBuf>,
     /// Seconds between syncs; `None`: one sync.
     pub interval: Option<f64>,
-    pub buffer_bytes: u64,
 }
 
 impl SingerArgs {
@@ -49,6 +47,12 @@ impl SingerArgs {
         let max = super::super::SECONDS_MAX;
         if !interval.is_finite() || !(0.0..=max).contains(&interval) {
             return Err(format!("--singer-interval is {interval}; give seconds, 0 or more and at most {max} (a year)"));
+        }
+        if self.singer_buffer_bytes.is_some() {
+            return Err("--singer-buffer-bytes (singer_buffer_bytes) is gone: a tap's records are committed to the \
+                        WAL as they come, and a window between two STATEs may be as large as the WAL's limit \
+                        (--wal-max-bytes); remove the setting"
+                .into());
         }
         if self.singer_catalog.is_some() && self.singer_properties.is_some() {
             return Err("give the Singer tap a catalog or a properties file, not both".into());
@@ -61,7 +65,6 @@ impl SingerArgs {
             catalog: self.singer_catalog.clone(),
             properties: self.singer_properties.clone(),
             interval: (interval > 0.0).then_some(interval),
-            buffer_bytes: self.singer_buffer_bytes.unwrap_or(64 << 20),
         })
     }
 }
