@@ -102,6 +102,15 @@ pub enum Mutation {
     /// Dead letters: a record refused at intake, committed quarantined, is
     /// sent to the sinks like any other.
     QuarantineSent,
+    /// Windows: compaction plans a partition's records up to the end of its
+    /// source's open window, not its committed position.
+    CompactionOverOpenWindow,
+    /// Windows: recovery closes a window the WAL holds open (with the
+    /// checkpoint its partitions had) instead of voiding it.
+    UnclosedWindowKept,
+    /// Windows: a source's restart arms no tail, so the records a tap sends
+    /// again at its bookmark pass through.
+    BookmarkDuplicatePassed,
 }
 
 impl Mutation {
@@ -132,6 +141,9 @@ impl Mutation {
         Mutation::BatchSkipTooFar,
         Mutation::SplitLosesRest,
         Mutation::QuarantineSent,
+        Mutation::CompactionOverOpenWindow,
+        Mutation::UnclosedWindowKept,
+        Mutation::BookmarkDuplicatePassed,
     ];
 
     /// The planted bugs of clustered mode, which only its runs can reach.
@@ -180,6 +192,9 @@ impl Mutation {
             Mutation::BatchSkipTooFar => "batch-skip-too-far",
             Mutation::SplitLosesRest => "split-loses-rest",
             Mutation::QuarantineSent => "quarantine-sent",
+            Mutation::CompactionOverOpenWindow => "compaction-over-open-window",
+            Mutation::UnclosedWindowKept => "unclosed-window-kept",
+            Mutation::BookmarkDuplicatePassed => "bookmark-duplicate-passed",
         }
     }
 

@@ -35,4 +35,4 @@ pub use world::{run, Outcome, RunOptions, RunReport, RunStats};
 
 /// Bumped whenever a change alters what a seed does, so saved failures say
 /// which simulator found them.
-pub const SIM_VERSION: u32 = 28;
+pub const SIM_VERSION: u32 = 29;

@@ -7,7 +7,7 @@
 //! real sink keeps (core's `sink_ledger`). The offsets store applies a write only when its LSN is
 //! higher, as the real stores do.
 
-use crate::scenario::{LettersSpec, SourceSpec};
+use crate::scenario::{LettersSpec, SourceSpec, TapSpec};
 use skippr_core::format::Record;
 use skippr_core::ledger::{judge, Digest, Entry, Verdict};
 use skippr_core::rules::RecordFault;
@@ -15,7 +15,7 @@ use skippr_core::{
     CompactionId, CompactionSeq, Duration, Instant, OffsetEntry, OffsetValue, PartitionKey, Position, Records,
     RefusedIndex, StreamId,
 };
-use skippr_core::{ResumePoint, SourceBatchIn};
+use skippr_core::{ResumePoint, SourceBatchIn, Window};
 use std::collections::BTreeMap;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -90,6 +90,66 @@ pub struct SimSource {
     letters: Option<Vec<Vec<Vec<u8>>>>,
     /// Per mille of records sent broken (`SimSource::broken`).
     broken_permille: u64,
+    /// A Singer-like tap's state, when the spec makes it one.
+    tap: Option<Tap>,
+}
+
+/// A Singer-like tap over a table of rows per partition: row `r`'s bytes
+/// are what `record_bytes` gives for position `r` (so the checker knows
+/// each row wherever the engine puts it), its replication-key value `r /
+/// group`. Positions are the tap's own count, which only grows.
+#[derive(Clone)]
+struct Tap {
+    spec: TapSpec,
+    /// Next row to send, and next position, per partition.
+    row: Vec<u64>,
+    pos: Vec<u64>,
+    /// The state the tap last sent: its number and each partition's next
+    /// row (its bookmark).
+    k: u64,
+    bookmark: Vec<u64>,
+    /// Rows sent since that state.
+    in_window: u64,
+    /// The host is told of a start before anything else.
+    announce: bool,
+    /// Between two syncs: the next one starts then.
+    next_sync: Option<Instant>,
+    /// Reads so far (each read's dice).
+    reads: u64,
+}
+
+impl Tap {
+    /// Each partition's first row when the tap starts from its bookmarks:
+    /// the first row under the bookmark's value (inclusive), or the
+    /// bookmark.
+    fn resume_rows(&mut self) {
+        for (row, &b) in self.row.iter_mut().zip(&self.bookmark) {
+            *row = match self.spec.inclusive && b > 0 {
+                true => (b - 1) / self.spec.group * self.spec.group,
+                false => b,
+            };
+        }
+        self.in_window = 0;
+    }
+}
+
+/// A tap's checkpoint: its state's number, then each partition's bookmark.
+pub fn tap_checkpoint(k: u64, bookmarks: &[u64]) -> Vec<u8> {
+    let mut c = b"tap".to_vec();
+    c.extend_from_slice(&k.to_le_bytes());
+    for b in bookmarks {
+        c.extend_from_slice(&b.to_le_bytes());
+    }
+    c
+}
+
+fn read_tap_checkpoint(bytes: &[u8], partitions: usize) -> Option<(u64, Vec<u64>)> {
+    let rest = bytes.strip_prefix(b"tap")?;
+    if rest.len() != 8 * (partitions + 1) {
+        return None;
+    }
+    let word = |i: usize| u64::from_le_bytes(rest[8 * i..8 * i + 8].try_into().expect("eight bytes"));
+    Some((word(0), (1..=partitions).map(word).collect()))
 }
 
 /// The record a replay of dead letters sends for the letter at `position`
@@ -117,7 +177,22 @@ impl SimSource {
     pub fn new(seed: u64, id: u16, spec: SourceSpec, streams: u16, schema_switch: Instant) -> SimSource {
         let cursors = spec.partitions.iter().map(|_| Cursor { next: 0, acked: 0 }).collect();
         let schemas = (0..streams).map(|s| [schema_bytes(s, 1), schema_bytes(s, 2)]).collect();
-        SimSource { id, seed, spec, cursors, turn: 0, schemas, schema_switch, letters: None, broken_permille: 0 }
+        let tap = spec.tap.clone().map(|t| {
+            let n = spec.partitions.len();
+            let zeros = vec![0; n];
+            Tap {
+                spec: t,
+                row: zeros.clone(),
+                pos: zeros.clone(),
+                k: 0,
+                bookmark: zeros,
+                in_window: 0,
+                announce: true,
+                next_sync: None,
+                reads: 0,
+            }
+        });
+        SimSource { id, seed, spec, cursors, turn: 0, schemas, schema_switch, letters: None, broken_permille: 0, tap }
     }
 
     /// The source sends `permille` of its records broken: each is named to
@@ -145,6 +220,7 @@ impl SimSource {
                 .collect(),
             record_interval: Duration::from_micros(1),
             resends: false,
+            tap: None,
         };
         let mut source = SimSource::new(0, id, spec, letters.len() as u16, schema_switch);
         source.letters = Some(letters.to_vec());
@@ -154,6 +230,18 @@ impl SimSource {
     /// Resumes at the host's positions, or, for a source that re-sends, at
     /// its own acked position. Data below the acked position is gone.
     pub fn open(&mut self, resume: &[ResumePoint]) {
+        if let Some(t) = &mut self.tap {
+            // From the newest state the host holds, at its positions.
+            let n = t.row.len();
+            let newest = resume.iter().filter_map(|r| read_tap_checkpoint(r.checkpoint.as_deref()?, n));
+            let (k, bookmark) = newest.max_by_key(|(k, _)| *k).unwrap_or((0, vec![0; n]));
+            for (p, pos) in t.pos.iter_mut().enumerate() {
+                *pos = resume.iter().find(|r| r.partition == p as u32).map_or(0, |r| r.position.0);
+            }
+            (t.k, t.bookmark, t.announce, t.next_sync) = (k, bookmark, true, None);
+            t.resume_rows();
+            return;
+        }
         for (p, c) in self.cursors.iter_mut().enumerate() {
             let at = resume.iter().find(|r| r.partition == p as u32).map_or(0, |r| r.position.0);
             c.next = if self.spec.resends { c.acked } else { at.max(c.acked) };
@@ -171,6 +259,9 @@ impl SimSource {
 
     /// Up to `records_max` records from at most two partitions, taking turns.
     pub fn read(&mut self, records_max: u32, now: Instant) -> (Vec<SourceBatchIn>, bool) {
+        if self.tap.is_some() {
+            return self.read_tap(records_max, now);
+        }
         let mut batches = Vec::new();
         let mut budget = records_max as u64;
         let n = self.cursors.len();
@@ -237,7 +328,119 @@ impl SimSource {
 
     /// The highest position handed to the host so far in this partition.
     pub fn sent(&self, partition: u32) -> u64 {
+        if let Some(t) = &self.tap {
+            return t.pos.get(partition as usize).copied().unwrap_or(0);
+        }
         self.cursors.get(partition as usize).map_or(0, |c| c.next)
+    }
+
+    /// A tap's read: a restart first when it (re)starts, then rows of an
+    /// open window as they are available, taking turns, each under its
+    /// replication-key value; a state after every `state_every` rows and
+    /// at the end of a sync (unless this sync ends without one); a death
+    /// mid-window now and then (it starts over from its last state).
+    fn read_tap(&mut self, records_max: u32, now: Instant) -> (Vec<SourceBatchIn>, bool) {
+        let n = self.spec.partitions.len();
+        let available: Vec<u64> = (0..n).map(|p| self.available(p, now)).collect();
+        let (seed, id, switch) = (self.seed, self.id, self.schema_switch);
+        let records_of: Vec<u64> = self.spec.partitions.iter().map(|p| p.records).collect();
+        let streams: Vec<u16> = self.spec.partitions.iter().map(|p| p.stream).collect();
+        let broken = self.broken_permille;
+        let schema = |stream: u16| Some(self.schemas[stream as usize][(now >= switch) as usize].clone());
+        let schemas: Vec<_> = streams.iter().map(|&s| schema(s)).collect();
+        let t = self.tap.as_mut().expect("a tap");
+        t.reads += 1;
+        let empty = |window: Window, checkpoint: Option<Vec<u8>>, end: u64| SourceBatchIn {
+            partition: 0,
+            stream: StreamId(streams[0]),
+            records: Vec::new(),
+            end: Position(end),
+            checkpoint,
+            schema: None,
+            faults: Vec::new(),
+            window,
+            keys: Vec::new(),
+        };
+        let mut out = Vec::new();
+        if let Some(at) = t.next_sync {
+            if now < at {
+                return (out, false);
+            }
+            t.next_sync = None;
+            t.announce = true;
+            t.resume_rows();
+        }
+        if std::mem::take(&mut t.announce) {
+            out.push(empty(Window::Restart, None, t.pos[0]));
+        }
+        if t.bookmark.iter().zip(&records_of).all(|(b, r)| b >= r) {
+            return (out, true);
+        }
+        let dice = xxh3_64_with_seed(&t.reads.to_le_bytes(), seed ^ (id as u64) ^ 0x7a9);
+        if t.in_window > 0 && dice % 1000 < t.spec.dies {
+            // Dies mid-window: starts over from its last state.
+            t.announce = true;
+            t.resume_rows();
+            return (out, false);
+        }
+        let mut budget = records_max as u64;
+        let mut closed = false;
+        let mut batches: Vec<Option<SourceBatchIn>> = vec![None; n];
+        'rows: for k in 0..n {
+            let p = (self.turn + k) % n;
+            while budget > 0 && t.row[p] < available[p] {
+                let row = t.row[p];
+                let bytes = record_bytes(seed, id, p as u32, row);
+                let b = batches[p].get_or_insert_with(|| SourceBatchIn {
+                    partition: p as u32,
+                    stream: StreamId(streams[p]),
+                    records: Vec::new(),
+                    end: Position(t.pos[p]),
+                    checkpoint: None,
+                    schema: schemas[p].clone(),
+                    faults: Vec::new(),
+                    window: Window::Open,
+                    keys: Vec::new(),
+                });
+                if Self::broken(broken, seed, &bytes) {
+                    b.faults.push(skippr_core::IntakeFault {
+                        position: Position(t.pos[p]),
+                        fault: RecordFault::NotJson("the simulator's tap broke it".into()),
+                        why: format!("partition {p} row {row} is broken"),
+                    });
+                }
+                b.records.push(Record { position: Position(t.pos[p]), bytes });
+                b.keys.push(Some(row / t.spec.group));
+                t.pos[p] += 1;
+                b.end = Position(t.pos[p]);
+                t.row[p] += 1;
+                t.in_window += 1;
+                budget -= 1;
+                if t.in_window >= t.spec.state_every {
+                    closed = true;
+                    break 'rows;
+                }
+            }
+        }
+        self.turn = (self.turn + 1) % n;
+        out.extend(batches.into_iter().flatten());
+        let caught_up = (0..n).all(|p| t.row[p] >= available[p]);
+        let ends_sync = !closed && caught_up;
+        let final_state = ends_sync && t.in_window > 0 && (dice >> 20) % 1000 >= t.spec.no_final_state;
+        if closed || final_state {
+            // A bookmark never goes back: after an inclusive start, the
+            // rows sent again are below the one the tap started from.
+            t.k += 1;
+            for (b, &row) in t.bookmark.iter_mut().zip(&t.row) {
+                *b = (*b).max(row);
+            }
+            t.in_window = 0;
+            out.push(empty(Window::Close, Some(tap_checkpoint(t.k, &t.bookmark)), t.pos[0]));
+        }
+        if ends_sync {
+            t.next_sync = Some(now + t.spec.interval);
+        }
+        (out, false)
     }
 }
 

@@ -34,6 +34,8 @@ pub enum Stream {
     Poison = 15,
     /// Whether dead letters are sent back through the pipeline.
     Replay = 16,
+    /// Whether a source is a Singer-like tap, and how it behaves.
+    Tap = 17,
 }
 
 #[derive(Clone)]

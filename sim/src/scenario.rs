@@ -20,6 +20,29 @@ pub struct SourceSpec {
     /// On restart, the source re-sends from its acked position instead of the
     /// position the host resumed it at.
     pub resends: bool,
+    /// A Singer-like tap: windows closed by a state, syncs, restarts.
+    pub tap: Option<TapSpec>,
+}
+
+/// How a simulated Singer tap behaves (`SimSource`'s tap mode): its rows
+/// share a replication-key value `group` at a time (row / group), it sends
+/// a state after every `state_every` rows, a sync ends when it has sent
+/// every row available then, and the next starts `interval` later, from
+/// its last state.
+#[derive(Clone, Debug)]
+pub struct TapSpec {
+    /// Resumes at the first row under its bookmark's value (the rows at
+    /// the bookmark come again, as Singer SDK taps do), or after the
+    /// bookmark (a faithful tap).
+    pub inclusive: bool,
+    pub group: u64,
+    pub state_every: u64,
+    pub interval: Duration,
+    /// Per mille of syncs that end without a last state (their last rows
+    /// stay in an open window until the next sync starts over).
+    pub no_final_state: u64,
+    /// Per mille of reads at which the tap dies mid-window and starts over.
+    pub dies: u64,
 }
 
 /// Where the simulated WAL lives.
@@ -351,7 +374,37 @@ impl Scenario {
             scenario.faults.lost_segment = false;
         }
         scenario.draw_replay(seed);
+        scenario.draw_tap(seed);
         scenario
+    }
+
+    /// In a third of the seeds, the first source is a Singer-like tap
+    /// (drawn last, on a stream of its own, so other seeds keep their
+    /// traces). Its windows must fit the WAL with room for the rest: the
+    /// limit is at least twelve segments. Whether a deleted segment was
+    /// still needed turns on windows the checker does not see.
+    fn draw_tap(&mut self, seed: u64) {
+        let mut t = Rng::new(seed, Stream::Tap);
+        if !t.chance(TAP_SHARE) {
+            return;
+        }
+        self.sources[0].resends = false;
+        self.sources[0].tap = Some(TapSpec {
+            inclusive: t.chance(0.7),
+            group: t.range(1, 3),
+            state_every: t.range(2, 16),
+            interval: Duration::from_micros(t.range(200, 5_000)),
+            no_final_state: [0, 300, 700][t.range(0, 2) as usize],
+            dies: [0, 20, 80][t.range(0, 2) as usize],
+        });
+        let segment = self.limits.segment_bytes;
+        self.limits.wal_bytes_max = self.limits.wal_bytes_max.max(12 * segment);
+        self.faults.lost_segment = false;
+    }
+
+    /// The tap's spec, if the scenario has one.
+    pub fn tap(&self) -> Option<&TapSpec> {
+        self.sources.iter().find_map(|s| s.tap.as_ref())
     }
 
     /// In half the seeds with dead letters on and one sink, every start
@@ -583,6 +636,9 @@ impl Scenario {
     }
 }
 
+/// The share of seeds whose first source is a Singer-like tap.
+pub const TAP_SHARE: f64 = 0.33;
+
 /// The Unix time the simulator's clock starts at (2026-01-01).
 pub const WALL_ORIGIN_MS: u64 = 1_767_225_600_000;
 
@@ -645,6 +701,7 @@ fn draw_sources(r: &mut Rng, streams: u16) -> Vec<SourceSpec> {
                 .collect(),
             record_interval: Duration::from_micros(r.range(100, 800)),
             resends: r.chance(0.6),
+            tap: None,
         })
         .collect()
 }

@@ -296,8 +296,14 @@ impl Host {
         // past it (section 22).
         let open: Vec<SourceId> = self.committed.windows.keys().copied().collect();
         for source in open {
-            let void = self.committed.void_window(source).expect("listed as open");
-            self.wal.push(Frame::Window(void));
+            let mut end = self.committed.void_window(source).expect("listed as open");
+            if self.cfg.mutations.has(Mutation::UnclosedWindowKept) {
+                // The planted bug: kept as if its state had closed it.
+                let key = |p: &crate::wal::WindowPart| PartitionKey { source, partition: p.partition };
+                let held = end.parts.iter().find_map(|p| self.committed.partitions.get(&key(p))?.checkpoint.clone());
+                (end.closed, end.checkpoint) = (true, held);
+            }
+            self.wal.push(Frame::Window(end));
         }
         self.schemas.restore(&self.committed.schemas);
         let replay = !self.cfg.mutations.has(Mutation::SkipCompactionReplay);

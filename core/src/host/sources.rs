@@ -198,7 +198,8 @@ impl Sources {
                 return Err(protocol("a batch of an open window carries no checkpoint"));
             }
             Window::Restart => {
-                let frames = windows.restart(source).into_iter().collect();
+                let arm = !cfg.mutations.has(crate::Mutation::BookmarkDuplicatePassed);
+                let frames = windows.restart(source, arm).into_iter().collect();
                 return Ok(Some(Admitted {
                     key,
                     frames,

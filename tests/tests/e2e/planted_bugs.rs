@@ -30,6 +30,9 @@ fn flags_for(name: &str) -> (&'static str, Vec<&'static str>) {
         // letters on, a share drawn); this is caught in about one seed of
         // nine.
         "quarantine-sent" => ("0..500", vec![]),
+        // A source is a Singer-like tap in about one seed in three; these
+        // are caught in about one seed of twenty, fifteen and five.
+        "compaction-over-open-window" | "unclosed-window-kept" | "bookmark-duplicate-passed" => ("0..1000", vec![]),
         _ => ("0..10000", vec![]),
     }
 }
@@ -39,7 +42,7 @@ fn every_planted_bug_is_caught_by_a_checker_invariant() {
     let _cores = both_cores();
     let list = skipprd(&["sim", "--list-mutations"]);
     let names: Vec<String> = stdout(&list).lines().map(str::to_string).collect();
-    assert_eq!(names.len(), 33, "{names:?}");
+    assert_eq!(names.len(), 36, "{names:?}");
     let mut report = Vec::new();
     // Ten failing seeds show a bug caught (and by which invariants): the
     // sweep starts no seed after that, the rest of its range unrun.

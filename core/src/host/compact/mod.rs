@@ -285,7 +285,8 @@ impl Compaction {
         stream: StreamId,
     ) -> Option<CompactionPlan> {
         let budget = cfg.limits.compaction_records_max as usize;
-        let mut ranges = self.ranges(budget, committed, records, sink, stream);
+        let over_window = cfg.mutations.has(crate::Mutation::CompactionOverOpenWindow);
+        let mut ranges = self.ranges(budget, committed, records, sink, stream, over_window);
         // A cap bounds one plan of its stream.
         let capped = self.cap.len();
         let ours = |&(s, key): &(SinkId, PartitionKey)| {
@@ -293,7 +294,7 @@ impl Compaction {
         };
         self.cap.retain(|k, _| !ours(k));
         if ranges.is_empty() && self.cap.len() < capped {
-            ranges = self.ranges(budget, committed, records, sink, stream);
+            ranges = self.ranges(budget, committed, records, sink, stream, over_window);
         }
         if ranges.is_empty() {
             return None;
@@ -314,7 +315,8 @@ impl Compaction {
     }
 
     /// Up to `budget` committed records of `stream` past what `sink` has
-    /// planned, as one range per partition.
+    /// planned, as one range per partition. `over_window` is the planted
+    /// bug `compaction-over-open-window`.
     fn ranges(
         &self,
         mut budget: usize,
@@ -322,6 +324,7 @@ impl Compaction {
         records: &RecordStore,
         sink: SinkId,
         stream: StreamId,
+        over_window: bool,
     ) -> Vec<Range> {
         let mut ranges = Vec::new();
         for (&key, p) in &committed.partitions {
@@ -329,7 +332,8 @@ impl Compaction {
                 continue;
             }
             let from = self.planned.get(&(sink, key)).copied().unwrap_or_default();
-            let end = self.cap.get(&(sink, key)).map_or(p.position, |&cap| cap.min(p.position));
+            let position = if over_window { committed.resume_position(key) } else { p.position };
+            let end = self.cap.get(&(sink, key)).map_or(position, |&cap| cap.min(position));
             if end <= from {
                 continue;
             }
