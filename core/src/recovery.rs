@@ -452,12 +452,30 @@ impl Rebuild {
 /// acknowledged (by the end of the surviving WAL) every partition up to the
 /// position the snapshot gives it. A sink added after the snapshot is not
 /// named there: it receives what the WAL still holds.
+///
+/// A window open at the snapshot had records in the missing segments too
+/// (section 22): they were needed unless every sink passed them, the window
+/// was void (a sink yet to pass it has it among its voids), or it is open
+/// still (recovery voids it).
 fn head_missing(state: &CommittedState, first: SegmentId, first_lsn: Lsn, snapshot: &Snapshot) -> Option<Missing> {
+    let mut needed: BTreeMap<PartitionKey, Position> =
+        snapshot.partitions.iter().map(|(key, p)| (*key, p.position)).collect();
+    for (source, parts) in &snapshot.windows.open {
+        for part in parts {
+            let key = PartitionKey { source: *source, partition: part.partition };
+            let void = state.voids.get(&key).is_some_and(|v| v.contains_key(&part.from));
+            let still_open =
+                state.windows.get(source).and_then(|w| w.get(&part.partition)).is_some_and(|w| w.from == part.from);
+            if !void && !still_open {
+                needed.insert(key, part.to);
+            }
+        }
+    }
     for (s, sink_name) in snapshot.names.sinks.iter().enumerate() {
         let sink = SinkId(s as u16);
-        for (key, p) in &snapshot.partitions {
+        for (key, &position) in &needed {
             let acked = state.acked(sink, *key);
-            if acked < p.position {
+            if acked < position {
                 let source_name = snapshot.names.sources.get(key.source.0 as usize).cloned().unwrap_or_default();
                 return Some(Missing::Head {
                     first,
@@ -467,7 +485,7 @@ fn head_missing(state: &CommittedState, first: SegmentId, first_lsn: Lsn, snapsh
                     key: *key,
                     source_name,
                     acked,
-                    needed_to: p.position,
+                    needed_to: position,
                 });
             }
         }

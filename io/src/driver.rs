@@ -710,18 +710,27 @@ fn intake_faults(
     let mut faults = Vec::new();
     for (i, record) in batch.records.iter().enumerate() {
         let skipped = |&(p, at, next): &Skip| p == batch.partition && at <= record.position && record.position < next;
-        if skips.iter().any(skipped) {
+        // A window's positions name no record for good (a tap's sent again
+        // are counted anew): skips apply to no windowed batch.
+        let windowed = batch.window != skippr_core::Window::None;
+        if !windowed && skips.iter().any(skipped) {
             continue;
         }
         if let Err(fault) = skippr_core::rules::check_record(&record.bytes, bytes_max) {
             let place = source.describe(batch.partition, record.position);
             let next = batch.records.get(i + 1).map_or(batch.end, |r| r.position);
-            let skip = skip_input_arg(&batch.stream, batch.partition, record.position, next);
+            let give_up = match windowed {
+                true => "; a tap's records cannot be given up one by one: keep it out of the tap's output".to_string(),
+                false => format!(
+                    "; or give up exactly this record: start again with the same settings and `{}` (recorded in \
+                     the WAL)",
+                    skip_input_arg(&batch.stream, batch.partition, record.position, next)
+                ),
+            };
             let why = format!(
                 "the source sent a record of stream {:?} that is refused ({place}): {fault}. Nothing from it was \
                  committed. Fix the input or the source (or, for a record that is only too large, raise \
-                 --record-bytes-max, now {bytes_max}) and start again; or give up exactly this record: start \
-                 again with the same settings and `{skip}` (recorded in the WAL){}",
+                 --record-bytes-max, now {bytes_max}) and start again{give_up}{}",
                 crate::plugin::process::clip(&batch.stream),
                 match skippr_core::rules::quarantines(&fault, true) {
                     true => "; or let such records go to the dead letters (`--dead-letter dir|s3|postgres`)",

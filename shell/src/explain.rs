@@ -185,10 +185,11 @@ pub fn explain(reason: &StopReason, wal: &WalPlace) -> String {
             source.0
         ),
         StopReason::WindowTooLarge { source, limit } => format!(
-            "source {}'s open window (the records a Singer tap sent since its last STATE) filled the WAL to its \
-             limit of {limit} bytes: its records stay in the WAL until the STATE that closes the window, and no \
-             more of it can be read. Raise --wal-max-bytes (WAL_MAX_BYTES) above the largest window, or make \
-             the tap send STATE more often. Nothing committed is lost; the next start sends the window again",
+            "source {}'s open window (the records a Singer tap sent since its last STATE) holds more than half \
+             of the WAL's limit of {limit} bytes with the WAL full: its records stay in the WAL until the STATE \
+             that closes the window, and a window may take at most half of it. Raise --wal-max-bytes \
+             (WAL_MAX_BYTES) above twice the largest window, or make the tap send STATE more often. Nothing \
+             committed is lost; the next start sends the window again",
             source.0
         ),
         StopReason::BatchSkipNotOpen { stream, seq, next, settled: false, .. } => format!(

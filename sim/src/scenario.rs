@@ -381,8 +381,7 @@ impl Scenario {
     /// In a third of the seeds, the first source is a Singer-like tap
     /// (drawn last, on a stream of its own, so other seeds keep their
     /// traces). Its windows must fit the WAL with room for the rest: the
-    /// limit is at least twelve segments. Whether a deleted segment was
-    /// still needed turns on windows the checker does not see.
+    /// limit is at least twelve segments.
     fn draw_tap(&mut self, seed: u64) {
         let mut t = Rng::new(seed, Stream::Tap);
         if !t.chance(TAP_SHARE) {
@@ -399,7 +398,6 @@ impl Scenario {
         });
         let segment = self.limits.segment_bytes;
         self.limits.wal_bytes_max = self.limits.wal_bytes_max.max(12 * segment);
-        self.faults.lost_segment = false;
     }
 
     /// The tap's spec, if the scenario has one.

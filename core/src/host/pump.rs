@@ -118,18 +118,21 @@ impl Host {
                 self.wal.make_room(&self.committed.acked, self.cfg.sinks.len() as u16);
             }
         }
-        if full && self.wal.pending_bytes() == 0 {
-            // Nothing can go until the window closes, and nothing more of
-            // it can be read (section 22).
-            if let Some(source) = self.wal.oldest_holds_window(&self.committed) {
+        // An open window holding the oldest segment pins the WAL: nothing
+        // goes until it closes, so its source alone is read on (section
+        // 22), up to half the limit in the window.
+        let pinned = full.then(|| self.wal.oldest_holds_window(&self.committed)).flatten();
+        if let Some(source) = pinned {
+            if self.windows.open_bytes(source) > l.wal_bytes_max / 2 {
                 return self.stop(StopReason::WindowTooLarge { source, limit: l.wal_bytes_max });
             }
         }
-        if Sources::backpressured(l, self.wal.pending_bytes(), full) {
+        if Sources::backpressured(l, self.wal.pending_bytes(), full && pinned.is_none()) {
             return;
         }
         let schemas = &self.schemas;
-        self.sources.read(&mut self.fx, l.source_read_records_max, |source| schemas.holds(source));
+        let held = |source| schemas.holds(source) || pinned.is_some_and(|p| p != source);
+        self.sources.read(&mut self.fx, l.source_read_records_max, held);
     }
 
     fn plan_compactions(&mut self) {

@@ -114,7 +114,8 @@ impl Sources {
     }
 
     /// Asks every source that may be read for its next records; `held`
-    /// says whether a source's earlier batches wait for a schema decision.
+    /// says whether a source may not be read now (its earlier batches wait
+    /// for a schema decision, or only another may be read).
     pub(super) fn read(&mut self, fx: &mut Effects, records_max: u32, held: impl Fn(SourceId) -> bool) {
         for (i, s) in self.slots.iter_mut().enumerate() {
             let source = SourceId(i as u16);
@@ -219,9 +220,16 @@ impl Sources {
         if !accept_resent {
             records.retain(|r| r.position >= floor);
         }
+        // An operator's skips name positions of sources without windows
+        // only: a window's are counted anew when a tap sends again.
         let skips = &self.slots[source.0 as usize].skips;
-        records.retain(|r| !skips.iter().any(|k| k.key == key && k.at <= r.position && r.position < k.next));
+        if window == Window::None {
+            records.retain(|r| !skips.iter().any(|k| k.key == key && k.at <= r.position && r.position < k.next));
+        }
         if window != Window::None {
+            if windows.stream_of(key).is_some_and(|s| s != batch.stream) {
+                return Err(protocol("a partition cannot change stream"));
+            }
             let mut keys = batch.keys.into_iter();
             let keyed = records.into_iter().map(|r| (r, keys.next().flatten())).collect();
             records = windows.take(key, keyed);
@@ -229,7 +237,8 @@ impl Sources {
             if !records.is_empty() {
                 self.accepted.insert(key, batch.end);
                 let count = records.len() as u64;
-                windows.admitted(key, batch.stream, floor, batch.end, count);
+                let bytes = records.iter().map(|r| 12 + r.bytes.len() as u64).sum();
+                windows.admitted(key, batch.stream, (floor, batch.end), count, bytes);
                 frames = split(cfg, key, batch.stream, records, batch.end, &None, true).map_err(protocol)?;
             }
             if window == Window::Close {

@@ -20,6 +20,9 @@ use std::collections::BTreeMap;
 #[derive(Default)]
 pub(super) struct Windows {
     open: BTreeMap<SourceId, BTreeMap<u32, WindowPart>>,
+    /// Bytes of each open window's records as admitted (with 12 bytes of
+    /// framing each): what the WAL holds of it, near enough.
+    bytes: BTreeMap<SourceId, u64>,
     /// Each partition's tail as admitted: the committed ones, and those of
     /// closing frames on their way.
     tails: BTreeMap<PartitionKey, Tail>,
@@ -40,9 +43,15 @@ impl Windows {
     /// the WAL holds), and runs are the committed tails.
     pub(super) fn restore(&mut self, committed: &CommittedState) {
         self.open.clear();
+        self.bytes.clear();
         self.resuming.clear();
         self.tails = committed.tails.clone();
         self.runs = committed.tails.clone();
+    }
+
+    /// The stream of `key`'s part of its source's open window, if any.
+    pub(super) fn stream_of(&self, key: PartitionKey) -> Option<StreamId> {
+        Some(self.open.get(&key.source)?.get(&key.partition)?.stream)
     }
 
     pub(super) fn is_open(&self, source: SourceId) -> bool {
@@ -86,8 +95,22 @@ impl Windows {
         out
     }
 
-    /// Records of `key` from `from` to `to` joined its source's window.
-    pub(super) fn admitted(&mut self, key: PartitionKey, stream: StreamId, from: Position, to: Position, records: u64) {
+    /// Bytes of `source`'s open window so far.
+    pub(super) fn open_bytes(&self, source: SourceId) -> u64 {
+        self.bytes.get(&source).copied().unwrap_or(0)
+    }
+
+    /// Records of `key` from `from` to `to` (`bytes` of them) joined its
+    /// source's window.
+    pub(super) fn admitted(
+        &mut self,
+        key: PartitionKey,
+        stream: StreamId,
+        (from, to): (Position, Position),
+        records: u64,
+        bytes: u64,
+    ) {
+        *self.bytes.entry(key.source).or_default() += bytes;
         let fresh = WindowPart { partition: key.partition, stream, from, to: from, records: 0 };
         let part = self.open.entry(key.source).or_default().entry(key.partition).or_insert(fresh);
         part.to = to;
@@ -106,6 +129,7 @@ impl Windows {
         room: usize,
     ) -> Result<Option<Frame>, &'static str> {
         let Some(parts) = self.open.get(&source) else { return Ok(None) };
+        self.bytes.remove(&source);
         let bare = WindowEnd {
             source,
             checkpoint: checkpoint.clone(),
@@ -151,6 +175,7 @@ impl Windows {
     /// its open window, if any; its runs go back to the tails, which are
     /// armed (`arm` off: the planted bug `bookmark-duplicate-passed`).
     pub(super) fn restart(&mut self, source: SourceId, arm: bool) -> Option<Frame> {
+        self.bytes.remove(&source);
         let void = self.open.remove(&source).map(|parts| {
             let parts = parts.into_values().collect();
             Frame::Window(WindowEnd { source, checkpoint: None, closed: false, parts, tails: Vec::new() })

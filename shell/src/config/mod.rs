@@ -381,9 +381,17 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig, String> {
                     the sink must be one every host reaches (a shared directory with --sink dir, or a command)"
             .into());
     }
+    let source = s.source.resolve()?;
+    if matches!(source, SourceConfig::Singer(_)) && !args.skip_input.is_empty() {
+        return Err("--skip-input does not apply to a Singer tap: its positions are the daemon's count of what the \
+                    tap sent, and what it sends again is counted anew, so a position names no record for good. Keep \
+                    the record out of the tap's output (or, for one that is only too large, raise \
+                    --record-bytes-max)"
+            .into());
+    }
     Ok(RunConfig {
         sink,
-        source: s.source.resolve()?,
+        source,
         data_dir,
         wal: stores.wal,
         offsets: stores.offsets,

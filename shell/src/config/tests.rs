@@ -46,6 +46,10 @@ fn the_singer_source_needs_its_tap_and_takes_a_catalog_or_properties_not_both() 
     assert!(singer("singer_command = \"t\"\nsinger_interval = -1").unwrap_err().contains("--singer-interval"));
     let both = "singer_command = \"t\"\nsinger_catalog = \"c.json\"\nsinger_properties = \"p.json\"";
     assert!(singer(both).unwrap_err().contains("not both"));
+    let (_tmp, args) = with_file("[source]\nkind = \"singer\"\nsinger_command = \"t\"");
+    let args = RunArgs { skip_input: vec!["items:0:5..6".into()], ..args };
+    let refused = resolve(&args).map(|_| ()).unwrap_err();
+    assert!(refused.contains("--skip-input does not apply to a Singer tap"), "{refused}");
     let gone = singer("singer_command = \"t\"\nsinger_buffer_bytes = 100").unwrap_err();
     assert!(gone.contains("is gone") && gone.contains("--wal-max-bytes"), "{gone}");
 }
