@@ -194,6 +194,15 @@ pub async fn drive(
                 }
                 // One line per level of the halving: the dead letter it
                 // ends in has its WARN line.
+                Output::TailCut { source, partition, kept } => warn!(
+                    source = source.0,
+                    partition,
+                    kept,
+                    "a Singer tap's window closed with more records under its last replication-key value than the \
+                     bookmark rule keeps: when the tap resumes inclusively, those past the ones kept come again and \
+                     reach the sink twice unless it upserts by key (a bulk load under one timestamp; README, the \
+                     bookmark rule)"
+                ),
                 Output::Split { sink, stream, seq, id } => info!(
                     sink = backends.sink_names[sink.0 as usize],
                     stream = backends.streams.name(stream),

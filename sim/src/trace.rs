@@ -132,6 +132,12 @@ impl Trace {
                 self.u64(letters.0);
                 self.u64(reasons.len() as u64);
             }
+            Output::TailCut { source, partition, kept } => {
+                self.u64(64);
+                self.u64(source.0 as u64);
+                self.u64(*partition as u64);
+                self.u64(*kept as u64);
+            }
             Output::Split { seq, id, .. } => {
                 self.u64(63);
                 self.u64(seq.0);
@@ -492,6 +498,9 @@ pub fn describe_output(output: &Output) -> String {
         ),
         Output::Split { sink, stream, seq, id } => {
             format!("split by sink {} of stream {}, batch {}: its first half sent as {id}", sink.0, stream.0, seq.0)
+        }
+        Output::TailCut { source, partition, kept } => {
+            format!("tail cut: source {} partition {partition} keeps {kept} digests", source.0)
         }
         Output::Skip { key, at, next, position, recorded } => {
             format!("skip {key:?} {}..{} at {} recorded {recorded}", at.0, next.0, position.0)

@@ -94,6 +94,10 @@ impl Host {
                 }
             }
             Frame::Window(x) => {
+                for t in x.tails.iter().filter(|t| t.more) {
+                    let (source, partition, kept) = (x.source, t.partition, t.digests.len());
+                    self.fx.emit(Output::TailCut { source, partition, kept });
+                }
                 // Its partitions moved: the source and the offsets store
                 // learn where; a void window's records are dropped.
                 self.records.window_ended(&x);

@@ -162,6 +162,11 @@ pub enum Output {
         seq: CompactionSeq,
         id: CompactionId,
     },
+    /// A window closed with records of `partition` under one resume key
+    /// past what its tail keeps (`TAIL_DIGESTS_MAX`, or less where the
+    /// closing frame had to fit a commit group): after a restart, the tap's
+    /// records past those kept may be delivered again (section 22).
+    TailCut { source: SourceId, partition: u32, kept: usize },
     /// The engine stopped; no further output follows.
     Stopped(StopReason),
 }

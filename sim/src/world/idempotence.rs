@@ -127,6 +127,7 @@ fn recover_alone(config: HostConfig, wal: &mut SimWal, offsets: &mut SimOffsets)
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
                 Output::Skip { .. } | Output::BatchSkip { .. } => unreachable!("a recovery alone is given no skips"),
                 Output::Refused { .. } | Output::Split { .. } => unreachable!("recovery sends nothing to sinks"),
+                Output::TailCut { .. } => unreachable!("recovery closes no window"),
                 // A clustered host alone: nobody hears it, and no peer joins.
                 Output::Send(_)
                 | Output::TellRemoved { .. }

@@ -545,6 +545,7 @@ impl<T: Topology> World<T> {
                 // Counted where the sink refuses; the checker judges what
                 // reaches the dead letters.
                 Output::Refused { .. } | Output::Split { .. } => true,
+                Output::TailCut { .. } => true,
                 Output::Stalled { .. } | Output::Unstalled => unreachable!("the simulator's engines watch no stalls"),
                 output => T::on_output(self, slot, output),
             };

@@ -64,6 +64,8 @@ struct Harness {
     refused: Vec<Vec<String>>,
     /// The batch number of every `Split` output, in order.
     split: Vec<CompactionSeq>,
+    /// The digests kept of every `TailCut` output, in order.
+    tail_cuts: Vec<usize>,
 }
 
 impl Harness {
@@ -116,6 +118,7 @@ impl Harness {
             recovered: vec![],
             refused: vec![],
             split: vec![],
+            tail_cuts: vec![],
         }
     }
 
@@ -132,6 +135,7 @@ impl Harness {
                     Output::Skip { recorded, .. } | Output::BatchSkip { recorded, .. } => self.skips.push(recorded),
                     Output::Refused { reasons, .. } => self.refused.push(reasons),
                     Output::Split { seq, .. } => self.split.push(seq),
+                    Output::TailCut { kept, .. } => self.tail_cuts.push(kept),
                     Output::Recovered(summary) => self.recovered.push(summary),
                     Output::Stalled { .. } | Output::Unstalled => {}
                     Output::Send(_)

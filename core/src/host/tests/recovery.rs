@@ -197,7 +197,7 @@ fn a_segment_that_cannot_be_read_stops_recovery_after_retries() {
                 Output::Recovered(_) => panic!("recovered without reading a segment"),
                 Output::LeaseWait { .. } | Output::Stalled { .. } | Output::Unstalled => {}
                 Output::WalFull { .. } | Output::WalRoom { .. } | Output::Skip { .. } | Output::Refused { .. } => {}
-                Output::BatchSkip { .. } | Output::Split { .. } => {}
+                Output::BatchSkip { .. } | Output::Split { .. } | Output::TailCut { .. } => {}
                 Output::Send(_)
                 | Output::TellRemoved { .. }
                 | Output::Role { .. }

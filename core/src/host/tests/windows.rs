@@ -245,6 +245,7 @@ fn a_close_too_large_for_a_group_keeps_fewer_digests_and_a_checkpoint_too_large_
     let tails = &h.host.committed().tails;
     assert_eq!(tails.len(), 4);
     assert!(tails.values().any(|t| t.more && t.digests.len() < n as usize), "trimmed");
+    assert!(!h.tail_cuts.is_empty(), "each tail cut is said");
     let kept: usize = tails.values().map(|t| t.digests.len()).sum();
     assert!((400..512).contains(&kept), "trimmed only as far as needed: {kept}");
     // A checkpoint larger than a group: the source broke the protocol.
