@@ -166,7 +166,11 @@ pub enum Output {
     /// past what its tail keeps (`TAIL_DIGESTS_MAX`, or less where the
     /// closing frame had to fit a commit group): after a restart, the tap's
     /// records past those kept may be delivered again (section 22).
-    TailCut { source: SourceId, partition: u32, kept: usize },
+    TailCut {
+        source: SourceId,
+        partition: u32,
+        kept: usize,
+    },
     /// The engine stopped; no further output follows.
     Stopped(StopReason),
 }
