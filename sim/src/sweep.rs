@@ -113,11 +113,11 @@ pub struct Totals {
 
 /// How many of the entries of `faults` are faults; the rare engine paths
 /// follow them.
-const FAULT_KINDS: usize = 26;
+const FAULT_KINDS: usize = 27;
 
 /// The faults of a run and the rare engine paths it took, by the names
 /// `--stats` prints them under.
-fn faults(s: &RunStats) -> [(&'static str, u64); 51] {
+fn faults(s: &RunStats) -> [(&'static str, u64); 52] {
     [
         ("crashes", s.crashes),
         ("crashes that cut the power", s.power_cuts),
@@ -136,6 +136,7 @@ fn faults(s: &RunStats) -> [(&'static str, u64); 51] {
         ("sink fatal on poison", s.sink_poisoned),
         ("dead letters found by splitting", s.split_letters),
         ("dead letters of records refused at intake", s.intake_letters),
+        ("a Singer-like tap started (again)", s.tap_starts),
         ("batches given up", s.batch_skips),
         ("dead-letter replays", s.replays),
         ("dead letters replayed", s.replayed),
@@ -212,6 +213,8 @@ impl Totals {
         t.sink_poisoned += s.sink_poisoned;
         t.split_letters += s.split_letters;
         t.intake_letters += s.intake_letters;
+        t.tap_starts += s.tap_starts;
+        t.tap_windows += s.tap_windows;
         t.batch_skips += s.batch_skips;
         t.replays += s.replays;
         t.replayed += s.replayed;
@@ -293,6 +296,8 @@ impl Totals {
             ("faults: batches a sink answered fatal (poison)", t.sink_poisoned as f64 / n),
             ("dead letters of poisoned records, found by splitting", t.split_letters as f64 / n),
             ("dead letters of records refused at intake", t.intake_letters as f64 / n),
+            ("a Singer-like tap's starts", t.tap_starts as f64 / n),
+            ("a Singer-like tap's windows closed", t.tap_windows as f64 / n),
             ("operator: batches given up (--skip-batch)", t.batch_skips as f64 / n),
             ("operator: starts that replay dead letters", t.replays as f64 / n),
             ("operator: dead letters replayed into a sink or the dead letters", t.replayed as f64 / n),

@@ -101,6 +101,10 @@ pub struct RunStats {
     pub replayed: u64,
     pub offsets_ambiguous: u64,
     pub source_failures: u64,
+    /// A Singer-like tap's starts (each voids an open window and may send
+    /// rows again), and the windows it closed.
+    pub tap_starts: u64,
+    pub tap_windows: u64,
     pub shutdowns: u64,
     pub clean_stops: u64,
     pub schema_decisions: u64,

@@ -50,6 +50,10 @@ impl<T: Topology> World<T> {
             }
             PluginOp::SourceRead { source, records_max } => {
                 let (batches, exhausted) = sources[source.0 as usize].read(records_max, now);
+                for b in &batches {
+                    self.stats.tap_starts += (b.window == skippr_core::Window::Restart) as u64;
+                    self.stats.tap_windows += (b.window == skippr_core::Window::Close) as u64;
+                }
                 Ok(IoReply::Batches { batches, exhausted })
             }
             PluginOp::SourceAck { source, acks } => {
