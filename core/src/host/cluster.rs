@@ -151,18 +151,7 @@ impl Host {
                     self.offsets.committed(b.key, &self.committed.partitions[&b.key], false);
                     self.records.push(b.key, place, b.records);
                 }
-                Frame::Window(x) => {
-                    self.records.window_ended(&x);
-                    for part in &x.parts {
-                        let key = PartitionKey { source: x.source, partition: part.partition };
-                        self.offsets.committed(key, &self.committed.partitions[&key], false);
-                    }
-                    if !x.closed {
-                        for stream in x.parts.iter().map(|p| p.stream).collect::<std::collections::BTreeSet<_>>() {
-                            self.prune_acked(stream);
-                        }
-                    }
-                }
+                Frame::Window(x) => self.window_ended(&x),
                 Frame::Skipped(k) => {
                     if let Some(p) = self.committed.partitions.get(&k.key).filter(|p| p.lsn == place.lsn) {
                         self.offsets.committed(k.key, p, false);

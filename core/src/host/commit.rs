@@ -102,19 +102,10 @@ impl Host {
                     let (source, partition, kept) = (x.source, t.partition, t.digests.len());
                     self.fx.emit(Output::TailCut { source, partition, kept });
                 }
-                // Its partitions moved: the source and the offsets store
-                // learn where; a void window's records are dropped.
-                self.records.window_ended(&x);
+                // Its partitions moved: the source learns where too.
+                self.window_ended(&x);
                 for part in &x.parts {
-                    let key = PartitionKey { source: x.source, partition: part.partition };
-                    self.sources.committed(key, part.to);
-                    self.offsets.committed(key, &self.committed.partitions[&key], false);
-                }
-                if !x.closed {
-                    let streams: std::collections::BTreeSet<StreamId> = x.parts.iter().map(|p| p.stream).collect();
-                    for stream in streams {
-                        self.prune_acked(stream);
-                    }
+                    self.sources.committed(PartitionKey { source: x.source, partition: part.partition }, part.to);
                 }
                 self.compaction.records_committed();
             }
@@ -127,6 +118,23 @@ impl Host {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// A window's end committed, on any host: its records settle or are
+    /// dropped (void), the offsets store learns where its partitions
+    /// moved, and a void one's sinks, moved past it, hold no records of it.
+    pub(super) fn window_ended(&mut self, x: &crate::wal::WindowEnd) {
+        self.records.window_ended(x);
+        for part in &x.parts {
+            let key = PartitionKey { source: x.source, partition: part.partition };
+            self.offsets.committed(key, &self.committed.partitions[&key], false);
+        }
+        if !x.closed {
+            let streams: std::collections::BTreeSet<StreamId> = x.parts.iter().map(|p| p.stream).collect();
+            for stream in streams {
+                self.prune_acked(stream);
+            }
         }
     }
 

@@ -152,10 +152,15 @@ struct Message<'a> {
 }
 
 /// A record's resume key: the hash of its `field`'s value as the tap wrote
-/// it, or `None` without that field (or not an object).
+/// it, or `None` without that field (or not an object). Field names are
+/// borrowed where they can be; one written with an escape is read again
+/// owned.
 fn resume_key(record: &RawValue, field: &str) -> Option<u64> {
-    let fields: BTreeMap<&str, &RawValue> = serde_json::from_str(record.get()).ok()?;
-    Some(xxhash_rust::xxh3::xxh3_64(fields.get(field)?.get().as_bytes()))
+    let value = match serde_json::from_str::<BTreeMap<&str, &RawValue>>(record.get()) {
+        Ok(fields) => *fields.get(field)?,
+        Err(_) => *serde_json::from_str::<BTreeMap<String, &RawValue>>(record.get()).ok()?.get(field)?,
+    };
+    Some(xxhash_rust::xxh3::xxh3_64(value.get().as_bytes()))
 }
 
 impl SingerSource {
@@ -748,6 +753,8 @@ mod tests {
         assert_eq!(of_a.records.iter().map(|r| r.position.0).collect::<Vec<_>>(), vec![0, 1, 2]);
         assert_eq!(of_a.keys, vec![key_of("0"), key_of("1"), key_of("2")], "the replication key's value");
         assert_eq!(&of_a.records[0].bytes[..], br#"{"id":0,"x":"y"}"#, "the record object as the tap wrote it");
+        let escaped = RawValue::from_string(r#"{"caf\u00e9":1,"id":7}"#.into()).unwrap();
+        assert_eq!(resume_key(&escaped, "id"), key_of("7"), "another field's escaped name");
         let of_bc = open.iter().find(|b| b.partition == bc).unwrap();
         assert_eq!((of_bc.stream.as_str(), of_bc.keys.clone()), ("b_c", vec![None]), "no replication key");
         assert_eq!(of_bc.schema.as_deref(), Some(&br#"{"type":"object"}"#[..]));
